@@ -1,0 +1,24 @@
+// Minimal long-option parsing shared by the subcommands: --name VALUE or
+// --name=VALUE, --help, with clear errors for unknown or malformed options.
+#ifndef TPR_ARGS_H
+#define TPR_ARGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum tpr_arg_type { TPR_ARG_INT, TPR_ARG_FLOAT, TPR_ARG_STR, TPR_ARG_FLAG } tpr_arg_type;
+
+typedef struct tpr_arg {
+  const char *name;  // without the leading "--"
+  tpr_arg_type type;
+  void *dest;        // int64_t*, double*, const char**, bool*
+  const char *help;
+} tpr_arg;
+
+typedef enum tpr_args_result { TPR_ARGS_OK = 0, TPR_ARGS_HELP = 1, TPR_ARGS_ERROR = 2 } tpr_args_result;
+
+// Parses argv[1..argc) (argv[0] is the command name). On --help prints the
+// usage to stdout; on an error prints it with the usage to stderr.
+tpr_args_result tpr_args_parse(int argc, char **argv, const tpr_arg *args, int n_args, const char *usage);
+
+#endif

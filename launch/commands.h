@@ -1,0 +1,16 @@
+// Subcommands of the tpr CLI. Each takes argv starting at its own name and
+// returns the process exit code: 0 success, 1 failure, 2 usage error.
+#ifndef TPR_COMMANDS_H
+#define TPR_COMMANDS_H
+
+typedef struct tpr_command {
+  const char *name;
+  const char *summary;
+  int (*run)(int argc, char **argv);
+} tpr_command;
+
+int tpr_cmd_mlp(int argc, char **argv);
+int tpr_cmd_program(int argc, char **argv);
+int tpr_cmd_version(int argc, char **argv);
+
+#endif

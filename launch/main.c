@@ -1,0 +1,36 @@
+// tpr: the command-line entry point. One binary, one subcommand per job.
+#include <stdio.h>
+#include <string.h>
+
+#include "launch/commands.h"
+
+static const tpr_command commands[] = {
+    {"mlp", "run a tensor-parallel SwiGLU MLP block program (the demo)", tpr_cmd_mlp},
+    {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
+    {"version", "print the version and build options", tpr_cmd_version},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tpr <command> [options]\n"
+          "       mpirun -np N tpr <command> [options]\n\n"
+          "commands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f,
+          "\n'tpr <command> --help' describes a command's options.\n"
+          "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) return tpr_cmd_version(argc - 1, argv + 1);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "tpr: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

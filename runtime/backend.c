@@ -1,0 +1,70 @@
+// Backend-independent wrappers over the vtable: NULL entries become clear
+// TPR_ERR_UNSUPPORTED errors instead of crashes.
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *tpr_backend_name(const tpr_backend *b) { return b && b->vt ? b->vt->name : "(none)"; }
+
+void tpr_backend_free(tpr_backend *b) {
+  if (!b) return;
+  if (b->vt && b->vt->destroy) b->vt->destroy(b->ctx);
+  free(b);
+}
+
+tpr_status tpr_backend_alloc(tpr_backend *b, size_t bytes, void **ptr) {
+  *ptr = NULL;
+  if (!b->vt->alloc) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backend %s cannot allocate", b->vt->name);
+  return b->vt->alloc(b->ctx, bytes, ptr);
+}
+
+void tpr_backend_release(tpr_backend *b, void *ptr) {
+  if (ptr && b->vt->free) b->vt->free(b->ctx, ptr);
+}
+
+tpr_status tpr_backend_sync(tpr_backend *b) {
+  return b->vt->sync ? b->vt->sync(b->ctx) : TPR_OK;
+}
+
+static tpr_status check_whole_contiguous(const tpr_tensor *t, size_t nbytes, const char *what) {
+  if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: NULL tensor", what);
+  if (!tpr_tensor_is_contiguous(t))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: tensor is not contiguous (cast it into a contiguous one first)", what);
+  if (nbytes != tpr_tensor_nbytes(t))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: host buffer has %zu bytes, tensor has %zu", what, nbytes,
+                    tpr_tensor_nbytes(t));
+  return TPR_OK;
+}
+
+tpr_status tpr_tensor_to_host(const tpr_tensor *t, void *dst, size_t nbytes) {
+  TPR_CHECK(check_whole_contiguous(t, nbytes, "tpr_tensor_to_host"));
+  if (nbytes == 0) return TPR_OK;
+  tpr_backend *b = tpr_tensor_backend(t);
+  if (!b->vt->copy_to_host) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backend %s: copy_to_host", b->vt->name);
+  return b->vt->copy_to_host(b->ctx, dst, tpr_tensor_data(t), nbytes);
+}
+
+tpr_status tpr_tensor_from_host(tpr_tensor *t, const void *src, size_t nbytes) {
+  TPR_CHECK(check_whole_contiguous(t, nbytes, "tpr_tensor_from_host"));
+  if (nbytes == 0) return TPR_OK;
+  tpr_backend *b = tpr_tensor_backend(t);
+  if (!b->vt->copy_from_host) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backend %s: copy_from_host", b->vt->name);
+  return b->vt->copy_from_host(b->ctx, tpr_tensor_data(t), src, nbytes);
+}
+
+tpr_status tpr_tensor_fill_zero(tpr_tensor *t) {
+  TPR_CHECK(check_whole_contiguous(t, tpr_tensor_nbytes(t), "tpr_tensor_fill_zero"));
+  tpr_backend *b = tpr_tensor_backend(t);
+  if (!b->vt->memset) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backend %s: memset", b->vt->name);
+  return b->vt->memset(b->ctx, tpr_tensor_data(t), 0, tpr_tensor_nbytes(t));
+}
+
+int tpr_local_ranks_from_env(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *s = getenv(vars[i]);
+    if (s && atoi(s) > 0) return atoi(s);
+  }
+  return 1;
+}

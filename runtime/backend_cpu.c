@@ -1,0 +1,90 @@
+// The CPU backend: host memory, OpenBLAS GEMM, plain C kernels. It is the
+// reference every other backend is compared against.
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "ops/cpu_kernels.h"
+
+// 64-byte alignment keeps AVX-512 loads aligned and rows off shared cache lines.
+#define CPU_ALIGN 64
+
+static tpr_status cpu_alloc(void *ctx, size_t bytes, void **ptr) {
+  size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+  *ptr = aligned_alloc(CPU_ALIGN, rounded ? rounded : CPU_ALIGN);
+  if (!*ptr) return TPR_FAIL(TPR_ERR_OOM, "cpu: cannot allocate %zu bytes", bytes);
+  return TPR_OK;
+}
+
+static void cpu_free(void *ctx, void *ptr) { free(ptr); }
+
+static tpr_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+  return TPR_OK;
+}
+
+static tpr_status cpu_memset(void *ctx, void *ptr, int value, size_t bytes) {
+  if (bytes) memset(ptr, value, bytes);
+  return TPR_OK;
+}
+
+static void cpu_destroy(void *ctx) { free(ctx); }
+
+static const tpr_backend_vtable cpu_vtable = {
+    .name = "cpu",
+    .host_addressable = true,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_from_host = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .copy_device = cpu_copy,
+    .memset = cpu_memset,
+    .sync = NULL,  // every CPU kernel is synchronous
+    .destroy = cpu_destroy,
+    .kernels =
+        {
+            [TPR_OP_MATMUL] = tpr__cpu_matmul,
+            [TPR_OP_ADD] = tpr__cpu_add,
+            [TPR_OP_MUL] = tpr__cpu_mul,
+            [TPR_OP_RMS_NORM] = tpr__cpu_rms_norm,
+            [TPR_OP_SWIGLU] = tpr__cpu_swiglu,
+            [TPR_OP_SOFTMAX] = tpr__cpu_softmax,
+            [TPR_OP_EMBEDDING] = tpr__cpu_embedding,
+            [TPR_OP_INDEX_SELECT] = tpr__cpu_index_select,
+            [TPR_OP_CAST] = tpr__cpu_cast,
+        },
+};
+
+static int pick_threads(int requested) {
+  if (requested > 0) return requested;
+  const char *env = getenv("TPR_NUM_THREADS");
+  if (env && atoi(env) > 0) return atoi(env);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int per_rank = (int)(cores > 0 ? cores : 1) / tpr_local_ranks_from_env();
+  return per_rank > 0 ? per_rank : 1;
+}
+
+tpr_status tpr_backend_cpu_new(const tpr_cpu_options *opts, tpr_backend **out) {
+  *out = NULL;
+  tpr_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+  tpr_backend *b = calloc(1, sizeof *b);
+  if (!ctx || !b) {
+    free(ctx);
+    free(b);
+    return TPR_FAIL(TPR_ERR_OOM, "cpu backend");
+  }
+  ctx->n_threads = pick_threads(opts ? opts->n_threads : 0);
+  // OpenBLAS's thread pool is per process, so the last CPU backend created sets it.
+  openblas_set_num_threads(ctx->n_threads);
+  b->vt = &cpu_vtable;
+  b->ctx = ctx;
+  *out = b;
+  return TPR_OK;
+}
+
+int tpr_backend_cpu_threads(const tpr_backend *cpu) {
+  if (!cpu || cpu->vt != &cpu_vtable) return 0;
+  return ((const tpr_cpu_ctx *)cpu->ctx)->n_threads;
+}

@@ -1,0 +1,28 @@
+// CPU kernels, one per op kind, registered in backend_cpu.c. Each follows
+// tpr_kernel_fn: inputs were checked against the op's shape rule by the
+// caller, may be strided, and out is contiguous. f32 compute unless noted.
+#ifndef TPR_CPU_KERNELS_H
+#define TPR_CPU_KERNELS_H
+
+#include "../backend.h"
+
+// Per-process CPU backend context.
+typedef struct tpr_cpu_ctx {
+  int n_threads;  // threads OpenBLAS and kernels may use
+} tpr_cpu_ctx;
+
+#define TPR_CPU_KERNEL(name)                                                             \
+  tpr_status tpr__cpu_##name(void *ctx, const tpr_tensor *const *in, int n_in,           \
+                             const tpr_op_attrs *attrs, tpr_tensor *out)
+
+TPR_CPU_KERNEL(matmul);        // matmul.c: OpenBLAS sgemm per batch
+TPR_CPU_KERNEL(add);           // elementwise.c
+TPR_CPU_KERNEL(mul);           // elementwise.c
+TPR_CPU_KERNEL(swiglu);        // elementwise.c
+TPR_CPU_KERNEL(rms_norm);      // norm.c
+TPR_CPU_KERNEL(softmax);       // softmax.c
+TPR_CPU_KERNEL(embedding);     // gather.c: any dtype table
+TPR_CPU_KERNEL(index_select);  // gather.c: any dtype
+TPR_CPU_KERNEL(cast);          // copy.c: any dtype to any dtype, strided source
+
+#endif

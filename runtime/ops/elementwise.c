@@ -1,0 +1,107 @@
+// Elementwise CPU kernels: add, mul (numpy broadcasting) and swiglu.
+//
+// Every input is read through strides (a broadcast dim reads with stride 0),
+// and the strided iterator merges dims so contiguous operands run one long
+// unit-stride row; the row loops below are written so the compiler can
+// vectorise the common stride patterns.
+#include <math.h>
+
+#include "cpu_kernels.h"
+#include "strided.h"
+
+static tpr_status check_f32(const char *op, const tpr_tensor *const *in, int n_in,
+                            const tpr_tensor *out) {
+  for (int k = 0; k < n_in; k++)
+    if (in[k]->dtype != TPR_F32)
+      return TPR_FAIL(TPR_ERR_DTYPE, "%s (cpu): input %d is %s, only f32 is supported", op, k,
+                      tpr_dtype_name(in[k]->dtype));
+  if (out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s (cpu): output is %s, only f32 is supported", op,
+                    tpr_dtype_name(out->dtype));
+  return TPR_OK;
+}
+
+// One row of out[i] = a[i*sa] OP b[i*sb]. The branches give the vectoriser
+// the unit-stride and scalar-broadcast cases as separate loops. No restrict:
+// out may share the buffer of a same-shaped input (in-place), read before written.
+#define BINARY_ROW(name, OP)                                                               \
+  static void name(float *o, const float *a, int64_t sa, const float *b, int64_t sb,      \
+                   int64_t n) {                                                            \
+    if (sa == 1 && sb == 1) {                                                              \
+      for (int64_t i = 0; i < n; i++) o[i] = a[i] OP b[i];                                 \
+    } else if (sa == 1 && sb == 0) {                                                       \
+      const float bv = b[0];                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = a[i] OP bv;                                   \
+    } else if (sa == 0 && sb == 1) {                                                       \
+      const float av = a[0];                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = av OP b[i];                                   \
+    } else {                                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = a[i * sa] OP b[i * sb];                       \
+    }                                                                                      \
+  }
+
+BINARY_ROW(add_row, +)
+BINARY_ROW(mul_row, *)
+
+typedef void (*binary_row_fn)(float *, const float *, int64_t, const float *, int64_t,
+                              int64_t);
+
+// a (...), b (...) broadcastable to out (...); out contiguous.
+static tpr_status run_binary(const char *op, binary_row_fn row, const tpr_tensor *const *in,
+                             int n_in, tpr_tensor *out) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected 2 inputs, got %d", op, n_in);
+  TPR_CHECK(check_f32(op, in, n_in, out));
+  int64_t so[TPR_MAX_DIMS], sa[TPR_MAX_DIMS], sb[TPR_MAX_DIMS];
+  tpr__contig_strides(out->ndim, out->shape, so);
+  tpr__broadcast_strides(in[0], out->ndim, out->shape, sa);
+  tpr__broadcast_strides(in[1], out->ndim, out->shape, sb);
+  const int64_t *st[3] = {so, sa, sb};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, out->ndim, out->shape, 3, st)) return TPR_OK;
+  float *o = tpr_tensor_data(out);
+  const float *a = tpr_tensor_data(in[0]), *b = tpr_tensor_data(in[1]);
+  // out is contiguous, so its merged inner stride is 1 (or n == 1).
+  do {
+    row(o + it.off[0], a + it.off[1], it.inner[1], b + it.off[2], it.inner[2], it.n);
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}
+
+TPR_CPU_KERNEL(add) { return run_binary("add", add_row, in, n_in, out); }
+TPR_CPU_KERNEL(mul) { return run_binary("mul", mul_row, in, n_in, out); }
+
+// silu(g) * u with sigmoid(g) from exp(-|g|), which never overflows: for
+// g >= 0 it is 1 / (1 + e), for g < 0 it is e / (1 + e). (g = -inf gives NaN
+// from -inf * 0.)
+static inline float swiglu1(float g, float u) {
+  float e = expf(-fabsf(g));
+  float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return g * s * u;
+}
+
+// gate (..., F), up (..., F), out (..., F); same shapes, inputs strided.
+TPR_CPU_KERNEL(swiglu) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "swiglu (cpu): expected 2 inputs, got %d", n_in);
+  TPR_CHECK(check_f32("swiglu", in, n_in, out));
+  for (int k = 0; k < 2; k++)
+    if (!tpr_tensor_same_shape(in[k], out))
+      return TPR_FAIL(TPR_ERR_SHAPE, "swiglu (cpu): input %d shape differs from the output", k);
+  int64_t so[TPR_MAX_DIMS];
+  tpr__contig_strides(out->ndim, out->shape, so);
+  const int64_t *st[3] = {so, in[0]->stride, in[1]->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, out->ndim, out->shape, 3, st)) return TPR_OK;
+  float *o = tpr_tensor_data(out);
+  const float *g = tpr_tensor_data(in[0]), *u = tpr_tensor_data(in[1]);
+  do {
+    float *orow = o + it.off[0];
+    const float *grow = g + it.off[1], *urow = u + it.off[2];
+    int64_t sg = it.inner[1], su = it.inner[2];
+    if (sg == 1 && su == 1) {
+      for (int64_t i = 0; i < it.n; i++) orow[i] = swiglu1(grow[i], urow[i]);
+    } else {
+      for (int64_t i = 0; i < it.n; i++) orow[i] = swiglu1(grow[i * sg], urow[i * su]);
+    }
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}

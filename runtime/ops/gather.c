@@ -1,0 +1,128 @@
+// Gather CPU kernels: embedding and index_select, for any element type.
+//
+// Both move whole elements as bytes (no conversion), so one code path serves
+// every dtype. Every id is range-checked before anything is written: a bad id
+// returns TPR_ERR_INVALID_ARG, never reads out of bounds, and leaves out as
+// it was.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "strided.h"
+
+static tpr_status check_ids(const char *op, const tpr_tensor *ids) {
+  if (ids->dtype != TPR_I32 && ids->dtype != TPR_I64)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s (cpu): ids are %s, expected i32 or i64", op,
+                    tpr_dtype_name(ids->dtype));
+  return TPR_OK;
+}
+
+// Visits ids (any shape, any strides) in row-major order, storing each value
+// in vals (numel). Fails on the first value outside [0, limit).
+static tpr_status load_ids(const char *op, const char *what, const tpr_tensor *ids, int64_t limit,
+                           int64_t *vals) {
+  const int64_t *st[1] = {ids->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, ids->ndim, ids->shape, 1, st)) return TPR_OK;
+  const char *base = tpr_tensor_data(ids);
+  int64_t pos = 0;
+  do {
+    for (int64_t i = 0; i < it.n; i++, pos++) {
+      int64_t e = it.off[0] + i * it.inner[0];
+      int64_t v;
+      if (ids->dtype == TPR_I32) {
+        int32_t v32;
+        memcpy(&v32, base + e * 4, 4);
+        v = v32;
+      } else {
+        memcpy(&v, base + e * 8, 8);
+      }
+      if (v < 0 || v >= limit)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s %lld at position %lld is out of range [0, %lld)",
+                        op, what, (long long)v, (long long)pos, (long long)limit);
+      vals[pos] = v;
+    }
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}
+
+// table (V, H), ids (...) i32/i64; out (..., H) contiguous, table's dtype.
+TPR_CPU_KERNEL(embedding) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding (cpu): expected 2 inputs, got %d", n_in);
+  const tpr_tensor *table = in[0], *ids = in[1];
+  TPR_CHECK(check_ids("embedding", ids));
+  if (out->dtype != table->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "embedding (cpu): out is %s but the table is %s",
+                    tpr_dtype_name(out->dtype), tpr_dtype_name(table->dtype));
+  if (table->ndim != 2 || out->ndim != ids->ndim + 1 || out->shape[ids->ndim] != table->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "embedding (cpu): table, ids and out shapes do not fit");
+  const int64_t n = tpr_tensor_numel(ids), V = table->shape[0], H = table->shape[1];
+  if (n == 0) return TPR_OK;
+  int64_t *vals = malloc((size_t)n * sizeof *vals);
+  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "embedding (cpu): %lld ids of scratch", (long long)n);
+  tpr_status rc = load_ids("embedding", "token id", ids, V, vals);
+  if (rc != TPR_OK) {
+    free(vals);
+    return tpr__propagate(rc, __FILE__, __LINE__);
+  }
+  const size_t esz = tpr_dtype_size(table->dtype);
+  const char *t = tpr_tensor_data(table);
+  char *o = tpr_tensor_data(out);
+  const int64_t one = 1, ts = table->stride[1];
+  for (int64_t p = 0; p < n; p++) {
+    const char *row = t + vals[p] * table->stride[0] * (int64_t)esz;
+    char *dst = o + p * H * (int64_t)esz;
+    if (ts == 1 || H == 1)
+      memcpy(dst, row, (size_t)H * esz);
+    else
+      tpr__strided_copy(dst, &one, row, &ts, 1, &H, esz);
+  }
+  free(vals);
+  return TPR_OK;
+}
+
+// x (..., X_dim, ...), index (n) i32/i64; out (..., n, ...) contiguous.
+TPR_CPU_KERNEL(index_select) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "index_select (cpu): expected 2 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *index = in[1];
+  TPR_CHECK(check_ids("index_select", index));
+  if (!attrs || attrs->n_i < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "index_select (cpu): missing dim attribute i[0]");
+  int dim = (int)attrs->i[0];
+  if (dim < 0) dim += x->ndim;
+  if (dim < 0 || dim >= x->ndim)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "index_select (cpu): dim %lld out of range for %d-d x",
+                    (long long)attrs->i[0], x->ndim);
+  if (out->dtype != x->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "index_select (cpu): out is %s but x is %s",
+                    tpr_dtype_name(out->dtype), tpr_dtype_name(x->dtype));
+  if (index->ndim != 1 || out->ndim != x->ndim || out->shape[dim] != index->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "index_select (cpu): x, index and out shapes do not fit");
+  const int64_t n = index->shape[0];
+  if (n == 0 || tpr_tensor_numel(out) == 0) return TPR_OK;
+  int64_t *vals = malloc((size_t)n * sizeof *vals);
+  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "index_select (cpu): %lld ids of scratch", (long long)n);
+  tpr_status rc = load_ids("index_select", "index", index, x->shape[dim], vals);
+  if (rc != TPR_OK) {
+    free(vals);
+    return tpr__propagate(rc, __FILE__, __LINE__);
+  }
+  // Each selected slice is x with `dim` removed, copied into out's slice j.
+  int64_t ostride[TPR_MAX_DIMS], shape[TPR_MAX_DIMS], xs[TPR_MAX_DIMS], os[TPR_MAX_DIMS];
+  tpr__contig_strides(out->ndim, out->shape, ostride);
+  int nd = 0;
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim) continue;
+    shape[nd] = x->shape[d];
+    xs[nd] = x->stride[d];
+    os[nd++] = ostride[d];
+  }
+  const size_t esz = tpr_dtype_size(x->dtype);
+  const char *xd = tpr_tensor_data(x);
+  char *o = tpr_tensor_data(out);
+  for (int64_t j = 0; j < n; j++)
+    tpr__strided_copy(o + j * ostride[dim] * (int64_t)esz, os,
+                      xd + vals[j] * x->stride[dim] * (int64_t)esz, xs, nd, shape, esz);
+  free(vals);
+  return TPR_OK;
+}

@@ -1,0 +1,64 @@
+// Softmax CPU kernel over the last dim, in f32 (DESIGN.md section 3).
+//
+// Each row subtracts its max before exp so large inputs cannot overflow;
+// -inf entries give exactly 0. Conventions for degenerate rows:
+//   - a row whose entries are all -inf (fully masked) gives all zeros, not
+//     NaN, so a masked-out row contributes nothing downstream;
+//   - a row with a NaN or a +inf gives NaN (the error stays visible).
+#include <math.h>
+#include <stdlib.h>
+
+#include "cpu_kernels.h"
+#include "strided.h"
+
+// Eight interleaved partial sums: fixed order, vectorisable (see norm.c).
+static float sum_f32(const float *x, int64_t n) {  // x (n)
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++) acc[l] += x[i];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// x (n) with stride s; o (n) contiguous.
+static void softmax_row(const float *x, int64_t s, float *o, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i * s];
+    m = v > m ? v : m;  // NaN never wins here; it propagates through exp below
+  }
+  if (m == -INFINITY) {
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) nan |= isnan(x[i * s]);
+    for (int64_t i = 0; i < n; i++) o[i] = nan ? NAN : 0.0f;
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) o[i] = expf(x[i * s] - m);
+  const float sum = sum_f32(o, n);  // >= 1: the max entry gives exp(0)
+  for (int64_t i = 0; i < n; i++) o[i] /= sum;
+}
+
+// x (..., N); out (..., N) contiguous.
+TPR_CPU_KERNEL(softmax) {
+  if (n_in != 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "softmax (cpu): expected 1 input, got %d", n_in);
+  const tpr_tensor *x = in[0];
+  if (x->dtype != TPR_F32 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "softmax (cpu): x %s, out %s; only f32 is supported",
+                    tpr_dtype_name(x->dtype), tpr_dtype_name(out->dtype));
+  if (x->ndim < 1 || !tpr_tensor_same_shape(x, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "softmax (cpu): x and out shapes differ or x is 0-d");
+  const int64_t N = x->shape[x->ndim - 1];
+  if (tpr_tensor_numel(x) == 0) return TPR_OK;
+  const float *xd = tpr_tensor_data(x);
+  float *o = tpr_tensor_data(out);
+  const int64_t xs = x->stride[x->ndim - 1];
+  const int64_t *st[1] = {x->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
+  do {  // rows in row-major order of the leading dims, as out stores them
+    for (int64_t r = 0; r < it.n; r++, o += N)
+      softmax_row(xd + it.off[0] + r * it.inner[0], N == 1 ? 1 : xs, o, N);
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}

@@ -1,0 +1,175 @@
+// Building programs: values, nodes and the builder shorthands.
+#include <stdlib.h>
+#include <string.h>
+
+#include "program_impl.h"
+
+tpr_status tpr_program_new(tpr_program **out) {
+  *out = calloc(1, sizeof **out);
+  return *out ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "program");
+}
+
+void tpr_program_free(tpr_program *p) {
+  if (!p) return;
+  for (int i = 0; i < p->n_values; i++) free(p->values[i].name);
+  free(p->values);
+  free(p->nodes);
+  free(p);
+}
+
+tpr_value_id tpr__program_find(const tpr_program *p, const char *name) {
+  for (int i = 0; i < p->n_values; i++)
+    if (p->values[i].name && strcmp(p->values[i].name, name) == 0) return i;
+  return -1;
+}
+
+static tpr_status check_name(const tpr_program *p, const char *name) {
+  if (!name || !*name) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: empty value name");
+  if (tpr__program_find(p, name) >= 0)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: name '%s' is already used", name);
+  return TPR_OK;
+}
+
+static tpr_status grow(void **arr, int *cap, int need, size_t elem) {
+  if (need <= *cap) return TPR_OK;
+  int ncap = *cap ? *cap * 2 : 16;
+  while (ncap < need) ncap *= 2;
+  void *n = realloc(*arr, (size_t)ncap * elem);
+  if (!n) return TPR_FAIL(TPR_ERR_OOM, "program growth");
+  *arr = n;
+  *cap = ncap;
+  return TPR_OK;
+}
+
+static tpr_status add_value(tpr_program *p, const tpr_value_rec *rec, tpr_value_id *out) {
+  TPR_CHECK(grow((void **)&p->values, &p->cap_values, p->n_values + 1, sizeof *p->values));
+  p->values[p->n_values] = *rec;
+  *out = p->n_values++;
+  return TPR_OK;
+}
+
+static tpr_status add_named(tpr_program *p, tpr_value_kind kind, const char *name, tpr_dtype dtype, int ndim,
+                            const int64_t *shape, tpr_value_id *out) {
+  TPR_CHECK(check_name(p, name));
+  if (!tpr_dtype_valid(dtype)) return TPR_FAIL(TPR_ERR_DTYPE, "program: '%s' has invalid dtype %d", name, (int)dtype);
+  TPR_CHECK(tpr_shape_check(ndim, shape));
+  tpr_value_rec rec = {.kind = kind, .producer = -1, .base = p->n_values};
+  rec.desc.dtype = dtype;
+  rec.desc.ndim = ndim;
+  memcpy(rec.desc.shape, shape, (size_t)ndim * sizeof *shape);
+  tpr_shape_contiguous_strides(ndim, shape, rec.desc.stride);
+  rec.name = strdup(name);
+  if (!rec.name) return TPR_FAIL(TPR_ERR_OOM, "program name");
+  tpr_status rc = add_value(p, &rec, out);
+  if (rc != TPR_OK) free(rec.name);
+  return rc;
+}
+
+tpr_status tpr_program_input(tpr_program *p, const char *name, tpr_dtype dtype, int ndim, const int64_t *shape,
+                             tpr_value_id *out) {
+  return add_named(p, TPR_VALUE_INPUT, name, dtype, ndim, shape, out);
+}
+
+tpr_status tpr_program_param(tpr_program *p, const char *name, tpr_dtype dtype, int ndim, const int64_t *shape,
+                             tpr_value_id *out) {
+  return add_named(p, TPR_VALUE_PARAM, name, dtype, ndim, shape, out);
+}
+
+tpr_status tpr_program_op(tpr_program *p, tpr_op_kind op, const tpr_value_id *in, int n_in,
+                          const tpr_op_attrs *attrs, tpr_value_id *out) {
+  static const tpr_op_attrs no_attrs;
+  if (!attrs) attrs = &no_attrs;
+  if (n_in < 0 || n_in > TPR_OP_MAX_INPUTS)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: %s with %d inputs", tpr_op_name(op), n_in);
+  const tpr_tensor *descs[TPR_OP_MAX_INPUTS];
+  for (int i = 0; i < n_in; i++) {
+    if (in[i] < 0 || in[i] >= p->n_values)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: %s input %d refers to unknown value %d", tpr_op_name(op), i, in[i]);
+    descs[i] = &p->values[in[i]].desc;
+  }
+  tpr_value_rec rec = {.kind = TPR_VALUE_NODE, .producer = p->n_nodes, .base = p->n_values};
+  TPR_CHECK(tpr__op_infer(op, descs, n_in, attrs, &rec.desc));
+  rec.desc.storage = NULL;
+  // A view lives in its input's memory; its offset stays relative to that base.
+  if (tpr_op_is_view(op)) rec.base = p->values[in[0]].base;
+  TPR_CHECK(grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes));
+  tpr_node node = {.op = op, .n_in = n_in, .attrs = *attrs};
+  memcpy(node.in, in, (size_t)n_in * sizeof *in);
+  TPR_CHECK(add_value(p, &rec, &node.out));
+  p->nodes[p->n_nodes++] = node;
+  *out = node.out;
+  return TPR_OK;
+}
+
+tpr_status tpr_program_output(tpr_program *p, tpr_value_id v, const char *name) {
+  if (v < 0 || v >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: output of unknown value %d", v);
+  tpr_value_rec *rec = &p->values[v];
+  if (rec->kind != TPR_VALUE_NODE)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: output '%s' must be produced by an op", name ? name : "");
+  if (rec->is_output || rec->name) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: value %d is already an output", v);
+  TPR_CHECK(check_name(p, name));
+  rec->name = strdup(name);
+  if (!rec->name) return TPR_FAIL(TPR_ERR_OOM, "program name");
+  rec->is_output = true;
+  return TPR_OK;
+}
+
+int tpr_program_num_values(const tpr_program *p) { return p->n_values; }
+int tpr_program_num_nodes(const tpr_program *p) { return p->n_nodes; }
+
+tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc) {
+  if (v < 0 || v >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: unknown value %d", v);
+  *desc = p->values[v].desc;
+  return TPR_OK;
+}
+
+// Shorthands.
+#define OP1(kind, x, at) tpr_program_op(p, kind, (const tpr_value_id[]){x}, 1, at, out)
+#define OP2(kind, a, b, at) tpr_program_op(p, kind, (const tpr_value_id[]){a, b}, 2, at, out)
+
+tpr_status tpr_pb_matmul(tpr_program *p, tpr_value_id a, tpr_value_id b, bool trans_a, bool trans_b,
+                         tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 2, .i = {trans_a, trans_b}};
+  return OP2(TPR_OP_MATMUL, a, b, &at);
+}
+tpr_status tpr_pb_add(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out) {
+  return OP2(TPR_OP_ADD, a, b, NULL);
+}
+tpr_status tpr_pb_mul(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out) {
+  return OP2(TPR_OP_MUL, a, b, NULL);
+}
+tpr_status tpr_pb_rms_norm(tpr_program *p, tpr_value_id x, tpr_value_id weight, float eps, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_f = 1, .f = {eps}};
+  return OP2(TPR_OP_RMS_NORM, x, weight, &at);
+}
+tpr_status tpr_pb_swiglu(tpr_program *p, tpr_value_id gate, tpr_value_id up, tpr_value_id *out) {
+  return OP2(TPR_OP_SWIGLU, gate, up, NULL);
+}
+tpr_status tpr_pb_softmax(tpr_program *p, tpr_value_id x, tpr_value_id *out) { return OP1(TPR_OP_SOFTMAX, x, NULL); }
+tpr_status tpr_pb_embedding(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id *out) {
+  return OP2(TPR_OP_EMBEDDING, table, ids, NULL);
+}
+tpr_status tpr_pb_index_select(tpr_program *p, tpr_value_id x, int dim, tpr_value_id index, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {dim}};
+  return OP2(TPR_OP_INDEX_SELECT, x, index, &at);
+}
+tpr_status tpr_pb_cast(tpr_program *p, tpr_value_id x, tpr_dtype dtype, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {dtype}};
+  return OP1(TPR_OP_CAST, x, &at);
+}
+tpr_status tpr_pb_reshape(tpr_program *p, tpr_value_id x, int ndim, const int64_t *shape, tpr_value_id *out) {
+  if (ndim < 0 || ndim > TPR_OP_MAX_IATTRS) return TPR_FAIL(TPR_ERR_SHAPE, "reshape: %d dims", ndim);
+  tpr_op_attrs at = {.n_i = ndim};
+  memcpy(at.i, shape, (size_t)ndim * sizeof *shape);
+  return OP1(TPR_OP_RESHAPE, x, &at);
+}
+tpr_status tpr_pb_permute(tpr_program *p, tpr_value_id x, const int *perm, tpr_value_id *out) {
+  if (x < 0 || x >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "permute: unknown value %d", x);
+  tpr_op_attrs at = {.n_i = p->values[x].desc.ndim};
+  for (int i = 0; i < at.n_i; i++) at.i[i] = perm[i];
+  return OP1(TPR_OP_PERMUTE, x, &at);
+}
+tpr_status tpr_pb_slice(tpr_program *p, tpr_value_id x, int dim, int64_t start, int64_t len, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {dim, start, len}};
+  return OP1(TPR_OP_SLICE, x, &at);
+}

@@ -1,0 +1,103 @@
+// SPMD programs: a static DAG of ops over tensors with static shapes, built
+// once by model code and executed many times.
+//
+// Every rank builds the same program (rank-dependence enters only through the
+// rank tensor, bound as a param at run time), so the serialized bytes are
+// identical across ranks; tpr_program_hash makes that checkable. Programs
+// serialize to bytes with protobuf-c (runtime/program.proto) and back;
+// deserialization re-runs every shape rule, so corrupt bytes give
+// TPR_ERR_FORMAT instead of a crash.
+#ifndef TPR_PROGRAM_H
+#define TPR_PROGRAM_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "ops/ops.h"
+#include "tensor.h"
+
+typedef struct tpr_program tpr_program;
+typedef int32_t tpr_value_id;  // index of a value in its program
+
+// Values are part of the serialized program format: append, never reorder.
+typedef enum tpr_value_kind {
+  TPR_VALUE_INPUT = 0,  // bound per run (tokens, positions)
+  TPR_VALUE_PARAM = 1,  // bound once (weights, the rank tensor)
+  TPR_VALUE_NODE = 2,   // produced by an op
+} tpr_value_kind;
+
+tpr_status tpr_program_new(tpr_program **out);
+void tpr_program_free(tpr_program *p);
+
+// Declares a named input or param. Names are unique within a program.
+tpr_status tpr_program_input(tpr_program *p, const char *name, tpr_dtype dtype, int ndim,
+                             const int64_t *shape, tpr_value_id *out);
+tpr_status tpr_program_param(tpr_program *p, const char *name, tpr_dtype dtype, int ndim,
+                             const int64_t *shape, tpr_value_id *out);
+// Appends an op; its output's shape comes from the op's shape rule.
+tpr_status tpr_program_op(tpr_program *p, tpr_op_kind op, const tpr_value_id *in, int n_in,
+                          const tpr_op_attrs *attrs, tpr_value_id *out);
+// Marks a value as a named output (kept alive to the end of a run).
+tpr_status tpr_program_output(tpr_program *p, tpr_value_id v, const char *name);
+
+int tpr_program_num_values(const tpr_program *p);
+int tpr_program_num_nodes(const tpr_program *p);
+// Descriptor (dtype, shape, strides; no storage) of a value.
+tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc);
+
+// Builder shorthands over tpr_program_op (same shapes as the eager ops).
+tpr_status tpr_pb_matmul(tpr_program *p, tpr_value_id a, tpr_value_id b, bool trans_a, bool trans_b,
+                         tpr_value_id *out);
+tpr_status tpr_pb_add(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out);
+tpr_status tpr_pb_mul(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out);
+tpr_status tpr_pb_rms_norm(tpr_program *p, tpr_value_id x, tpr_value_id weight, float eps, tpr_value_id *out);
+tpr_status tpr_pb_swiglu(tpr_program *p, tpr_value_id gate, tpr_value_id up, tpr_value_id *out);
+tpr_status tpr_pb_softmax(tpr_program *p, tpr_value_id x, tpr_value_id *out);
+tpr_status tpr_pb_embedding(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id *out);
+tpr_status tpr_pb_index_select(tpr_program *p, tpr_value_id x, int dim, tpr_value_id index, tpr_value_id *out);
+tpr_status tpr_pb_cast(tpr_program *p, tpr_value_id x, tpr_dtype dtype, tpr_value_id *out);
+tpr_status tpr_pb_reshape(tpr_program *p, tpr_value_id x, int ndim, const int64_t *shape, tpr_value_id *out);
+tpr_status tpr_pb_permute(tpr_program *p, tpr_value_id x, const int *perm, tpr_value_id *out);
+tpr_status tpr_pb_slice(tpr_program *p, tpr_value_id x, int dim, int64_t start, int64_t len, tpr_value_id *out);
+
+// One line per value: id, kind, dtype and shape, producing op, name.
+void tpr_program_dump(const tpr_program *p, FILE *f);
+
+// Serialization. *bytes is malloc'ed; the caller frees it.
+tpr_status tpr_program_serialize(const tpr_program *p, uint8_t **bytes, size_t *len);
+tpr_status tpr_program_deserialize(const uint8_t *bytes, size_t len, tpr_program **out);
+// FNV-1a 64 of the serialized bytes: equal programs, equal hashes.
+tpr_status tpr_program_hash(const tpr_program *p, uint64_t *hash);
+
+// The memory planner: every op output that is not a view gets a slice of
+// one arena; slices are reused once their value (and every view of it) is
+// dead. Lifetimes are inclusive node intervals, so an op's output never
+// shares bytes with its own inputs.
+typedef struct tpr_memory_plan {
+  size_t arena_bytes;  // peak: bytes the arena needs
+  size_t naive_bytes;  // sum of every planned buffer, as if none were reused
+  int n_buffers;       // op outputs placed in the arena
+} tpr_memory_plan;
+
+#define TPR_PLAN_ALIGN 64
+#define TPR_PLAN_NONE SIZE_MAX
+// offsets (optional, num_values entries): arena offset per value, or
+// TPR_PLAN_NONE for inputs, params and views.
+tpr_status tpr_program_plan_memory(const tpr_program *p, tpr_memory_plan *plan, size_t *offsets);
+
+// Execution of a program on a backend. The program must outlive the exec.
+typedef struct tpr_exec tpr_exec;
+tpr_status tpr_exec_new(const tpr_program *p, tpr_backend *backend, tpr_exec **out);
+void tpr_exec_free(tpr_exec *e);
+// Binds an input or param by name. t must be contiguous, on the exec's
+// backend, with the declared dtype and shape; it must stay alive (tpr keeps
+// no reference) while runs use it.
+tpr_status tpr_exec_bind(tpr_exec *e, const char *name, const tpr_tensor *t);
+tpr_status tpr_exec_run(tpr_exec *e);
+// A named output of the last run; owned by the exec, valid until the next run.
+tpr_status tpr_exec_output(tpr_exec *e, const char *name, const tpr_tensor **out);
+const tpr_memory_plan *tpr_exec_plan(const tpr_exec *e);
+
+#endif
