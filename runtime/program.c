@@ -56,7 +56,7 @@ static tpr_status add_named(tpr_program *p, tpr_value_kind kind, const char *nam
   tpr_value_rec rec = {.kind = kind, .producer = -1, .base = p->n_values};
   rec.desc.dtype = dtype;
   rec.desc.ndim = ndim;
-  memcpy(rec.desc.shape, shape, (size_t)ndim * sizeof *shape);
+  if (ndim > 0) memcpy(rec.desc.shape, shape, (size_t)ndim * sizeof *shape);
   tpr_shape_contiguous_strides(ndim, shape, rec.desc.stride);
   rec.name = strdup(name);
   if (!rec.name) return TPR_FAIL(TPR_ERR_OOM, "program name");
@@ -160,7 +160,7 @@ tpr_status tpr_pb_cast(tpr_program *p, tpr_value_id x, tpr_dtype dtype, tpr_valu
 tpr_status tpr_pb_reshape(tpr_program *p, tpr_value_id x, int ndim, const int64_t *shape, tpr_value_id *out) {
   if (ndim < 0 || ndim > TPR_OP_MAX_IATTRS) return TPR_FAIL(TPR_ERR_SHAPE, "reshape: %d dims", ndim);
   tpr_op_attrs at = {.n_i = ndim};
-  memcpy(at.i, shape, (size_t)ndim * sizeof *shape);
+  if (ndim > 0) memcpy(at.i, shape, (size_t)ndim * sizeof *shape);
   return OP1(TPR_OP_RESHAPE, x, &at);
 }
 tpr_status tpr_pb_permute(tpr_program *p, tpr_value_id x, const int *perm, tpr_value_id *out) {

@@ -109,8 +109,8 @@ static tpr_status load_node(tpr_program *p, const TprPb__Program *prog, size_t v
     return TPR_FAIL(TPR_ERR_FORMAT, "node %zu has too many inputs or attributes", n);
   if (pn->op < 0 || pn->op >= TPR_OP_KIND_COUNT) return TPR_FAIL(TPR_ERR_FORMAT, "node %zu: unknown op %d", n, pn->op);
   tpr_op_attrs at = {.n_i = (int)pn->n_iattrs, .n_f = (int)pn->n_fattrs};
-  memcpy(at.i, pn->iattrs, pn->n_iattrs * sizeof *at.i);
-  memcpy(at.f, pn->fattrs, pn->n_fattrs * sizeof *at.f);
+  if (pn->n_iattrs) memcpy(at.i, pn->iattrs, pn->n_iattrs * sizeof *at.i);
+  if (pn->n_fattrs) memcpy(at.f, pn->fattrs, pn->n_fattrs * sizeof *at.f);
   tpr_value_id in[TPR_OP_MAX_INPUTS], out;
   for (size_t i = 0; i < pn->n_inputs; i++) {
     if (pn->inputs[i] < 0 || (size_t)pn->inputs[i] >= v)

@@ -18,6 +18,7 @@ struct tpr_storage {
 tpr_status tpr_shape_check(int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > TPR_MAX_DIMS)
     return TPR_FAIL(TPR_ERR_SHAPE, "ndim %d outside [0, %d]", ndim, TPR_MAX_DIMS);
+  if (ndim > 0 && !shape) return TPR_FAIL(TPR_ERR_INVALID_ARG, "NULL shape for %d dims", ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 0) return TPR_FAIL(TPR_ERR_SHAPE, "dim %d has negative size %lld", i, (long long)shape[i]);
   return TPR_OK;
@@ -45,7 +46,7 @@ static tpr_status tensor_init(tpr_dtype dtype, int ndim, const int64_t *shape, t
   if (!t) return TPR_FAIL(TPR_ERR_OOM, "tensor handle");
   t->dtype = dtype;
   t->ndim = ndim;
-  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  if (ndim > 0) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
   tpr_shape_contiguous_strides(ndim, shape, t->stride);
   *out = t;
   return TPR_OK;
@@ -164,7 +165,7 @@ tpr_status tpr__view_reshape(const tpr_tensor *t, int ndim, const int64_t *shape
     return TPR_FAIL(TPR_ERR_SHAPE, "reshape from %lld to %lld elements", (long long)n_old, (long long)n_new);
   *desc = *t;
   desc->ndim = ndim;
-  memcpy(desc->shape, shape, (size_t)ndim * sizeof *shape);
+  if (ndim > 0) memcpy(desc->shape, shape, (size_t)ndim * sizeof *shape);
   tpr_shape_contiguous_strides(ndim, shape, desc->stride);
   return TPR_OK;
 }

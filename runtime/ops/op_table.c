@@ -33,7 +33,7 @@ static void set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_
   memset(out, 0, sizeof *out);
   out->dtype = dt;
   out->ndim = ndim;
-  memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
+  if (ndim > 0) memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
   tpr_shape_contiguous_strides(ndim, shape, out->stride);
 }
 
