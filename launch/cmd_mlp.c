@@ -129,7 +129,7 @@ int tpr_cmd_mlp(int argc, char **argv) {
 
   tpr_world w;
   if (tpr_world_init(&argc, &argv, &w) != TPR_OK) return tpr_world_fail(&w, "mlp");
-  tpr_block_config c = {.hidden_size = 256, .intermediate_size = 1024, .tokens = 64, .rms_norm_eps = 1e-6f};
+  tpr_block_config c = tpr_block_config_default();
   if (config && tpr_block_config_load(config, &c) != TPR_OK) return tpr_world_fail(&w, "mlp");
   if (tokens > 0) c.tokens = tokens;
   if (tp == 0) tp = w.size;

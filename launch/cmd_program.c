@@ -7,39 +7,7 @@
 #include "launch/args.h"
 #include "launch/commands.h"
 #include "models/mlp_block.h"
-
-static tpr_status read_all(const char *path, uint8_t **bytes, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return TPR_FAIL(TPR_ERR_IO, "cannot open %s", path);
-  size_t cap = 1 << 16, n = 0;
-  uint8_t *buf = malloc(cap);
-  size_t got;
-  while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      uint8_t *grown = realloc(buf, cap *= 2);
-      if (!grown) free(buf);
-      buf = grown;
-    }
-  }
-  int err = ferror(f);
-  fclose(f);
-  if (!buf || err) {
-    free(buf);
-    return TPR_FAIL(TPR_ERR_IO, "cannot read %s", path);
-  }
-  *bytes = buf;
-  *len = n;
-  return TPR_OK;
-}
-
-static tpr_status write_all(const char *path, const uint8_t *bytes, size_t len) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return TPR_FAIL(TPR_ERR_IO, "cannot create %s", path);
-  size_t put = fwrite(bytes, 1, len, f);
-  if (fclose(f) != 0 || put != len) return TPR_FAIL(TPR_ERR_IO, "cannot write %s", path);
-  return TPR_OK;
-}
+#include "runtime/file_io.h"
 
 static tpr_status describe(const tpr_program *p, const char *out_path, bool json, bool list) {
   uint8_t *bytes;
@@ -49,7 +17,7 @@ static tpr_status describe(const tpr_program *p, const char *out_path, bool json
   TPR_CHECK(tpr_program_serialize(p, &bytes, &len));
   tpr_status rc = tpr_program_hash(p, &hash);
   if (rc == TPR_OK) rc = tpr_program_plan_memory(p, &plan, NULL);
-  if (rc == TPR_OK && out_path) rc = write_all(out_path, bytes, len);
+  if (rc == TPR_OK && out_path) rc = tpr_file_write(out_path, bytes, len);
   free(bytes);
   TPR_CHECK(rc);
   if (json) {
@@ -87,11 +55,11 @@ int tpr_cmd_program(int argc, char **argv) {
   if (in) {
     uint8_t *bytes = NULL;
     size_t len = 0;
-    rc = read_all(in, &bytes, &len);
+    rc = tpr_file_read(in, &bytes, &len);
     if (rc == TPR_OK) rc = tpr_program_deserialize(bytes, len, &p);
     free(bytes);
   } else {
-    tpr_block_config c = {.hidden_size = 256, .intermediate_size = 1024, .tokens = 64, .rms_norm_eps = 1e-6f};
+    tpr_block_config c = tpr_block_config_default();
     rc = config ? tpr_block_config_load(config, &c) : TPR_OK;
     if (rc == TPR_OK) rc = tpr_block_build(&c, tp, &p);
   }

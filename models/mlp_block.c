@@ -6,24 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/file_io.h"
 #include "runtime/rng.h"
-
-static tpr_status read_file(const char *path, char **out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return TPR_FAIL(TPR_ERR_IO, "cannot open config %s", path);
-  char *buf = NULL;
-  long n = -1;
-  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) buf = malloc((size_t)n + 1);
-  size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
-  fclose(f);
-  if (!buf || got != (size_t)n) {
-    free(buf);
-    return TPR_FAIL(TPR_ERR_IO, "cannot read config %s", path);
-  }
-  buf[n] = '\0';
-  *out = buf;
-  return TPR_OK;
-}
 
 static tpr_status get_number(const cJSON *root, const char *path, const char *key, double *out) {
   const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -42,14 +26,19 @@ static tpr_status get_count(const cJSON *root, const char *path, const char *key
   return TPR_OK;
 }
 
+tpr_block_config tpr_block_config_default(void) {
+  return (tpr_block_config){.hidden_size = 256, .intermediate_size = 1024, .tokens = 64, .rms_norm_eps = 1e-6f};
+}
+
 tpr_status tpr_block_config_load(const char *path, tpr_block_config *out) {
-  char *text = NULL;
-  TPR_CHECK(read_file(path, &text));
-  cJSON *root = cJSON_Parse(text);
+  uint8_t *text = NULL;
+  size_t len = 0;
+  TPR_CHECK(tpr_file_read(path, &text, &len));
+  cJSON *root = cJSON_ParseWithLength((const char *)text, len);
   free(text);
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
-    return TPR_FAIL(TPR_ERR_FORMAT, "%s: not a JSON object", path);
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: not a valid JSON object", path);
   }
   double eps = 0;
   tpr_status rc = TPR_OK;

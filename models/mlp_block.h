@@ -17,6 +17,9 @@ typedef struct tpr_block_config {
   float rms_norm_eps;
 } tpr_block_config;
 
+// The embedded default: H=256, F=1024, T=64, eps=1e-6.
+tpr_block_config tpr_block_config_default(void);
+
 // Reads a JSON config; a missing, mistyped or non-positive key is a
 // TPR_ERR_FORMAT naming the key and the file.
 tpr_status tpr_block_config_load(const char *path, tpr_block_config *out);
