@@ -31,6 +31,7 @@ tpr_log_level tpr_log_get_level(void) {
 
 void tpr_log(tpr_log_level level, const char *fmt, ...) {
   if ((int)level > (int)tpr_log_get_level()) return;
+  if ((int)level < TPR_LOG_ERROR) level = TPR_LOG_ERROR;
   char line[4096];
   int n = log_rank >= 0
               ? snprintf(line, sizeof line, "[tpr r%d %s] ", log_rank, level_names[level])

@@ -81,6 +81,7 @@ tpr_status tpr_program_serialize(const tpr_program *p, uint8_t **bytes, size_t *
   prog.values = a.value_ptrs;
   prog.n_nodes = nn;
   prog.nodes = a.node_ptrs;
+
   size_t size = tpr_pb__program__get_packed_size(&prog);
   uint8_t *buf = malloc(size ? size : 1);
   if (!buf) {
@@ -132,7 +133,8 @@ static tpr_status load_node(tpr_program *p, const TprPb__Program *prog, size_t v
 
 static tpr_status load(tpr_program *p, const TprPb__Program *prog) {
   if (prog->format_version != FORMAT_VERSION)
-    return TPR_FAIL(TPR_ERR_FORMAT, "program format version %u, this build reads %d", prog->format_version, FORMAT_VERSION);
+    return TPR_FAIL(TPR_ERR_FORMAT, "program format version %u, this build reads %d%s", prog->format_version,
+                    FORMAT_VERSION, prog->format_version == 0 ? " (the bytes are truncated or not a program)" : "");
   for (size_t v = 0; v < prog->n_values; v++) {
     const TprPb__Value *pv = prog->values[v];
     if (pv->kind == TPR_VALUE_NODE) {

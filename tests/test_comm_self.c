@@ -1,0 +1,155 @@
+// The `self` communicator (collectives/tpr_comm.h): a world of one, where
+// every collective is the identity. Buffers hold fresh random bytes and a
+// guard region after `count` elements that no collective may touch.
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/tpr_comm.h"
+
+#define GUARD 32
+
+static tpr_comm_t comm;
+
+static int setup(void **state) { return tpr_comm_init_self(&comm) == TPR_OK ? 0 : -1; }
+static int teardown(void **state) {
+  tpr_comm_free(comm);
+  comm = NULL;
+  return 0;
+}
+
+static void fill_random(void *p, size_t n) {
+  for (size_t i = 0; i < n; i++) ((unsigned char *)p)[i] = (unsigned char)tt_next_u64();
+}
+
+// count elements of dt holding random finite values of that type (not all zero).
+static void *random_values(tpr_dtype dt, size_t count) {
+  size_t esz = tpr_dtype_size(dt);
+  unsigned char *p = malloc(count * esz + GUARD);
+  for (size_t i = 0; i < count; i++) tpr_dtype_store(p, dt, i, tt_uniform(-100, 100));
+  tpr_dtype_store(p, dt, 0, 42.0);  // never all zeros
+  fill_random(p + count * esz, GUARD);
+  return p;
+}
+
+static const tpr_dtype reducible[] = {TPR_F32, TPR_BF16, TPR_F16, TPR_I32, TPR_I64};
+
+static void test_identity(void **state) {
+  assert_int_equal(tpr_comm_rank(comm), 0);
+  assert_int_equal(tpr_comm_size(comm), 1);
+  assert_string_equal(tpr_comm_backend(comm), "self");
+  TT_OK(tpr_comm_barrier(comm));
+  tpr_comm_t second = NULL;
+  TT_OK(tpr_comm_init_self(&second));
+  assert_ptr_not_equal(second, comm);
+  assert_int_equal(tpr_comm_size(second), 1);
+  tpr_comm_free(second);
+  tpr_comm_free(NULL);
+}
+
+static void test_all_reduce_out_of_place(void **state) {
+  for (size_t d = 0; d < sizeof reducible / sizeof reducible[0]; d++) {
+    tpr_dtype dt = reducible[d];
+    for (tpr_red_op op = TPR_SUM; op <= TPR_MIN; op++) {
+      size_t count = (size_t)tt_randint(1, 3000), nb = count * tpr_dtype_size(dt);
+      unsigned char *send = random_values(dt, count), *copy = malloc(nb + GUARD);
+      unsigned char *recv = malloc(nb + GUARD), *recv_guard = malloc(GUARD);
+      memcpy(copy, send, nb + GUARD);
+      fill_random(recv, nb + GUARD);
+      memcpy(recv_guard, recv + nb, GUARD);
+      TT_OK(tpr_comm_all_reduce(comm, send, recv, count, dt, op));
+      assert_memory_equal(recv, send, nb);
+      assert_memory_equal(recv + nb, recv_guard, GUARD);  // nothing past count
+      assert_memory_equal(send, copy, nb + GUARD);         // send untouched
+      free(send), free(copy), free(recv), free(recv_guard);
+    }
+  }
+}
+
+static void test_all_reduce_in_place(void **state) {
+  for (size_t d = 0; d < sizeof reducible / sizeof reducible[0]; d++) {
+    tpr_dtype dt = reducible[d];
+    for (tpr_red_op op = TPR_SUM; op <= TPR_MIN; op++) {
+      size_t count = (size_t)tt_randint(1, 3000), nb = count * tpr_dtype_size(dt);
+      unsigned char *buf = random_values(dt, count), *copy = malloc(nb + GUARD);
+      memcpy(copy, buf, nb + GUARD);
+      TT_OK(tpr_comm_all_reduce(comm, buf, buf, count, dt, op));
+      assert_memory_equal(buf, copy, nb + GUARD);
+      // Element-wise: op over one rank is the value itself.
+      size_t i = (size_t)tt_randint(0, (int64_t)count - 1);
+      assert_true(tpr_dtype_load(buf, dt, i) == tpr_dtype_load(copy, dt, i));
+      free(buf), free(copy);
+    }
+  }
+}
+
+static void test_all_gather(void **state) {
+  for (int d = 0; d < TPR_DTYPE_COUNT; d++) {  // any dtype gathers, f8 and u8 too
+    tpr_dtype dt = (tpr_dtype)d;
+    size_t count = (size_t)tt_randint(1, 2000), nb = count * tpr_dtype_size(dt);
+    unsigned char *send = malloc(nb + GUARD), *recv = malloc(nb + GUARD), *guard = malloc(GUARD);
+    fill_random(send, nb + GUARD);
+    send[0] |= 1;
+    fill_random(recv, nb + GUARD);
+    memcpy(guard, recv + nb, GUARD);
+    TT_OK(tpr_comm_all_gather(comm, send, recv, count, dt));
+    assert_memory_equal(recv, send, nb);
+    assert_memory_equal(recv + nb, guard, GUARD);
+    // In place: send == recv + rank * count == recv.
+    TT_OK(tpr_comm_all_gather(comm, recv, recv, count, dt));
+    assert_memory_equal(recv, send, nb);
+    free(send), free(recv), free(guard);
+  }
+}
+
+static void test_empty_and_null(void **state) {
+  float x[4];
+  tt_fill_normal(x, 4, 1.0);
+  float y[4] = {1, 2, 3, 4};
+  for (size_t d = 0; d < sizeof reducible / sizeof reducible[0]; d++) {
+    TT_OK(tpr_comm_all_reduce(comm, NULL, NULL, 0, reducible[d], TPR_SUM));
+    TT_OK(tpr_comm_all_reduce(comm, x, y, 0, reducible[d], TPR_MAX));
+  }
+  TT_OK(tpr_comm_all_gather(comm, NULL, NULL, 0, TPR_U8));
+  assert_true(y[0] == 1 && y[3] == 4);  // count 0 copies nothing
+  size_t count = (size_t)tt_randint(1, 4);
+  assert_int_equal(tpr_comm_all_reduce(comm, NULL, y, count, TPR_F32, TPR_SUM), TPR_ERR_INVALID_ARG);
+  assert_non_null(strstr(tpr_last_error(), "NULL buffer"));
+  assert_int_equal(tpr_comm_all_reduce(comm, x, NULL, count, TPR_F32, TPR_SUM), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_comm_all_reduce(comm, NULL, NULL, count, TPR_I64, TPR_MIN), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_comm_all_gather(comm, NULL, y, count, TPR_F32), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_comm_all_gather(comm, x, NULL, count, TPR_F32), TPR_ERR_INVALID_ARG);
+  assert_true(y[0] == 1 && y[1] == 2 && y[2] == 3 && y[3] == 4);  // failed calls write nothing
+}
+
+static void test_bad_dtype_and_op(void **state) {
+  unsigned char a[64], b[64], keep[64];
+  fill_random(a, sizeof a);
+  fill_random(b, sizeof b);
+  memcpy(keep, b, sizeof b);
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 8, TPR_F8E4M3, TPR_SUM), TPR_ERR_DTYPE);
+  assert_non_null(strstr(tpr_last_error(), "f8"));
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 8, TPR_U8, TPR_MAX), TPR_ERR_DTYPE);
+  assert_non_null(strstr(tpr_last_error(), "u8"));
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 8, TPR_DTYPE_COUNT, TPR_SUM), TPR_ERR_DTYPE);
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 8, (tpr_dtype)-1, TPR_SUM), TPR_ERR_DTYPE);
+  assert_int_equal(tpr_comm_all_gather(comm, a, b, 8, (tpr_dtype)99), TPR_ERR_DTYPE);
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 4, TPR_F32, (tpr_red_op)3), TPR_ERR_INVALID_ARG);
+  assert_non_null(strstr(tpr_last_error(), "unknown op 3"));
+  assert_int_equal(tpr_comm_all_reduce(comm, a, b, 4, TPR_F32, (tpr_red_op)-1), TPR_ERR_INVALID_ARG);
+  assert_memory_equal(b, keep, sizeof b);  // nothing written on any error
+}
+
+int main(void) {
+  tt_seed_from_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_identity),
+      cmocka_unit_test(test_all_reduce_out_of_place),
+      cmocka_unit_test(test_all_reduce_in_place),
+      cmocka_unit_test(test_all_gather),
+      cmocka_unit_test(test_empty_and_null),
+      cmocka_unit_test(test_bad_dtype_and_op),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
