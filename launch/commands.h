@@ -10,6 +10,7 @@ typedef struct tpr_command {
 } tpr_command;
 
 int tpr_cmd_mlp(int argc, char **argv);
+int tpr_cmd_plan(int argc, char **argv);
 int tpr_cmd_program(int argc, char **argv);
 int tpr_cmd_version(int argc, char **argv);
 

@@ -6,6 +6,7 @@
 
 static const tpr_command commands[] = {
     {"mlp", "run a tensor-parallel SwiGLU MLP block program (the demo)", tpr_cmd_mlp},
+    {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
     {"version", "print the version and build options", tpr_cmd_version},
 };

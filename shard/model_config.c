@@ -1,0 +1,321 @@
+#include "model_config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/file_io.h"
+
+// Sizes beyond this are not a model we could hold; the cap keeps every
+// product the planner forms well inside int64.
+#define SIZE_CAP ((int64_t)1 << 30)
+
+static const char *const family_names[TPR_FAMILY_COUNT] = {
+    [TPR_FAMILY_MINIMAX_M2] = "minimax_m2",
+    [TPR_FAMILY_QWEN3_MOE] = "qwen3_moe",
+    [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
+};
+
+const char *tpr_model_family_name(tpr_model_family f) {
+  return (unsigned)f < TPR_FAMILY_COUNT ? family_names[f] : "?";
+}
+
+// ---- typed getters: every error names the key and the origin ----
+
+// A JSON null counts as absent: HF writes None for "use the default".
+static const cJSON *item(const cJSON *obj, const char *key) {
+  const cJSON *v = obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+  return cJSON_IsNull(v) ? NULL : v;
+}
+
+static tpr_status get_int(const cJSON *root, const char *origin, const char *key, bool required, int64_t dflt,
+                          int64_t *out) {
+  const cJSON *v = item(root, key);
+  if (!v) {
+    if (required) return TPR_FAIL(TPR_ERR_FORMAT, "%s: missing required key \"%s\"", origin, key);
+    *out = dflt;
+    return TPR_OK;
+  }
+  if (!cJSON_IsNumber(v)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be an integer (a JSON number)", origin, key);
+  double d = v->valuedouble;
+  if (d != floor(d) || fabs(d) > (double)SIZE_CAP)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be an integer of at most %lld, got %g", origin, key,
+                    (long long)SIZE_CAP, d);
+  *out = (int64_t)d;
+  return TPR_OK;
+}
+
+// `parent` names the enclosing object in messages ("rope_parameters"), or NULL.
+static tpr_status get_double(const cJSON *root, const char *origin, const char *parent, const char *key, double dflt,
+                             double *out, bool *present) {
+  const cJSON *v = item(root, key);
+  if (present) *present = v != NULL;
+  if (!v) {
+    *out = dflt;
+    return TPR_OK;
+  }
+  if (!cJSON_IsNumber(v))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s%s%s\" must be a number", origin, parent ? parent : "", parent ? "." : "",
+                    key);
+  *out = v->valuedouble;
+  return TPR_OK;
+}
+
+static tpr_status get_bool(const cJSON *root, const char *origin, const char *key, bool dflt, bool *out) {
+  const cJSON *v = item(root, key);
+  if (!v) {
+    *out = dflt;
+    return TPR_OK;
+  }
+  if (!cJSON_IsBool(v)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be true or false", origin, key);
+  *out = cJSON_IsTrue(v);
+  return TPR_OK;
+}
+
+static tpr_status get_string(const cJSON *root, const char *origin, const char *key, const char *dflt,
+                             const char **out) {
+  const cJSON *v = item(root, key);
+  if (!v) {
+    *out = dflt;
+    return TPR_OK;
+  }
+  if (!cJSON_IsString(v)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be a string", origin, key);
+  *out = v->valuestring;
+  return TPR_OK;
+}
+
+// ---- the pieces every family shares ----
+
+// A RoPE setting given top level (legacy, the hub's M2 config) and/or inside
+// "rope_parameters" (transformers v5). Both present and different is an error
+// rather than a guess at which one the writer meant.
+static tpr_status get_rope_value(const cJSON *root, const cJSON *rope, const char *origin, const char *key,
+                                 double dflt, double *out, bool *present) {
+  double top = dflt, nested = dflt;
+  bool has_top = false, has_nested = false;
+  TPR_CHECK(get_double(root, origin, NULL, key, dflt, &top, &has_top));
+  if (rope) TPR_CHECK(get_double(rope, origin, "rope_parameters", key, dflt, &nested, &has_nested));
+  if (has_top && has_nested && top != nested)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" %g disagrees with \"rope_parameters.%s\" %g", origin, key, top, key,
+                    nested);
+  *out = has_nested ? nested : top;
+  if (present) *present = has_top || has_nested;
+  return TPR_OK;
+}
+
+// Attention geometry and RoPE. Transformers v5 moved rope_theta and
+// partial_rotary_factor into "rope_parameters"; the hub's MiniMax-M2 config
+// keeps them top level and gives rotary_dim. Both spellings are read.
+//
+// The HF classes default num_key_value_heads to the flagship's count (8 for
+// M2, 4 for Qwen3), silently wrong for any other checkpoint, so it is
+// required. For M2 so are head_dim (class default 128, not hidden/heads) and
+// a rotary size (the hub class defaults rotary_dim 64, transformers
+// partial_rotary_factor 1); Qwen3 falls back to head_dim = hidden/heads and
+// full rotation, as its modeling code does.
+static tpr_status parse_attention(const cJSON *root, const char *origin, bool m2, double default_theta,
+                                  tpr_model_config *c) {
+  TPR_CHECK(get_int(root, origin, "num_attention_heads", true, 0, &c->num_heads));
+  TPR_CHECK(get_int(root, origin, "num_key_value_heads", true, 0, &c->num_kv_heads));
+  int64_t dflt_d = c->num_heads > 0 && c->hidden_size % c->num_heads == 0 ? c->hidden_size / c->num_heads : 0;
+  TPR_CHECK(get_int(root, origin, "head_dim", m2 || dflt_d == 0, dflt_d, &c->head_dim));
+
+  const cJSON *rope = item(root, "rope_parameters");
+  if (rope && !cJSON_IsObject(rope)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rope_parameters\" must be an object", origin);
+  double theta = default_theta, factor = 1.0;
+  bool has_factor = false;
+  TPR_CHECK(get_rope_value(root, rope, origin, "rope_theta", default_theta, &theta, NULL));
+  TPR_CHECK(get_rope_value(root, rope, origin, "partial_rotary_factor", 1.0, &factor, &has_factor));
+  c->rope_theta = theta;
+
+  const char *fkey = "partial_rotary_factor";
+  if (has_factor && !(factor > 0 && factor <= 1))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be in (0, 1], got %g", origin, fkey, factor);
+  double from_factor = (double)c->head_dim * factor;
+  if (has_factor && from_factor != floor(from_factor))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" %g times head_dim %lld is not a whole number of dims", origin, fkey,
+                    factor, (long long)c->head_dim);
+  if (m2 && !has_factor && !item(root, "rotary_dim"))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: missing required key \"rotary_dim\" (or \"partial_rotary_factor\")", origin);
+  TPR_CHECK(get_int(root, origin, "rotary_dim", false, (int64_t)from_factor, &c->rotary_dim));
+  if (has_factor && item(root, "rotary_dim") && c->rotary_dim != (int64_t)from_factor)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rotary_dim\" %lld disagrees with \"%s\" %g * head_dim %lld", origin,
+                    (long long)c->rotary_dim, fkey, factor, (long long)c->head_dim);
+  return TPR_OK;
+}
+
+static tpr_status parse_common(const cJSON *root, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(get_int(root, origin, "vocab_size", true, 0, &c->vocab_size));
+  TPR_CHECK(get_int(root, origin, "hidden_size", true, 0, &c->hidden_size));
+  TPR_CHECK(get_int(root, origin, "num_hidden_layers", true, 0, &c->num_layers));
+  TPR_CHECK(get_double(root, origin, NULL, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL));
+  return get_bool(root, origin, "tie_word_embeddings", false, &c->tie_word_embeddings);
+}
+
+// MiniMax-M2: the hub's configuration_minimax_m2.py names and defaults.
+// "intermediate_size" is the routed expert width (there is no dense MLP).
+static tpr_status parse_minimax_m2(const cJSON *root, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(parse_common(root, origin, c));
+  TPR_CHECK(parse_attention(root, origin, true, 5e6, c));
+  TPR_CHECK(get_int(root, origin, "intermediate_size", true, 0, &c->moe_intermediate_size));
+  TPR_CHECK(get_int(root, origin, "num_local_experts", true, 0, &c->num_experts));
+  TPR_CHECK(get_int(root, origin, "num_experts_per_tok", true, 0, &c->experts_per_tok));
+  TPR_CHECK(get_int(root, origin, "shared_intermediate_size", false, 0, &c->shared_expert_intermediate_size));
+  if (c->shared_expert_intermediate_size != 0)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"shared_intermediate_size\" %lld: minimax_m2 has no shared expert",
+                    origin, (long long)c->shared_expert_intermediate_size);
+  const char *scoring = NULL, *qk_type = NULL;
+  bool use_qk_norm = true;
+  TPR_CHECK(get_string(root, origin, "scoring_func", "sigmoid", &scoring));
+  if (strcmp(scoring, "sigmoid") == 0) c->router = TPR_ROUTER_SIGMOID;
+  else if (strcmp(scoring, "softmax") == 0) c->router = TPR_ROUTER_SOFTMAX;
+  else return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"scoring_func\" must be \"sigmoid\" or \"softmax\", got \"%s\"", origin, scoring);
+  TPR_CHECK(get_bool(root, origin, "use_routing_bias", true, &c->routing_bias));
+  TPR_CHECK(get_bool(root, origin, "use_qk_norm", true, &use_qk_norm));
+  TPR_CHECK(get_string(root, origin, "qk_norm_type", "per_layer", &qk_type));
+  if (strcmp(qk_type, "per_layer") == 0) c->qk_norm = TPR_QK_NORM_FULL;
+  else if (strcmp(qk_type, "per_head") == 0) c->qk_norm = TPR_QK_NORM_PER_HEAD;
+  else return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"qk_norm_type\" must be \"per_layer\" or \"per_head\", got \"%s\"", origin, qk_type);
+  if (!use_qk_norm) c->qk_norm = TPR_QK_NORM_NONE;
+  c->norm_topk_prob = true;  // the M2 router always renormalises the chosen weights
+  c->num_moe_layers = c->num_layers;
+  return TPR_OK;
+}
+
+// Qwen3-MoE: Qwen3MoeConfig names and defaults. A layer is sparse unless it
+// is listed in mlp_only_layers or (index+1) is not a multiple of
+// decoder_sparse_step; the others run a dense MLP of intermediate_size.
+static tpr_status parse_qwen3_moe(const cJSON *root, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(parse_common(root, origin, c));
+  TPR_CHECK(parse_attention(root, origin, false, 1e4, c));
+  TPR_CHECK(get_int(root, origin, "moe_intermediate_size", true, 0, &c->moe_intermediate_size));
+  TPR_CHECK(get_int(root, origin, "num_experts", true, 0, &c->num_experts));
+  TPR_CHECK(get_int(root, origin, "num_experts_per_tok", true, 0, &c->experts_per_tok));
+  TPR_CHECK(get_bool(root, origin, "norm_topk_prob", false, &c->norm_topk_prob));
+  int64_t step;
+  TPR_CHECK(get_int(root, origin, "decoder_sparse_step", false, 1, &step));
+  if (step < 1) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"decoder_sparse_step\" must be >= 1, got %lld", origin, (long long)step);
+  const cJSON *only = item(root, "mlp_only_layers");
+  if (only && !cJSON_IsArray(only))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mlp_only_layers\" must be an array of layer indices", origin);
+  const cJSON *e;
+  cJSON_ArrayForEach(e, only) {
+    if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+        e->valuedouble >= (double)c->num_layers)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mlp_only_layers\" entries must be layer indices in [0, %lld)", origin,
+                      (long long)c->num_layers);
+  }
+  c->num_moe_layers = 0;
+  for (int64_t l = 0; l < c->num_layers; l++) {
+    bool dense = (l + 1) % step != 0;
+    cJSON_ArrayForEach(e, only) dense |= (int64_t)e->valuedouble == l;
+    c->num_moe_layers += !dense;
+  }
+  if (c->num_moe_layers < c->num_layers)
+    TPR_CHECK(get_int(root, origin, "intermediate_size", true, 0, &c->dense_intermediate_size));
+  c->router = TPR_ROUTER_SOFTMAX;
+  c->routing_bias = false;
+  c->qk_norm = TPR_QK_NORM_PER_HEAD;
+  return TPR_OK;
+}
+
+tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *origin) {
+  if ((unsigned)c->family >= TPR_FAMILY_COUNT) return TPR_FAIL(TPR_ERR_FORMAT, "%s: invalid model family", origin);
+  bool m2 = c->family == TPR_FAMILY_MINIMAX_M2;
+  struct {
+    const char *key;
+    int64_t v;
+  } positive[] = {
+      {"vocab_size", c->vocab_size},
+      {"hidden_size", c->hidden_size},
+      {"num_hidden_layers", c->num_layers},
+      {"num_attention_heads", c->num_heads},
+      {"num_key_value_heads", c->num_kv_heads},
+      {"head_dim", c->head_dim},
+      {"rotary_dim", c->rotary_dim},
+      {m2 ? "num_local_experts" : "num_experts", c->num_experts},
+      {"num_experts_per_tok", c->experts_per_tok},
+      {m2 ? "intermediate_size" : "moe_intermediate_size", c->moe_intermediate_size},
+  };
+  for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+    if (positive[i].v < 1 || positive[i].v > SIZE_CAP)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be a positive integer, got %lld", origin, positive[i].key,
+                      (long long)positive[i].v);
+  if (c->num_heads % c->num_kv_heads)
+    return TPR_FAIL(TPR_ERR_FORMAT,
+                    "%s: \"num_key_value_heads\" %lld must divide \"num_attention_heads\" %lld (each KV head serves a "
+                    "whole group of query heads)",
+                    origin, (long long)c->num_kv_heads, (long long)c->num_heads);
+  if (c->rotary_dim > c->head_dim || c->rotary_dim % 2)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rotary_dim\" %lld must be even and at most \"head_dim\" %lld", origin,
+                    (long long)c->rotary_dim, (long long)c->head_dim);
+  if (c->experts_per_tok > c->num_experts)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"num_experts_per_tok\" %lld exceeds \"%s\" %lld", origin,
+                    (long long)c->experts_per_tok, m2 ? "num_local_experts" : "num_experts", (long long)c->num_experts);
+  if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rope_theta\" must be positive, got %g", origin, c->rope_theta);
+  if (!(c->rms_norm_eps > 0 && c->rms_norm_eps < 1))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rms_norm_eps\" must be in (0, 1), got %g", origin, c->rms_norm_eps);
+  if (c->shared_expert_intermediate_size < 0 || c->shared_expert_intermediate_size > SIZE_CAP)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: shared expert size %lld out of range", origin,
+                    (long long)c->shared_expert_intermediate_size);
+  if (c->num_moe_layers < 0 || c->num_moe_layers > c->num_layers)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: %lld MoE layers out of %lld", origin, (long long)c->num_moe_layers,
+                    (long long)c->num_layers);
+  if (c->num_moe_layers < c->num_layers && (c->dense_intermediate_size < 1 || c->dense_intermediate_size > SIZE_CAP))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"intermediate_size\" of the dense MLP layers must be a positive integer, got %lld",
+                    origin, (long long)c->dense_intermediate_size);
+  return TPR_OK;
+}
+
+tpr_status tpr_model_config_parse(const char *json, size_t len, const char *origin, tpr_model_config *out) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_ParseWithLength(json, len);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: not a valid JSON object", origin);
+  }
+  tpr_model_config c = {0};
+  const char *type = NULL;
+  tpr_status rc = get_string(root, origin, "model_type", NULL, &type);
+  if (rc == TPR_OK && !type) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: missing required key \"model_type\"", origin);
+  if (rc != TPR_OK) goto done;
+  if (strcmp(type, "minimax_m2") == 0) {
+    c.family = TPR_FAMILY_MINIMAX_M2;
+    TPR_CHECK_GOTO(parse_minimax_m2(root, origin, &c), rc, done);
+  } else if (strcmp(type, "qwen3_moe") == 0) {
+    c.family = TPR_FAMILY_QWEN3_MOE;
+    TPR_CHECK_GOTO(parse_qwen3_moe(root, origin, &c), rc, done);
+  } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
+    rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"model_type\" \"hunyuan_v1_moe\" is not supported yet", origin);
+    goto done;
+  } else {
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe)", origin, type);
+    goto done;
+  }
+  TPR_CHECK_GOTO(tpr_model_config_validate(&c, origin), rc, done);
+  *out = c;
+done:
+  cJSON_Delete(root);
+  return rc;
+}
+
+tpr_status tpr_model_config_load(const char *path, tpr_model_config *out) {
+  memset(out, 0, sizeof *out);
+  struct stat st;
+  char file[4096];
+  // A checkpoint directory holds its config as config.json.
+  int n = snprintf(file, sizeof file, "%s", path);
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    n = snprintf(file, sizeof file, "%s%sconfig.json", path, path[0] && path[strlen(path) - 1] == '/' ? "" : "/");
+  if (n < 0 || (size_t)n >= sizeof file) return TPR_FAIL(TPR_ERR_INVALID_ARG, "config path too long: %s", path);
+  uint8_t *text = NULL;
+  size_t len = 0;
+  TPR_CHECK(tpr_file_read(file, &text, &len));
+  tpr_status rc = tpr_model_config_parse((const char *)text, len, file, out);
+  free(text);
+  return rc;
+}

@@ -1,0 +1,90 @@
+// Model architecture from a Hugging Face config.json.
+//
+// One struct for every MoE family we run, so the sharding planner and the
+// model builders read the same numbers whatever the checkpoint. Keys and
+// defaults follow each family's Hugging Face configuration class; what
+// differs between families (where QK-norm sits, how the router scores,
+// shared experts) is a field here, never a check of model_type elsewhere.
+//
+// Not read yet: rope_scaling, quantization_config (MiniMax-M2 ships block
+// FP8), the MTP modules (use_mtp, num_mtp_modules), attention biases.
+#ifndef TPR_MODEL_CONFIG_H
+#define TPR_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/status.h"
+
+typedef enum tpr_model_family {
+  TPR_FAMILY_MINIMAX_M2 = 0,   // "minimax_m2"
+  TPR_FAMILY_QWEN3_MOE = 1,    // "qwen3_moe"
+  TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe": recognised, not parsed yet
+  TPR_FAMILY_COUNT
+} tpr_model_family;
+
+// Where the Q/K RMSNorm is applied (DESIGN.md section 6).
+typedef enum tpr_qk_norm {
+  TPR_QK_NORM_NONE = 0,
+  // MiniMax-M2 "per_layer": one RMS over the whole projection (nq*D for q,
+  // nkv*D for k) before the reshape to heads; weight (nq*D) / (nkv*D). Under
+  // tensor parallelism it needs an all-reduce of the sums of squares.
+  TPR_QK_NORM_FULL = 1,
+  // Qwen3 / Hunyuan: RMS over head_dim of each head after the reshape;
+  // weight (D), shared by all heads, local to every rank.
+  TPR_QK_NORM_PER_HEAD = 2,
+} tpr_qk_norm;
+
+typedef enum tpr_router_score {
+  TPR_ROUTER_SOFTMAX = 0,  // softmax over experts, top-k
+  TPR_ROUTER_SIGMOID = 1,  // sigmoid per expert; top-k of sigmoid (+ bias if routing_bias)
+} tpr_router_score;
+
+typedef struct tpr_model_config {
+  tpr_model_family family;
+  int64_t vocab_size;
+  int64_t hidden_size;         // H
+  int64_t num_layers;          // num_hidden_layers
+  int64_t num_heads;           // nq: num_attention_heads
+  int64_t num_kv_heads;        // nkv: num_key_value_heads (default nq)
+  int64_t head_dim;            // D (default H / nq)
+  int64_t rotary_dim;          // leading dims of each head that RoPE rotates (<= D, even)
+  double rope_theta;
+  double rms_norm_eps;
+  tpr_qk_norm qk_norm;
+  bool tie_word_embeddings;    // lm_head shares embed_tokens (no lm_head tensor)
+
+  // Mixture of experts.
+  int64_t num_experts;           // routed experts per MoE layer
+  int64_t experts_per_tok;       // top-k
+  int64_t moe_intermediate_size; // each routed expert's FFN width
+  tpr_router_score router;
+  bool routing_bias;             // e_score_correction_bias added for selection only
+  bool norm_topk_prob;           // renormalise the chosen k weights to sum to 1
+  int64_t shared_expert_intermediate_size;  // 0: no shared expert
+
+  // Layers with a dense MLP instead of the MoE block (qwen3_moe's
+  // mlp_only_layers / decoder_sparse_step); num_moe_layers + dense = num_layers.
+  int64_t num_moe_layers;
+  int64_t dense_intermediate_size;  // width of those dense MLPs (0 when none)
+} tpr_model_config;
+
+// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe"; "?" if invalid.
+const char *tpr_model_family_name(tpr_model_family f);
+
+// Loads `path`: a config.json file, or a directory holding one. Unknown
+// model_type, a missing required key, a value of the wrong JSON type and
+// inconsistent values are TPR_ERR_FORMAT naming the key and the file; a known
+// family this build cannot read yet is TPR_ERR_UNSUPPORTED.
+tpr_status tpr_model_config_load(const char *path, tpr_model_config *out);
+
+// The same from JSON text; `origin` names it in error messages.
+tpr_status tpr_model_config_parse(const char *json, size_t len, const char *origin, tpr_model_config *out);
+
+// Consistency checks shared by the loader and by callers that fill the struct
+// by hand (tests, the planner): positive sizes, nq % nkv == 0, rotary_dim even
+// and <= D, top-k <= experts, ... TPR_ERR_FORMAT naming the HF key and origin.
+tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *origin);
+
+#endif

@@ -1,0 +1,207 @@
+// The tensor list of the sharding plan: every checkpoint tensor kind, its
+// global and per-rank shapes, the transform, and the bytes each rank holds.
+#include "shard_plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/mesh.h"
+
+static const char *const transform_names[TPR_XFORM_COUNT] = {
+    [TPR_XFORM_REPLICATE] = "replicate",
+    [TPR_XFORM_COLUMN_HEADS] = "column_heads",
+    [TPR_XFORM_ROW_HEADS] = "row_heads",
+    [TPR_XFORM_NORM_HEADS] = "norm_heads",
+    [TPR_XFORM_VOCAB] = "vocab",
+    [TPR_XFORM_EXPERT_COLUMN] = "expert_column",
+    [TPR_XFORM_EXPERT_ROW] = "expert_row",
+    [TPR_XFORM_COLUMN] = "column",
+    [TPR_XFORM_ROW] = "row",
+};
+
+const char *tpr_shard_transform_name(tpr_shard_transform t) {
+  return (unsigned)t < TPR_XFORM_COUNT ? transform_names[t] : "?";
+}
+
+void tpr_shard_plan_free(tpr_shard_plan *p) {
+  if (!p) return;
+  tpr_attn_plan_free(&p->attn);
+  memset(p, 0, sizeof *p);
+}
+
+// count * numel * elt in uint64, refusing to wrap.
+static tpr_status tensor_bytes(const tpr_shard_tensor *t, size_t elt, uint64_t *out) {
+  uint64_t n = (uint64_t)t->count;
+  for (int d = 0; d < t->ndim; d++)
+    if (__builtin_mul_overflow(n, (uint64_t)t->rank_shape[d], &n))
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %s: byte count overflows", t->name);
+  if (__builtin_mul_overflow(n, (uint64_t)elt, out))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %s: byte count overflows", t->name);
+  return TPR_OK;
+}
+
+// Appends one tensor kind; 1-d tensors pass d1 = 0.
+static tpr_status add(tpr_shard_plan *p, const char *name, tpr_shard_transform x, int64_t count, int64_t g0,
+                      int64_t g1, int64_t r0, int64_t r1) {
+  if (count == 0) return TPR_OK;  // e.g. no dense layers, tied lm_head
+  if (p->n_tensors == TPR_SHARD_MAX_TENSORS) return TPR_FAIL(TPR_ERR_INTERNAL, "plan: more than %d tensor kinds", TPR_SHARD_MAX_TENSORS);
+  tpr_shard_tensor *t = &p->tensors[p->n_tensors++];
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->ndim = g1 ? 2 : 1;
+  t->global_shape[0] = g0, t->global_shape[1] = g1;
+  t->rank_shape[0] = r0, t->rank_shape[1] = r1;
+  t->transform = x;
+  t->count = count;
+  TPR_CHECK(tensor_bytes(t, tpr_dtype_size(p->dtype), &t->rank_bytes));
+  if (__builtin_add_overflow(p->rank_bytes, t->rank_bytes, &p->rank_bytes))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: per-rank byte count overflows");
+  return TPR_OK;
+}
+
+// Marks the kind just added as laid out like the KV heads.
+static void kv_layout(tpr_shard_plan *p) { p->tensors[p->n_tensors - 1].kv_layout = true; }
+
+// Family-specific checkpoint names; everything else is shared.
+typedef struct names {
+  const char *moe_gate, *moe_bias, *expert_up_gate, *expert_up, *expert_down;
+} names;
+
+static const names minimax_names = {
+    "model.layers.{L}.block_sparse_moe.gate.weight",
+    "model.layers.{L}.block_sparse_moe.e_score_correction_bias",
+    "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+    "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
+    "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight",
+};
+static const names qwen3_names = {
+    "model.layers.{L}.mlp.gate.weight",
+    NULL,
+    "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+    "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+    "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+};
+
+static tpr_status add_attention(tpr_shard_plan *p) {
+  const tpr_model_config *c = &p->config;
+  const tpr_attn_plan *a = &p->attn;
+  int64_t L = c->num_layers, H = c->hidden_size, D = c->head_dim;
+  TPR_CHECK(add(p, "model.layers.{L}.input_layernorm.weight", TPR_XFORM_REPLICATE, L, H, 0, H, 0));
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_proj.weight", TPR_XFORM_COLUMN_HEADS, L, a->nq * D, H,
+                a->q_per_rank * D, H));  // (nq*D, H) -> (nq'/tp*D, H)
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_proj.weight", TPR_XFORM_COLUMN_HEADS, L, a->nkv * D, H,
+                a->kv_per_rank * D, H));  // (nkv*D, H) -> (nkv'/tp*D, H)
+  kv_layout(p);
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.v_proj.weight", TPR_XFORM_COLUMN_HEADS, L, a->nkv * D, H,
+                a->kv_per_rank * D, H));
+  kv_layout(p);
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_proj.weight", TPR_XFORM_ROW_HEADS, L, H, a->nq * D, H,
+                a->q_per_rank * D));  // (H, nq*D) -> (H, nq'/tp*D)
+  if (c->qk_norm == TPR_QK_NORM_FULL) {
+    // Held whole, padded like Q / replicated like K; selected by the rank tensor (seed 000).
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_NORM_HEADS, L, a->nq * D, 0,
+                  a->nq_padded * D, 0));
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_NORM_HEADS, L, a->nkv * D, 0,
+                  a->nkv_eff * D, 0));
+    kv_layout(p);
+  } else if (c->qk_norm == TPR_QK_NORM_PER_HEAD) {
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_REPLICATE, L, D, 0, D, 0));
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_REPLICATE, L, D, 0, D, 0));
+  }
+  return add(p, "model.layers.{L}.post_attention_layernorm.weight", TPR_XFORM_REPLICATE, L, H, 0, H, 0);
+}
+
+static tpr_status add_mlp(tpr_shard_plan *p, const names *n) {
+  const tpr_model_config *c = &p->config;
+  int64_t H = c->hidden_size, E = c->num_experts, I = c->moe_intermediate_size, Lm = c->num_moe_layers;
+  int64_t experts = Lm * p->experts_per_rank, Ir = p->expert_inter_per_rank;
+  TPR_CHECK(add(p, n->moe_gate, TPR_XFORM_REPLICATE, Lm, E, H, E, H));  // every rank routes every token
+  if (c->routing_bias) TPR_CHECK(add(p, n->moe_bias, TPR_XFORM_REPLICATE, Lm, E, 0, E, 0));
+  TPR_CHECK(add(p, n->expert_up_gate, TPR_XFORM_EXPERT_COLUMN, experts, I, H, Ir, H));  // (I, H) -> (I/etp, H)
+  TPR_CHECK(add(p, n->expert_up, TPR_XFORM_EXPERT_COLUMN, experts, I, H, Ir, H));
+  TPR_CHECK(add(p, n->expert_down, TPR_XFORM_EXPERT_ROW, experts, H, I, H, Ir));  // (H, I) -> (H, I/etp)
+  int64_t Ld = c->num_layers - Lm, F = c->dense_intermediate_size;
+  if (Ld > 0) {
+    if (F % p->tp)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: the dense MLP width %lld does not split over tp=%d", (long long)F, p->tp);
+    TPR_CHECK(add(p, "model.layers.{L}.mlp.gate_proj.weight", TPR_XFORM_COLUMN, Ld, F, H, F / p->tp, H));
+    TPR_CHECK(add(p, "model.layers.{L}.mlp.up_proj.weight", TPR_XFORM_COLUMN, Ld, F, H, F / p->tp, H));
+    TPR_CHECK(add(p, "model.layers.{L}.mlp.down_proj.weight", TPR_XFORM_ROW, Ld, H, F, H, F / p->tp));
+  }
+  return TPR_OK;
+}
+
+tpr_status tpr_shard_plan_build(const tpr_model_config *c, int tp, int ep, int etp, int dp, tpr_dtype dtype,
+                                tpr_shard_plan *out) {
+  memset(out, 0, sizeof *out);
+  TPR_CHECK(tpr_model_config_validate(c, "plan: model config"));
+  if (!tpr_dtype_valid(dtype)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: invalid dtype %d", (int)dtype);
+  if (tp < 1 || dp < 1 || (int64_t)tp * dp > (1 << 24))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: tp=%d dp=%d: both must be >= 1 with a world of at most 2^24", tp, dp);
+  tpr_mesh m;
+  TPR_CHECK(tpr_mesh_init(tp * dp, 0, tp, ep, etp, &m));  // world = dp*tp = edp*ep*etp
+  if (c->num_experts % ep)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %lld experts do not split into contiguous blocks over ep=%d",
+                    (long long)c->num_experts, ep);
+  if (c->moe_intermediate_size % etp)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: the expert width %lld does not split over etp=%d",
+                    (long long)c->moe_intermediate_size, etp);
+  if (c->shared_expert_intermediate_size)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "plan: shared experts are not planned yet");
+  tpr_shard_plan *p = out;
+  p->config = *c;
+  p->dtype = dtype;
+  p->world = m.world_size, p->tp = tp, p->dp = m.dp, p->ep = ep, p->etp = etp, p->edp = m.edp;
+  p->vocab_padded = (c->vocab_size + tp - 1) / tp * tp;
+  p->experts_per_rank = c->num_experts / ep;
+  p->expert_inter_per_rank = c->moe_intermediate_size / etp;
+  TPR_CHECK(tpr_attn_plan_build(c->num_heads, c->num_kv_heads, c->head_dim, tp, &p->attn));
+  const names *n = c->family == TPR_FAMILY_MINIMAX_M2 ? &minimax_names : &qwen3_names;
+  int64_t H = c->hidden_size, V = c->vocab_size, Vr = p->vocab_padded / tp;
+  tpr_status rc = TPR_OK;
+  TPR_CHECK_GOTO(add(p, "model.embed_tokens.weight", TPR_XFORM_VOCAB, 1, V, H, Vr, H), rc, fail);
+  TPR_CHECK_GOTO(add_attention(p), rc, fail);
+  TPR_CHECK_GOTO(add_mlp(p, n), rc, fail);
+  TPR_CHECK_GOTO(add(p, "model.norm.weight", TPR_XFORM_REPLICATE, 1, H, 0, H, 0), rc, fail);
+  if (!c->tie_word_embeddings) TPR_CHECK_GOTO(add(p, "lm_head.weight", TPR_XFORM_VOCAB, 1, V, H, Vr, H), rc, fail);
+  return TPR_OK;
+fail:
+  tpr_shard_plan_free(p);
+  return rc;
+}
+
+// Padding heads (-1 entries) among entries [from, from+n) of a head map.
+static int64_t pad_heads(const int32_t *map, int64_t from, int64_t n) {
+  int64_t k = 0;
+  for (int64_t j = from; j < from + n; j++) k += map[j] < 0;
+  return k;
+}
+
+tpr_status tpr_shard_plan_rank_bytes(const tpr_shard_plan *p, int rank, uint64_t *held, uint64_t *padding) {
+  tpr_mesh m;
+  TPR_CHECK(tpr_mesh_init(p->world, rank, p->tp, p->ep, p->etp, &m));
+  const tpr_attn_plan *a = &p->attn;
+  int64_t D = a->head_dim, H = p->config.hidden_size, r = m.tp_rank;
+  int64_t q_pad = pad_heads(a->q_head_map, r * a->q_per_rank, a->q_per_rank);
+  int64_t kv_pad = pad_heads(a->kv_head_map, r * a->kv_per_rank, a->kv_per_rank);
+  // Vocab rows [first, end) of this rank; those at or past V are zeros.
+  int64_t V = p->config.vocab_size, first = r * (p->vocab_padded / p->tp), end = first + p->vocab_padded / p->tp;
+  int64_t vocab_pad = end > V ? end - (first > V ? first : V) : 0;
+  uint64_t pad = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const tpr_shard_tensor *t = &p->tensors[i];
+    int64_t zeros = 0;  // zero elements in one tensor of this kind on this rank
+    switch (t->transform) {
+      case TPR_XFORM_COLUMN_HEADS:
+      case TPR_XFORM_ROW_HEADS: zeros = (t->kv_layout ? kv_pad : q_pad) * D * H; break;
+      case TPR_XFORM_NORM_HEADS:  // held whole: every rank holds all the padding
+        zeros = t->kv_layout ? pad_heads(a->kv_head_map, 0, a->nkv_eff) * D : (a->nq_padded - a->nq) * D;
+        break;
+      case TPR_XFORM_VOCAB: zeros = vocab_pad * H; break;
+      default: break;
+    }
+    pad += (uint64_t)zeros * (uint64_t)t->count * tpr_dtype_size(p->dtype);
+  }
+  *held = p->rank_bytes;  // SPMD: identical buffers on every rank
+  *padding = pad;
+  return TPR_OK;
+}
