@@ -5,6 +5,9 @@
 #include "launch/commands.h"
 
 static const tpr_command commands[] = {
+    {"convert", "shard a checkpoint for a mesh: per-rank files + manifest.pb with checksums", tpr_cmd_convert},
+    {"load", "load every tensor a rank holds; report bytes, time and peak RSS", tpr_cmd_load},
+    {"make-checkpoint", "write a random Hugging Face checkpoint for a config", tpr_cmd_make_checkpoint},
     {"mlp", "run a tensor-parallel SwiGLU MLP block program (the demo)", tpr_cmd_mlp},
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
@@ -17,7 +20,7 @@ static void usage(FILE *f) {
           "       mpirun -np N tpr <command> [options]\n\n"
           "commands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].summary);
   fprintf(f,
           "\n'tpr <command> --help' describes a command's options.\n"
           "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N\n");

@@ -27,7 +27,7 @@ done
 
 packages=(build-essential cmake pkg-config git
           openmpi-bin libopenmpi-dev libopenblas-dev libuv1-dev
-          libprotobuf-c-dev protobuf-c-compiler libcjson-dev libcmocka-dev)
+          libprotobuf-c-dev protobuf-c-compiler libcjson-dev libcmocka-dev libxxhash-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,87 @@
+#include "launch/ckpt_cli.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+bool tpr_cli_mesh_ok(const char *cmd, const tpr_cli_mesh *m, const char *usage) {
+  if (m->tp == 0) {
+    fprintf(stderr, "tpr %s: --tp is required\n%s\n", cmd, usage);
+    return false;
+  }
+  const struct {
+    const char *flag;
+    int64_t v;
+  } f[] = {{"tp", m->tp}, {"ep", m->ep}, {"etp", m->etp}, {"dp", m->dp}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+    if (f[i].v < 1 || f[i].v > (1 << 24)) {
+      fprintf(stderr, "tpr %s: --%s %lld must be in [1, %d]\n", cmd, f[i].flag, (long long)f[i].v, 1 << 24);
+      return false;
+    }
+  return true;
+}
+
+bool tpr_cli_load_dtype(const char *cmd, const char *name, tpr_dtype *out) {
+  if (!strcmp(name, "source")) {
+    *out = TPR_LOAD_SOURCE_DTYPE;
+    return true;
+  }
+  if (tpr_dtype_parse(name, out) == TPR_OK && tpr_dtype_is_float(*out) && *out != TPR_F8E4M3) return true;
+  fprintf(stderr, "tpr %s: --dtype '%s': use source, f32, bf16 or f16\n", cmd, name);
+  return false;
+}
+
+tpr_status tpr_cli_plan(const char *model, const tpr_cli_mesh *m, tpr_shard_plan *plan) {
+  tpr_model_config c;
+  TPR_CHECK(tpr_model_config_load(model, &c));
+  TPR_CHECK(tpr_shard_plan_build(&c, (int)m->tp, (int)m->ep, (int)m->etp, (int)m->dp, TPR_BF16, plan));
+  return TPR_OK;
+}
+
+uint64_t tpr_cli_safetensors_bytes(const char *dir, int *files) {
+  DIR *d = opendir(dir);
+  uint64_t total = 0;
+  *files = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    char path[4096];
+    struct stat st;
+    if (n < 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) total += (uint64_t)st.st_size, ++*files;
+  }
+  if (d) closedir(d);
+  return total;
+}
+
+bool tpr_cli_print_json(cJSON *j) {
+  char *text = j ? cJSON_PrintUnformatted(j) : NULL;  // NULL if any allocation failed
+  cJSON_Delete(j);
+  if (!text) {
+    fprintf(stderr, "tpr: out of memory printing JSON\n");
+    return false;
+  }
+  printf("%s\n", text);
+  free(text);
+  return true;
+}
+
+double tpr_cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}

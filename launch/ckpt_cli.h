@@ -1,0 +1,37 @@
+// Pieces shared by the checkpoint commands (load, convert, make-checkpoint).
+#ifndef TPR_CKPT_CLI_H
+#define TPR_CKPT_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shard/loader.h"
+
+// The mesh flags every checkpoint command takes; 0 means "not given".
+typedef struct tpr_cli_mesh {
+  int64_t tp, ep, etp, dp;
+} tpr_cli_mesh;
+
+// Checks the flags (tp required, each in [1, 2^24]); prints the problem with
+// `usage` and returns false on bad usage.
+bool tpr_cli_mesh_ok(const char *cmd, const tpr_cli_mesh *m, const char *usage);
+
+// "source" (each tensor's own dtype) or a float dtype name (f32, bf16, f16).
+bool tpr_cli_load_dtype(const char *cmd, const char *name, tpr_dtype *out);
+
+// config.json of `model` and the plan of the mesh (bytes counted in bf16).
+tpr_status tpr_cli_plan(const char *model, const tpr_cli_mesh *m, tpr_shard_plan *plan);
+
+// Bytes and count of the *.safetensors files directly in dir.
+uint64_t tpr_cli_safetensors_bytes(const char *dir, int *files);
+
+// Prints j unformatted on one line and deletes it; false (with a message)
+// when out of memory.
+struct cJSON;
+bool tpr_cli_print_json(struct cJSON *j);
+
+double tpr_cli_now(void);  // monotonic seconds
+// "1.23 GiB"
+const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n);
+
+#endif
