@@ -4,6 +4,7 @@
 // converted directory refuses another mesh; an interrupted convert never
 // leaves a directory that loads; an existing output needs force.
 #include "test_util.h"
+#include "cli_util.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -23,13 +24,7 @@ static ck_model mdl;
 static tpr_model_config cfg;
 static tpr_shard_plan plan;  // tp 4, ep 2, etp 2: the mesh conv was written for
 
-static const char *at(const char *name) {
-  static char paths[4][4200];
-  static int next;
-  char *p = paths[next++ % 4];
-  snprintf(p, sizeof paths[0], "%s/%s", root, name);
-  return p;
-}
+static const char *at(const char *name) { return tt_path(root, name); }
 
 static void copy_dir(const char *from, const char *to) {
   assert_int_equal(mkdir(to, 0755), 0);

@@ -2,9 +2,9 @@
 // test configs parse to the right numbers; every kind of bad config is a
 // TPR_ERR_FORMAT whose message names the offending key and the file.
 #include "test_util.h"
+#include "cli_util.h"
 
 #include <cjson/cJSON.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,32 +16,7 @@
 static char configs_dir[4096];
 static char tmp_dir[] = "/tmp/tpr_test_model_config_XXXXXX";
 
-static const char *config_path(const char *name) {
-  static char path[8][4200];
-  static int next;
-  char *p = path[next++ % 8];
-  snprintf(p, sizeof path[0], "%s/%s", configs_dir, name);
-  return p;
-}
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) fail_msg("cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = calloc((size_t)n + 1, 1);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  return buf;
-}
-
-static void spit(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
-  fclose(f);
-}
+static const char *config_path(const char *name) { return tt_path(configs_dir, name); }
 
 static void expect_m2(const tpr_model_config *c) {
   assert_int_equal(c->family, TPR_FAMILY_MINIMAX_M2);
@@ -77,8 +52,8 @@ static void test_real_minimax_m2(void **state) {
   snprintf(dir, sizeof dir, "%s/ckpt", tmp_dir);
   snprintf(file, sizeof file, "%s/config.json", dir);
   assert_int_equal(mkdir(dir, 0700), 0);
-  char *text = slurp(config_path("minimax_m2.json"));
-  spit(file, text);
+  char *text = tt_slurp(config_path("minimax_m2.json"), NULL);
+  tt_spit(file, text, strlen(text));
   free(text);
   memset(&c, 0, sizeof c);
   TT_OK(tpr_model_config_load(dir, &c));
@@ -124,7 +99,7 @@ static void test_tiny_configs(void **state) {
 // Parses the real config with one edit applied: `key` set to the JSON value
 // `value` (NULL deletes it), inside "rope_parameters" when nested.
 static tpr_status parse_edited(const char *base, const char *key, const char *value, tpr_model_config *c) {
-  char *text = slurp(config_path(base));
+  char *text = tt_slurp(config_path(base), NULL);
   cJSON *root = cJSON_Parse(text);
   free(text);
   assert_non_null(root);
@@ -150,7 +125,7 @@ static tpr_status parse_edited(const char *base, const char *key, const char *va
 static void test_rotary_and_rope_spellings(void **state) {
   tpr_model_config c;
   // Only the factor: rotary_dim = head_dim * factor.
-  char *text = slurp(config_path("minimax_m2.json"));
+  char *text = tt_slurp(config_path("minimax_m2.json"), NULL);
   cJSON *root = cJSON_Parse(text);
   free(text);
   cJSON_DeleteItemFromObjectCaseSensitive(root, "rotary_dim");
@@ -268,13 +243,14 @@ static void test_bad_files(void **state) {
   snprintf(path, sizeof path, "%s/bad.json", tmp_dir);
   static const char *const texts[] = {"{\"model_type\": \"minimax_m2\", ", "[1, 2]", "", "null"};
   for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
-    spit(path, texts[i]);
+    tt_spit(path, texts[i], strlen(texts[i]));
     assert_int_equal(tpr_model_config_load(path, &c), TPR_ERR_FORMAT);
     assert_non_null(strstr(tpr_last_error(), "JSON"));
     assert_non_null(strstr(tpr_last_error(), path));
   }
   // Through the file loader, a semantic error names the file too.
-  spit(path, "{\"model_type\": \"minimax_m2\", \"vocab_size\": 10}");
+  const char *bare = "{\"model_type\": \"minimax_m2\", \"vocab_size\": 10}";
+  tt_spit(path, bare, strlen(bare));
   assert_int_equal(tpr_model_config_load(path, &c), TPR_ERR_FORMAT);
   assert_non_null(strstr(tpr_last_error(), path));
   assert_non_null(strstr(tpr_last_error(), "hidden_size"));
@@ -314,13 +290,7 @@ static int cleanup(void **state) { return rmdir(tmp_dir) == 0 ? 0 : -1; }
 
 int main(void) {
   tt_seed_from_env();
-  // The configs live beside the tests in the source tree (CMake compiles
-  // with absolute paths); TPR_CONFIGS_DIR overrides.
-  const char *env = getenv("TPR_CONFIGS_DIR");
-  char here[4096];
-  snprintf(here, sizeof here, "%s", __FILE__);
-  snprintf(configs_dir, sizeof configs_dir, "%s", env ? env : dirname(here));
-  if (!env) strncat(configs_dir, "/../configs", sizeof configs_dir - strlen(configs_dir) - 1);
+  tt_configs_dir(configs_dir, sizeof configs_dir);  // or $TPR_CONFIGS_DIR
   if (!mkdtemp(tmp_dir)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_minimax_m2),

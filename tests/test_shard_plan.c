@@ -4,9 +4,9 @@
 // sweep of head counts, the tensor list and per-rank bytes against
 // independent formulas, the errors, and `tpr plan --json`.
 #include "test_util.h"
+#include "cli_util.h"
 
 #include <cjson/cJSON.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,13 +17,7 @@
 
 static char configs_dir[4096], tpr_path[4096];
 
-static const char *config_path(const char *name) {
-  static char path[4][4200];
-  static int next;
-  char *p = path[next++ % 4];
-  snprintf(p, sizeof path[0], "%s/%s", configs_dir, name);
-  return p;
-}
+static const char *config_path(const char *name) { return tt_path(configs_dir, name); }
 
 // Every rank's every real Q head must read, through the public local
 // mapping, a copy of the KV head the unsharded model gives it.
@@ -417,14 +411,8 @@ static void test_cli_json(void **state) {
 
 int main(void) {
   tt_seed_from_env();
-  const char *env = getenv("TPR_CONFIGS_DIR");
-  char here[4096], self[4096];
-  snprintf(here, sizeof here, "%s", __FILE__);
-  snprintf(configs_dir, sizeof configs_dir, "%s%s", env ? env : dirname(here), env ? "" : "/../configs");
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = '\0';
-  snprintf(tpr_path, sizeof tpr_path, "%s/tpr", dirname(self));
+  tt_configs_dir(configs_dir, sizeof configs_dir);
+  if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_shard_plan") != 0) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_minimax_table),   cmocka_unit_test(test_other_shapes),
       cmocka_unit_test(test_sweep),           cmocka_unit_test(test_minimax_tensors),

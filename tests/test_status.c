@@ -7,6 +7,7 @@
 // so its parsing is checked in fresh child processes (this binary re-run with
 // --print-log-level).
 #include "test_util.h"
+#include "cli_util.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -282,9 +283,7 @@ static void test_log_level_env(void **state) {
 
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--print-log-level") == 0) return (int)tpr_log_get_level();
-  ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-  if (n <= 0) return 1;
-  self_exe[n] = '\0';
+  if (tt_self_exe(self_exe, sizeof self_exe) != 0) return 1;
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fail_records_file_line_message),

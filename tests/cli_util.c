@@ -1,0 +1,108 @@
+#include "cli_util.h"
+
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+char *tt_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = calloc((size_t)n + 1, 1);
+  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  if (len) *len = (size_t)n;
+  return buf;
+}
+
+void tt_spit(const char *path, const void *bytes, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f) fail_msg("cannot create %s", path);
+  assert_int_equal(fwrite(bytes, 1, len, f), len);
+  fclose(f);
+}
+
+const char *tt_path(const char *dir, const char *name) {
+  static char paths[8][4200];
+  static int next;
+  char *p = paths[next++ % 8];
+  snprintf(p, sizeof paths[0], "%s/%s", dir, name);
+  return p;
+}
+
+void tt_configs_dir(char *buf, size_t cap) {
+  // CMake compiles with absolute paths, so __FILE__ locates tests/.
+  const char *env = getenv("TPR_CONFIGS_DIR");
+  char here[4096];
+  snprintf(here, sizeof here, "%s", __FILE__);
+  snprintf(buf, cap, "%s%s", env ? env : dirname(here), env ? "" : "/../configs");
+}
+
+int tt_self_exe(char *buf, size_t cap) {
+  ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  return 0;
+}
+
+int tt_tpr_path(char *buf, size_t cap, const char *test) {
+  char self[4096];
+  if (tt_self_exe(self, sizeof self) != 0) return -1;
+  snprintf(buf, cap, "%s/tpr", dirname(self));
+  if (access(buf, X_OK) == 0) return 0;
+  fprintf(stderr, "%s: %s is not built\n", test, buf);
+  return -1;
+}
+
+run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *args) {
+  const char *argv[32] = {tpr};
+  int n = 1;
+  for (; args[n - 1]; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  char out_path[4200], err_path[4200];
+  snprintf(out_path, sizeof out_path, "%s/stdout", tmp_dir);
+  snprintf(err_path, sizeof err_path, "%s/stderr", tmp_dir);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int in = open("/dev/null", O_RDONLY);
+    int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || out < 0 || err < 0) _exit(126);
+    dup2(in, 0), dup2(out, 1), dup2(err, 2);
+    // Not launched by mpirun: the CLI must pick the self backend.
+    static const char *const launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                                                "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0]; i++) unsetenv(launcher_vars[i]);
+    setenv("TPR_NUM_THREADS", "1", 1);
+    unsetenv("TPR_LOG_LEVEL");
+    execv(tpr, (char *const *)argv);
+    _exit(127);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st)};
+  r.out = tt_slurp(out_path, NULL);
+  r.err = tt_slurp(err_path, NULL);
+  if (strstr(r.err, "Sanitizer") || strstr(r.err, "runtime error:")) {
+    fprintf(stderr, "tpr %s: sanitizer report:\n%s\n", args[0] ? args[0] : "", r.err);
+    tt_run_done(&r);
+    fail();
+  }
+  return r;
+}
+
+void tt_run_done(run_result *r) {
+  free(r->out);
+  free(r->err);
+}

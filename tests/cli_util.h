@@ -1,0 +1,36 @@
+// Shared helpers for the tests that read and write files or run the built
+// tpr binary (bin/tpr, beside the test binaries) as a subprocess.
+#ifndef TPR_CLI_UTIL_H
+#define TPR_CLI_UTIL_H
+
+#include <stddef.h>
+
+typedef struct run_result {
+  int code;  // exit status, or -signal when killed by one
+  char *out, *err;
+} run_result;
+
+// The whole file, NUL-terminated (caller frees); its length in *len if len.
+// Fails the test, naming the path, if it cannot be opened.
+char *tt_slurp(const char *path, size_t *len);
+// Writes len bytes to path, replacing it; fails the test, naming the path.
+void tt_spit(const char *path, const void *bytes, size_t len);
+// "dir/name" in one of 8 rotating static buffers.
+const char *tt_path(const char *dir, const char *name);
+// The configs/ directory of the source tree, or $TPR_CONFIGS_DIR.
+void tt_configs_dir(char *buf, size_t cap);
+// This test binary's path (from /proc/self/exe); 0 on success, -1 if unknown.
+int tt_self_exe(char *buf, size_t cap);
+// The tpr binary beside this test binary; 0 on success, -1 (and a message
+// naming `test`) if it is not built.
+int tt_tpr_path(char *buf, size_t cap, const char *test);
+
+// Runs `tpr args...` (args NULL-terminated, after argv[0]) with stdin from
+// /dev/null and stdout/stderr captured in tmp_dir/stdout and tmp_dir/stderr,
+// outside any MPI launcher (the self backend), TPR_NUM_THREADS=1 and
+// TPR_LOG_LEVEL unset. Fails the test if stderr carries a sanitizer report.
+run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *args);
+// Frees r's captured output.
+void tt_run_done(run_result *r);
+
+#endif
