@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "launch/args.h"
-#include "launch/ckpt_cli.h"
+#include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/world.h"
 #include "shard/convert.h"

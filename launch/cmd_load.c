@@ -8,7 +8,7 @@
 #include <sys/resource.h>
 
 #include "launch/args.h"
-#include "launch/ckpt_cli.h"
+#include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/world.h"
 

@@ -6,18 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "launch/args.h"
+#include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/world.h"
 #include "models/mlp_block.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct mlp_result {
   size_t program_bytes, arena_bytes, naive_bytes;
@@ -45,9 +39,9 @@ static tpr_status run_block(tpr_world *w, const tpr_block_config *c, const tpr_m
   TPR_CHECK_GOTO(tpr_exec_new(loaded, w->cpu, &exec), rc, done);
   TPR_CHECK_GOTO(tpr_block_bind(exec, &t, rank), rc, done);
   TPR_CHECK_GOTO(tpr_exec_run(exec), rc, done);  // warm-up: page in the arena and BLAS buffers
-  double t0 = now_s();
+  double t0 = tpr_cli_now();
   for (int64_t i = 0; i < iters; i++) TPR_CHECK_GOTO(tpr_exec_run(exec), rc, done);
-  res->run_s = (now_s() - t0) / (double)(iters > 0 ? iters : 1);
+  res->run_s = (tpr_cli_now() - t0) / (double)(iters > 0 ? iters : 1);
   res->arena_bytes = tpr_exec_plan(exec)->arena_bytes;
   res->naive_bytes = tpr_exec_plan(exec)->naive_bytes;
   const tpr_tensor *partial;

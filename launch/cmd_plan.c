@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "launch/args.h"
+#include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "shard/mesh.h"
 #include "shard/shard_plan.h"
@@ -18,14 +19,7 @@ static const char *shape_str(const int64_t *s, int ndim, char *buf, size_t n) {
   return buf;
 }
 
-static const char *bytes_str(uint64_t b, char *buf, size_t n) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-  return buf;
-}
+static const char *bytes_str(uint64_t b, char *buf, size_t n) { return tpr_cli_bytes_prec(b, 2, buf, n); }
 
 static void print_map(const char *label, const int32_t *map, int64_t n, int64_t per_rank) {
   printf("  %-12s", label);
@@ -142,31 +136,20 @@ static tpr_status print_json(const tpr_shard_plan *p, const uint64_t *held, cons
     cJSON_AddItemToArray(hb, cJSON_CreateNumber((double)held[r]));
     cJSON_AddItemToArray(pb, cJSON_CreateNumber((double)pad[r]));
   }
-  char *text = cJSON_PrintUnformatted(j);  // NULL if any allocation above failed
-  cJSON_Delete(j);
-  if (!text) return TPR_FAIL(TPR_ERR_OOM, "plan: JSON output");
-  printf("%s\n", text);
-  free(text);
-  return TPR_OK;
-}
-
-static bool in_range(const char *flag, int64_t v) {
-  if (v >= 1 && v <= (1 << 24)) return true;
-  fprintf(stderr, "tpr plan: --%s %lld must be in [1, %d]\n", flag, (long long)v, 1 << 24);
-  return false;
+  return tpr_cli_print_json(j) ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "plan: JSON output");
 }
 
 int tpr_cmd_plan(int argc, char **argv) {
   const char *model = NULL, *config = NULL, *dtype_name = "bf16";
-  int64_t tp = 0, ep = 1, etp = 1, dp = 1;
+  tpr_cli_mesh m = {.ep = 1, .etp = 1, .dp = 1};
   bool json = false;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory holding config.json"},
       {"config", TPR_ARG_STR, &config, "a config.json file (instead of --model)"},
-      {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree (required)"},
-      {"ep", TPR_ARG_INT, &ep, "expert-parallel degree (default 1)"},
-      {"etp", TPR_ARG_INT, &etp, "expert tensor-parallel degree (default 1)"},
-      {"dp", TPR_ARG_INT, &dp, "data-parallel degree; world = dp*tp (default 1)"},
+      {"tp", TPR_ARG_INT, &m.tp, "tensor-parallel degree (required)"},
+      {"ep", TPR_ARG_INT, &m.ep, "expert-parallel degree (default 1)"},
+      {"etp", TPR_ARG_INT, &m.etp, "expert tensor-parallel degree (default 1)"},
+      {"dp", TPR_ARG_INT, &m.dp, "data-parallel degree; world = dp*tp (default 1)"},
       {"dtype", TPR_ARG_STR, &dtype_name, "checkpoint dtype the bytes are counted in (default bf16)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object"},
   };
@@ -177,11 +160,7 @@ int tpr_cmd_plan(int argc, char **argv) {
     fprintf(stderr, "tpr plan: give exactly one of --model DIR or --config FILE\n%s\n", usage);
     return 2;
   }
-  if (tp == 0) {
-    fprintf(stderr, "tpr plan: --tp is required\n%s\n", usage);
-    return 2;
-  }
-  if (!in_range("tp", tp) || !in_range("ep", ep) || !in_range("etp", etp) || !in_range("dp", dp)) return 2;
+  if (!tpr_cli_mesh_ok("plan", &m, usage)) return 2;
   tpr_dtype dtype;
   if (tpr_dtype_parse(dtype_name, &dtype) != TPR_OK) {
     fprintf(stderr, "tpr plan: --dtype: %s\n", tpr_last_error());
@@ -191,7 +170,7 @@ int tpr_cmd_plan(int argc, char **argv) {
   tpr_shard_plan plan = {0};
   uint64_t *held = NULL, *pad = NULL;
   tpr_status rc = tpr_model_config_load(model ? model : config, &c);
-  if (rc == TPR_OK) rc = tpr_shard_plan_build(&c, (int)tp, (int)ep, (int)etp, (int)dp, dtype, &plan);
+  if (rc == TPR_OK) rc = tpr_shard_plan_build(&c, (int)m.tp, (int)m.ep, (int)m.etp, (int)m.dp, dtype, &plan);
   if (rc == TPR_OK) {
     held = calloc((size_t)plan.world, sizeof *held);
     pad = calloc((size_t)plan.world, sizeof *pad);

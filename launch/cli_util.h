@@ -1,6 +1,7 @@
-// Pieces shared by the checkpoint commands (load, convert, make-checkpoint).
-#ifndef TPR_CKPT_CLI_H
-#define TPR_CKPT_CLI_H
+// Pieces shared by the subcommands: mesh flags, checkpoint plumbing, JSON
+// output, timing and byte formatting.
+#ifndef TPR_CLI_UTIL_H
+#define TPR_CLI_UTIL_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -31,7 +32,9 @@ struct cJSON;
 bool tpr_cli_print_json(struct cJSON *j);
 
 double tpr_cli_now(void);  // monotonic seconds
-// "1.23 GiB"
+// "1.2 GiB" (bytes with a binary unit, one decimal; whole bytes below 1 KiB)
 const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n);
+// The same with `decimals` digits after the point.
+const char *tpr_cli_bytes_prec(uint64_t b, int decimals, char *buf, size_t n);
 
 #endif

@@ -1,4 +1,4 @@
-#include "launch/ckpt_cli.h"
+#include "launch/cli_util.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -77,11 +77,13 @@ double tpr_cli_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n) {
+const char *tpr_cli_bytes_prec(uint64_t b, int decimals, char *buf, size_t n) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)b;
   int u = 0;
   while (v >= 1024 && u < 4) v /= 1024, u++;
-  snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  snprintf(buf, n, "%.*f %s", u ? decimals : 0, v, units[u]);
   return buf;
 }
+
+const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n) { return tpr_cli_bytes_prec(b, 1, buf, n); }
