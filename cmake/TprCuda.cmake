@@ -1,6 +1,7 @@
 # TPR_CUDA=AUTO builds the CUDA backend when nvcc is found (the toolkit lives
 # under /usr/local/cuda on our machines); ON requires it; OFF skips it.
 set(TPR_HAVE_CUDA OFF)
+set(TPR_HAVE_NCCL OFF)
 if(NOT TPR_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
@@ -25,4 +26,13 @@ if(TPR_HAVE_CUDA)
   # into the runtime, so a separate static library would need link cycles.
   file(GLOB TPR_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/runtime/*.cu ${CMAKE_SOURCE_DIR}/runtime/ops/*.cu)
   message(STATUS "tpr: CUDA backend ON (${CMAKE_CUDA_COMPILER}, sm_80 and sm_90)")
+  # NCCL (the nccl collective backend) usually sits beside the toolkit.
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(TPR_HAVE_NCCL ON)
+    message(STATUS "tpr: nccl backend ON (${NCCL_LIBRARY})")
+  else()
+    message(STATUS "tpr: NCCL not found, building without the nccl backend")
+  endif()
 endif()

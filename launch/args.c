@@ -9,7 +9,8 @@ static void print_usage(FILE *f, const char *usage, const tpr_arg *args, int n) 
   fprintf(f, "%s\n\noptions:\n", usage);
   for (int i = 0; i < n; i++) {
     const char *meta = args[i].type == TPR_ARG_INT ? " N" : args[i].type == TPR_ARG_FLOAT ? " X"
-                       : args[i].type == TPR_ARG_STR ? " VALUE" : "";
+                       : args[i].type == TPR_ARG_STR ? " VALUE"
+                       : args[i].type == TPR_ARG_STR_LIST ? " VALUE..." : "";
     char left[64];
     snprintf(left, sizeof left, "--%s%s", args[i].name, meta);
     fprintf(f, "  %-24s %s\n", left, args[i].help);
@@ -28,6 +29,10 @@ static bool parse_value(const tpr_arg *a, const char *text) {
     double v = strtod(text, &end);
     if (errno || end == text || *end) return false;
     *(double *)a->dest = v;
+  } else if (a->type == TPR_ARG_STR_LIST) {
+    tpr_arg_list *l = a->dest;
+    if (l->n == TPR_ARG_LIST_MAX) return false;
+    l->items[l->n++] = text;
   } else {
     *(const char **)a->dest = text;
   }

@@ -6,12 +6,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef enum tpr_arg_type { TPR_ARG_INT, TPR_ARG_FLOAT, TPR_ARG_STR, TPR_ARG_FLAG } tpr_arg_type;
+typedef enum tpr_arg_type { TPR_ARG_INT, TPR_ARG_FLOAT, TPR_ARG_STR, TPR_ARG_FLAG, TPR_ARG_STR_LIST } tpr_arg_type;
+
+// Destination of a TPR_ARG_STR_LIST option: every occurrence is appended.
+#define TPR_ARG_LIST_MAX 64
+typedef struct tpr_arg_list {
+  const char *items[TPR_ARG_LIST_MAX];
+  int n;
+} tpr_arg_list;
 
 typedef struct tpr_arg {
   const char *name;  // without the leading "--"
   tpr_arg_type type;
-  void *dest;        // int64_t*, double*, const char**, bool*
+  void *dest;        // int64_t*, double*, const char**, bool*, tpr_arg_list*
   const char *help;
 } tpr_arg;
 

@@ -87,6 +87,7 @@ int tpr_cmd_load(int argc, char **argv) {
   tpr_cli_mesh m = {.ep = 1, .etp = 1, .dp = 0};
   int64_t rank = 0;
   bool json = false;
+  tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "Hugging Face or converted checkpoint directory (required)"},
       {"tp", TPR_ARG_INT, &m.tp, "tensor-parallel degree (required)"},
@@ -96,6 +97,7 @@ int tpr_cmd_load(int argc, char **argv) {
       {"rank", TPR_ARG_INT, &rank, "without mpirun: the world rank to load (default 0)"},
       {"dtype", TPR_ARG_STR, &dtype_name, "destination dtype: source (each tensor's own, default), bf16, f16, f32"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
+      TPR_WORLD_ARGS(wo),
   };
   const char *usage = "usage: [mpirun -np N] tpr load --model DIR --tp T [--ep E --etp F --dp D] [--rank R] "
                       "[--dtype source] [--json]";
@@ -107,7 +109,7 @@ int tpr_cmd_load(int argc, char **argv) {
     return 2;
   }
   tpr_world w;
-  if (tpr_world_init(&argc, &argv, &w) != TPR_OK) return tpr_world_fail(&w, "load");
+  if (tpr_world_init(&argc, &argv, &wo, &w) != TPR_OK) return tpr_world_fail(&w, "load");
   if (m.dp == 0) m.dp = w.mpi && m.tp > 0 && w.size % m.tp == 0 ? w.size / m.tp : 1;
   if (!tpr_cli_mesh_ok("load", &m, usage) || !tpr_cli_load_dtype("load", dtype_name, &dt)) {
     tpr_world_finish(&w);
@@ -123,7 +125,7 @@ int tpr_cmd_load(int argc, char **argv) {
   if (rc == TPR_OK) rc = load_rank(model, &p, w.size > 1 ? w.rank : (int)rank, dt, mine);
   if (rc == TPR_OK && !(all = malloc((size_t)(w.size * S_COUNT) * sizeof *all)))
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
-  if (rc == TPR_OK) rc = tpr_comm_all_gather(w.comm, mine, all, S_COUNT, TPR_I64);
+  if (rc == TPR_OK) rc = tpr_comm_all_gather(w.host, mine, all, S_COUNT, TPR_I64);
   if (rc != TPR_OK) {
     free(all);
     tpr_shard_plan_free(&p);

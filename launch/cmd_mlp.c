@@ -107,6 +107,7 @@ int tpr_cmd_mlp(int argc, char **argv) {
   const char *config = NULL;
   int64_t tp = 0, tokens = 0, seed = 1234, iters = 10;
   bool json = false, no_check = false;
+  tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   const tpr_arg args[] = {
       {"config", TPR_ARG_STR, &config, "JSON config (hidden_size, intermediate_size, tokens, rms_norm_eps); "
                                        "default: the embedded tiny block (H=256, F=1024, T=64)"},
@@ -116,13 +117,14 @@ int tpr_cmd_mlp(int argc, char **argv) {
       {"iters", TPR_ARG_INT, &iters, "timed runs after one warm-up (default 10)"},
       {"no-check", TPR_ARG_FLAG, &no_check, "skip the comparison with the unsharded block"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object instead of the table"},
+      TPR_WORLD_ARGS(wo),
   };
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0],
                                       "usage: [mpirun -np N] tpr mlp [--config FILE] [--tp N] [--json]");
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
 
   tpr_world w;
-  if (tpr_world_init(&argc, &argv, &w) != TPR_OK) return tpr_world_fail(&w, "mlp");
+  if (tpr_world_init(&argc, &argv, &wo, &w) != TPR_OK) return tpr_world_fail(&w, "mlp");
   tpr_block_config c = tpr_block_config_default();
   if (config && tpr_block_config_load(config, &c) != TPR_OK) return tpr_world_fail(&w, "mlp");
   if (tokens > 0) c.tokens = tokens;
@@ -138,7 +140,7 @@ int tpr_cmd_mlp(int argc, char **argv) {
   if (tpr_mesh_init(w.size, w.rank, (int)tp, 1, 1, &mesh) != TPR_OK) return tpr_world_fail(&w, "mlp");
   if (run_block(&w, &c, &mesh, (uint64_t)seed, iters, true, &res) != TPR_OK) return tpr_world_fail(&w, "mlp");
   size_t n = (size_t)(c.tokens * c.hidden_size);
-  if (tpr_comm_all_reduce(w.comm, res.y, res.y, n, TPR_F32, TPR_SUM) != TPR_OK) return tpr_world_fail(&w, "mlp");
+  if (tpr_comm_all_reduce(w.host, res.y, res.y, n, TPR_F32, TPR_SUM) != TPR_OK) return tpr_world_fail(&w, "mlp");
   int rc = 0;
   if (!no_check && w.rank == 0) {
     tpr_mesh solo;

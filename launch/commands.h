@@ -9,7 +9,10 @@ typedef struct tpr_command {
   int (*run)(int argc, char **argv);
 } tpr_command;
 
+int tpr_cmd_bench(int argc, char **argv);
 int tpr_cmd_convert(int argc, char **argv);
+int tpr_cmd_forward(int argc, char **argv);
+int tpr_cmd_run(int argc, char **argv);
 int tpr_cmd_load(int argc, char **argv);
 int tpr_cmd_make_checkpoint(int argc, char **argv);
 int tpr_cmd_mlp(int argc, char **argv);

@@ -5,12 +5,15 @@
 #include "launch/commands.h"
 
 static const tpr_command commands[] = {
+    {"bench", "benchmarks: 'tpr bench comm' measures the collectives (nccl-tests columns)", tpr_cmd_bench},
     {"convert", "shard a checkpoint for a mesh: per-rank files + manifest.pb with checksums", tpr_cmd_convert},
+    {"forward", "the logits of every position of a token sequence, as safetensors (golden tests)", tpr_cmd_forward},
     {"load", "load every tensor a rank holds; report bytes, time and peak RSS", tpr_cmd_load},
     {"make-checkpoint", "write a random Hugging Face checkpoint for a config", tpr_cmd_make_checkpoint},
     {"mlp", "run a tensor-parallel SwiGLU MLP block program (the demo)", tpr_cmd_mlp},
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
+    {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
     {"version", "print the version and build options", tpr_cmd_version},
 };
 

@@ -7,16 +7,35 @@
 
 #include "collectives/tpr_comm.h"
 
+#include "launch/args.h"
+
 typedef struct tpr_world {
-  tpr_comm_t comm;     // mpi when launched by mpirun/srun, else self
-  bool mpi;
+  tpr_comm_t comm;     // the world: mpi or nccl when launched by mpirun/srun, else self
+  tpr_comm_t host;     // the world over host buffers (== comm unless comm is nccl)
+  bool mpi;            // MPI is initialised (launched by mpirun/srun)
   int rank, size;
   tpr_backend *cpu;
 } tpr_world;
 
+// The flags every command that talks to other ranks takes.
+typedef struct tpr_world_opts {
+  const char *comm;       // "auto" (default), "mpi", "nccl", "self"
+  double comm_timeout_s;  // watchdog timeout; 0 means the default (300 s)
+  int64_t device;         // CUDA device for nccl; -1 = the node-local rank
+} tpr_world_opts;
+
+#define TPR_WORLD_OPTS_DEFAULT {.comm = "auto", .comm_timeout_s = 0, .device = -1}
+// Entries for a command's tpr_arg table: --comm, --comm-timeout.
+#define TPR_WORLD_ARGS(o)                                                                                  \
+  {"comm", TPR_ARG_STR, &(o).comm, "collective backend: auto|mpi|nccl|self (default auto: mpi under "     \
+                                   "mpirun, self alone)"},                                                 \
+  {"comm-timeout", TPR_ARG_FLOAT, &(o).comm_timeout_s,                                                     \
+   "seconds a collective may take before the watchdog aborts every rank (default 300)"}
+
 // True when a launcher (mpirun, srun) started this process.
 bool tpr_world_launched(void);
-tpr_status tpr_world_init(int *argc, char ***argv, tpr_world *w);
+// opts NULL: the defaults. Starts the watchdog when the world has > 1 rank.
+tpr_status tpr_world_init(int *argc, char ***argv, const tpr_world_opts *opts, tpr_world *w);
 void tpr_world_finish(tpr_world *w);
 
 // All-gathers every rank's program hash; a difference is an error naming

@@ -54,6 +54,14 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_EMBEDDING] = tpr__cpu_embedding,
             [TPR_OP_INDEX_SELECT] = tpr__cpu_index_select,
             [TPR_OP_CAST] = tpr__cpu_cast,
+            [TPR_OP_SUM_SQUARES] = tpr__cpu_sum_squares,
+            [TPR_OP_RMS_SCALE] = tpr__cpu_rms_scale,
+            [TPR_OP_EMBEDDING_SHARD] = tpr__cpu_embedding_shard,
+            [TPR_OP_ROPE] = tpr__cpu_rope,
+            [TPR_OP_ATTENTION] = tpr__cpu_attention,
+            [TPR_OP_CACHE_WRITE] = tpr__cpu_cache_write,
+            [TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cpu_router_sigmoid_topk,
+            [TPR_OP_MOE_EXPERTS] = tpr__cpu_moe_experts,
         },
 };
 

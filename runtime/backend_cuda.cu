@@ -1,5 +1,7 @@
 // CUDA backend: memory and copies on one device, ordered on one stream.
+#include <cuda.h>  // driver types only (CUpointer_attribute); libcuda is reached through the runtime
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 // The runtime's headers are C; give their declarations C linkage here.
@@ -112,4 +114,70 @@ extern "C" tpr_status tpr_backend_cuda_new(int device, tpr_backend **out) {
   b->ctx = c;
   *out = b;
   return TPR_OK;
+}
+
+// --- raw memory helpers -------------------------------------------------
+
+// cuPointerGetAttribute, fetched through the runtime so that libtpr needs no
+// link to libcuda. The driver query is used instead of
+// cudaPointerGetAttributes because it never creates a context: under mpirun
+// a CPU-only run on a GPU node would otherwise put a context on device 0 from
+// every rank at its first collective.
+typedef CUresult(CUDAAPI *pointer_attr_fn)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+
+static pointer_attr_fn pointer_attr(void) {
+  // C++ function-local statics are initialised once, thread-safely.
+  static const pointer_attr_fn fn = []() -> pointer_attr_fn {
+    if (tpr_cuda_device_count() == 0) return nullptr;
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &p, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuPointerGetAttribute", &p, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return (pointer_attr_fn)p;
+  }();
+  return fn;
+}
+
+extern "C" bool tpr_cuda_is_device_pointer(const void *p) {
+  if (!p) return false;
+  pointer_attr_fn fn = pointer_attr();
+  if (!fn) return false;  // no device, or no driver query: nothing is device memory
+  unsigned int type = 0;
+  // Host memory the driver does not know gives CUDA_ERROR_INVALID_VALUE, and
+  // a driver nobody initialised CUDA_ERROR_NOT_INITIALIZED: both are host.
+  if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS) return false;
+  return type == CU_MEMORYTYPE_DEVICE;  // cudaMalloc'd and managed memory; pinned host memory is CU_MEMORYTYPE_HOST
+}
+
+extern "C" tpr_status tpr_cuda_memcpy(void *dst, const void *src, size_t bytes) {
+  if (bytes == 0) return TPR_OK;
+  CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "memcpy");
+  return TPR_OK;
+}
+
+extern "C" tpr_status tpr_cuda_device_sync(void) {
+  CUDA_TRY(cudaDeviceSynchronize(), "device sync");
+  return TPR_OK;
+}
+
+extern "C" tpr_status tpr_cuda_host_alloc(size_t bytes, void **out) {
+  *out = nullptr;
+  cudaError_t err = cudaMallocHost(out, bytes ? bytes : 1);
+  if (err != cudaSuccess) {
+    *out = nullptr;
+    return TPR_FAIL(TPR_ERR_OOM, "cuda: cannot allocate %zu bytes of pinned host memory: %s", bytes,
+                    cudaGetErrorString(err));
+  }
+  return TPR_OK;
+}
+
+extern "C" void tpr_cuda_host_free(void *p) {
+  if (p) cudaFreeHost(p);
 }

@@ -19,6 +19,24 @@ int tpr_cuda_device_count(void);
 // "no CUDA device" message.
 tpr_status tpr_backend_cuda_new(int device, tpr_backend **out);
 
+// --- raw memory helpers (the mpi collective backend stages device buffers
+// through pinned host memory with these) ---------------------------------
+// True when p points into CUDA device or managed memory; false for host
+// memory (pageable or pinned), NULL, a build without CUDA, or a process with
+// no device. Asks the driver, so it never creates a CUDA context: a process
+// that has not used CUDA cannot hold device memory.
+bool tpr_cuda_is_device_pointer(const void *p);
+// Copies bytes between any mix of host and device memory (cudaMemcpyDefault);
+// complete when it returns. No CUDA -> TPR_ERR_UNSUPPORTED.
+tpr_status tpr_cuda_memcpy(void *dst, const void *src, size_t bytes);
+// Waits for all work queued on the current device (on any stream), so that
+// device memory written by kernels may be read by a copy.
+tpr_status tpr_cuda_device_sync(void);
+// Page-locked host memory (cudaMallocHost / cudaFreeHost). No CUDA ->
+// TPR_ERR_UNSUPPORTED and *out = NULL; free(NULL) is a no-op.
+tpr_status tpr_cuda_host_alloc(size_t bytes, void **out);
+void tpr_cuda_host_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,22 @@ struct tpr_exec {
   tpr_memory_plan plan;
   void *arena;
   tpr_tensor **handles;  // (n_values) handle per value; NULL until bound/created
+  tpr_exec_collectives coll;  // how collective ops run; run == NULL until set
 };
+
+void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c) {
+  e->coll = c ? *c : (tpr_exec_collectives){0};
+}
+
+// Collective ops leave the backend: finish its queued work, then call out.
+static tpr_status run_collective(tpr_exec *e, const tpr_node *node, const tpr_tensor *in, tpr_tensor *out) {
+  if (!e->coll.run)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s over %s: the program has collective ops but the exec has no "
+                    "communicators (tpr_exec_set_collectives)", tpr_op_name(node->op),
+                    tpr_mesh_axis_name((tpr_mesh_axis)node->attrs.i[0]));
+  TPR_CHECK(tpr_backend_sync(e->be));
+  return e->coll.run(e->coll.ctx, node->op, &node->attrs, in, out);
+}
 
 // A handle with v's geometry over the memory starting at base_data.
 static tpr_status make_handle(tpr_exec *e, tpr_value_id v, void *base_data, tpr_tensor **out) {
@@ -113,7 +128,9 @@ tpr_status tpr_exec_run(tpr_exec *e) {
     if (tpr_op_is_view(node->op)) continue;
     const tpr_tensor *in[TPR_OP_MAX_INPUTS];
     for (int i = 0; i < node->n_in; i++) in[i] = e->handles[node->in[i]];
-    tpr_status rc = tpr_op_run(e->be, node->op, in, node->n_in, &node->attrs, e->handles[node->out]);
+    tpr_status rc = tpr_op_is_collective(node->op)
+                        ? run_collective(e, node, in[0], e->handles[node->out])
+                        : tpr_op_run(e->be, node->op, in, node->n_in, &node->attrs, e->handles[node->out]);
     if (rc != TPR_OK) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", tpr_last_error());

@@ -173,3 +173,61 @@ tpr_status tpr_pb_slice(tpr_program *p, tpr_value_id x, int dim, int64_t start, 
   tpr_op_attrs at = {.n_i = 3, .i = {dim, start, len}};
   return OP1(TPR_OP_SLICE, x, &at);
 }
+
+tpr_status tpr_pb_all_reduce(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
+                             tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {axis, n, red_op}};
+  return OP1(TPR_OP_ALL_REDUCE, x, &at);
+}
+tpr_status tpr_pb_all_gather(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 2, .i = {axis, n}};
+  return OP1(TPR_OP_ALL_GATHER, x, &at);
+}
+tpr_status tpr_pb_reduce_scatter(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
+                                 tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {axis, n, red_op}};
+  return OP1(TPR_OP_REDUCE_SCATTER, x, &at);
+}
+tpr_status tpr_pb_all_to_all(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 2, .i = {axis, n}};
+  return OP1(TPR_OP_ALL_TO_ALL, x, &at);
+}
+
+#define OP3(kind, a, b, c, at) tpr_program_op(p, kind, (const tpr_value_id[]){a, b, c}, 3, at, out)
+#define OP4(kind, a, b, c, d, at) tpr_program_op(p, kind, (const tpr_value_id[]){a, b, c, d}, 4, at, out)
+
+tpr_status tpr_pb_sum_squares(tpr_program *p, tpr_value_id x, tpr_value_id *out) {
+  return OP1(TPR_OP_SUM_SQUARES, x, NULL);
+}
+tpr_status tpr_pb_rms_scale(tpr_program *p, tpr_value_id x, tpr_value_id sumsq, tpr_value_id weight, float divisor,
+                            float eps, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_f = 2, .f = {divisor, eps}};
+  return OP3(TPR_OP_RMS_SCALE, x, sumsq, weight, &at);
+}
+tpr_status tpr_pb_embedding_shard(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id shard,
+                                  tpr_value_id *out) {
+  return OP3(TPR_OP_EMBEDDING_SHARD, table, ids, shard, NULL);
+}
+tpr_status tpr_pb_rope(tpr_program *p, tpr_value_id x, tpr_value_id positions, int64_t rotary_dim, float theta,
+                       tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {rotary_dim}, .n_f = 1, .f = {theta}};
+  return OP2(TPR_OP_ROPE, x, positions, &at);
+}
+tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
+                            tpr_value_id start, float scale, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_f = 1, .f = {scale}};
+  return OP4(TPR_OP_ATTENTION, q, k_cache, v_cache, start, &at);
+}
+tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id new_rows, tpr_value_id start,
+                              tpr_value_id *out) {
+  return OP3(TPR_OP_CACHE_WRITE, cache, new_rows, start, NULL);
+}
+tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
+                                      tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {k}};
+  return OP2(TPR_OP_ROUTER_SIGMOID_TOPK, logits, bias, &at);
+}
+tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
+                              tpr_value_id *out) {
+  return OP4(TPR_OP_MOE_EXPERTS, x, gates, w13, w2, NULL);
+}

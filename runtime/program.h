@@ -61,6 +61,31 @@ tpr_status tpr_pb_cast(tpr_program *p, tpr_value_id x, tpr_dtype dtype, tpr_valu
 tpr_status tpr_pb_reshape(tpr_program *p, tpr_value_id x, int ndim, const int64_t *shape, tpr_value_id *out);
 tpr_status tpr_pb_permute(tpr_program *p, tpr_value_id x, const int *perm, tpr_value_id *out);
 tpr_status tpr_pb_slice(tpr_program *p, tpr_value_id x, int dim, int64_t start, int64_t len, tpr_value_id *out);
+// Collectives over the group on mesh axis `axis` of n ranks (see ops.h for
+// the shapes); red_op is a tpr_red_op (0 sum, 1 max, 2 min).
+tpr_status tpr_pb_all_reduce(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
+                             tpr_value_id *out);
+tpr_status tpr_pb_all_gather(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out);
+tpr_status tpr_pb_reduce_scatter(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
+                                 tpr_value_id *out);
+tpr_status tpr_pb_all_to_all(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out);
+// Model ops (ops.h gives shapes and exact semantics). cache_write writes its
+// cache input in place: append it BEFORE the attention that reads the rows.
+tpr_status tpr_pb_sum_squares(tpr_program *p, tpr_value_id x, tpr_value_id *out);
+tpr_status tpr_pb_rms_scale(tpr_program *p, tpr_value_id x, tpr_value_id sumsq, tpr_value_id weight, float divisor,
+                            float eps, tpr_value_id *out);
+tpr_status tpr_pb_embedding_shard(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id shard,
+                                  tpr_value_id *out);
+tpr_status tpr_pb_rope(tpr_program *p, tpr_value_id x, tpr_value_id positions, int64_t rotary_dim, float theta,
+                       tpr_value_id *out);
+tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
+                            tpr_value_id start, float scale, tpr_value_id *out);
+tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id new_rows, tpr_value_id start,
+                              tpr_value_id *out);
+tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
+                                      tpr_value_id *out);
+tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
+                              tpr_value_id *out);
 
 // One line per value: id, kind, dtype and shape, producing op, name.
 void tpr_program_dump(const tpr_program *p, FILE *f);
@@ -99,5 +124,17 @@ tpr_status tpr_exec_run(tpr_exec *e);
 // A named output of the last run; owned by the exec, valid until the next run.
 tpr_status tpr_exec_output(tpr_exec *e, const char *name, const tpr_tensor **out);
 const tpr_memory_plan *tpr_exec_plan(const tpr_exec *e);
+
+// How a program's collective ops reach communicators: collectives/ sits above
+// the runtime, so the exec calls through this table (shard/mesh_comms.h
+// fills it from the mesh's communicators). `run` gets the op, its attributes
+// and contiguous in/out tensors whose shapes the op's rule has checked; the
+// backend has been synchronised before the call.
+typedef struct tpr_exec_collectives {
+  void *ctx;
+  tpr_status (*run)(void *ctx, tpr_op_kind op, const tpr_op_attrs *attrs, const tpr_tensor *in, tpr_tensor *out);
+} tpr_exec_collectives;
+// A program with collective ops fails to run until this is set.
+void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c);
 
 #endif

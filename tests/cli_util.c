@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,11 +63,10 @@ int tt_tpr_path(char *buf, size_t cap, const char *test) {
   return -1;
 }
 
-run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *args) {
-  const char *argv[32] = {tpr};
-  int n = 1;
-  for (; args[n - 1]; n++) argv[n] = args[n - 1];
-  argv[n] = NULL;
+// Runs argv (argv[0] a path) with stdin from /dev/null and stdout/stderr
+// captured in tmp_dir; `detach` unsets the launcher variables so a child of
+// an MPI test is not mistaken for an MPI rank.
+static run_result run_argv(const char *const *argv, const char *tmp_dir, bool detach) {
   char out_path[4200], err_path[4200];
   snprintf(out_path, sizeof out_path, "%s/stdout", tmp_dir);
   snprintf(err_path, sizeof err_path, "%s/stderr", tmp_dir);
@@ -80,13 +80,12 @@ run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *a
     int err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (in < 0 || out < 0 || err < 0) _exit(126);
     dup2(in, 0), dup2(out, 1), dup2(err, 2);
-    // Not launched by mpirun: the CLI must pick the self backend.
     static const char *const launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                                                 "PMI_RANK", "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0]; i++) unsetenv(launcher_vars[i]);
+    for (size_t i = 0; detach && i < sizeof launcher_vars / sizeof launcher_vars[0]; i++) unsetenv(launcher_vars[i]);
     setenv("TPR_NUM_THREADS", "1", 1);
     unsetenv("TPR_LOG_LEVEL");
-    execv(tpr, (char *const *)argv);
+    execv(argv[0], (char *const *)argv);
     _exit(127);
   }
   int st;
@@ -95,11 +94,29 @@ run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *a
   r.out = tt_slurp(out_path, NULL);
   r.err = tt_slurp(err_path, NULL);
   if (strstr(r.err, "Sanitizer") || strstr(r.err, "runtime error:")) {
-    fprintf(stderr, "tpr %s: sanitizer report:\n%s\n", args[0] ? args[0] : "", r.err);
+    fprintf(stderr, "%s: sanitizer report:\n%s\n", argv[1] ? argv[1] : argv[0], r.err);
     tt_run_done(&r);
     fail();
   }
   return r;
+}
+
+run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *args) {
+  const char *argv[40] = {tpr};
+  int n = 1;
+  for (; args[n - 1] && n < 39; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  return run_argv(argv, tmp_dir, true);  // not under mpirun: the CLI must pick the self backend
+}
+
+run_result tt_run_mpi(int np, const char *exe, const char *tmp_dir, const char *const *args) {
+  char nps[16];
+  snprintf(nps, sizeof nps, "%d", np);
+  const char *argv[48] = {TPR_MPIEXEC, "-np", nps, "--oversubscribe", exe};
+  int n = 5;
+  for (int i = 0; args[i] && n < 47; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  return run_argv(argv, tmp_dir, true);
 }
 
 void tt_run_done(run_result *r) {

@@ -30,6 +30,9 @@ int tt_tpr_path(char *buf, size_t cap, const char *test);
 // outside any MPI launcher (the self backend), TPR_NUM_THREADS=1 and
 // TPR_LOG_LEVEL unset. Fails the test if stderr carries a sanitizer report.
 run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *args);
+// Runs `mpirun -np np --oversubscribe exe args...` (args NULL-terminated)
+// the same way; mpirun is the one CMake found (TPR_MPIEXEC).
+run_result tt_run_mpi(int np, const char *exe, const char *tmp_dir, const char *const *args);
 // Frees r's captured output.
 void tt_run_done(run_result *r);
 

@@ -24,5 +24,13 @@ TPR_CPU_KERNEL(softmax);       // softmax.c
 TPR_CPU_KERNEL(embedding);     // gather.c: any dtype table
 TPR_CPU_KERNEL(index_select);  // gather.c: any dtype
 TPR_CPU_KERNEL(cast);          // copy.c: any dtype to any dtype, strided source
+TPR_CPU_KERNEL(sum_squares);          // norm.c: double accumulation
+TPR_CPU_KERNEL(rms_scale);            // norm.c
+TPR_CPU_KERNEL(embedding_shard);      // gather.c: any dtype table
+TPR_CPU_KERNEL(rope);                 // rope.c
+TPR_CPU_KERNEL(attention);            // attention.c: sgemm per head and query block
+TPR_CPU_KERNEL(cache_write);          // attention.c: writes its input 0 in place
+TPR_CPU_KERNEL(router_sigmoid_topk);  // router.c
+TPR_CPU_KERNEL(moe_experts);          // moe.c: grouped sgemm per expert
 
 #endif

@@ -1,9 +1,11 @@
-// Gather CPU kernels: embedding and index_select, for any element type.
+// Gather CPU kernels: embedding, embedding_shard and index_select, for any
+// element type.
 //
 // Both move whole elements as bytes (no conversion), so one code path serves
 // every dtype. Every id is range-checked before anything is written: a bad id
 // returns TPR_ERR_INVALID_ARG, never reads out of bounds, and leaves out as
 // it was.
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +20,8 @@ static tpr_status check_ids(const char *op, const tpr_tensor *ids) {
 }
 
 // Visits ids (any shape, any strides) in row-major order, storing each value
-// in vals (numel). Fails on the first value outside [0, limit).
+// in vals (numel). Fails on the first value outside [0, limit); limit < 0
+// means no upper bound (only negative values fail).
 static tpr_status load_ids(const char *op, const char *what, const tpr_tensor *ids, int64_t limit,
                            int64_t *vals) {
   const int64_t *st[1] = {ids->stride};
@@ -37,7 +40,10 @@ static tpr_status load_ids(const char *op, const char *what, const tpr_tensor *i
       } else {
         memcpy(&v, base + e * 8, 8);
       }
-      if (v < 0 || v >= limit)
+      if (v < 0 && limit < 0)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s %lld at position %lld is negative", op, what, (long long)v,
+                        (long long)pos);
+      if (v < 0 || (limit >= 0 && v >= limit))
         return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s %lld at position %lld is out of range [0, %lld)",
                         op, what, (long long)v, (long long)pos, (long long)limit);
       vals[pos] = v;
@@ -123,6 +129,53 @@ TPR_CPU_KERNEL(index_select) {
   for (int64_t j = 0; j < n; j++)
     tpr__strided_copy(o + j * ostride[dim] * (int64_t)esz, os,
                       xd + vals[j] * x->stride[dim] * (int64_t)esz, xs, nd, shape, esz);
+  free(vals);
+  return TPR_OK;
+}
+
+// table (Vl, H), ids (...) i32/i64, shard (1) i32/i64; out (..., H)
+// contiguous, table's dtype. Row id - shard*Vl, or zeros outside [0, Vl).
+TPR_CPU_KERNEL(embedding_shard) {
+  if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding_shard (cpu): expected 3 inputs, got %d", n_in);
+  const tpr_tensor *table = in[0], *ids = in[1], *shard = in[2];
+  TPR_CHECK(check_ids("embedding_shard", ids));
+  TPR_CHECK(check_ids("embedding_shard", shard));
+  if (out->dtype != table->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "embedding_shard (cpu): out is %s but the table is %s",
+                    tpr_dtype_name(out->dtype), tpr_dtype_name(table->dtype));
+  if (table->ndim != 2 || out->ndim != ids->ndim + 1 || out->shape[ids->ndim] != table->shape[1] ||
+      tpr_tensor_numel(shard) != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard (cpu): table, ids, shard and out shapes do not fit");
+  int64_t sh;
+  TPR_CHECK(load_ids("embedding_shard", "shard index", shard, -1, &sh));
+  const int64_t n = tpr_tensor_numel(ids), V = table->shape[0], H = table->shape[1];
+  if (n == 0) return TPR_OK;
+  int64_t *vals = malloc((size_t)n * sizeof *vals);
+  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "embedding_shard (cpu): %lld ids of scratch", (long long)n);
+  tpr_status rc = load_ids("embedding_shard", "token id", ids, -1, vals);
+  if (rc != TPR_OK) {
+    free(vals);
+    return tpr__propagate(rc, __FILE__, __LINE__);
+  }
+  // Ids and shard are >= 0 here; a shard*V past INT64_MAX owns no id at all.
+  const bool none = V == 0 || sh > INT64_MAX / V;
+  const int64_t lo = none ? 0 : sh * V;
+  const size_t esz = tpr_dtype_size(table->dtype);
+  const char *t = tpr_tensor_data(table);
+  char *o = tpr_tensor_data(out);
+  const int64_t one = 1, ts = table->stride[1];
+  for (int64_t p = 0; p < n; p++) {
+    char *dst = o + p * H * (int64_t)esz;
+    if (none || vals[p] < lo || vals[p] - lo >= V) {
+      memset(dst, 0, (size_t)H * esz);  // all-zero bits are 0 in every dtype
+      continue;
+    }
+    const char *row = t + (vals[p] - lo) * table->stride[0] * (int64_t)esz;
+    if (ts == 1 || H == 1)
+      memcpy(dst, row, (size_t)H * esz);
+    else
+      tpr__strided_copy(dst, &one, row, &ts, 1, &H, esz);
+  }
   free(vals);
   return TPR_OK;
 }

@@ -1,8 +1,13 @@
-// RMS norm CPU kernel: out = x / sqrt(mean(x^2) + eps) * weight per row.
+// RMS norm CPU kernels: rms_norm, out = x / sqrt(mean(x^2) + eps) * weight
+// per row, and its distributed halves sum_squares (local sum of x^2, to be
+// all-reduced) and rms_scale (x * rsqrt(sumsq / divisor + eps) * weight).
 //
-// The sum of squares is accumulated in f32 (DESIGN.md section 3) over eight
-// interleaved partial sums: a fixed, deterministic order that the compiler
-// can vectorise, with an error that grows with H/8 instead of H.
+// rms_norm's sum of squares is accumulated in f32 (DESIGN.md section 3) over
+// eight interleaved partial sums: a fixed, deterministic order that the
+// compiler can vectorise, with an error that grows with H/8 instead of H.
+// sum_squares accumulates in double (four interleaved lanes, also a fixed
+// order) and rounds once to f32, so each rank's partial carries one rounding
+// before the tp all-reduce adds them, whatever the slice length.
 #include <math.h>
 #include <stdlib.h>
 
@@ -63,5 +68,69 @@ TPR_CPU_KERNEL(rms_norm) {
     } while (tpr__iter_next(&it));
   }
   free(buf);
+  return TPR_OK;
+}
+
+// Four interleaved double lanes combined as (0 + 2) + (1 + 3): a fixed order.
+static double sum_squares_f64(const float *x, int64_t n, int64_t s) {  // x (n) stride s
+  double acc[4] = {0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int l = 0; l < 4; l++) acc[l] += (double)x[(i + l) * s] * x[(i + l) * s];
+  for (int l = 0; i < n; i++, l++) acc[l] += (double)x[i * s] * x[i * s];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// x (..., N); out (..., 1) contiguous.
+TPR_CPU_KERNEL(sum_squares) {
+  if (n_in != 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "sum_squares (cpu): expected 1 input, got %d", n_in);
+  const tpr_tensor *x = in[0];
+  if (x->dtype != TPR_F32 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "sum_squares (cpu): x %s, out %s; only f32 is supported",
+                    tpr_dtype_name(x->dtype), tpr_dtype_name(out->dtype));
+  if (x->ndim < 1 || out->ndim != x->ndim || out->shape[x->ndim - 1] != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "sum_squares (cpu): out must be x's shape with last dim 1");
+  const int64_t N = x->shape[x->ndim - 1], xs = x->stride[x->ndim - 1];
+  float *o = tpr_tensor_data(out);
+  const float *xd = tpr_tensor_data(x);
+  const int64_t *st[1] = {x->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
+  do {  // rows in row-major order of the leading dims, as out stores them
+    for (int64_t r = 0; r < it.n; r++) *o++ = (float)sum_squares_f64(xd + it.off[0] + r * it.inner[0], N, xs);
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}
+
+// x (..., N), sumsq (..., 1), weight (N); out (..., N) contiguous.
+// attrs->f[0] = divisor, f[1] = eps.
+TPR_CPU_KERNEL(rms_scale) {
+  if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_scale (cpu): expected 3 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *ss = in[1], *w = in[2];
+  if (x->dtype != TPR_F32 || ss->dtype != TPR_F32 || w->dtype != TPR_F32 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "rms_scale (cpu): x %s, sumsq %s, weight %s, out %s; only f32 is supported",
+                    tpr_dtype_name(x->dtype), tpr_dtype_name(ss->dtype), tpr_dtype_name(w->dtype),
+                    tpr_dtype_name(out->dtype));
+  if (!attrs || attrs->n_f < 2)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_scale (cpu): missing divisor f[0] and eps f[1]");
+  if (x->ndim < 1 || ss->ndim != x->ndim || w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1] ||
+      !tpr_tensor_same_shape(x, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale (cpu): x, sumsq, weight and out shapes do not fit");
+  const int64_t N = x->shape[x->ndim - 1], xs = x->stride[x->ndim - 1], ws = w->stride[0];
+  const float divisor = attrs->f[0], eps = attrs->f[1];
+  const float *xd = tpr_tensor_data(x), *sd = tpr_tensor_data(ss), *wd = tpr_tensor_data(w);
+  float *o = tpr_tensor_data(out);
+  const int64_t *st[2] = {x->stride, ss->stride};
+  tpr__iter it;
+  if (N == 0 || !tpr__iter_init(&it, x->ndim - 1, x->shape, 2, st)) return TPR_OK;
+  do {
+    for (int64_t r = 0; r < it.n; r++, o += N) {
+      const float *xr = xd + it.off[0] + r * it.inner[0];
+      // torch, in f32: variance = sumsq / divisor; x * rsqrt(variance + eps); * weight.
+      const float variance = sd[it.off[1] + r * it.inner[1]] / divisor;
+      const float inv = 1.0f / sqrtf(variance + eps);
+      for (int64_t i = 0; i < N; i++) o[i] = (xr[i * xs] * inv) * wd[i * ws];
+    }
+  } while (tpr__iter_next(&it));
   return TPR_OK;
 }

@@ -1,5 +1,6 @@
 // The op table: names, arities and shape rules, plus the eager entry point.
 // Programs call the same shape rules, so eager and program semantics agree.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,6 +167,239 @@ static tpr_status infer_slice(const tpr_tensor *const *in, const tpr_op_attrs *a
   return tpr__view_slice(in[0], (int)at->i[0], at->i[1], at->i[2], out);
 }
 
+static const char *const axis_names[TPR_AXIS_COUNT] = {"world", "tp", "dp", "ep", "etp", "edp"};
+
+const char *tpr_mesh_axis_name(tpr_mesh_axis a) { return (unsigned)a < TPR_AXIS_COUNT ? axis_names[a] : "?"; }
+
+// What a collective does to the leading dim of its input.
+typedef enum lead_rule { LEAD_SAME, LEAD_TIMES_N, LEAD_DIV_N, LEAD_DIVISIBLE } lead_rule;
+
+// Shared rule of the collective ops: axis, group size, optional reduction,
+// a contiguous input, and for gather/scatter a leading dim that fits.
+static tpr_status infer_collective(const char *op, const tpr_tensor *x, const tpr_op_attrs *at, bool reduces,
+                                   lead_rule lead, tpr_tensor *out) {
+  if (at->n_i < (reduces ? 3 : 2))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs (axis, group size%s) attributes", op, reduces ? ", red op" : "");
+  if ((uint64_t)at->i[0] >= TPR_AXIS_COUNT)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown mesh axis %lld", op, (long long)at->i[0]);
+  int64_t n = at->i[1];
+  if (n < 1 || n > (1 << 24)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: group size %lld out of range", op, (long long)n);
+  if (reduces) {
+    if (at->i[2] < 0 || at->i[2] > 2)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown red op %lld", op, (long long)at->i[2]);
+    if (x->dtype == TPR_U8 || x->dtype == TPR_F8E4M3)
+      return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s is not reducible", op, tpr_dtype_name(x->dtype));
+  }
+  if (!tpr_tensor_is_contiguous(x))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: input must be contiguous (cast it to a contiguous copy first)", op);
+  int64_t shape[TPR_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  if (lead != LEAD_SAME && x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "%s: input needs a leading dim", op);
+  if ((lead == LEAD_DIV_N || lead == LEAD_DIVISIBLE) && x->shape[0] % n)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: leading dim %lld is not divisible by the group size %lld", op,
+                    (long long)x->shape[0], (long long)n);
+  if (lead == LEAD_TIMES_N) shape[0] = x->shape[0] * n;
+  if (lead == LEAD_DIV_N) shape[0] = x->shape[0] / n;
+  set_contiguous(out, x->dtype, x->ndim, shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_all_reduce(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  return infer_collective("all_reduce", in[0], at, true, LEAD_SAME, out);
+}
+
+static tpr_status infer_all_gather(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  return infer_collective("all_gather", in[0], at, false, LEAD_TIMES_N, out);
+}
+
+static tpr_status infer_reduce_scatter(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  return infer_collective("reduce_scatter", in[0], at, true, LEAD_DIV_N, out);
+}
+
+static tpr_status infer_all_to_all(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  return infer_collective("all_to_all", in[0], at, false, LEAD_DIVISIBLE, out);
+}
+
+// ---- Model ops (see ops.h for the exact semantics).
+
+// A run-time scalar operand (start, shard): shape (1), i32 or i64.
+static tpr_status need_scalar_index(const char *op, const tpr_tensor *t, const char *which) {
+  if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be i32 or i64, got %s", op, which, tpr_dtype_name(t->dtype));
+  if (t->ndim != 1 || t->shape[0] != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must have shape (1), got %d-D with %lld elements", op, which, t->ndim,
+                    (long long)tpr_tensor_numel(t));
+  return TPR_OK;
+}
+
+static tpr_status need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims) {
+  if (t->ndim != nd) return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %d-D %s, got %d-D", op, which, nd, dims, t->ndim);
+  return TPR_OK;
+}
+
+static tpr_status infer_sum_squares(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *x = in[0];
+  TPR_CHECK(need_dtype("sum_squares", x, TPR_F32, "x"));
+  if (x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "sum_squares: x needs >= 1 dim");
+  int64_t shape[TPR_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = 1;
+  set_contiguous(out, TPR_F32, x->ndim, shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_rms_scale(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *x = in[0], *ss = in[1], *w = in[2];
+  TPR_CHECK(need_dtype("rms_scale", x, TPR_F32, "x"));
+  TPR_CHECK(need_dtype("rms_scale", ss, TPR_F32, "sumsq"));
+  TPR_CHECK(need_dtype("rms_scale", w, TPR_F32, "weight"));
+  if (x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale: x needs >= 1 dim");
+  int nd = x->ndim;
+  int64_t N = x->shape[nd - 1];
+  if (w->ndim != 1 || w->shape[0] != N)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale: weight must be (%lld), x's last dim; got %d-D with first dim %lld",
+                    (long long)N, w->ndim, (long long)(w->ndim ? w->shape[0] : 0));
+  if (ss->ndim != nd || ss->shape[nd - 1] != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale: sumsq must be x's shape with last dim 1 (%d-D, last 1), got %d-D with "
+                    "last dim %lld", nd, ss->ndim, (long long)(ss->ndim ? ss->shape[ss->ndim - 1] : 0));
+  for (int d = 0; d < nd - 1; d++)
+    if (ss->shape[d] != x->shape[d])
+      return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale: sumsq dim %d is %lld, x has %lld", d, (long long)ss->shape[d],
+                      (long long)x->shape[d]);
+  if (at->n_f < 2 || !(at->f[0] > 0) || !(at->f[1] >= 0))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_scale: needs f[0] divisor > 0 and f[1] eps >= 0 (got %d float attrs)",
+                    at->n_f);
+  set_contiguous(out, TPR_F32, nd, x->shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_embedding_shard(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *table = in[0], *ids = in[1];
+  TPR_CHECK(need_index_dtype("embedding_shard", ids));
+  TPR_CHECK(need_scalar_index("embedding_shard", in[2], "shard"));
+  if (table->ndim != 2)
+    return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard: table must be 2-D (Vl, H), got %d-D", table->ndim);
+  if (ids->ndim + 1 > TPR_MAX_DIMS) return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard: ids have too many dims");
+  int64_t shape[TPR_MAX_DIMS];
+  memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
+  shape[ids->ndim] = table->shape[1];
+  set_contiguous(out, table->dtype, ids->ndim + 1, shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_rope(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *x = in[0], *pos = in[1];
+  TPR_CHECK(need_dtype("rope", x, TPR_F32, "x"));
+  TPR_CHECK(need_index_dtype("rope", pos));
+  TPR_CHECK(need_ndim("rope", x, 3, "x", "(T, heads, D)"));
+  if (pos->ndim != 1 || pos->shape[0] != x->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "rope: positions must be (T) = (%lld), got %d-D with first dim %lld",
+                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
+  if (at->n_i < 1 || at->n_f < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope: needs i[0] rotary_dim and f[0] theta");
+  int64_t rd = at->i[0], D = x->shape[2];
+  if (rd <= 0 || rd % 2 || rd > D)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rope: rotary_dim %lld must be even and in (0, D = %lld]", (long long)rd,
+                    (long long)D);
+  if (!(at->f[0] > 0) || isinf(at->f[0]))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope: theta %g must be finite and > 0", (double)at->f[0]);
+  set_contiguous(out, TPR_F32, 3, x->shape);
+  return TPR_OK;
+}
+
+// Shared by attention (k, v) and cache_write (cache, new): a (rows, Hkv, D) tensor.
+static tpr_status need_heads(const char *op, const tpr_tensor *t, const char *which, int64_t hkv, int64_t D) {
+  TPR_CHECK(need_ndim(op, t, 3, which, "(rows, Hkv, D)"));
+  if (t->shape[1] != hkv || t->shape[2] != D)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s is (%lld, %lld, %lld); expected (rows, Hkv = %lld, D = %lld)", op, which,
+                    (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], (long long)hkv,
+                    (long long)D);
+  return TPR_OK;
+}
+
+static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2];
+  TPR_CHECK(need_dtype("attention", q, TPR_F32, "q"));
+  TPR_CHECK(need_dtype("attention", k, TPR_F32, "k_cache"));
+  TPR_CHECK(need_dtype("attention", v, TPR_F32, "v_cache"));
+  TPR_CHECK(need_scalar_index("attention", in[3], "start"));
+  TPR_CHECK(need_ndim("attention", q, 3, "q", "(T, Hq, D)"));
+  TPR_CHECK(need_ndim("attention", k, 3, "k_cache", "(S, Hkv, D)"));
+  int64_t hq = q->shape[1], hkv = k->shape[1], D = q->shape[2];
+  TPR_CHECK(need_heads("attention", k, "k_cache", hkv, D));
+  TPR_CHECK(need_heads("attention", v, "v_cache", hkv, D));
+  if (v->shape[0] != k->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: k_cache has %lld rows, v_cache %lld", (long long)k->shape[0],
+                    (long long)v->shape[0]);
+  if (hkv < 1 || hq % hkv)
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: Hq = %lld query heads is not a multiple of Hkv = %lld", (long long)hq,
+                    (long long)hkv);
+  if (q->shape[0] > k->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: T = %lld queries exceed the cache's S = %lld rows",
+                    (long long)q->shape[0], (long long)k->shape[0]);
+  if (at->n_f < 1 || !isfinite(at->f[0]))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention: needs a finite f[0] scale");
+  set_contiguous(out, TPR_F32, 3, q->shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_cache_write(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *cache = in[0], *nw = in[1];
+  TPR_CHECK(need_scalar_index("cache_write", in[2], "start"));
+  TPR_CHECK(need_ndim("cache_write", cache, 3, "cache", "(S, Hkv, D)"));
+  TPR_CHECK(need_heads("cache_write", nw, "new", cache->shape[1], cache->shape[2]));
+  if (nw->dtype != cache->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "cache_write: new is %s but the cache is %s", tpr_dtype_name(nw->dtype),
+                    tpr_dtype_name(cache->dtype));
+  if (nw->shape[0] > cache->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "cache_write: T = %lld new rows exceed the cache's S = %lld rows",
+                    (long long)nw->shape[0], (long long)cache->shape[0]);
+  set_contiguous(out, TPR_I32, 1, (const int64_t[]){1});
+  return TPR_OK;
+}
+
+static tpr_status infer_router_sigmoid_topk(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *lg = in[0], *bias = in[1];
+  TPR_CHECK(need_dtype("router_sigmoid_topk", lg, TPR_F32, "logits"));
+  TPR_CHECK(need_dtype("router_sigmoid_topk", bias, TPR_F32, "bias"));
+  TPR_CHECK(need_ndim("router_sigmoid_topk", lg, 2, "logits", "(T, E)"));
+  int64_t E = lg->shape[1];
+  if (bias->ndim != 1 || bias->shape[0] != E)
+    return TPR_FAIL(TPR_ERR_SHAPE, "router_sigmoid_topk: bias must be (E) = (%lld), got %d-D with first dim %lld",
+                    (long long)E, bias->ndim, (long long)(bias->ndim ? bias->shape[0] : 0));
+  if (at->n_i < 1 || at->i[0] < 1 || at->i[0] > E)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk: k = %lld must be in [1, E = %lld]",
+                    (long long)(at->n_i < 1 ? 0 : at->i[0]), (long long)E);
+  set_contiguous(out, TPR_F32, 2, lg->shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_moe_experts(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *x = in[0], *g = in[1], *w13 = in[2], *w2 = in[3];
+  const char *op = "moe_experts";
+  TPR_CHECK(need_dtype(op, x, TPR_F32, "x"));
+  TPR_CHECK(need_dtype(op, g, TPR_F32, "gates"));
+  TPR_CHECK(need_dtype(op, w13, TPR_F32, "w13"));
+  TPR_CHECK(need_dtype(op, w2, TPR_F32, "w2"));
+  TPR_CHECK(need_ndim(op, x, 2, "x", "(T, H)"));
+  TPR_CHECK(need_ndim(op, g, 2, "gates", "(T, E)"));
+  TPR_CHECK(need_ndim(op, w13, 3, "w13", "(E, 2F, H)"));
+  TPR_CHECK(need_ndim(op, w2, 3, "w2", "(E, H, F)"));
+  int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F2 = w13->shape[1];
+  if (g->shape[0] != T)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: gates have %lld rows, x has T = %lld", op, (long long)g->shape[0],
+                    (long long)T);
+  if (w13->shape[0] != E || F2 % 2 || w13->shape[2] != H)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: w13 is (%lld, %lld, %lld); expected (E = %lld, 2F even, H = %lld)", op,
+                    (long long)w13->shape[0], (long long)F2, (long long)w13->shape[2], (long long)E, (long long)H);
+  if (w2->shape[0] != E || w2->shape[1] != H || w2->shape[2] != F2 / 2)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: w2 is (%lld, %lld, %lld); expected (E = %lld, H = %lld, F = %lld)", op,
+                    (long long)w2->shape[0], (long long)w2->shape[1], (long long)w2->shape[2], (long long)E,
+                    (long long)H, (long long)(F2 / 2));
+  set_contiguous(out, TPR_F32, 2, x->shape);
+  return TPR_OK;
+}
+
 static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MATMUL] = {"matmul", 2, false, infer_matmul},
     [TPR_OP_ADD] = {"add", 2, false, infer_add},
@@ -179,6 +413,18 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_RESHAPE] = {"reshape", 1, true, infer_reshape},
     [TPR_OP_PERMUTE] = {"permute", 1, true, infer_permute},
     [TPR_OP_SLICE] = {"slice", 1, true, infer_slice},
+    [TPR_OP_ALL_REDUCE] = {"all_reduce", 1, false, infer_all_reduce},
+    [TPR_OP_ALL_GATHER] = {"all_gather", 1, false, infer_all_gather},
+    [TPR_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, false, infer_reduce_scatter},
+    [TPR_OP_ALL_TO_ALL] = {"all_to_all", 1, false, infer_all_to_all},
+    [TPR_OP_SUM_SQUARES] = {"sum_squares", 1, false, infer_sum_squares},
+    [TPR_OP_RMS_SCALE] = {"rms_scale", 3, false, infer_rms_scale},
+    [TPR_OP_EMBEDDING_SHARD] = {"embedding_shard", 3, false, infer_embedding_shard},
+    [TPR_OP_ROPE] = {"rope", 2, false, infer_rope},
+    [TPR_OP_ATTENTION] = {"attention", 4, false, infer_attention},
+    [TPR_OP_CACHE_WRITE] = {"cache_write", 3, false, infer_cache_write},
+    [TPR_OP_ROUTER_SIGMOID_TOPK] = {"router_sigmoid_topk", 2, false, infer_router_sigmoid_topk},
+    [TPR_OP_MOE_EXPERTS] = {"moe_experts", 4, false, infer_moe_experts},
 };
 
 static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT; }
@@ -186,6 +432,7 @@ static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT; 
 const char *tpr_op_name(tpr_op_kind op) { return op_valid(op) ? ops[op].name : "?"; }
 int tpr_op_num_inputs(tpr_op_kind op) { return op_valid(op) ? ops[op].n_inputs : -1; }
 bool tpr_op_is_view(tpr_op_kind op) { return op_valid(op) && ops[op].is_view; }
+bool tpr_op_is_collective(tpr_op_kind op) { return op >= TPR_OP_ALL_REDUCE && op <= TPR_OP_ALL_TO_ALL; }
 
 tpr_status tpr__op_infer(tpr_op_kind op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
                          tpr_tensor *out) {
@@ -210,6 +457,9 @@ tpr_status tpr_op_run(tpr_backend *backend, tpr_op_kind op, const tpr_tensor *co
   TPR_CHECK(tpr__op_infer(op, in, n_in, attrs, &want));
   if (ops[op].is_view)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s is a view: use tpr_tensor_%s", ops[op].name, ops[op].name);
+  if (tpr_op_is_collective(op))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s is a collective: call tpr_comm_%s, or run it in a program exec given "
+                    "communicators (tpr_exec_set_collectives)", ops[op].name, ops[op].name);
   if (want.dtype != out->dtype || !tpr_tensor_same_shape(&want, out)) {
     char w[128], g[128];
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: output must be %s, got %s", ops[op].name,
@@ -269,4 +519,50 @@ tpr_status tpr_cast(tpr_backend *be, const tpr_tensor *x, tpr_tensor *out) {
   if (!out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "cast: NULL output");
   tpr_op_attrs at = {.n_i = 1, .i = {out->dtype}};
   return tpr_op_run(be, TPR_OP_CAST, (const tpr_tensor *const[]){x}, 1, &at, out);
+}
+
+#define RUN3(op, a, b, c, at) tpr_op_run(be, op, (const tpr_tensor *const[]){a, b, c}, 3, at, out)
+#define RUN4(op, a, b, c, d, at) tpr_op_run(be, op, (const tpr_tensor *const[]){a, b, c, d}, 4, at, out)
+
+tpr_status tpr_sum_squares(tpr_backend *be, const tpr_tensor *x, tpr_tensor *out) {
+  return tpr_op_run(be, TPR_OP_SUM_SQUARES, (const tpr_tensor *const[]){x}, 1, NULL, out);
+}
+
+tpr_status tpr_rms_scale(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *sumsq, const tpr_tensor *weight,
+                         float divisor, float eps, tpr_tensor *out) {
+  tpr_op_attrs at = {.n_f = 2, .f = {divisor, eps}};
+  return RUN3(TPR_OP_RMS_SCALE, x, sumsq, weight, &at);
+}
+
+tpr_status tpr_embedding_shard(tpr_backend *be, const tpr_tensor *table, const tpr_tensor *ids,
+                               const tpr_tensor *shard, tpr_tensor *out) {
+  return RUN3(TPR_OP_EMBEDDING_SHARD, table, ids, shard, NULL);
+}
+
+tpr_status tpr_rope(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *positions, int64_t rotary_dim,
+                    float theta, tpr_tensor *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {rotary_dim}, .n_f = 1, .f = {theta}};
+  return RUN2(TPR_OP_ROPE, x, positions, &at);
+}
+
+tpr_status tpr_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k_cache, const tpr_tensor *v_cache,
+                         const tpr_tensor *start, float scale, tpr_tensor *out) {
+  tpr_op_attrs at = {.n_f = 1, .f = {scale}};
+  return RUN4(TPR_OP_ATTENTION, q, k_cache, v_cache, start, &at);
+}
+
+tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor *new_rows, const tpr_tensor *start,
+                           tpr_tensor *out) {
+  return RUN3(TPR_OP_CACHE_WRITE, cache, new_rows, start, NULL);
+}
+
+tpr_status tpr_router_sigmoid_topk(tpr_backend *be, const tpr_tensor *logits, const tpr_tensor *bias, int k,
+                                   tpr_tensor *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {k}};
+  return RUN2(TPR_OP_ROUTER_SIGMOID_TOPK, logits, bias, &at);
+}
+
+tpr_status tpr_moe_experts(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *gates, const tpr_tensor *w13,
+                           const tpr_tensor *w2, tpr_tensor *out) {
+  return RUN4(TPR_OP_MOE_EXPERTS, x, gates, w13, w2, NULL);
 }

@@ -3,7 +3,8 @@
 // Every op has a shape rule (tpr__op_infer, in op_table.c) used both to check
 // eager calls and to infer program values, so a shape is decided in one place.
 // Kernels live one file per op family (matmul.c, elementwise.c, norm.c,
-// softmax.c, gather.c, copy.c), CUDA twins beside them as *.cu.
+// softmax.c, gather.c, copy.c, rope.c, attention.c, router.c, moe.c), CUDA
+// twins beside them as *.cu.
 #ifndef TPR_OPS_H
 #define TPR_OPS_H
 
@@ -25,8 +26,39 @@ typedef enum tpr_op_kind {
   TPR_OP_RESHAPE = 9,       // view; in (x); i[0..n) new shape
   TPR_OP_PERMUTE = 10,      // view; in (x); i[0..n) permutation
   TPR_OP_SLICE = 11,        // view; in (x); i[0] dim, i[1] start, i[2] len
+  // Collectives over one mesh axis (i[0] a tpr_mesh_axis, i[1] the group's
+  // size n, part of the static shape and the same on every rank). The exec
+  // runs them through the communicators it was given (tpr_exec_set_collectives).
+  TPR_OP_ALL_REDUCE = 12,      // in (x (...)) contiguous; i[2] tpr_red_op; out (...)
+  TPR_OP_ALL_GATHER = 13,      // in (x (m, ...)); out (n*m, ...): rank r's x is block r
+  TPR_OP_REDUCE_SCATTER = 14,  // in (x (n*m, ...)); i[2] red op; out (m, ...): reduced block r
+  TPR_OP_ALL_TO_ALL = 15,      // in (x (n*m, ...)); out (n*m, ...): block j goes to rank j as block r
+  // Model ops (MiniMax-M2 tensor-parallel forward); shapes and exact numerics
+  // at the typed wrappers below. All f32 unless said.
+  TPR_OP_SUM_SQUARES = 16,      // in (x (..., N)); out (..., 1) = sum x^2, double accumulation
+  TPR_OP_RMS_SCALE = 17,        // in (x (..., N), sumsq (..., 1), weight (N)); f[0] divisor, f[1] eps
+  TPR_OP_EMBEDDING_SHARD = 18,  // in (table (Vl, H), ids (...) i32/i64, shard (1) i32/i64); out (..., H)
+  TPR_OP_ROPE = 19,             // in (x (T, heads, D), pos (T) i32/i64); i[0] rotary_dim; f[0] theta
+  TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale
+  TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
+  TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights
+  TPR_OP_MOE_EXPERTS = 23,      // in (x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F)); out (T, H)
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
+
+// The mesh axes a collective op runs over (shard/mesh.h defines the mesh).
+// Values are serialized: append only.
+typedef enum tpr_mesh_axis {
+  TPR_AXIS_WORLD = 0,
+  TPR_AXIS_TP = 1,
+  TPR_AXIS_DP = 2,
+  TPR_AXIS_EP = 3,
+  TPR_AXIS_ETP = 4,
+  TPR_AXIS_EDP = 5,
+  TPR_AXIS_COUNT
+} tpr_mesh_axis;
+
+const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 
 #define TPR_OP_MAX_INPUTS 4
 #define TPR_OP_MAX_IATTRS 8
@@ -44,6 +76,7 @@ typedef struct tpr_op_attrs {
 const char *tpr_op_name(tpr_op_kind op);  // "matmul", ... ; "?" if invalid
 int tpr_op_num_inputs(tpr_op_kind op);
 bool tpr_op_is_view(tpr_op_kind op);      // reshape/permute/slice: no kernel, no copy
+bool tpr_op_is_collective(tpr_op_kind op);  // all_reduce, ...: run by the exec through a communicator
 
 // Runs one op eagerly on `backend`. `out` must already exist with the shape
 // and dtype the op's shape rule gives (a clear TPR_ERR_SHAPE otherwise) and be
@@ -76,6 +109,80 @@ tpr_status tpr_index_select(tpr_backend *be, const tpr_tensor *x, int dim, const
 // Copies x (any strides) into contiguous out of the same shape, converting
 // dtype to out's dtype.
 tpr_status tpr_cast(tpr_backend *be, const tpr_tensor *x, tpr_tensor *out);
+
+// ---- Model ops (MiniMax-M2 under tensor parallelism). The CPU kernels run
+// plain loops on one thread; only their GEMMs (OpenBLAS) use the backend's
+// threads.
+//
+// x (..., N) f32; out (..., 1) f32 = sum over the last dim of x^2, accumulated
+// in double in a fixed order (4 interleaved lanes, combined (0+2)+(1+3)) and
+// rounded once to f32. The local half of a distributed RMS norm: all-reduce
+// out over tp, then tpr_rms_scale.
+tpr_status tpr_sum_squares(tpr_backend *be, const tpr_tensor *x, tpr_tensor *out);
+// x (..., N), sumsq (..., 1) (x's leading dims), weight (N), all f32;
+// out (..., N) = (x * r) * weight with, in f32, r = 1 / sqrtf(sumsq / divisor
+// + eps) -- torch's f32 RMSNorm (variance, rsqrt, x * rsqrt, then weight).
+// divisor > 0 is the global element count (DESIGN.md section 5), eps >= 0.
+tpr_status tpr_rms_scale(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *sumsq,
+                         const tpr_tensor *weight, float divisor, float eps, tpr_tensor *out);
+// Vocab-parallel embedding. table (Vl, H) any dtype, ids (...) i32/i64,
+// shard (1) i32/i64 read at run time (e.g. a slice of the rank tensor);
+// out (..., H) table's dtype: row id - shard*Vl when that is in [0, Vl),
+// else zeros (so summing over the shards gives the full embedding). Ids past
+// the vocabulary are not checked (they give zeros on every shard); a negative
+// id or a negative shard is TPR_ERR_INVALID_ARG naming its position, and
+// nothing is written.
+tpr_status tpr_embedding_shard(tpr_backend *be, const tpr_tensor *table, const tpr_tensor *ids,
+                               const tpr_tensor *shard, tpr_tensor *out);
+// NeoX (rotate-half) RoPE on the first rotary_dim dims of each head.
+// x (T, heads, D) f32, positions (T) i32/i64; rotary_dim even, 0 < rotary_dim
+// <= D; out (T, heads, D). With half = rotary_dim/2 and d < half, in f32 as
+// transformers computes it: inv_freq[d] = 1 / powf(theta, (float)(2d) /
+// rotary_dim); a = (float)pos * inv_freq[d]; c = cosf(a), s = sinf(a);
+//   out[d] = x[d]*c - x[d+half]*s,  out[d+half] = x[d+half]*c + x[d]*s;
+// dims [rotary_dim, D) are copied unchanged.
+tpr_status tpr_rope(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *positions, int64_t rotary_dim,
+                    float theta, tpr_tensor *out);
+// Causal GQA attention over a KV cache. q (T, Hq, D), k_cache/v_cache
+// (S, Hkv, D) f32, start (1) i32/i64 read at run time: the absolute position
+// of q's first token. Query t attends cache rows [0, start + t]; query head h
+// reads KV head h / (Hq / Hkv) (Hq a multiple of Hkv). Scores (q . k) * scale
+// via sgemm, softmax in f32 after subtracting the row max; out (T, Hq, D).
+// start < 0 or start + T > S is TPR_ERR_INVALID_ARG. In a program, append the
+// CACHE_WRITE that fills rows [start, start+T) BEFORE this op: nodes run in
+// program order, and nothing else orders the two.
+tpr_status tpr_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k_cache,
+                         const tpr_tensor *v_cache, const tpr_tensor *start, float scale, tpr_tensor *out);
+// Writes new_rows (T, Hkv, D) into cache (S, Hkv, D) rows [start, start+T)
+// IN PLACE -- the one op that writes an input; same dtype for both, any
+// dtype. start (1) i32/i64. out (1) i32 = start + T, a token nothing needs to
+// read (ordering is by program order, see tpr_attention). In a program the
+// cache should be a param (or a view of one): params live outside the arena,
+// keep their bytes across runs, and the exec hands the bound tensor's memory
+// to the kernel. start < 0 or start + T > S is TPR_ERR_INVALID_ARG and
+// writes nothing. A program must never drop this node as dead code.
+// (tpr_op_run passes inputs as const tensor handles; the handle is const,
+// the storage is not: the kernel writes through tpr_tensor_data.)
+tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor *new_rows,
+                           const tpr_tensor *start, tpr_tensor *out);
+// MiniMax-M2 router. logits (T, E), bias (E) f32; 1 <= k <= E; out (T, E) f32
+// dense combine weights: s = 1 / (1 + expf(-logit)); per row the k experts
+// with the largest s + bias are chosen (ties: the lower expert index wins; a
+// NaN score ranks below every number); chosen entries get s / (sum of the
+// chosen s, added in f32 in ascending expert order) -- the bias only selects;
+// every other entry is exactly 0.
+tpr_status tpr_router_sigmoid_topk(tpr_backend *be, const tpr_tensor *logits, const tpr_tensor *bias, int k,
+                                   tpr_tensor *out);
+// SwiGLU experts with dense combine weights. x (T, H), gates (T, E),
+// w13 (E, 2F, H) = [w1; w3] along dim 1, w2 (E, H, F), all f32; out (T, H) =
+// sum over e with gates[t,e] != 0 of gates[t,e] * (w2[e] @ (silu(w1[e] x_t) *
+// (w3[e] x_t))), silu(g) = g / (1 + expf(-g)). A grouped GEMM: experts in
+// ascending order each gather their tokens (ascending), run sgemm for w13 and
+// w2, and add gate * y into out -- a fixed order, so results are
+// deterministic. Under tensor parallelism (w13/w2 holding an F/tp slice) out
+// is a partial sum to all-reduce.
+tpr_status tpr_moe_experts(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *gates, const tpr_tensor *w13,
+                           const tpr_tensor *w2, tpr_tensor *out);
 
 // Shape rule: fills out's dtype, ndim, shape and strides from the inputs'
 // descriptors (storage is ignored). For views the strides and offset are the

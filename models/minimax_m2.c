@@ -1,0 +1,195 @@
+#include "minimax_m2.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/mesh.h"
+
+// What every layer builder needs: the program, the plan, and the run's inputs.
+typedef struct m2_ctx {
+  tpr_program *p;
+  const tpr_shard_plan *plan;
+  const tpr_m2_build_opts *o;
+  tpr_value_id rank_tp;    // (1) i32: this rank's tp coordinate, from the rank tensor
+  tpr_value_id positions;  // (T) i32
+  tpr_value_id start;      // (1) i32
+  int64_t T;
+} m2_ctx;
+
+void tpr_m2_param_name(const char *pattern, int64_t layer, char *buf, size_t cap) {
+  const char *at = strstr(pattern, "{L}");
+  if (!at) {
+    snprintf(buf, cap, "%s", pattern);
+    return;
+  }
+  snprintf(buf, cap, "%.*s%lld%s", (int)(at - pattern), pattern, (long long)layer, at + 3);
+}
+
+void tpr_m2_expert_name(int64_t layer, const char *which, char *buf, size_t cap) {
+  snprintf(buf, cap, "model.layers.%lld.experts.%s", (long long)layer, which);
+}
+
+void tpr_m2_cache_name(int64_t layer, const char *which, char *buf, size_t cap) {
+  snprintf(buf, cap, "model.layers.%lld.%s_cache", (long long)layer, which);
+}
+
+// Declares the param of plan tensor `pattern` for `layer` with the plan's
+// per-rank shape.
+static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value_id *out) {
+  for (int i = 0; i < c->plan->n_tensors; i++) {
+    const tpr_shard_tensor *t = &c->plan->tensors[i];
+    if (strcmp(t->name, pattern) != 0) continue;
+    char name[160];
+    tpr_m2_param_name(pattern, layer, name, sizeof name);
+    return tpr_program_param(c->p, name, TPR_F32, t->ndim, t->rank_shape, out);
+  }
+  return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: the plan has no tensor %s", pattern);
+}
+
+static tpr_status all_reduce(m2_ctx *c, tpr_mesh_axis axis, int n, tpr_value_id x, tpr_value_id *out) {
+  return tpr_pb_all_reduce(c->p, x, axis, n, 0 /* sum */, out);
+}
+
+// q or k (T, heads_r*D) -> full-projection RMS norm with the rank's weight
+// slice. The weight param holds all tp slices: (tp * heads_r * D).
+static tpr_status qk_norm(m2_ctx *c, tpr_value_id x, tpr_value_id weight, int64_t width, int64_t divisor,
+                          tpr_value_id *out) {
+  int tp = c->plan->tp;
+  float eps = (float)c->plan->config.rms_norm_eps;
+  tpr_value_id ss, blocks, mine, w;
+  TPR_CHECK(tpr_pb_sum_squares(c->p, x, &ss));  // (T, 1)
+  if (c->o->per_rank_qk_norm)
+    divisor = width;  // negative control: the local slice alone
+  else
+    TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, ss, &ss));
+  TPR_CHECK(tpr_pb_reshape(c->p, weight, 2, (const int64_t[]){tp, width}, &blocks));  // (tp, width)
+  TPR_CHECK(tpr_pb_index_select(c->p, blocks, 0, c->rank_tp, &mine));                 // (1, width)
+  TPR_CHECK(tpr_pb_reshape(c->p, mine, 1, (const int64_t[]){width}, &w));
+  return tpr_pb_rms_scale(c->p, x, ss, w, (float)divisor, eps, out);
+}
+
+// x (T, H) -> x + attention(x), one layer.
+static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
+  const tpr_model_config *cfg = &c->plan->config;
+  const tpr_attn_plan *a = &c->plan->attn;
+  int64_t T = c->T, D = cfg->head_dim, qr = a->q_per_rank, kr = a->kv_per_rank, S = c->o->max_seq;
+  tpr_value_id ln, wq, wk, wv, wo, qn, kn, kc, vc, h, q, k, v, q3, k3, v3, qr3, kr3, done, att, att2, o;
+  TPR_CHECK(param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.q_proj.weight", L, &wq));  // (qr*D, H)
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.v_proj.weight", L, &wv));
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.o_proj.weight", L, &wo));  // (H, qr*D)
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.q_norm.weight", L, &qn));  // (nq'*D)
+  TPR_CHECK(param(c, "model.layers.{L}.self_attn.k_norm.weight", L, &kn));  // (nkv'*D)
+  char name[160];
+  tpr_m2_cache_name(L, "k", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &kc));
+  tpr_m2_cache_name(L, "v", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &vc));
+
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
+  TPR_CHECK(tpr_pb_matmul(c->p, h, wq, false, true, &q));                   // (T, qr*D)
+  TPR_CHECK(tpr_pb_matmul(c->p, h, wk, false, true, &k));                   // (T, kr*D)
+  TPR_CHECK(tpr_pb_matmul(c->p, h, wv, false, true, &v));
+  TPR_CHECK(qk_norm(c, q, qn, qr * D, a->q_norm_divisor, &q));
+  TPR_CHECK(qk_norm(c, k, kn, kr * D, a->k_norm_divisor, &k));
+  TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, qr, D}, &q3));
+  TPR_CHECK(tpr_pb_reshape(c->p, k, 3, (const int64_t[]){T, kr, D}, &k3));
+  TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v3));
+  float theta = (float)cfg->rope_theta;
+  TPR_CHECK(tpr_pb_rope(c->p, q3, c->positions, cfg->rotary_dim, theta, &qr3));
+  TPR_CHECK(tpr_pb_rope(c->p, k3, c->positions, cfg->rotary_dim, theta, &kr3));
+  // The writes come first: attention reads rows [0, start+T) of the caches.
+  TPR_CHECK(tpr_pb_cache_write(c->p, kc, kr3, c->start, &done));
+  TPR_CHECK(tpr_pb_cache_write(c->p, vc, v3, c->start, &done));
+  TPR_CHECK(tpr_pb_attention(c->p, qr3, kc, vc, c->start, (float)(1.0 / sqrt((double)D)), &att));  // (T, qr, D)
+  TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att2));
+  TPR_CHECK(tpr_pb_matmul(c->p, att2, wo, false, true, &o));  // (T, H) partial over tp
+  TPR_CHECK(all_reduce(c, TPR_AXIS_TP, c->plan->tp, o, &o));
+  return tpr_pb_add(c->p, x, o, out);
+}
+
+// x (T, H) -> x + moe(x), one layer. Experts' intermediate dim is split over
+// etp; with ep = 1 every rank holds every expert's slice.
+static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
+  const tpr_model_config *cfg = &c->plan->config;
+  int64_t H = cfg->hidden_size, Er = c->plan->experts_per_rank, Fr = c->plan->expert_inter_per_rank;
+  if (c->plan->ep != 1)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: expert parallelism (ep=%d) is not built yet; use ep=1",
+                    c->plan->ep);
+  tpr_value_id ln, gate, bias, w13, w2, h, logits, gates, y;
+  TPR_CHECK(param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
+  TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &gate));  // (E, H)
+  TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.e_score_correction_bias", L, &bias));  // (E)
+  char name[160];
+  tpr_m2_expert_name(L, "w13", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, &w13));
+  tpr_m2_expert_name(L, "w2", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, &w2));
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
+  TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
+  TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
+  TPR_CHECK(tpr_pb_moe_experts(c->p, h, gates, w13, w2, &y));  // (T, H) partial over etp
+  TPR_CHECK(all_reduce(c, TPR_AXIS_ETP, c->plan->etp, y, &y));
+  return tpr_pb_add(c->p, x, y, out);
+}
+
+static tpr_status check_supported(const tpr_shard_plan *plan, const tpr_m2_build_opts *o) {
+  const tpr_model_config *cfg = &plan->config;
+  if (cfg->family != TPR_FAMILY_MINIMAX_M2)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: the checkpoint is %s", tpr_model_family_name(cfg->family));
+  if (cfg->qk_norm != TPR_QK_NORM_FULL || cfg->router != TPR_ROUTER_SIGMOID || !cfg->routing_bias)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: needs full-projection QK-norm and a biased sigmoid router");
+  if (cfg->num_moe_layers != cfg->num_layers)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: dense-MLP layers are not built");
+  if (o->tokens < 1 || o->max_seq < o->tokens)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: %lld tokens per run with a cache of %lld rows",
+                    (long long)o->tokens, (long long)o->max_seq);
+  if (plan->dp != 1)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: data parallelism (dp=%d) is not built; use tp = world size",
+                    plan->dp);
+  return TPR_OK;
+}
+
+static tpr_status build(m2_ctx *c) {
+  const tpr_model_config *cfg = &c->plan->config;
+  int tp = c->plan->tp;
+  int64_t T = c->T;
+  tpr_value_id rank, tokens, embed, x, fn, head, logits;
+  TPR_CHECK(tpr_program_rank_param(c->p, &rank));
+  TPR_CHECK(tpr_pb_rank_index(c->p, rank, TPR_RANK_TP, &c->rank_tp));
+  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &tokens));
+  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
+  TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &c->start));
+  TPR_CHECK(param(c, "model.embed_tokens.weight", 0, &embed));  // (V'/tp, H)
+  TPR_CHECK(tpr_pb_embedding_shard(c->p, embed, tokens, c->rank_tp, &x));  // (T, H) partial over tp
+  TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, x, &x));
+  for (int64_t L = 0; L < cfg->num_layers; L++) {
+    TPR_CHECK(attention(c, L, x, &x));
+    TPR_CHECK(moe(c, L, x, &x));
+  }
+  TPR_CHECK(param(c, "model.norm.weight", 0, &fn));
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
+  if (cfg->tie_word_embeddings)
+    head = embed;
+  else
+    TPR_CHECK(param(c, "lm_head.weight", 0, &head));
+  TPR_CHECK(tpr_pb_matmul(c->p, head, x, false, true, &logits));  // (V'/tp, T)
+  TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, tp, &logits));  // (V', T)
+  return tpr_program_output(c->p, logits, "logits_t");
+}
+
+tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, tpr_program **out) {
+  *out = NULL;
+  TPR_CHECK(check_supported(plan, o));
+  m2_ctx c = {.plan = plan, .o = o, .T = o->tokens};
+  TPR_CHECK(tpr_program_new(&c.p));
+  tpr_status rc = build(&c);
+  if (rc != TPR_OK) {
+    tpr_program_free(c.p);
+    return rc;
+  }
+  *out = c.p;
+  return TPR_OK;
+}

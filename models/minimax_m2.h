@@ -1,0 +1,50 @@
+// MiniMax-M2, tensor-parallel: one rank-agnostic SPMD program per token
+// count T (DESIGN.md sections 1, 5, 6; reference: transformers'
+// modeling_minimax_m2.py).
+//
+//   x = vocab-parallel embedding (all-reduce over tp)
+//   per layer:
+//     h = rms_norm(x, input_layernorm)
+//     q, k, v = h Wq_r^T, h Wk_r^T, h Wv_r^T          column-parallel heads
+//     q = q * rsqrt(allreduce_tp(sum q^2) / (nq*D) + eps) * q_norm[rank block]
+//     k likewise with the planner's K divisor           full-projection QK-norm
+//     q, k = partial NeoX RoPE on the first rotary_dim dims of each head
+//     cache[start:start+T] = k, v; a = causal GQA attention (scale D^-0.5)
+//     x += allreduce_tp(a Wo_r^T)                       row-parallel o_proj
+//     h = rms_norm(x, post_attention_layernorm)
+//     g = topk_k(sigmoid(h Wg^T) + bias) weights, renormalised, without bias
+//     x += allreduce_etp(sum_e g_e w2_e(silu(w1_e h) * w3_e h))  experts' F split
+//   logits^T = allgather_tp(lm_head_r x_final^T)         vocab-parallel
+//
+// The rank enters only through the rank tensor: the embedding shard and the
+// QK-norm weight slices are selected at run time. Params are the loader's
+// items by checkpoint name (with {L} filled in) plus, per layer, the local
+// experts stacked as "<layer>.experts.w13" (E_r, 2F_r, H) = [w1; w3] and
+// "<layer>.experts.w2" (E_r, H, F_r), and the KV caches "<layer>.k_cache",
+// "<layer>.v_cache" (S, kv_per_rank, D).
+#ifndef TPR_MINIMAX_M2_H
+#define TPR_MINIMAX_M2_H
+
+#include "shard/shard_plan.h"
+#include "runtime/tpr_runtime.h"
+
+typedef struct tpr_m2_build_opts {
+  int64_t tokens;   // T: tokens per run (static)
+  int64_t max_seq;  // S: KV cache rows
+  // Negative control only: normalise q/k over the rank's slice (no
+  // all-reduce, per-rank divisor), the bug some later ports have.
+  bool per_rank_qk_norm;
+} tpr_m2_build_opts;
+
+// Inputs of every program: "tokens" (T) i32, "positions" (T) i32 =
+// start..start+T-1, "start" (1) i32. Output "logits_t" (vocab_padded, T) f32,
+// identical on every rank (rows >= vocab are padding).
+tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, tpr_program **out);
+
+// Param names of the stacked experts and caches of layer L.
+void tpr_m2_expert_name(int64_t layer, const char *which, char *buf, size_t cap);  // which: "w13", "w2"
+void tpr_m2_cache_name(int64_t layer, const char *which, char *buf, size_t cap);   // which: "k", "v"
+// A plan tensor name with {L} replaced.
+void tpr_m2_param_name(const char *pattern, int64_t layer, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,53 @@
+// A MiniMax-M2 model loaded on this rank and ready to run: its weight
+// slices, KV caches, the mesh communicators, and one program + exec per
+// token count T (built on first use: a prompt length, or 1 for decode).
+// Every rank of the world must make the same calls in the same order (each
+// forward runs collectives).
+#ifndef TPR_MINIMAX_M2_SESSION_H
+#define TPR_MINIMAX_M2_SESSION_H
+
+#include <stdbool.h>
+
+#include "collectives/tpr_comm.h"
+#include "shard/model_config.h"
+
+typedef struct tpr_m2_session_opts {
+  const char *model_dir;   // HF checkpoint or converted directory
+  int64_t max_seq;         // KV cache rows: the longest prompt + generation
+  // Rank 0 builds each program and sends its bytes to the others ("compile
+  // once, run on every rank"); otherwise every rank builds its own and the
+  // hashes are compared.
+  bool broadcast_program;
+  // Negative controls for the parity tests (never in real runs):
+  bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
+  int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
+} tpr_m2_session_opts;
+
+typedef struct tpr_m2_session tpr_m2_session;
+
+typedef struct tpr_m2_stats {
+  double load_s;             // config, plan, weights, caches
+  uint64_t weight_bytes;     // this rank's weights as held (f32)
+  uint64_t bytes_read;       // checkpoint bytes this rank read
+  uint64_t program_hash;     // of the last program built
+} tpr_m2_stats;
+
+// Collective over `world` (a host-buffer communicator of every rank): tp =
+// world size. Errors (bad checkpoint, heads or experts that cannot be laid
+// out on the mesh, ...) are returned on every rank.
+tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, tpr_backend *be,
+                               tpr_m2_session **out);
+void tpr_m2_session_close(tpr_m2_session *s);
+
+const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s);
+const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s);
+int64_t tpr_m2_session_max_seq(const tpr_m2_session *s);
+
+// Runs tokens (T) at positions start..start+T-1; the caches must hold the
+// sequence's positions < start (start 0 begins a new sequence). logits
+// (T, vocab) f32 receives every position's logits, the same on every rank.
+// Token ids outside [0, vocab) or start + T > max_seq: TPR_ERR_INVALID_ARG.
+tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
+                                  float *logits);
+
+#endif

@@ -1,0 +1,76 @@
+// RoPE CPU kernel: NeoX rotate-half pairing (d, d + rotary_dim/2) on the
+// first rotary_dim dims of every head; the rest of the head is copied.
+//
+// The angles follow transformers' float32 path step by step so the rotation
+// matches the reference model to the last bit where libm allows:
+//   inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))   (f32)
+//   freqs = inv_freq * position.float()                            (f32 product)
+//   cos = freqs.cos(), sin = freqs.sin()                           (f32)
+//   out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+// cos/sin are computed once per token and reused by every head. Single-
+// threaded for now (the whole op is O(T * heads * D)).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+static int64_t load_index(const tpr_tensor *t, int64_t i) {  // element i of a 1-D i32/i64 tensor
+  const char *p = (const char *)tpr_tensor_data(t) + i * t->stride[0] * (int64_t)tpr_dtype_size(t->dtype);
+  if (t->dtype == TPR_I32) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+  }
+  int64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+// x (T, heads, D), positions (T) i32/i64; out (T, heads, D) contiguous.
+// attrs: i[0] rotary_dim, f[0] theta.
+TPR_CPU_KERNEL(rope) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope (cpu): expected 2 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *pos = in[1];
+  if (x->dtype != TPR_F32 || out->dtype != TPR_F32 || (pos->dtype != TPR_I32 && pos->dtype != TPR_I64))
+    return TPR_FAIL(TPR_ERR_DTYPE, "rope (cpu): x %s, positions %s, out %s; need f32, i32/i64, f32",
+                    tpr_dtype_name(x->dtype), tpr_dtype_name(pos->dtype), tpr_dtype_name(out->dtype));
+  if (!attrs || attrs->n_i < 1 || attrs->n_f < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope (cpu): missing rotary_dim i[0] or theta f[0]");
+  if (x->ndim != 3 || pos->ndim != 1 || pos->shape[0] != x->shape[0] || !tpr_tensor_same_shape(x, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "rope (cpu): x, positions and out shapes do not fit");
+  const int64_t T = x->shape[0], NH = x->shape[1], D = x->shape[2], rd = attrs->i[0];
+  if (rd <= 0 || rd % 2 || rd > D)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rope (cpu): rotary_dim %lld must be even and in (0, %lld]", (long long)rd,
+                    (long long)D);
+  if (tpr_tensor_numel(x) == 0) return TPR_OK;
+  const int64_t half = rd / 2;
+  const float theta = attrs->f[0];
+  float *inv = malloc(3 * (size_t)half * sizeof *inv);  // inv_freq, then cos and sin of one token
+  if (!inv) return TPR_FAIL(TPR_ERR_OOM, "rope (cpu): %lld floats of scratch", (long long)(3 * half));
+  float *cs = inv + half, *sn = cs + half;
+  for (int64_t d = 0; d < half; d++) inv[d] = 1.0f / powf(theta, (float)(2 * d) / (float)rd);
+
+  const float *xd = tpr_tensor_data(x);
+  float *o = tpr_tensor_data(out);
+  const int64_t s0 = x->stride[0], s1 = x->stride[1], s2 = x->stride[2];
+  for (int64_t t = 0; t < T; t++) {
+    const float p = (float)load_index(pos, t);
+    for (int64_t d = 0; d < half; d++) {
+      const float a = p * inv[d];
+      cs[d] = cosf(a);
+      sn[d] = sinf(a);
+    }
+    for (int64_t h = 0; h < NH; h++, o += D) {
+      const float *xr = xd + t * s0 + h * s1;
+      for (int64_t d = 0; d < half; d++) {
+        const float x1 = xr[d * s2], x2 = xr[(d + half) * s2];
+        o[d] = x1 * cs[d] - x2 * sn[d];
+        o[d + half] = x2 * cs[d] + x1 * sn[d];
+      }
+      for (int64_t d = rd; d < D; d++) o[d] = xr[d * s2];
+    }
+  }
+  free(inv);
+  return TPR_OK;
+}

@@ -1,0 +1,79 @@
+#include "mesh_comms.h"
+
+#include <string.h>
+
+// color and key of this rank's group along each axis.
+static void axis_color_key(const tpr_mesh *m, tpr_mesh_axis a, int *color, int *key) {
+  switch (a) {
+    case TPR_AXIS_TP: *color = m->dp_rank, *key = m->tp_rank; break;
+    case TPR_AXIS_DP: *color = m->tp_rank, *key = m->dp_rank; break;
+    case TPR_AXIS_ETP: *color = m->edp_rank * m->ep + m->ep_rank, *key = m->etp_rank; break;
+    case TPR_AXIS_EP: *color = m->edp_rank * m->etp + m->etp_rank, *key = m->ep_rank; break;
+    case TPR_AXIS_EDP: *color = m->ep_rank * m->etp + m->etp_rank, *key = m->edp_rank; break;
+    default: *color = 0, *key = m->world_rank; break;
+  }
+}
+
+static void axis_rank_size(const tpr_mesh *m, tpr_mesh_axis a, int *rank, int *size) {
+  switch (a) {
+    case TPR_AXIS_TP: *rank = m->tp_rank, *size = m->tp; break;
+    case TPR_AXIS_DP: *rank = m->dp_rank, *size = m->dp; break;
+    case TPR_AXIS_EP: *rank = m->ep_rank, *size = m->ep; break;
+    case TPR_AXIS_ETP: *rank = m->etp_rank, *size = m->etp; break;
+    case TPR_AXIS_EDP: *rank = m->edp_rank, *size = m->edp; break;
+    default: *rank = m->world_rank, *size = m->world_size; break;
+  }
+}
+
+tpr_status tpr_mesh_comms_init(tpr_comm_t world, const tpr_mesh *mesh, tpr_mesh_comms *out) {
+  memset(out, 0, sizeof *out);
+  if (mesh->world_size != tpr_comm_size(world) || mesh->world_rank != tpr_comm_rank(world))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "mesh: built for rank %d of %d ranks, but the world is rank %d of %d",
+                    mesh->world_rank, mesh->world_size, tpr_comm_rank(world), tpr_comm_size(world));
+  out->mesh = *mesh;
+  tpr_status rc = TPR_OK;
+  for (int a = 0; a < TPR_AXIS_COUNT && rc == TPR_OK; a++) {
+    int color, key, want_rank, want_size;
+    axis_color_key(mesh, (tpr_mesh_axis)a, &color, &key);
+    axis_rank_size(mesh, (tpr_mesh_axis)a, &want_rank, &want_size);
+    rc = tpr_comm_split(world, color, key, tpr_mesh_axis_name((tpr_mesh_axis)a), &out->axis[a]);
+    if (rc == TPR_OK && (tpr_comm_rank(out->axis[a]) != want_rank || tpr_comm_size(out->axis[a]) != want_size))
+      rc = TPR_FAIL(TPR_ERR_INTERNAL, "mesh: the %s group has rank %d of %d, the mesh says %d of %d",
+                    tpr_mesh_axis_name((tpr_mesh_axis)a), tpr_comm_rank(out->axis[a]), tpr_comm_size(out->axis[a]),
+                    want_rank, want_size);
+  }
+  if (rc != TPR_OK) tpr_mesh_comms_free(out);
+  return rc;
+}
+
+void tpr_mesh_comms_free(tpr_mesh_comms *c) {
+  for (int a = 0; a < TPR_AXIS_COUNT; a++) tpr_comm_free(c->axis[a]);
+  memset(c, 0, sizeof *c);
+}
+
+static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *in,
+                                 tpr_tensor *out) {
+  tpr_mesh_comms *mc = ctx;
+  tpr_mesh_axis axis = (tpr_mesh_axis)at->i[0];
+  tpr_comm_t c = mc->axis[axis];
+  if (!c) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: no %s communicator", tpr_op_name(op), tpr_mesh_axis_name(axis));
+  if (tpr_comm_size(c) != at->i[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s over %s: the program was built for a group of %lld ranks, the mesh has %d",
+                    tpr_op_name(op), tpr_mesh_axis_name(axis), (long long)at->i[1], tpr_comm_size(c));
+  const void *src = tpr_tensor_data(in);
+  void *dst = tpr_tensor_data(out);
+  size_t n_in = (size_t)tpr_tensor_numel(in), n_out = (size_t)tpr_tensor_numel(out);
+  size_t group = (size_t)tpr_comm_size(c);
+  switch (op) {
+    case TPR_OP_ALL_REDUCE: return tpr_comm_all_reduce(c, src, dst, n_in, in->dtype, (tpr_red_op)at->i[2]);
+    case TPR_OP_ALL_GATHER: return tpr_comm_all_gather(c, src, dst, n_in, in->dtype);
+    case TPR_OP_REDUCE_SCATTER:
+      return tpr_comm_reduce_scatter(c, src, dst, n_out, in->dtype, (tpr_red_op)at->i[2]);
+    case TPR_OP_ALL_TO_ALL: return tpr_comm_all_to_all(c, src, dst, n_in / group, in->dtype);
+    default: return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s is not a collective op", tpr_op_name(op));
+  }
+}
+
+tpr_exec_collectives tpr_mesh_comms_exec_hook(tpr_mesh_comms *c) {
+  return (tpr_exec_collectives){.ctx = c, .run = run_collective};
+}

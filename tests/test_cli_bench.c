@@ -1,0 +1,319 @@
+// `tpr bench comm`, run as a subprocess: alone (the self backend) and under
+// mpirun with 2 and 3 ranks (the mpi backend, with the raw-MPI baseline).
+// Every op must exit 0 with no wrong element, and its --json lines must obey
+// nccl-tests' conventions exactly: sizes step as -b/-f (or -i) say, rounded
+// as each collective's GetCollByteCount does; algbw = size / time; busbw /
+// algbw = the op's bus factor for n ranks. Bad flags exit 2 with a message.
+// No timing is asserted (DESIGN.md section 8).
+#include "test_util.h"
+#include "cli_util.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef TPR_MPIEXEC
+#define TPR_MPIEXEC "mpirun"
+#endif
+
+static char tpr_path[4096];
+static char tmp_dir[] = "/tmp/tpr_test_cli_bench_XXXXXX";
+
+#define RUN(...) tt_run_tpr(tpr_path, tmp_dir, (const char *const[]){"bench", __VA_ARGS__, NULL})
+#define MPIRUN(np, ...) run_mpirun(np, (const char *const[]){"bench", __VA_ARGS__, NULL})
+
+// `mpirun -np N --oversubscribe tpr args...`, output captured like tt_run_tpr.
+static run_result run_mpirun(int np, const char *const *args) {
+  char nps[16];
+  snprintf(nps, sizeof nps, "%d", np);
+  const char *argv[48] = {TPR_MPIEXEC, "-np", nps, "--oversubscribe", tpr_path};
+  int n = 5;
+  for (int i = 0; args[i] && n < 47; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  const char *out_path = tt_path(tmp_dir, "stdout"), *err_path = tt_path(tmp_dir, "stderr");
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int in = open("/dev/null", O_RDONLY);
+    int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || out < 0 || err < 0) _exit(126);
+    dup2(in, 0), dup2(out, 1), dup2(err, 2);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("TPR_NUM_THREADS", "1", 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);  // Open MPI's own allocations (see tests/CMakeLists.txt)
+    unsetenv("TPR_LOG_LEVEL");
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st)};
+  r.out = tt_slurp(out_path, NULL);
+  r.err = tt_slurp(err_path, NULL);
+  if (strstr(r.err, "Sanitizer") || strstr(r.err, "runtime error:")) {
+    fprintf(stderr, "mpirun tpr bench: sanitizer report:\n%s\n", r.err);
+    tt_run_done(&r);
+    fail();
+  }
+  return r;
+}
+
+static void expect_exit(const run_result *r, int code) {
+  if (r->code != code) fail_msg("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", r->code, code, r->out, r->err);
+}
+
+static void expect_contains(const char *hay, const char *needle) {
+  if (!strstr(hay, needle)) fail_msg("expected '%s' in:\n%s", needle, hay);
+}
+
+static double num(const cJSON *j, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!cJSON_IsNumber(v)) fail_msg("JSON key '%s' missing or not a number", key);
+  return v->valuedouble;
+}
+
+static const char *str(const cJSON *j, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!cJSON_IsString(v)) fail_msg("JSON key '%s' missing or not a string", key);
+  return v->valuestring;
+}
+
+static void expect_close(double got, double want, double rel, const char *what) {
+  if (!(fabs(got - want) <= rel * fabs(want) + 1e-300))
+    fail_msg("%s: got %.17g, want %.17g", what, got, want);
+}
+
+// nccl-tests: the bus factor (src/*.cu GetBw) and the counts
+// (GetCollByteCount) of each op, recomputed here independently.
+static double factor_of(const char *op, int n) {
+  if (!strcmp(op, "all_reduce")) return 2.0 * (n - 1) / n;
+  if (!strcmp(op, "broadcast") || !strcmp(op, "sendrecv")) return 1.0;
+  return (double)(n - 1) / n;
+}
+
+static void expected_shape(const char *op, uint64_t nominal, size_t es, int n, uint64_t *bytes, uint64_t *count) {
+  uint64_t c = nominal / es;
+  if (!strcmp(op, "all_gather") || !strcmp(op, "reduce_scatter") || !strcmp(op, "all_to_all")) {
+    uint64_t align = 16 / es, base = c / (uint64_t)n / align * align;
+    *count = base, *bytes = base * (uint64_t)n * es;
+  } else {
+    *count = c, *bytes = c * es;
+  }
+}
+
+typedef struct expect {
+  int n;
+  size_t es;
+  uint64_t minb, maxb, factor, step;
+  bool baseline;
+  int root;  // broadcast's
+  int ops;   // header objects (ops) expected
+} expect;
+
+// Checks every JSON line of a run; returns the number of result lines.
+static int check_json(const char *out, const expect *e) {
+  char *text = strdup(out), *save = NULL;
+  const char *op = NULL;
+  uint64_t nominal = 0;
+  int results = 0, headers = 0;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    cJSON *j = cJSON_Parse(line);
+    if (!j || !cJSON_IsObject(j)) fail_msg("not a JSON object: %s", line);
+    const char *kind = str(j, "kind");
+    if (!strcmp(kind, "header")) {
+      if (op && nominal <= e->maxb) fail_msg("%s: stopped at %llu bytes, before -e", op, (unsigned long long)nominal);
+      static char op_buf[32];
+      snprintf(op_buf, sizeof op_buf, "%s", str(j, "op"));
+      op = op_buf;
+      nominal = e->minb;
+      headers++;
+      assert_int_equal((int)num(j, "ranks"), e->n);
+      assert_string_equal(str(j, "backend"), e->n == 1 && !e->baseline ? "self" : "mpi");
+      assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "baseline")) == e->baseline);
+      assert_true(num(j, "busbw_factor") == factor_of(op, e->n));
+    } else {
+      assert_string_equal(kind, "result");
+      if (!op) fail_msg("result before any header: %s", line);
+      assert_string_equal(str(j, "op"), op);
+      if (nominal > e->maxb) fail_msg("%s: more sizes than -b/-e/-f give: %s", op, line);
+      uint64_t bytes, count;
+      expected_shape(op, nominal, e->es, e->n, &bytes, &count);
+      if ((uint64_t)num(j, "size") != bytes || (uint64_t)num(j, "count") != count)
+        fail_msg("%s n=%d requested %llu bytes: want size %llu count %llu, got %s", op, e->n,
+                 (unsigned long long)nominal, (unsigned long long)bytes, (unsigned long long)count, line);
+      assert_true(num(j, "wrong") == 0);
+      double t = num(j, "time_us"), alg = num(j, "algbw"), bus = num(j, "busbw");
+      assert_true(t > 0);
+      expect_close(alg, (double)bytes / 1e3 / t, 1e-9, "algbw = size / time");
+      double f = factor_of(op, e->n);
+      if (alg > 0 && f > 0) expect_close(bus / alg, f, 1e-12, "busbw / algbw");
+      else assert_true(bus == alg * f);
+      const char *redop = str(j, "redop");
+      bool reduces = !strcmp(op, "all_reduce") || !strcmp(op, "reduce_scatter");
+      assert_true(reduces ? strcmp(redop, "none") != 0 : strcmp(redop, "none") == 0);
+      assert_true((int)num(j, "root") == (!strcmp(op, "broadcast") ? e->root : -1));
+      if (e->baseline) {
+        assert_true(num(j, "mpi_wrong") == 0);
+        double mt = num(j, "mpi_time_us"), mbus = num(j, "mpi_busbw");
+        assert_true(mt > 0);
+        expect_close(num(j, "mpi_algbw"), (double)bytes / 1e3 / mt, 1e-9, "mpi algbw");
+        if (mbus > 0) expect_close(num(j, "ratio"), bus / mbus, 1e-9, "ratio = busbw / mpi busbw");
+      } else {
+        assert_null(cJSON_GetObjectItemCaseSensitive(j, "mpi_busbw"));
+      }
+      nominal = e->factor ? nominal * e->factor : nominal + e->step;
+      results++;
+    }
+    cJSON_Delete(j);
+  }
+  if (op && nominal <= e->maxb) fail_msg("%s: stopped at %llu bytes, before -e", op, (unsigned long long)nominal);
+  assert_int_equal(headers, e->ops);
+  free(text);
+  return results;
+}
+
+static void test_help(void **state) {
+  run_result r = tt_run_tpr(tpr_path, tmp_dir, (const char *const[]){"--help", NULL});
+  expect_exit(&r, 0);
+  expect_contains(r.out, "bench");
+  tt_run_done(&r);
+  r = RUN("--help");
+  expect_exit(&r, 0);
+  expect_contains(r.out, "comm");
+  tt_run_done(&r);
+  r = tt_run_tpr(tpr_path, tmp_dir, (const char *const[]){"bench", NULL});
+  expect_exit(&r, 2);
+  expect_contains(r.err, "usage: tpr bench");
+  tt_run_done(&r);
+  r = RUN("frobnicate");
+  expect_exit(&r, 2);
+  expect_contains(r.err, "unknown benchmark 'frobnicate'");
+  tt_run_done(&r);
+  r = RUN("comm", "-h");
+  expect_exit(&r, 0);
+  expect_contains(r.out, "--minbytes");
+  expect_contains(r.out, "busbw");
+  expect_contains(r.out, "--baseline");
+  expect_contains(r.out, "--comm");
+  tt_run_done(&r);
+}
+
+static void test_bad_flags(void **state) {
+  static const struct {
+    const char *args[6], *message;
+  } cases[] = {
+      {{"-o", "allreduce_typo"}, "unknown op 'allreduce_typo'"},
+      {{"-o", "sum"}, "the reduction is -r/--redop"},
+      {{"-d", "double"}, "unknown datatype 'double'"},
+      {{"-r", "avg"}, "unknown redop 'avg'"},
+      {{"-b", "1M", "-e", "1K"}, "larger than -e/--maxbytes"},
+      {{"-b", "12X"}, "bad -b/--minbytes '12X'"},
+      {{"-e", "-5"}, "bad -e/--maxbytes"},
+      {{"-b", "0"}, "bad -b/--minbytes '0'"},
+      {{"-f", "1"}, "at least 2"},
+      {{"-f", "2", "-i", "8"}, "exclude each other"},
+      {{"-i", "0"}, "bad -i/--stepbytes"},
+      {{"-n", "0"}, "-n must be >= 1"},
+      {{"-c", "2"}, "-c 0 or 1"},
+      {{"-n", "many"}, "not a valid integer"},
+      {{"--frobnicate"}, "unknown option '--frobnicate'"},
+      {{"-x", "1"}, "unknown option '-x'"},
+      {{"--root", "1"}, "--root 1 is not a rank"},
+      {{"--baseline"}, "needs the mpi backend"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *argv[10] = {"bench", "comm", "-e", "64"};
+    int n = 4;
+    for (int k = 0; k < 6 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
+    argv[n] = NULL;
+    run_result r = tt_run_tpr(tpr_path, tmp_dir, argv);
+    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
+    expect_contains(r.err, cases[i].message);
+    tt_run_done(&r);
+  }
+}
+
+// A world of one: every op, the nccl-tests short flags, several dtypes.
+static void test_alone(void **state) {
+  run_result r = RUN("comm", "-o", "all", "-b", "8", "-e", "64K", "-n", "2", "-w", "1", "--json");
+  expect_exit(&r, 0);
+  expect e = {.n = 1, .es = 4, .minb = 8, .maxb = 65536, .factor = 2, .ops = 6};
+  assert_int_equal(check_json(r.out, &e), 6 * 14);
+  tt_run_done(&r);
+  r = RUN("comm", "-o", "all", "-b1K", "-e", "4K", "-i", "1K", "-d", "bf16", "-r", "max", "-n", "1", "--json");
+  expect_exit(&r, 0);
+  e = (expect){.n = 1, .es = 2, .minb = 1024, .maxb = 4096, .step = 1024, .ops = 6};
+  assert_int_equal(check_json(r.out, &e), 6 * 4);
+  tt_run_done(&r);
+  r = RUN("comm", "--op", "all_gather", "--minbytes", "100", "--maxbytes=1000", "--stepfactor", "3",
+          "--datatype", "int64", "--iters", "1", "--json");
+  expect_exit(&r, 0);
+  e = (expect){.n = 1, .es = 8, .minb = 100, .maxb = 1000, .factor = 3, .ops = 1};
+  assert_int_equal(check_json(r.out, &e), 3);  // 100, 300, 900
+  tt_run_done(&r);
+}
+
+static void run_ranks(int np) {
+  // Every op with the baseline, f32 sums; then half and int64 reductions.
+  run_result r = MPIRUN(np, "comm", "-o", "all", "-b", "8", "-e", "64K", "-n", "2", "-w", "1", "--baseline", "--json",
+                        "--comm-timeout", "60");
+  expect_exit(&r, 0);
+  expect e = {.n = np, .es = 4, .minb = 8, .maxb = 65536, .factor = 2, .baseline = true, .ops = 6};
+  assert_int_equal(check_json(r.out, &e), 6 * 14);
+  tt_run_done(&r);
+  const char *dt = np == 2 ? "half" : "int64", *redop = np == 2 ? "min" : "max";
+  r = MPIRUN(np, "comm", "-o", "all", "-b", "64", "-e", "64K", "-f", "4", "-d", dt, "-r", redop, "-n", "1", "-w",
+             "0", "--baseline", "--root", "1", "--json", "--comm-timeout", "60");
+  expect_exit(&r, 0);
+  e = (expect){.n = np, .es = np == 2 ? 2 : 8, .minb = 64, .maxb = 65536, .factor = 4, .baseline = true, .root = 1,
+               .ops = 6};
+  assert_int_equal(check_json(r.out, &e), 6 * 6);
+  tt_run_done(&r);
+}
+
+static void test_two_ranks(void **state) { run_ranks(2); }
+static void test_three_ranks(void **state) { run_ranks(3); }
+
+// The table: nccl-tests' columns plus the baseline's.
+static void test_table(void **state) {
+  run_result r = MPIRUN(2, "comm", "-b", "1K", "-e", "4K", "-n", "2", "--baseline", "--comm-timeout", "60");
+  expect_exit(&r, 0);
+  expect_contains(r.out, "# tpr bench comm: all_reduce, 2 rank(s), backend mpi, type float, redop sum");
+  expect_contains(r.out, "busbw = algbw * 1 ");
+  expect_contains(r.out, "MPI_Allreduce");
+  static const char *const cols[] = {"size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                                     "mpi time", "mpi busbw", "ratio", "(elements)", "(GB/s)"};
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) expect_contains(r.out, cols[i]);
+  expect_contains(r.out, "        1024           256     float     sum      -1");
+  expect_contains(r.out, "        4096          1024     float     sum      -1");
+  expect_contains(r.out, "# Out of bounds values : 0 OK");
+  // Only rank 0 prints.
+  const char *first = strstr(r.out, "# tpr bench comm:");
+  assert_null(strstr(first + 1, "# tpr bench comm:"));
+  tt_run_done(&r);
+}
+
+static int remove_tmp(void **state) {
+  unlink(tt_path(tmp_dir, "stdout"));
+  unlink(tt_path(tmp_dir, "stderr"));
+  return rmdir(tmp_dir) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_cli_bench") != 0) return 1;
+  if (!mkdtemp(tmp_dir)) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help),       cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_alone),
+      cmocka_unit_test(test_two_ranks),  cmocka_unit_test(test_three_ranks), cmocka_unit_test(test_table),
+  };
+  return cmocka_run_group_tests(tests, NULL, remove_tmp);
+}
