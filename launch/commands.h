@@ -10,6 +10,7 @@ typedef struct tpr_command {
 } tpr_command;
 
 int tpr_cmd_bench(int argc, char **argv);
+int tpr_cmd_compare(int argc, char **argv);
 int tpr_cmd_convert(int argc, char **argv);
 int tpr_cmd_forward(int argc, char **argv);
 int tpr_cmd_run(int argc, char **argv);
