@@ -6,9 +6,12 @@
 // An MPI count is an int. Nothing here truncates a size_t: reductions are cut
 // into chunks of at most max_count elements (element-wise ops do not care),
 // data movement describes a bigger block as one element of a derived
-// contiguous type, and all_to_allv falls back to point-to-point messages.
-// Zero counts make no MPI call where every rank has the same count; where
-// counts differ per peer (all_to_allv, send/recv) MPI gets a valid pointer.
+// contiguous type, and all_to_allv is point-to-point messages throughout.
+// Which MPI calls a rank makes depends only on what every rank shares (count,
+// dtype, group size), never on its own buffers (in place or not, device or
+// host, its all_to_allv layout), so no rank can take a path its peers do not.
+// Zero counts make no MPI call where every rank has the same count; send and
+// recv pass empty messages (with a valid pointer), so they still pair up.
 #include "comm_mpi.h"
 
 #include <limits.h>

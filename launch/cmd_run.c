@@ -91,6 +91,12 @@ int tpr_cmd_run(int argc, char **argv) {
     if (lens[i] > longest) longest = lens[i];
   }
   if (max_seq == 0) max_seq = longest + max_new;
+  if (max_seq < longest + max_new) {
+    fprintf(stderr, "tpr run: --max-seq %lld is shorter than the longest prompt (%lld) + --max-new-tokens (%lld)\n",
+            (long long)max_seq, (long long)longest, (long long)max_new);
+    for (int i = 0; i < prompts.n; i++) free(ids[i]);
+    return 2;
+  }
   tpr_world w;
   tpr_m2_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);

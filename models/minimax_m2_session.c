@@ -211,6 +211,9 @@ static tpr_status open_session(tpr_m2_session *s) {
   TPR_CHECK(tpr_mesh_init(world, rank, world, 1, world, &s->mesh));
   TPR_CHECK(tpr_mesh_comms_init(s->world, &s->mesh, &s->comms));
   s->hook = tpr_mesh_comms_exec_hook(&s->comms);
+  if (s->o.force_tp_rank >= world)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--debug-force-tp-rank %d: the tp group has ranks 0..%d", s->o.force_tp_rank,
+                    world - 1);
   tpr_mesh claimed = s->mesh;
   if (s->o.force_tp_rank >= 0) claimed.tp_rank = s->o.force_tp_rank;  // negative control
   TPR_CHECK(tpr_mesh_rank_tensor(&claimed, s->be, &s->rank));

@@ -25,6 +25,20 @@ int tt_self_exe(char *buf, size_t cap);
 // naming `test`) if it is not built.
 int tt_tpr_path(char *buf, size_t cap, const char *test);
 
+// How tt_run starts a program: np > 0 under `mpirun -np np --oversubscribe`
+// (the mpirun CMake found, TPR_MPIEXEC; leak checking off for the children,
+// as Open MPI's components leak what LeakSanitizer cannot attribute);
+// timeout_s > 0 under coreutils' timeout, failing the test if it hangs.
+typedef struct tt_run_opts {
+  int np;
+  int timeout_s;
+} tt_run_opts;
+// Runs `exe args...` (args NULL-terminated) outside any launcher it was
+// started from, stdin from /dev/null, stdout/stderr captured in
+// tmp_dir/stdout and tmp_dir/stderr, TPR_NUM_THREADS=1, TPR_LOG_LEVEL unset.
+// Fails the test on a sanitizer report. o may be NULL.
+run_result tt_run(const char *exe, const char *tmp_dir, const char *const *args, const tt_run_opts *o);
+
 // Runs `tpr args...` (args NULL-terminated, after argv[0]) with stdin from
 // /dev/null and stdout/stderr captured in tmp_dir/stdout and tmp_dir/stderr,
 // outside any MPI launcher (the self backend), TPR_NUM_THREADS=1 and

@@ -6,43 +6,16 @@
 // and a ring of send/recv) with exact expected values.
 //
 // As in test_comm_mpi.c, a rank never stops early: failed checks are
-// counted, and all ranks fail each test together.
+// counted, and all ranks fail each test together (comm_cases.h).
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "collectives/comm_mpi.h"
-#include "collectives/tpr_comm.h"
-#include "test_util.h"
+#include "comm_cases.h"  // EXPECT, agree: every rank passes or fails together
 
 static tpr_comm_t world;
-static int R, N;
-static int fails;
-
-#define EXPECT(cond, ...)                                            \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      if (++fails <= 20) {                                           \
-        fprintf(stderr, "[rank %d] %s:%d: ", R, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                \
-        fputc('\n', stderr);                                         \
-      }                                                              \
-    }                                                                \
-  } while (0)
-
-#define EXPECT_OK(call)                                                                      \
-  do {                                                                                       \
-    tpr_status e_rc = (call);                                                                \
-    EXPECT(e_rc == TPR_OK, "%s -> %s: %s", #call, tpr_status_name(e_rc), tpr_last_error()); \
-  } while (0)
-
-static void agree(void) {
-  int all = fails;
-  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  fails = 0;
-  if (all) fail_msg("%d failed checks over all ranks (details on stderr)", all);
-}
 
 // The expected group of world rank w: members (world ranks) sorted by
 // (key, parent rank), as tpr_comm_split promises. parent[i] is the world rank
