@@ -7,7 +7,7 @@
 // Error bounds are worst-case first-order rounding analyses in units of
 // u = 2^-24 (f32 unit roundoff), measured as tt_max_rel_err: max abs error
 // over max |reference|.
-#include "test_util.h"
+#include "ops_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -16,25 +16,6 @@
 #include "runtime/ops/cpu_kernels.h"
 
 #define U32 0x1p-24
-
-static tpr_tensor *new_t(tpr_dtype dt, int nd, const int64_t *shape) {
-  tpr_tensor *t = NULL;
-  TT_OK(tpr_tensor_new(tt_cpu(), dt, nd, shape, &t));
-  return t;
-}
-
-static tpr_tensor *from_host(tpr_dtype dt, int nd, const int64_t *shape, const void *h) {
-  tpr_tensor *t = new_t(dt, nd, shape);
-  TT_OK(tpr_tensor_from_host(t, h, tpr_tensor_nbytes(t)));
-  return t;
-}
-
-static void *to_host(const tpr_tensor *t) {
-  size_t nb = tpr_tensor_nbytes(t);
-  void *h = malloc(nb ? nb : 1);
-  TT_OK(tpr_tensor_to_host(t, h, nb));
-  return h;
-}
 
 static tpr_tensor *view_permute(const tpr_tensor *t, const int *perm) {
   tpr_tensor *v = NULL;
@@ -105,9 +86,9 @@ static void check_matmul(const tpr_tensor *a, const tpr_tensor *b, bool ta, bool
   int64_t M = out_shape[out_nd - 2], N = out_shape[out_nd - 1];
   int64_t K = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
   int64_t batch = tpr_shape_numel(out_nd - 2, out_shape);
-  tpr_tensor *out = new_t(TPR_F32, out_nd, out_shape);
+  tpr_tensor *out = tt_new(TPR_F32, out_nd, out_shape);
   TT_OK(tpr_matmul(tt_cpu(), a, b, ta, tb, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   size_t n = (size_t)(batch * M * N);
   double *want = malloc(n * sizeof *want), sabs;
   ref_matmul(A, B, batch, b->ndim == 2, M, N, K, want, &sabs);
@@ -223,12 +204,12 @@ static void test_matmul_views(void **state) {
 
 static void test_matmul_k0(void **state) {
   const int64_t as[] = {3, 0}, bs[] = {0, 4}, os[] = {3, 4};
-  tpr_tensor *a = new_t(TPR_F32, 2, as), *b = new_t(TPR_F32, 2, bs), *out = new_t(TPR_F32, 2, os);
+  tpr_tensor *a = tt_new(TPR_F32, 2, as), *b = tt_new(TPR_F32, 2, bs), *out = tt_new(TPR_F32, 2, os);
   float junk[12];
   for (int i = 0; i < 12; i++) junk[i] = NAN;
   TT_OK(tpr_tensor_from_host(out, junk, sizeof junk));
   TT_OK(tpr_matmul(tt_cpu(), a, b, false, false, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   for (int i = 0; i < 12; i++) assert_true(got[i] == 0.0f);  // an empty sum is 0
   free(got);
   tpr_tensor_free(a), tpr_tensor_free(b), tpr_tensor_free(out);
@@ -240,9 +221,9 @@ static void test_matmul_negative_control(void **state) {
   const int64_t n = 17, s[] = {n, n};
   float *A, *B;
   tpr_tensor *a = tt_random_f32(tt_cpu(), 2, s, &A), *b = tt_random_f32(tt_cpu(), 2, s, &B);
-  tpr_tensor *out = new_t(TPR_F32, 2, s);
+  tpr_tensor *out = tt_new(TPR_F32, 2, s);
   TT_OK(tpr_matmul(tt_cpu(), a, b, false, false, out));
-  float *got = to_host(out), *Bt = malloc(n * n * sizeof *Bt);
+  float *got = tt_to_host(out), *Bt = malloc(n * n * sizeof *Bt);
   const int p10[] = {1, 0};
   host_permute(B, 4, 2, s, p10, Bt);
   double want[17 * 17], sabs;
@@ -279,9 +260,9 @@ static void check_binary(const tpr_tensor *a, const float *A, const tpr_tensor *
     os[d] = x == 1 ? y : x;
   }
   for (int op = 0; op < 2; op++) {
-    tpr_tensor *out = new_t(TPR_F32, ond, os);
+    tpr_tensor *out = tt_new(TPR_F32, ond, os);
     TT_OK(op ? tpr_mul(tt_cpu(), a, b, out) : tpr_add(tt_cpu(), a, b, out));
-    float *got = to_host(out);
+    float *got = tt_to_host(out);
     int64_t n = tpr_tensor_numel(out), idx[TPR_MAX_DIMS] = {0};
     for (int64_t k = 0; k < n; k++) {
       double x = bget(A, a->ndim, a->shape, ond, idx), y = bget(B, b->ndim, b->shape, ond, idx);
@@ -347,9 +328,9 @@ static void test_add_mul_strided(void **state) {
 static void check_rms_norm(const tpr_tensor *x, const float *X, int64_t rows, int64_t H) {
   float *W;
   const float eps = 1e-5f;
-  tpr_tensor *w = tt_random_f32(tt_cpu(), 1, &H, &W), *out = new_t(TPR_F32, x->ndim, x->shape);
+  tpr_tensor *w = tt_random_f32(tt_cpu(), 1, &H, &W), *out = tt_new(TPR_F32, x->ndim, x->shape);
   TT_OK(tpr_rms_norm(tt_cpu(), x, w, eps, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   double *want = malloc(rows * H * sizeof *want);
   for (int64_t r = 0; r < rows; r++) {
     double ss = 0;
@@ -368,7 +349,7 @@ static void test_rms_norm(void **state) {
   for (int k = 0; k < 5; k++) {
     int64_t H = Hs[k], s[] = {3, 4, H}, ps[] = {H, 6}, qs[] = {5, 2 * H};
     float *X = rand_host(12 * H, k == 2 ? 30.0 : 1.0), *P, *Q;
-    tpr_tensor *x = from_host(TPR_F32, 3, s, X);
+    tpr_tensor *x = tt_from_host(TPR_F32, 3, s, X);
     check_rms_norm(x, X, 12, H);
     // Strided rows: a transposed (H, 6) (stride 6 along H), and a column slice.
     const int p10[] = {1, 0};
@@ -391,9 +372,9 @@ static void test_rms_norm(void **state) {
 // Relative to the largest output 1/S that is (N(1/e + 1/8) + 9.4)u.
 // An all -inf row gives zeros (the kernel's documented choice).
 static void check_softmax(const tpr_tensor *x, const float *X, int64_t rows, int64_t N) {
-  tpr_tensor *out = new_t(TPR_F32, x->ndim, x->shape);
+  tpr_tensor *out = tt_new(TPR_F32, x->ndim, x->shape);
   TT_OK(tpr_softmax(tt_cpu(), x, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   double *want = malloc(rows * N * sizeof *want);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = X + r * N;
@@ -422,7 +403,7 @@ static void softmax_case(int nd, const int64_t *shape, double scale, double offs
     for (int64_t i = 0; i < N; i++) X[N + i] = X[2 * N + i] = -INFINITY;  // row 1 fully masked
     X[2 * N + N / 2] = 1.5f;                                               // row 2 has one entry
   }
-  tpr_tensor *x = from_host(TPR_F32, nd, shape, X);
+  tpr_tensor *x = tt_from_host(TPR_F32, nd, shape, X);
   check_softmax(x, X, n / N, N);
   free(X);
   tpr_tensor_free(x);
@@ -451,9 +432,9 @@ static void test_softmax(void **state) {
 // Bound 10u: exp (< 1 ulp, at most 2u relative), 1 + e, the division, and
 // the two products each round once; 1 + e >= 1 keeps e's error from growing.
 static void check_swiglu(const tpr_tensor *g, const float *G, const tpr_tensor *u, const float *Uh) {
-  tpr_tensor *out = new_t(TPR_F32, g->ndim, g->shape);
+  tpr_tensor *out = tt_new(TPR_F32, g->ndim, g->shape);
   TT_OK(tpr_swiglu(tt_cpu(), g, u, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   int64_t n = tpr_tensor_numel(out);
   double *want = malloc(n * sizeof *want);
   for (int64_t i = 0; i < n; i++) want[i] = G[i] / (1.0 + exp(-(double)G[i])) * Uh[i];
@@ -467,7 +448,7 @@ static void test_swiglu(void **state) {
   const int64_t s[] = {4, 33}, s2[] = {3, 65}, ps[] = {33, 4}, qs[] = {4, 40};
   for (int k = 0; k < 2; k++) {  // k = 1: |gate| up to ~100, where naive exp(-g) overflows for g << 0
     float *G = rand_host(3 * 65, k ? 30.0 : 1.0), *U;
-    tpr_tensor *g = from_host(TPR_F32, 2, k ? s2 : s, G), *u = tt_random_f32(tt_cpu(), 2, k ? s2 : s, &U);
+    tpr_tensor *g = tt_from_host(TPR_F32, 2, k ? s2 : s, G), *u = tt_random_f32(tt_cpu(), 2, k ? s2 : s, &U);
     check_swiglu(g, G, u, U);
     free(G), free(U);
     tpr_tensor_free(g), tpr_tensor_free(u);
@@ -502,7 +483,7 @@ static tpr_tensor *random_table(tpr_dtype dt, int nd, const int64_t *shape, void
   *bytes = malloc(n * tpr_dtype_size(dt));
   tpr_dtype_convert(f, TPR_F32, *bytes, dt, (size_t)n);
   free(f);
-  return from_host(dt, nd, shape, *bytes);
+  return tt_from_host(dt, nd, shape, *bytes);
 }
 
 // Exact: a gather moves bytes, so every output row equals its table row.
@@ -530,12 +511,12 @@ static void test_embedding(void **state) {
     v[0] = 0, v[5] = V - 1;
     void *ih = ids_host(idt, v, 6);
     // ids (3, 2) transposed: a strided (2, 3) view; logical order from host_permute.
-    tpr_tensor *idp = from_host(idt, 2, is, ih), *ids = view_permute(idp, p10);
+    tpr_tensor *idp = tt_from_host(idt, 2, is, ih), *ids = view_permute(idp, p10);
     char lids[6 * 8];
     host_permute(ih, isz, 2, is, p10, lids);
-    tpr_tensor *out = new_t(tdt, 3, os);
+    tpr_tensor *out = tt_new(tdt, 3, os);
     TT_OK(tpr_embedding(tt_cpu(), table, ids, out));
-    char *got = to_host(out);
+    char *got = tt_to_host(out);
     for (int p = 0; p < 6; p++) {
       int64_t id = idt == TPR_I32 ? ((int32_t *)lids)[p] : ((int64_t *)lids)[p];
       assert_memory_equal(got + p * H * esz, (char *)T + id * H * esz, H * esz);
@@ -569,12 +550,12 @@ static void index_select_case(tpr_dtype xdt, tpr_dtype idt, int dim, bool stride
   v[0] = xs[dim] - 1;
   void *ih = ids_host(idt, v, n);
   const int64_t nn = n;
-  tpr_tensor *index = from_host(idt, 1, &nn, ih);
+  tpr_tensor *index = tt_from_host(idt, 1, &nn, ih);
   int64_t os[3] = {4, 5, 6};
   os[dim] = n;
-  tpr_tensor *out = new_t(xdt, 3, os);
+  tpr_tensor *out = tt_new(xdt, 3, os);
   TT_OK(tpr_index_select(tt_cpu(), x, dim, index, out));
-  char *got = to_host(out);
+  char *got = tt_to_host(out);
   for (int64_t i = 0; i < os[0]; i++)
     for (int64_t j = 0; j < os[1]; j++)
       for (int64_t k = 0; k < os[2]; k++) {
@@ -608,7 +589,7 @@ static void test_gather_out_of_range(void **state) {
     int64_t v[6] = {1, 2, 3, 4, 5, 6};
     v[k ? 0 : 3] = k ? -1 : V;  // i64: a negative id at 0; i32: V at 3
     void *ih = ids_host(idt, v, 6);
-    tpr_tensor *ids = from_host(idt, 2, is, ih), *out = NULL;
+    tpr_tensor *ids = tt_from_host(idt, 2, is, ih), *out = NULL;
     for (int i = 0; i < G + NOUT + G; i++) buf[i] = guard;
     TT_OK(tpr_tensor_wrap(tt_cpu(), TPR_F32, 3, os, buf + G, &out));
     assert_int_equal(tpr_embedding(tt_cpu(), table, ids, out), TPR_ERR_INVALID_ARG);
@@ -630,7 +611,7 @@ static void test_gather_out_of_range(void **state) {
   tpr_tensor *x = tt_random_f32(tt_cpu(), 2, xs, &X), *out = NULL;
   int64_t v[6] = {0, 4, 5, 1, 2, 3};
   void *ih = ids_host(TPR_I64, v, 6);
-  tpr_tensor *index = from_host(TPR_I64, 1, &n6, ih);
+  tpr_tensor *index = tt_from_host(TPR_I64, 1, &n6, ih);
   for (int i = 0; i < G + NOUT + G; i++) buf[i] = guard;
   TT_OK(tpr_tensor_wrap(tt_cpu(), TPR_F32, 2, xo, buf + G, &out));
   assert_int_equal(tpr_index_select(tt_cpu(), x, 1, index, out), TPR_ERR_INVALID_ARG);
@@ -653,12 +634,12 @@ static void test_cast(void **state) {
   for (int i = 0; i < 60; i++) P[i] *= (float)ldexp(1.0, (int)tt_randint(-20, 20));  // many exponents
   TT_OK(tpr_tensor_from_host(pt, P, sizeof V));
   host_permute(P, 4, 3, ps, p201, V);
-  tpr_tensor *hb = new_t(TPR_BF16, 3, vs), *hf = new_t(TPR_F32, 3, vs), *same = new_t(TPR_F32, 3, vs);
+  tpr_tensor *hb = tt_new(TPR_BF16, 3, vs), *hf = tt_new(TPR_F32, 3, vs), *same = tt_new(TPR_F32, 3, vs);
   TT_OK(tpr_cast(tt_cpu(), x, hb));
   TT_OK(tpr_cast(tt_cpu(), hb, hf));
   TT_OK(tpr_cast(tt_cpu(), x, same));  // same dtype: a strided copy
-  uint16_t *gb = to_host(hb);
-  float *gf = to_host(hf), *gs = to_host(same);
+  uint16_t *gb = tt_to_host(hb);
+  float *gf = tt_to_host(hf), *gs = tt_to_host(same);
   for (int i = 0; i < 60; i++) {
     assert_int_equal(gb[i], tpr_f32_to_bf16(V[i]));
     back[i] = tpr_bf16_to_f32(gb[i]);
@@ -667,11 +648,11 @@ static void test_cast(void **state) {
     assert_memory_equal(&gs[i], &V[i], 4);
   }
   // A strided bf16 source (the gather-then-convert path) back to f32.
-  tpr_tensor *hbs = NULL, *out = new_t(TPR_F32, 3, ps);
+  tpr_tensor *hbs = NULL, *out = tt_new(TPR_F32, 3, ps);
   const int p120[] = {1, 2, 0};  // undoes p201
   TT_OK(tpr_tensor_permute(hb, p120, &hbs));
   TT_OK(tpr_cast(tt_cpu(), hbs, out));
-  float *go = to_host(out);
+  float *go = tt_to_host(out);
   for (int i = 0; i < 60; i++) assert_true(go[i] == tpr_bf16_to_f32(tpr_f32_to_bf16(P[i])));
   free(P), free(gb), free(gf), free(gs), free(go);
   tpr_tensor *all[] = {pt, x, hb, hf, same, hbs, out};
@@ -681,14 +662,14 @@ static void test_cast(void **state) {
 static void test_shape_and_dtype_errors(void **state) {
   const int64_t a[] = {3, 4}, b[] = {4, 5}, bad[] = {3, 6}, r[] = {4};
   tpr_tensor *ta = tt_random_f32(tt_cpu(), 2, a, NULL), *tb = tt_random_f32(tt_cpu(), 2, b, NULL);
-  tpr_tensor *tr = tt_random_f32(tt_cpu(), 1, r, NULL), *out = new_t(TPR_F32, 2, bad);
+  tpr_tensor *tr = tt_random_f32(tt_cpu(), 1, r, NULL), *out = tt_new(TPR_F32, 2, bad);
   assert_int_equal(tpr_matmul(tt_cpu(), ta, tb, false, false, out), TPR_ERR_SHAPE);
   assert_int_equal(tpr_add(tt_cpu(), ta, tr, out), TPR_ERR_SHAPE);
   assert_int_equal(tpr_softmax(tt_cpu(), ta, out), TPR_ERR_SHAPE);
   assert_int_equal(tpr_rms_norm(tt_cpu(), ta, tr, 1e-5f, out), TPR_ERR_SHAPE);
   // The kernels themselves refuse a non-f32 input even if a caller skipped
   // the shape rule (defensive check), naming op and dtype.
-  tpr_tensor *h = new_t(TPR_BF16, 2, a), *o = new_t(TPR_F32, 2, a);
+  tpr_tensor *h = tt_new(TPR_BF16, 2, a), *o = tt_new(TPR_F32, 2, a);
   const tpr_tensor *in[2] = {h, ta};
   assert_int_equal(tpr__cpu_add(NULL, in, 2, NULL, o), TPR_ERR_DTYPE);
   assert_non_null(strstr(tpr_last_error(), "add"));

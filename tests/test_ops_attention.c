@@ -9,7 +9,7 @@
 // per element. Negative controls show each comparison can fail on the bug
 // it guards against (whole-head rotation, non-causal masking, the h % Hkv
 // head mapping).
-#include "test_util.h"
+#include "ops_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,29 +18,10 @@
 
 #define U32 0x1p-24
 
-static tpr_tensor *new_t(tpr_dtype dt, int nd, const int64_t *shape) {
-  tpr_tensor *t = NULL;
-  TT_OK(tpr_tensor_new(tt_cpu(), dt, nd, shape, &t));
-  return t;
-}
-
-static tpr_tensor *from_host(tpr_dtype dt, int nd, const int64_t *shape, const void *h) {
-  tpr_tensor *t = new_t(dt, nd, shape);
-  TT_OK(tpr_tensor_from_host(t, h, tpr_tensor_nbytes(t)));
-  return t;
-}
-
-static void *to_host(const tpr_tensor *t) {
-  size_t nb = tpr_tensor_nbytes(t);
-  void *h = malloc(nb ? nb : 1);
-  TT_OK(tpr_tensor_to_host(t, h, nb));
-  return h;
-}
-
 static tpr_tensor *index1(tpr_dtype dt, int64_t v) {  // a (1) i32/i64 tensor
   int64_t v64 = v;
   int32_t v32 = (int32_t)v;
-  return from_host(dt, 1, (const int64_t[]){1}, dt == TPR_I32 ? (const void *)&v32 : (const void *)&v64);
+  return tt_from_host(dt, 1, (const int64_t[]){1}, dt == TPR_I32 ? (const void *)&v32 : (const void *)&v64);
 }
 
 static tpr_tensor *permuted(const tpr_tensor *t, const int *perm) {
@@ -51,45 +32,6 @@ static tpr_tensor *permuted(const tpr_tensor *t, const int *perm) {
 
 // ---------------------------------------------------------------- program round trip
 
-typedef tpr_status (*build_fn)(tpr_program *p, const tpr_value_id *in, tpr_value_id *out);
-
-// A one-op program over inputs shaped like in[] is serialized, deserialized
-// (the bytes survive a second trip unchanged) and run; its output must equal
-// the eager output bit for bit (shape rule, attributes and kernel round-trip).
-static void check_roundtrip(build_fn build, int n_in, const tpr_tensor *const *in, const tpr_tensor *eager) {
-  tpr_program *p, *q;
-  tpr_value_id ids[TPR_OP_MAX_INPUTS], out;
-  char name[16];
-  TT_OK(tpr_program_new(&p));
-  for (int i = 0; i < n_in; i++) {
-    snprintf(name, sizeof name, "in%d", i);
-    TT_OK(tpr_program_input(p, name, in[i]->dtype, in[i]->ndim, in[i]->shape, &ids[i]));
-  }
-  TT_OK(build(p, ids, &out));
-  TT_OK(tpr_program_output(p, out, "out"));
-  uint8_t *b1, *b2;
-  size_t l1, l2;
-  TT_OK(tpr_program_serialize(p, &b1, &l1));
-  TT_OK(tpr_program_deserialize(b1, l1, &q));
-  TT_OK(tpr_program_serialize(q, &b2, &l2));
-  assert_int_equal(l1, l2);
-  assert_memory_equal(b1, b2, l1);
-  tpr_exec *e;
-  TT_OK(tpr_exec_new(q, tt_cpu(), &e));
-  for (int i = 0; i < n_in; i++) {
-    snprintf(name, sizeof name, "in%d", i);
-    TT_OK(tpr_exec_bind(e, name, in[i]));
-  }
-  TT_OK(tpr_exec_run(e));
-  const tpr_tensor *got;
-  TT_OK(tpr_exec_output(e, "out", &got));
-  assert_int_equal(got->dtype, eager->dtype);
-  assert_true(tpr_tensor_same_shape(got, eager));
-  assert_memory_equal(tpr_tensor_data(got), tpr_tensor_data(eager), tpr_tensor_nbytes(eager));
-  tpr_exec_free(e);
-  tpr_program_free(p), tpr_program_free(q);
-  free(b1), free(b2);
-}
 
 static tpr_status build_rope(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
   return tpr_pb_rope(p, in[0], in[1], 8, 5e6f, out);
@@ -155,23 +97,23 @@ static void rope_case(int T, int NH, int D, int rd, float theta, tpr_dtype pdt, 
     int64_t v = strided ? (t % 2 ? P[t / 2] : -1) : (t < T ? P[t] : -1);
     pdt == TPR_I32 ? (((int32_t *)ph)[t] = (int32_t)v) : (((int64_t *)ph)[t] = v);
   }
-  tpr_tensor *pb = strided ? from_host(pdt, 2, (const int64_t[]){T, 2}, ph) : NULL, *pos = NULL;
+  tpr_tensor *pb = strided ? tt_from_host(pdt, 2, (const int64_t[]){T, 2}, ph) : NULL, *pos = NULL;
   if (strided) {
     TT_OK(tpr_tensor_slice(pb, 1, 1, 1, &pos));
     pos->ndim = 1;
   } else {
-    pos = from_host(pdt, 1, (const int64_t[]){T}, ph);
+    pos = tt_from_host(pdt, 1, (const int64_t[]){T}, ph);
   }
-  tpr_tensor *out = new_t(TPR_F32, 3, xs);
+  tpr_tensor *out = tt_new(TPR_F32, 3, xs);
   TT_OK(tpr_rope(tt_cpu(), x, pos, rd, theta, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   rope_err(got, X, P, T, NH, D, rd, rd, theta, true);
   if (rd < D) {  // rotating the whole head (the wrong pairing) must fail the comparison
     double bad = rope_err(got, X, P, T, NH, D, rd, D, theta, false);
     assert_true(bad > 0.1);
   }
   if (!strided && pdt == TPR_I64 && rd == 8 && theta == 5e6f)
-    check_roundtrip(build_rope, 2, (const tpr_tensor *const[]){x, pos}, out);
+    tt_check_roundtrip(build_rope, 2, (const tpr_tensor *const[]){x, pos}, out);
   free(got), free(X), free(H), free(ph);
   tpr_tensor_free(x), tpr_tensor_free(pos), tpr_tensor_free(out);
   if (pb) tpr_tensor_free(pb);
@@ -186,7 +128,7 @@ static void test_rope(void **state) {
   rope_case(3, 2, 10, 2, 10000.0f, TPR_I32, 50, true);      // rotary_dim 2
   // Shape rule: rotary_dim must be even and <= D.
   const int64_t xs[] = {2, 1, 6};
-  tpr_tensor *x = tt_random_f32(tt_cpu(), 3, xs, NULL), *pos = NULL, *out = new_t(TPR_F32, 3, xs);
+  tpr_tensor *x = tt_random_f32(tt_cpu(), 3, xs, NULL), *pos = NULL, *out = tt_new(TPR_F32, 3, xs);
   TT_OK(tpr_tensor_new(tt_cpu(), TPR_I32, 1, (const int64_t[]){2}, &pos));
   TT_OK(tpr_tensor_fill_zero(pos));
   assert_int_equal(tpr_rope(tt_cpu(), x, pos, 5, 1e4f, out), TPR_ERR_SHAPE);
@@ -265,9 +207,9 @@ static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, 
   }
   for (int64_t i = (start + T) * Hkv * D; i < nc; i++) V[i] = NAN;
   TT_OK(tpr_tensor_from_host(v, V, nc * 4));
-  tpr_tensor *st = index1(strided_k ? TPR_I64 : TPR_I32, start), *out = new_t(TPR_F32, 3, qs);
+  tpr_tensor *st = index1(strided_k ? TPR_I64 : TPR_I32, start), *out = tt_new(TPR_F32, 3, qs);
   TT_OK(tpr_attention(tt_cpu(), q, k, v, st, scale, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   double *want = malloc(nq * sizeof *want), *bound = malloc(nq * sizeof *bound);
   ref_attention(Q, K, V, T, Hq, Hkv, D, start, scale, false, want, bound);
   check_attention(got, want, bound, nq, "attention");
@@ -282,9 +224,9 @@ static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, 
       float *V2 = malloc(nc * sizeof *V2);
       memcpy(V2, V, nc * sizeof *V2);
       for (int i = 0; i < Hkv * D; i++) V2[rows[c] * Hkv * D + i] += 3.0f;
-      tpr_tensor *v2 = from_host(TPR_F32, 3, cs, V2), *o2 = new_t(TPR_F32, 3, qs);
+      tpr_tensor *v2 = tt_from_host(TPR_F32, 3, cs, V2), *o2 = tt_new(TPR_F32, 3, qs);
       TT_OK(tpr_attention(tt_cpu(), q, k, v2, st, scale, o2));
-      float *g2 = to_host(o2);
+      float *g2 = tt_to_host(o2);
       for (int t = 0; t < T; t++) {
         double diff = 0;
         for (int i = 0; i < Hq * D; i++) diff = fmax(diff, fabs(g2[t * Hq * D + i] - got[t * Hq * D + i]));
@@ -294,9 +236,9 @@ static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, 
       free(V2), free(g2);
       tpr_tensor_free(v2), tpr_tensor_free(o2);
     }
-    tpr_tensor *o3 = new_t(TPR_F32, 3, qs);
+    tpr_tensor *o3 = tt_new(TPR_F32, 3, qs);
     TT_OK(tpr_attention(tt_cpu(), q, k, v, st, 0.3f, o3));  // build_attention's scale
-    check_roundtrip(build_attention, 4, (const tpr_tensor *const[]){q, k, v, st}, o3);
+    tt_check_roundtrip(build_attention, 4, (const tpr_tensor *const[]){q, k, v, st}, o3);
     tpr_tensor_free(o3);
   }
   free(got), free(want), free(bound), free(Q), free(K), free(V), free(KT);
@@ -312,7 +254,7 @@ static void test_attention(void **state) {
   // start is read at run time and range-checked.
   const int64_t qs[] = {4, 2, 4}, cs[] = {10, 1, 4};
   tpr_tensor *q = tt_random_f32(tt_cpu(), 3, qs, NULL), *k = tt_random_f32(tt_cpu(), 3, cs, NULL);
-  tpr_tensor *bad = index1(TPR_I32, 7), *neg = index1(TPR_I64, -1), *out = new_t(TPR_F32, 3, qs);
+  tpr_tensor *bad = index1(TPR_I32, 7), *neg = index1(TPR_I64, -1), *out = tt_new(TPR_F32, 3, qs);
   assert_int_equal(tpr_attention(tt_cpu(), q, k, k, bad, 0.5f, out), TPR_ERR_INVALID_ARG);
   assert_non_null(strstr(tpr_last_error(), "start 7 + T 4 queries exceeds the cache's S = 10 rows"));
   assert_int_equal(tpr_attention(tt_cpu(), q, k, k, neg, 0.5f, out), TPR_ERR_INVALID_ARG);
@@ -320,7 +262,7 @@ static void test_attention(void **state) {
   // Hq must be a multiple of Hkv.
   const int64_t q3[] = {4, 3, 4}, c2[] = {10, 2, 4};
   tpr_tensor *q3t = tt_random_f32(tt_cpu(), 3, q3, NULL), *k2 = tt_random_f32(tt_cpu(), 3, c2, NULL);
-  tpr_tensor *o3 = new_t(TPR_F32, 3, q3), *zero = index1(TPR_I32, 0);
+  tpr_tensor *o3 = tt_new(TPR_F32, 3, q3), *zero = index1(TPR_I32, 0);
   assert_int_equal(tpr_attention(tt_cpu(), q3t, k2, k2, zero, 0.5f, o3), TPR_ERR_SHAPE);
   assert_non_null(strstr(tpr_last_error(), "Hq = 3 query heads is not a multiple of Hkv = 2"));
   tpr_tensor *all[] = {q, k, bad, neg, out, q3t, k2, o3, zero};
@@ -338,9 +280,9 @@ static void test_cache_write(void **state) {
   float *W, *N;
   tpr_tensor *wide = tt_random_f32(tt_cpu(), 3, ws, &W), *nw = tt_random_f32(tt_cpu(), 3, ns, &N), *cache = NULL;
   TT_OK(tpr_tensor_slice(wide, 1, HKV, HKV, &cache));  // heads [HKV, 2 HKV) of each row
-  tpr_tensor *st = index1(TPR_I64, 2), *tok = new_t(TPR_I32, 1, one);
+  tpr_tensor *st = index1(TPR_I64, 2), *tok = tt_new(TPR_I32, 1, one);
   TT_OK(tpr_cache_write(tt_cpu(), cache, nw, st, tok));
-  float *got = to_host(wide);
+  float *got = tt_to_host(wide);
   int32_t end;
   TT_OK(tpr_tensor_to_host(tok, &end, 4));
   assert_int_equal(end, 2 + T);
@@ -354,18 +296,18 @@ static void test_cache_write(void **state) {
       }
   free(got);
   // Out of range: an error naming the numbers, and the cache keeps its bytes.
-  float *before = to_host(wide);
+  float *before = tt_to_host(wide);
   tpr_tensor *late = index1(TPR_I32, 5), *neg = index1(TPR_I32, -1);
   assert_int_equal(tpr_cache_write(tt_cpu(), cache, nw, late, tok), TPR_ERR_INVALID_ARG);
   assert_non_null(strstr(tpr_last_error(), "start 5 + T 3 new rows exceeds the cache's S = 7 rows"));
   assert_int_equal(tpr_cache_write(tt_cpu(), cache, nw, neg, tok), TPR_ERR_INVALID_ARG);
-  float *after = to_host(wide);
+  float *after = tt_to_host(wide);
   assert_memory_equal(before, after, tpr_tensor_nbytes(wide));
   // Round trip: the program writes the same rows again through the binding.
-  tpr_tensor *cc = new_t(TPR_F32, 3, (const int64_t[]){S, HKV, D});
+  tpr_tensor *cc = tt_new(TPR_F32, 3, (const int64_t[]){S, HKV, D});
   TT_OK(tpr_cast(tt_cpu(), cache, cc));
   TT_OK(tpr_cache_write(tt_cpu(), cc, nw, st, tok));
-  check_roundtrip(build_cache_write, 3, (const tpr_tensor *const[]){cc, nw, st}, tok);
+  tt_check_roundtrip(build_cache_write, 3, (const tpr_tensor *const[]){cc, nw, st}, tok);
   free(W), free(N), free(before), free(after);
   tpr_tensor *all[] = {wide, nw, cache, st, tok, late, neg, cc};
   for (int i = 0; i < 8; i++) tpr_tensor_free(all[i]);
@@ -407,8 +349,8 @@ static tpr_program *build_step(int T) {
 static float *run_step(const tpr_program *p, int t0, int T, const float *Qh, const float *Kh, const float *Vh,
                        tpr_tensor *kc, tpr_tensor *vc) {
   const int64_t qs[] = {T, PHQ, PD}, ns[] = {T, PHKV, PD};
-  tpr_tensor *q = from_host(TPR_F32, 3, qs, Qh + t0 * PHQ * PD), *kn = from_host(TPR_F32, 3, ns, Kh + t0 * PHKV * PD);
-  tpr_tensor *vn = from_host(TPR_F32, 3, ns, Vh + t0 * PHKV * PD), *st = index1(TPR_I32, t0);
+  tpr_tensor *q = tt_from_host(TPR_F32, 3, qs, Qh + t0 * PHQ * PD), *kn = tt_from_host(TPR_F32, 3, ns, Kh + t0 * PHKV * PD);
+  tpr_tensor *vn = tt_from_host(TPR_F32, 3, ns, Vh + t0 * PHKV * PD), *st = index1(TPR_I32, t0);
   tpr_exec *e;
   TT_OK(tpr_exec_new(p, tt_cpu(), &e));
   TT_OK(tpr_exec_bind(e, "q", q));
@@ -422,7 +364,7 @@ static float *run_step(const tpr_program *p, int t0, int T, const float *Qh, con
   TT_OK(tpr_exec_output(e, "out", &out));
   TT_OK(tpr_exec_output(e, "end", &end));
   assert_int_equal(*(const int32_t *)tpr_tensor_data(end), t0 + T);
-  float *h = to_host(out);
+  float *h = tt_to_host(out);
   tpr_exec_free(e);
   tpr_tensor_free(q), tpr_tensor_free(kn), tpr_tensor_free(vn), tpr_tensor_free(st);
   return h;
@@ -436,8 +378,8 @@ static void test_prefill_decode_program(void **state) {
   float Q[PN * PHQ * PD], K[PN * PHKV * PD], V[PN * PHKV * PD], nan_cache[PS * PHKV * PD];
   tt_fill_normal(Q, nq, 1.0), tt_fill_normal(K, nk, 1.0), tt_fill_normal(V, nk, 1.0);
   for (int i = 0; i < PS * PHKV * PD; i++) nan_cache[i] = NAN;
-  tpr_tensor *kc = from_host(TPR_F32, 3, cs, nan_cache), *vc = from_host(TPR_F32, 3, cs, nan_cache);
-  tpr_tensor *kc6 = from_host(TPR_F32, 3, cs, nan_cache), *vc6 = from_host(TPR_F32, 3, cs, nan_cache);
+  tpr_tensor *kc = tt_from_host(TPR_F32, 3, cs, nan_cache), *vc = tt_from_host(TPR_F32, 3, cs, nan_cache);
+  tpr_tensor *kc6 = tt_from_host(TPR_F32, 3, cs, nan_cache), *vc6 = tt_from_host(TPR_F32, 3, cs, nan_cache);
   tpr_program *prefill = build_step(5), *decode = build_step(1), *all6 = build_step(PN);
   // The caches (values 4 and 5, declared in that order) are params: outside
   // the arena; only the two end tokens and the attention output are in it.
@@ -462,7 +404,7 @@ static void test_prefill_decode_program(void **state) {
   check_attention(of, want, bound, nq, "one 6-token attention");
   assert_true(tt_max_rel_err(got, want, nq) <= 1e-5);  // and so within 2e-5 of each other
   // The caches hold the 6 tokens' rows, bit for bit, and rows 6..7 are still unwritten.
-  float *hk = to_host(kc), *hv = to_host(vc), *hk6 = to_host(kc6);
+  float *hk = tt_to_host(kc), *hv = tt_to_host(vc), *hk6 = tt_to_host(kc6);
   assert_memory_equal(hk, K, nk * 4);
   assert_memory_equal(hv, V, nk * 4);
   assert_memory_equal(hk, hk6, nk * 4);

@@ -8,7 +8,7 @@
 // Bounds are first-order rounding analyses in units of u = 2^-24, checked
 // per element where the analysis gives one. Negative controls show that the
 // comparisons can fail on the bugs they guard against.
-#include "test_util.h"
+#include "ops_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,25 +16,6 @@
 #include <string.h>
 
 #define U32 0x1p-24
-
-static tpr_tensor *new_t(tpr_dtype dt, int nd, const int64_t *shape) {
-  tpr_tensor *t = NULL;
-  TT_OK(tpr_tensor_new(tt_cpu(), dt, nd, shape, &t));
-  return t;
-}
-
-static tpr_tensor *from_host(tpr_dtype dt, int nd, const int64_t *shape, const void *h) {
-  tpr_tensor *t = new_t(dt, nd, shape);
-  TT_OK(tpr_tensor_from_host(t, h, tpr_tensor_nbytes(t)));
-  return t;
-}
-
-static void *to_host(const tpr_tensor *t) {
-  size_t nb = tpr_tensor_nbytes(t);
-  void *h = malloc(nb ? nb : 1);
-  TT_OK(tpr_tensor_to_host(t, h, nb));
-  return h;
-}
 
 static tpr_tensor *view_slice(const tpr_tensor *t, int dim, int64_t start, int64_t len) {
   tpr_tensor *v = NULL;
@@ -44,46 +25,6 @@ static tpr_tensor *view_slice(const tpr_tensor *t, int dim, int64_t start, int64
 
 // ---------------------------------------------------------------- program round trip
 
-typedef tpr_status (*build_fn)(tpr_program *p, const tpr_value_id *in, tpr_value_id *out);
-
-// A one-op program over inputs shaped like in[] is serialized, deserialized
-// (the bytes survive a second trip unchanged) and run; its output must equal
-// the eager output `eager` bit for bit, so shape rule, attributes and kernel
-// all round-trip.
-static void check_roundtrip(build_fn build, int n_in, const tpr_tensor *const *in, const tpr_tensor *eager) {
-  tpr_program *p, *q;
-  tpr_value_id ids[TPR_OP_MAX_INPUTS], out;
-  char name[16];
-  TT_OK(tpr_program_new(&p));
-  for (int i = 0; i < n_in; i++) {
-    snprintf(name, sizeof name, "in%d", i);
-    TT_OK(tpr_program_input(p, name, in[i]->dtype, in[i]->ndim, in[i]->shape, &ids[i]));
-  }
-  TT_OK(build(p, ids, &out));
-  TT_OK(tpr_program_output(p, out, "out"));
-  uint8_t *b1, *b2;
-  size_t l1, l2;
-  TT_OK(tpr_program_serialize(p, &b1, &l1));
-  TT_OK(tpr_program_deserialize(b1, l1, &q));
-  TT_OK(tpr_program_serialize(q, &b2, &l2));
-  assert_int_equal(l1, l2);
-  assert_memory_equal(b1, b2, l1);
-  tpr_exec *e;
-  TT_OK(tpr_exec_new(q, tt_cpu(), &e));
-  for (int i = 0; i < n_in; i++) {
-    snprintf(name, sizeof name, "in%d", i);
-    TT_OK(tpr_exec_bind(e, name, in[i]));
-  }
-  TT_OK(tpr_exec_run(e));
-  const tpr_tensor *got;
-  TT_OK(tpr_exec_output(e, "out", &got));
-  assert_int_equal(got->dtype, eager->dtype);
-  assert_true(tpr_tensor_same_shape(got, eager));
-  assert_memory_equal(tpr_tensor_data(got), tpr_tensor_data(eager), tpr_tensor_nbytes(eager));
-  tpr_exec_free(e);
-  tpr_program_free(p), tpr_program_free(q);
-  free(b1), free(b2);
-}
 
 static tpr_status build_sum_squares(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
   return tpr_pb_sum_squares(p, in[0], out);
@@ -109,9 +50,9 @@ static void check_sum_squares(const tpr_tensor *x, const float *X, int64_t rows,
   int64_t os[TPR_MAX_DIMS];
   memcpy(os, x->shape, sizeof os);
   os[x->ndim - 1] = 1;
-  tpr_tensor *out = new_t(TPR_F32, x->ndim, os);
+  tpr_tensor *out = tt_new(TPR_F32, x->ndim, os);
   TT_OK(tpr_sum_squares(tt_cpu(), x, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   for (int64_t r = 0; r < rows; r++) {
     double want = 0;
     for (int64_t i = 0; i < N; i++) want += (double)X[r * N + i] * X[r * N + i];
@@ -137,9 +78,9 @@ static void test_sum_squares(void **state) {
     check_sum_squares(xt, XT, 6, N);
     if (k == 2) {
       const int64_t os[] = {3, 4, 1};
-      tpr_tensor *out = new_t(TPR_F32, 3, os);
+      tpr_tensor *out = tt_new(TPR_F32, 3, os);
       TT_OK(tpr_sum_squares(tt_cpu(), x, out));
-      check_roundtrip(build_sum_squares, 1, (const tpr_tensor *const[]){x}, out);
+      tt_check_roundtrip(build_sum_squares, 1, (const tpr_tensor *const[]){x}, out);
       tpr_tensor_free(out);
     }
     free(X), free(P), free(XT);
@@ -164,12 +105,12 @@ static void test_rms_scale_distributed(void **state) {
   tpr_tensor *w = view_slice(w2, 1, 1, 1);
   w->ndim = 1;
   for (int i = 0; i < G; i++) W[i] = W2[2 * i + 1];
-  tpr_tensor *part[2], *xl[2], *wl[2], *out[2], *bad = new_t(TPR_F32, 2, ls), *sum = new_t(TPR_F32, 2, ss);
+  tpr_tensor *part[2], *xl[2], *wl[2], *out[2], *bad = tt_new(TPR_F32, 2, ls), *sum = tt_new(TPR_F32, 2, ss);
   for (int r = 0; r < 2; r++) {
     xl[r] = view_slice(xg, 1, r * N, N);  // strided: row stride G
     wl[r] = view_slice(w, 0, r * N, N);
-    part[r] = new_t(TPR_F32, 2, ss);
-    out[r] = new_t(TPR_F32, 2, ls);
+    part[r] = tt_new(TPR_F32, 2, ss);
+    out[r] = tt_new(TPR_F32, 2, ls);
     TT_OK(tpr_sum_squares(tt_cpu(), xl[r], part[r]));
   }
   TT_OK(tpr_add(tt_cpu(), part[0], part[1], sum));
@@ -178,7 +119,7 @@ static void test_rms_scale_distributed(void **state) {
     TT_OK(tpr_rms_scale(tt_cpu(), xl[r], sum, wl[r], (float)G, eps, out[r]));
     // Negative control: the per-rank divisor N (the bug section 5 warns about).
     TT_OK(tpr_rms_scale(tt_cpu(), xl[r], sum, wl[r], (float)N, eps, bad));
-    float *got = to_host(out[r]), *gb = to_host(bad);
+    float *got = tt_to_host(out[r]), *gb = tt_to_host(bad);
     for (int t = 0; t < T; t++) {
       double s = 0;
       for (int i = 0; i < G; i++) s += (double)X[t * G + i] * X[t * G + i];
@@ -197,11 +138,11 @@ static void test_rms_scale_distributed(void **state) {
   assert_true(worst <= 8 * U32);
   assert_true(bad_err > 0.2);  // sqrt(2) - 1 relative
   // Program round trip on the contiguous row block of rank 0.
-  tpr_tensor *xc = new_t(TPR_F32, 2, ls), *wc = new_t(TPR_F32, 1, (const int64_t[]){N});
+  tpr_tensor *xc = tt_new(TPR_F32, 2, ls), *wc = tt_new(TPR_F32, 1, (const int64_t[]){N});
   TT_OK(tpr_cast(tt_cpu(), xl[0], xc));
   TT_OK(tpr_cast(tt_cpu(), wl[0], wc));
   TT_OK(tpr_rms_scale(tt_cpu(), xc, sum, wc, 48.0f, 1e-6f, bad));
-  check_roundtrip(build_rms_scale, 3, (const tpr_tensor *const[]){xc, sum, wc}, bad);
+  tt_check_roundtrip(build_rms_scale, 3, (const tpr_tensor *const[]){xc, sum, wc}, bad);
   // Shape rule: sumsq must have x's leading dims and a last dim of 1.
   assert_int_equal(tpr_rms_scale(tt_cpu(), xc, xc, wc, 48.0f, eps, bad), TPR_ERR_SHAPE);
   assert_non_null(strstr(tpr_last_error(), "sumsq"));
@@ -233,16 +174,16 @@ static void test_embedding_shard(void **state) {
     tpr_dtype idt = k ? TPR_I64 : TPR_I32;
     void *ih = malloc(NI * 8);
     for (int i = 0; i < NI; i++) k ? (((int64_t *)ih)[i] = v[i]) : (((int32_t *)ih)[i] = (int32_t)v[i]);
-    tpr_tensor *ids = from_host(idt, 2, is, ih);
+    tpr_tensor *ids = tt_from_host(idt, 2, is, ih);
     int32_t rank_h[4] = {7, 9, 0, NS};  // (dp_rank, dp_size, tp_rank, tp_size)
-    tpr_tensor *rank = from_host(TPR_I32, 1, rs, rank_h), *shard = view_slice(rank, 0, 2, 1);
+    tpr_tensor *rank = tt_from_host(TPR_I32, 1, rs, rank_h), *shard = view_slice(rank, 0, 2, 1);
     float *sum = calloc(NI * H, sizeof *sum), *prev = NULL;
     for (int s = 0; s < NS; s++) {
       rank_h[2] = s;
       TT_OK(tpr_tensor_from_host(rank, rank_h, sizeof rank_h));
-      tpr_tensor *table = view_slice(ft, 0, s * Vl, Vl), *out = new_t(TPR_F32, 3, os);
+      tpr_tensor *table = view_slice(ft, 0, s * Vl, Vl), *out = tt_new(TPR_F32, 3, os);
       TT_OK(tpr_embedding_shard(tt_cpu(), table, ids, shard, out));
-      float *got = to_host(out);
+      float *got = tt_to_host(out);
       for (int p = 0; p < NI; p++) {
         bool mine = v[p] >= s * Vl && v[p] < (s + 1) * Vl;
         for (int j = 0; j < H; j++) {
@@ -253,9 +194,9 @@ static void test_embedding_shard(void **state) {
       }
       if (prev) assert_true(memcmp(prev, got, NI * H * 4) != 0);  // another shard value, other output
       if (s == 1 && k == 0) {  // round trip with a contiguous table
-        tpr_tensor *tc = new_t(TPR_F32, 2, ts);
+        tpr_tensor *tc = tt_new(TPR_F32, 2, ts);
         TT_OK(tpr_cast(tt_cpu(), table, tc));
-        check_roundtrip(build_embedding_shard, 3, (const tpr_tensor *const[]){tc, ids, shard}, out);
+        tt_check_roundtrip(build_embedding_shard, 3, (const tpr_tensor *const[]){tc, ids, shard}, out);
         tpr_tensor_free(tc);
       }
       free(prev);
@@ -273,7 +214,7 @@ static void test_embedding_shard(void **state) {
   int32_t bad[3] = {2, 4, -3}, one = 0;
   float guard[3 * H];
   for (int i = 0; i < 3 * H; i++) guard[i] = -7.5f;
-  tpr_tensor *ids = from_host(TPR_I32, 1, &n3, bad), *shard = from_host(TPR_I32, 1, (const int64_t[]){1}, &one);
+  tpr_tensor *ids = tt_from_host(TPR_I32, 1, &n3, bad), *shard = tt_from_host(TPR_I32, 1, (const int64_t[]){1}, &one);
   tpr_tensor *table = view_slice(ft, 0, 0, Vl), *out = NULL;
   TT_OK(tpr_tensor_wrap(tt_cpu(), TPR_F32, 2, (const int64_t[]){3, H}, guard, &out));
   assert_int_equal(tpr_embedding_shard(tt_cpu(), table, ids, shard, out), TPR_ERR_INVALID_ARG);
@@ -321,11 +262,11 @@ static void test_router(void **state) {
   // Last row: all tied at sigmoid(0) = 1/2 exactly (so 1/k is exact), no bias below.
   for (int e = 0; e < RE; e++) L[(RT - 1) * RE + e] = 0.0f;
   float Bz[RE] = {0};
-  tpr_tensor *lg = from_host(TPR_F32, 2, ls, L), *bias = from_host(TPR_F32, 1, bs, B), *out = new_t(TPR_F32, 2, ls);
-  tpr_tensor *zb = from_host(TPR_F32, 1, bs, Bz), *tied = view_slice(lg, 0, RT - 1, 1);
-  tpr_tensor *tout = new_t(TPR_F32, 2, (const int64_t[]){1, RE});
+  tpr_tensor *lg = tt_from_host(TPR_F32, 2, ls, L), *bias = tt_from_host(TPR_F32, 1, bs, B), *out = tt_new(TPR_F32, 2, ls);
+  tpr_tensor *zb = tt_from_host(TPR_F32, 1, bs, Bz), *tied = view_slice(lg, 0, RT - 1, 1);
+  tpr_tensor *tout = tt_new(TPR_F32, 2, (const int64_t[]){1, RE});
   TT_OK(tpr_router_sigmoid_topk(tt_cpu(), lg, bias, RK, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   int changed = 0;
   double bias_in_weights = 0;
   for (int t = 0; t < RT - 1; t++) {
@@ -353,9 +294,9 @@ static void test_router(void **state) {
   assert_true(bias_in_weights > 1e-3);  // and weights computed with the bias would not match
   // Ties go to the lower expert index: all-equal logits pick experts 0..k-1.
   TT_OK(tpr_router_sigmoid_topk(tt_cpu(), tied, zb, RK, tout));
-  float *gt = to_host(tout);
+  float *gt = tt_to_host(tout);
   for (int e = 0; e < RE; e++) assert_true(gt[e] == (e < RK ? 1.0f / RK : 0.0f));
-  check_roundtrip(build_router, 2, (const tpr_tensor *const[]){lg, bias}, out);
+  tt_check_roundtrip(build_router, 2, (const tpr_tensor *const[]){lg, bias}, out);
   assert_int_equal(tpr_router_sigmoid_topk(tt_cpu(), lg, bias, RE + 1, out), TPR_ERR_INVALID_ARG);
   free(got), free(gt);
   tpr_tensor *all[] = {lg, bias, out, zb, tied, tout};
@@ -427,9 +368,9 @@ static void test_moe_experts(void **state) {
   for (int i = 0; i < MH * MF; i++) W2[IDLE * MH * MF + i] = NAN;
   TT_OK(tpr_tensor_from_host(w13, W13, tpr_tensor_nbytes(w13)));
   TT_OK(tpr_tensor_from_host(w2, W2, tpr_tensor_nbytes(w2)));
-  tpr_tensor *g = from_host(TPR_F32, 2, gs, G), *out = new_t(TPR_F32, 2, xs);
+  tpr_tensor *g = tt_from_host(TPR_F32, 2, gs, G), *out = tt_new(TPR_F32, 2, xs);
   TT_OK(tpr_moe_experts(tt_cpu(), x, g, w13, w2, out));
-  float *got = to_host(out);
+  float *got = tt_to_host(out);
   double want[MT * MH], bound[MT * MH];
   ref_moe(X, G, W13, W2, false, want, bound);
   for (int i = 0; i < MT * MH; i++)
@@ -438,7 +379,7 @@ static void test_moe_experts(void **state) {
   // The bound is tight enough to catch the w1/w3 order.
   ref_moe(X, G, W13, W2, true, want, bound);
   assert_true(tt_max_rel_err(got, want, MT * MH) > 0.05);
-  check_roundtrip(build_moe, 4, (const tpr_tensor *const[]){x, g, w13, w2}, out);
+  tt_check_roundtrip(build_moe, 4, (const tpr_tensor *const[]){x, g, w13, w2}, out);
   free(got), free(X), free(W13), free(W2);
   tpr_tensor *all[] = {x, w13, w2, g, out};
   for (int i = 0; i < 5; i++) tpr_tensor_free(all[i]);
