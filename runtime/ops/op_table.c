@@ -452,6 +452,7 @@ tpr_status tpr_op_run(tpr_backend *backend, tpr_op_kind op, const tpr_tensor *co
                       const tpr_op_attrs *attrs, tpr_tensor *out) {
   static const tpr_op_attrs no_attrs;
   if (!backend || !out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_op_run: NULL backend or out");
+  if (!op_valid(op)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "unknown op kind %d", (int)op);
   if (!attrs) attrs = &no_attrs;
   tpr_tensor want;
   TPR_CHECK(tpr__op_infer(op, in, n_in, attrs, &want));

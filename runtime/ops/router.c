@@ -50,6 +50,7 @@ TPR_CPU_KERNEL(router_sigmoid_topk) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; e++)
         if (!chosen[e] && (best < 0 || ranks_above(score[e], score[best]))) best = e;
+      if (best < 0) break;  // k <= E (the shape rule checks it): never taken
       chosen[best] = 1;
     }
     float sum = 0.0f;
