@@ -82,6 +82,7 @@ typedef struct bench {
   uint64_t minb, maxb, stepb;
   int64_t factor, iters, warmup, blocks, ipb;  // ipb: iterations per timed block
   bool check, json, baseline;
+  int64_t max_blocks;  // > blocks: add blocks for fast sizes (see measure)
   // Buffers of `cap` bytes each. With nccl, send/recv are device memory and
   // hsend/hrecv host staging for the check; otherwise they are the same.
   size_t cap;
@@ -122,9 +123,7 @@ static tpr_status copy_local(bench *b, void *dst, const void *src, size_t bytes)
   return TPR_OK;
 }
 
-static tpr_status run_mpi(bench *b, const shape *s);
 static tpr_status run_tpr(bench *b, const shape *s) {
-  if (getenv("BENCH_AA")) return run_mpi(b, s);
   tpr_comm_t c = b->w->comm;
   switch (b->op) {
     case OP_ALL_REDUCE: return tpr_comm_all_reduce(c, b->send, b->recv, s->count, b->dt, b->redop);
@@ -258,6 +257,7 @@ typedef struct row {
   shape s;
   double us, algbw, busbw, mpi_us, mpi_algbw, mpi_busbw;
   int64_t wrong, mpi_wrong;  // -1: not checked
+  int64_t blocks;            // timed blocks per side
 } row;
 
 static tpr_status time_block(bench *b, const shape *s, bool mpi, int64_t *ns) {
@@ -273,26 +273,40 @@ static int cmp_i64(const void *x, const void *y) {
   return (a > c) - (a < c);
 }
 
-// Median over blocks of the per-iteration time (us), averaged over ranks;
-// sorts rank_sum_ns's blocks in place.
-static double median_us(int64_t *rank_sum_ns, int64_t blocks, int n, int64_t ipb) {
+// The per-iteration time (us) of the blocks, averaged over ranks: the
+// interquartile mean (the mean of the middle half once sorted), as robust to
+// a burst of load as the median and, measured here, half as noisy in the
+// tpr / MPI ratio. One block: its time. Sorts rank_sum_ns in place.
+static double iqm_us(int64_t *rank_sum_ns, int64_t blocks, int n, int64_t ipb) {
   qsort(rank_sum_ns, (size_t)blocks, sizeof rank_sum_ns[0], cmp_i64);
-  double mid = blocks % 2 ? (double)rank_sum_ns[blocks / 2]
-                          : 0.5 * ((double)rank_sum_ns[blocks / 2 - 1] + (double)rank_sum_ns[blocks / 2]);
-  return mid / n / (double)ipb * 1e-3;
+  double sum = 0;
+  for (int64_t k = blocks / 4; k < blocks - blocks / 4; k++) sum += (double)rank_sum_ns[k];
+  return sum / (double)(blocks - 2 * (blocks / 4)) / n / (double)ipb * 1e-3;
 }
 
 // Warm-up, then `blocks` timed blocks of `ipb` iterations. With the baseline,
 // tpr and MPI blocks alternate T M | M T | T M ... so load from the rest of
-// the machine falls on both alike, and the median block is reported.
+// the machine falls on both alike; the blocks' interquartile mean is reported.
 static tpr_status measure(bench *b, uint64_t size, int epoch, row *r) {
   *r = (row){.s = shape_of(b, size), .wrong = -1, .mpi_wrong = -1};
   const shape *s = &r->s;
+  double t0 = tpr_cli_now();
   for (int64_t i = 0; i < b->warmup; i++) {
     TPR_CHECK(run_tpr(b, s));
     if (b->baseline) TPR_CHECK(run_mpi(b, s));
   }
   int64_t nb = b->blocks, *t = b->t;  // (2 nb + 2): tpr blocks, mpi blocks, #wrong tpr, #wrong mpi
+  if (b->max_blocks > nb && b->warmup > 0) {
+    // Fast sizes get more blocks, up to ~0.5 s per side: a burst of load
+    // then spans many alternations. Every rank must agree, so the warm-up
+    // time is averaged over ranks first.
+    int64_t ns = (int64_t)((tpr_cli_now() - t0) * 1e9);
+    TPR_CHECK(tpr_comm_all_reduce(b->w->host, &ns, &ns, 1, TPR_I64, TPR_SUM));
+    double per_block = (double)ns / b->n / (double)(2 * b->warmup) * (double)b->ipb;
+    double want = per_block > 0 ? 0.5e9 / per_block : (double)b->max_blocks;
+    nb = want > (double)b->max_blocks ? b->max_blocks : want > (double)nb ? (int64_t)want : nb;
+  }
+  r->blocks = nb;
   memset(t, 0, (size_t)(2 * nb + 2) * sizeof *t);
   for (int64_t k = 0; k < nb; k++) {
     bool mpi_first = b->baseline && k % 2 == 1;
@@ -305,19 +319,14 @@ static tpr_status measure(bench *b, uint64_t size, int epoch, row *r) {
   if (b->check && b->baseline) TPR_CHECK(check_once(b, s, true, epoch, &wrong[1]));
   t[2 * nb] = wrong[0], t[2 * nb + 1] = wrong[1];
   TPR_CHECK(tpr_comm_all_reduce(b->w->host, t, t, (size_t)(2 * nb + 2), TPR_I64, TPR_SUM));
-  if (getenv("BENCH_DEBUG") && b->rank == 0) {  // TEMP
-    fprintf(stderr, "RAW %llu", (unsigned long long)s->bytes);
-    for (int64_t k = 0; k < 2 * nb; k++) fprintf(stderr, " %lld", (long long)t[k]);
-    fprintf(stderr, "\n");
-  }
   double f = bus_factor(b->op, b->n);
   if (b->check) r->wrong = t[2 * nb];
   if (b->check && b->baseline) r->mpi_wrong = t[2 * nb + 1];
-  r->us = median_us(t, nb, b->n, b->ipb);
+  r->us = iqm_us(t, nb, b->n, b->ipb);
   r->algbw = (double)s->bytes / 1e9 / (r->us * 1e-6);
   r->busbw = r->algbw * f;
   if (b->baseline) {
-    r->mpi_us = median_us(t + nb, nb, b->n, b->ipb);
+    r->mpi_us = iqm_us(t + nb, nb, b->n, b->ipb);
     r->mpi_algbw = (double)s->bytes / 1e9 / (r->mpi_us * 1e-6);
     r->mpi_busbw = r->mpi_algbw * f;
   }
@@ -352,6 +361,7 @@ static void print_header(const bench *b) {
     cJSON_AddNumberToObject(j, "iters", (double)b->iters);
     cJSON_AddNumberToObject(j, "warmup_iters", (double)b->warmup);
     cJSON_AddNumberToObject(j, "blocks", (double)b->blocks);
+    cJSON_AddNumberToObject(j, "max_blocks", (double)b->max_blocks);
     cJSON_AddNumberToObject(j, "iters_per_block", (double)b->ipb);
     cJSON_AddNumberToObject(j, "check", b->check);
     cJSON_AddBoolToObject(j, "baseline", b->baseline);
@@ -368,7 +378,11 @@ static void print_header(const bench *b) {
     printf("# minBytes %" PRIu64 " maxBytes %" PRIu64 " step: %" PRIu64 "(bytes)", b->minb, b->maxb, b->stepb);
   printf(" warmup iters: %" PRId64 " iters: %" PRId64 " validation: %d\n", b->warmup, b->iters, b->check);
   printf("# busbw = algbw * %.4g (nccl-tests); time: per-rank mean per iteration, averaged over ranks", bus_factor(b->op, b->n));
-  if (b->blocks > 1) printf("; median of %" PRId64 " blocks of %" PRId64 " iteration(s)", b->blocks, b->ipb);
+  if (b->max_blocks > b->blocks)
+    printf("; interquartile mean of %" PRId64 " to %" PRId64 " blocks (as many as fill 0.5 s) of %" PRId64
+           " iteration(s)", b->blocks, b->max_blocks, b->ipb);
+  else if (b->blocks > 1)
+    printf("; interquartile mean of %" PRId64 " blocks of %" PRId64 " iteration(s)", b->blocks, b->ipb);
   printf("\n");
   if (b->baseline)
     printf("# baseline: %s on the same MPI communicator, blocks alternating with tpr's; ratio = busbw / mpi busbw\n",
@@ -396,6 +410,7 @@ static void print_row(const bench *b, const row *r) {
     cJSON_AddNumberToObject(j, "time_us", r->us);
     cJSON_AddNumberToObject(j, "algbw", r->algbw);
     cJSON_AddNumberToObject(j, "busbw", r->busbw);
+    cJSON_AddNumberToObject(j, "blocks", (double)r->blocks);
     if (r->wrong >= 0) cJSON_AddNumberToObject(j, "wrong", (double)r->wrong);
     if (b->baseline) {
       cJSON_AddNumberToObject(j, "mpi_time_us", r->mpi_us);
@@ -543,7 +558,7 @@ static const char usage[] =
 int tpr_bench_comm(int argc, char **argv) {
   const char *minb_s = "8", *maxb_s = "128M", *stepb_s = NULL, *op_s = "all_reduce", *type_s = "float",
              *redop_s = "sum";
-  int64_t factor = -1, iters = 20, warmup = 5, check = 1, root = 0, blocks = 0;
+  int64_t factor = -1, iters = -1, warmup = 5, check = 1, root = 0, blocks = 0;
   bool json = false, baseline = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   const tpr_arg args[] = {
@@ -555,14 +570,15 @@ int tpr_bench_comm(int argc, char **argv) {
        "-o: all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|sendrecv|all (default all_reduce)"},
       {"datatype", TPR_ARG_STR, &type_s, "-d: float|bfloat16|half|int32|int64 (or f32|bf16|f16|i32|i64; default float)"},
       {"redop", TPR_ARG_STR, &redop_s, "-r: sum|max|min for all_reduce and reduce_scatter (default sum)"},
-      {"iters", TPR_ARG_INT, &iters, "-n: timed iterations per size (default 20)"},
+      {"iters", TPR_ARG_INT, &iters, "-n: timed iterations per size (default 20; 100 with --baseline)"},
       {"warmup_iters", TPR_ARG_INT, &warmup, "-w: untimed iterations before them (default 5)"},
       {"check", TPR_ARG_INT, &check, "-c: 1 checks one extra call per size with fresh inputs (default 1)"},
       {"root", TPR_ARG_INT, &root, "broadcast root (default 0)"},
       {"baseline", TPR_ARG_FLAG, &baseline, "also time the raw MPI call on the same communicator (mpi backend)"},
       {"blocks", TPR_ARG_INT, &blocks,
-       "split the timed iterations into this many blocks and report the median block (default 1; 10 with "
-       "--baseline)"},
+       "split the -n timed iterations into this many blocks and report the interquartile mean of the block "
+       "times (default 1; "
+       "with --baseline: -n blocks of one iteration, up to 10x more for sizes that take < 0.5 s)"},
       {"json", TPR_ARG_FLAG, &json, "print JSON lines: a header object per op, then one object per size"},
       TPR_WORLD_ARGS(wo),
   };
@@ -577,8 +593,8 @@ int tpr_bench_comm(int argc, char **argv) {
     free_argv(av, argc);
     return ar == TPR_ARGS_HELP ? 0 : 2;
   }
-  bench b = {.redop = TPR_SUM, .iters = iters, .warmup = warmup, .check = check != 0, .json = json,
-             .baseline = baseline, .half_op = MPI_OP_NULL};
+  bench b = {.redop = TPR_SUM, .iters = iters > 0 ? iters : baseline ? 100 : 20, .warmup = warmup,
+             .check = check != 0, .json = json, .baseline = baseline, .half_op = MPI_OP_NULL};
   int first = -1, last = -1;
   for (int k = 0; k < OP_COUNT; k++)
     if (strcmp(op_s, ops[k].name) == 0 || strcmp(op_s, ops[k].alias) == 0) first = last = k;
@@ -609,7 +625,7 @@ int tpr_bench_comm(int argc, char **argv) {
     rc = usage_error("-f/--stepfactor and -i/--stepbytes %s exclude each other", stepb_s, NULL);
   } else if (!stepb_s && factor != -1 && factor < 2) {
     rc = usage_error("-f/--stepfactor must be at least 2 (step linearly with -i BYTES)%s", "", NULL);
-  } else if (iters < 1 || warmup < 0 || blocks < 0 || (check != 0 && check != 1) || root < 0) {
+  } else if ((iters < 1 && iters != -1) || warmup < 0 || blocks < 0 || (check != 0 && check != 1) || root < 0) {
     rc = usage_error("-n must be >= 1, -w and --blocks >= 0, -c 0 or 1, --root >= 0%s", "", NULL);
   } else {
     rc = -1;
@@ -621,7 +637,7 @@ int tpr_bench_comm(int argc, char **argv) {
   b.redop = (tpr_red_op)red;
   b.factor = stepb_s ? 0 : factor == -1 ? 2 : factor;
   b.es = tpr_dtype_size(b.dt);
-  b.blocks = blocks ? blocks : baseline ? iters : 1;
+  b.blocks = blocks ? blocks : baseline ? b.iters : 1;
   if (b.blocks > b.iters) b.blocks = b.iters;
   b.ipb = b.iters / b.blocks;
 
@@ -653,7 +669,8 @@ int tpr_bench_comm(int argc, char **argv) {
   if (baseline) b.mpi = tpr__comm_mpi_handle(w.comm);
   b.cap = (size_t)(b.maxb > 16 ? b.maxb : 16);
   tpr_status st = TPR_OK;
-  b.t = calloc((size_t)(2 * b.blocks + 2), sizeof *b.t);
+  b.max_blocks = baseline && !blocks ? 10 * b.blocks : b.blocks;
+  b.t = calloc((size_t)(2 * b.max_blocks + 2), sizeof *b.t);
   if (!b.t) st = TPR_FAIL(TPR_ERR_OOM, "bench comm: block times");
   if (st == TPR_OK && strcmp(backend, "nccl") == 0) {  // device buffers, host staging for the check
     // The device the nccl backend picked: opts.device, else the node-local rank.
