@@ -18,6 +18,9 @@
 //  - time is each rank's mean over the timed iterations, averaged over ranks
 //    (BenchTime: Allreduce(args, &deltaSec, average) with average = 1);
 //    #wrong is summed over ranks (Allreduce(..., /*sum*/4)).
+// Beyond nccl-tests: --blocks splits the timed iterations into blocks and
+// reports the interquartile mean of the block times; --baseline alternates
+// one-iteration blocks of tpr's call and the raw MPI call (see measure).
 // Every op runs out of place except broadcast, which runs in place as
 // MPI_Bcast does.
 #include "launch/bench_comm.h"
@@ -38,7 +41,15 @@
 #include "launch/world.h"
 #include "runtime/backend_cuda.h"
 
-typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_BROADCAST, OP_SENDRECV, OP_COUNT } bench_op;
+typedef enum bench_op {
+  OP_ALL_REDUCE,
+  OP_ALL_GATHER,
+  OP_REDUCE_SCATTER,
+  OP_ALL_TO_ALL,
+  OP_BROADCAST,
+  OP_SENDRECV,
+  OP_COUNT
+} bench_op;
 
 static const struct {
   const char *name, *alias, *mpi_call;
@@ -377,7 +388,8 @@ static void print_header(const bench *b) {
   else
     printf("# minBytes %" PRIu64 " maxBytes %" PRIu64 " step: %" PRIu64 "(bytes)", b->minb, b->maxb, b->stepb);
   printf(" warmup iters: %" PRId64 " iters: %" PRId64 " validation: %d\n", b->warmup, b->iters, b->check);
-  printf("# busbw = algbw * %.4g (nccl-tests); time: per-rank mean per iteration, averaged over ranks", bus_factor(b->op, b->n));
+  printf("# busbw = algbw * %.4g (nccl-tests); time: per-rank mean per iteration, averaged over ranks",
+         bus_factor(b->op, b->n));
   if (b->max_blocks > b->blocks)
     printf("; interquartile mean of %" PRId64 " to %" PRId64 " blocks (as many as fill 0.5 s) of %" PRId64
            " iteration(s)", b->blocks, b->max_blocks, b->ipb);
@@ -553,7 +565,8 @@ static const char usage[] =
     "(-b -e -i -f -n -w -c -d), except -o picks the collective and -r the reduction (nccl-tests: -o redop,\n"
     "-r root). With --baseline every size also runs through raw MPI on the same communicator, in blocks\n"
     "alternating with tpr's, and adds mpi time, mpi busbw, its #wrong and ratio = busbw / mpi busbw.\n"
-    "Exit 1 if any element is wrong.";
+    "Ops run out of place except broadcast (in place, as MPI_Bcast); sendrecv sends to rank+1 and receives\n"
+    "from rank-1. Exit 1 if any element is wrong.";
 
 int tpr_bench_comm(int argc, char **argv) {
   const char *minb_s = "8", *maxb_s = "128M", *stepb_s = NULL, *op_s = "all_reduce", *type_s = "float",
@@ -568,7 +581,8 @@ int tpr_bench_comm(int argc, char **argv) {
       {"stepbytes", TPR_ARG_STR, &stepb_s, "-i: add this many bytes instead of -f"},
       {"op", TPR_ARG_STR, &op_s,
        "-o: all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|sendrecv|all (default all_reduce)"},
-      {"datatype", TPR_ARG_STR, &type_s, "-d: float|bfloat16|half|int32|int64 (or f32|bf16|f16|i32|i64; default float)"},
+      {"datatype", TPR_ARG_STR, &type_s,
+       "-d: float|bfloat16|half|int32|int64 (or f32|bf16|f16|i32|i64; default float)"},
       {"redop", TPR_ARG_STR, &redop_s, "-r: sum|max|min for all_reduce and reduce_scatter (default sum)"},
       {"iters", TPR_ARG_INT, &iters, "-n: timed iterations per size (default 20; 100 with --baseline)"},
       {"warmup_iters", TPR_ARG_INT, &warmup, "-w: untimed iterations before them (default 5)"},
@@ -576,9 +590,8 @@ int tpr_bench_comm(int argc, char **argv) {
       {"root", TPR_ARG_INT, &root, "broadcast root (default 0)"},
       {"baseline", TPR_ARG_FLAG, &baseline, "also time the raw MPI call on the same communicator (mpi backend)"},
       {"blocks", TPR_ARG_INT, &blocks,
-       "split the -n timed iterations into this many blocks and report the interquartile mean of the block "
-       "times (default 1; "
-       "with --baseline: -n blocks of one iteration, up to 10x more for sizes that take < 0.5 s)"},
+       "timed blocks per size, reported as the interquartile mean of their times (default 1; --baseline: "
+       "-n one-iteration blocks, up to 10x more to fill 0.5 s)"},
       {"json", TPR_ARG_FLAG, &json, "print JSON lines: a header object per op, then one object per size"},
       TPR_WORLD_ARGS(wo),
   };

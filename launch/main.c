@@ -5,7 +5,7 @@
 #include "launch/commands.h"
 
 static const tpr_command commands[] = {
-    {"bench", "benchmarks: 'tpr bench comm' measures the collectives (nccl-tests columns)", tpr_cmd_bench},
+    {"bench", "benchmarks that print a table or --json ('tpr bench --help' lists them)", tpr_cmd_bench},
     {"compare", "max relative difference of two safetensors tensors (logits vs a reference)", tpr_cmd_compare},
     {"convert", "shard a checkpoint for a mesh: per-rank files + manifest.pb with checksums", tpr_cmd_convert},
     {"forward", "the logits of every position of a token sequence, as safetensors (golden tests)", tpr_cmd_forward},
