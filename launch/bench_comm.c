@@ -267,6 +267,7 @@ static tpr_status check_once(bench *b, const shape *s, bool mpi, int epoch, int6
 typedef struct row {
   shape s;
   double us, algbw, busbw, mpi_us, mpi_algbw, mpi_busbw;
+  double ratio;  // busbw / mpi busbw, as mpi time / time (defined for size 0 and one rank too)
   int64_t wrong, mpi_wrong;  // -1: not checked
   int64_t blocks;            // timed blocks per side
 } row;
@@ -340,6 +341,7 @@ static tpr_status measure(bench *b, uint64_t size, int epoch, row *r) {
     r->mpi_us = iqm_us(t + nb, nb, b->n, b->ipb);
     r->mpi_algbw = (double)s->bytes / 1e9 / (r->mpi_us * 1e-6);
     r->mpi_busbw = r->mpi_algbw * f;
+    r->ratio = r->mpi_us / r->us;
   }
   return TPR_OK;
 }
@@ -429,7 +431,7 @@ static void print_row(const bench *b, const row *r) {
       cJSON_AddNumberToObject(j, "mpi_algbw", r->mpi_algbw);
       cJSON_AddNumberToObject(j, "mpi_busbw", r->mpi_busbw);
       if (r->mpi_wrong >= 0) cJSON_AddNumberToObject(j, "mpi_wrong", (double)r->mpi_wrong);
-      cJSON_AddNumberToObject(j, "ratio", r->mpi_busbw > 0 ? r->busbw / r->mpi_busbw : 0.0);
+      cJSON_AddNumberToObject(j, "ratio", r->ratio);
     }
     tpr_cli_print_json(j);
     return;
@@ -441,7 +443,7 @@ static void print_row(const bench *b, const row *r) {
   if (b->baseline) {
     snprintf(w, sizeof w, "%" PRId64, r->mpi_wrong);
     printf("  %8s  %9.2f  %6s  %6.3f", fmt_us(r->mpi_us, t, sizeof t), r->mpi_busbw, r->mpi_wrong >= 0 ? w : "N/A",
-           r->mpi_busbw > 0 ? r->busbw / r->mpi_busbw : 0.0);
+           r->ratio);
   }
   printf("\n");
   fflush(stdout);
@@ -466,7 +468,7 @@ static tpr_status run_op(bench *b, bench_op op, int64_t *total_wrong) {
     TPR_CHECK(measure(b, size, epoch, &r));
     if (b->rank == 0) print_row(b, &r);
     sum += r.busbw, mpi_sum += r.mpi_busbw, rows++;
-    if (b->baseline && r.mpi_busbw > 0 && r.busbw / r.mpi_busbw < min_ratio) min_ratio = r.busbw / r.mpi_busbw;
+    if (b->baseline && r.ratio < min_ratio) min_ratio = r.ratio;
     wrong += (r.wrong > 0 ? r.wrong : 0) + (r.mpi_wrong > 0 ? r.mpi_wrong : 0);
     if (b->factor ? size > b->maxb / (uint64_t)b->factor : size > b->maxb - b->stepb) break;
     size = b->factor ? size * (uint64_t)b->factor : size + b->stepb;
