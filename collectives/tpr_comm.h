@@ -125,6 +125,12 @@ tpr_status tpr_comm_barrier(tpr_comm_t c);
 tpr_status tpr_comm_send(tpr_comm_t c, const void *buf, size_t count, tpr_dtype dt, int peer);
 tpr_status tpr_comm_recv(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int peer);
 
+// --- programs -----------------------------------------------------------
+// Hashes p (tpr_program_hash, into *hash) and all-gathers the hashes over c
+// (host buffers): a rank whose program differs from rank 0's is
+// TPR_ERR_INTERNAL on every rank, naming the ranks (DESIGN.md section 1).
+tpr_status tpr_comm_check_program(tpr_comm_t c, const tpr_program *p, uint64_t *hash);
+
 // --- the watchdog -------------------------------------------------------
 // Starts one watchdog thread per process, over the MPI world (a world of one,
 // or a build without MPI launch, needs none: then a no-op). When a collective

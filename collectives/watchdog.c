@@ -48,12 +48,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// On every collective, so it only stores: the group's name and identity are
+// read from the communicator (alive while the call is) when someone asks.
 void tpr__watch_enter(tpr_comm_t c, tpr__coll_op op, uint64_t seq, size_t count, tpr_dtype dt, int peer) {
   if (!atomic_load_explicit(&wd.running, memory_order_relaxed)) return;
   pthread_mutex_lock(&wd.mu);
-  wd.now = (watch_state){.op = op, .peer = peer, .group_first = c->world_ranks[0], .group_size = c->size,
-                         .dtype = dt, .world_rank = wd.world_rank, .seq = (int64_t)seq, .count = (int64_t)count};
-  snprintf(wd.now.group, sizeof wd.now.group, "%s", c->name);
+  wd.now.op = op, wd.now.peer = peer, wd.now.dtype = dt;
+  wd.now.seq = (int64_t)seq, wd.now.count = (int64_t)count;
   wd.group = c;
   wd.since = now_s();
   pthread_mutex_unlock(&wd.mu);
@@ -72,6 +73,11 @@ static watch_state snapshot(void) {
   watch_state s = wd.now;
   s.world_rank = wd.world_rank;
   s.elapsed_s = s.op != TPR__OP_NONE ? now_s() - wd.since : 0;
+  if (wd.group) {
+    s.group_first = wd.group->world_ranks[0];
+    s.group_size = wd.group->size;
+    snprintf(s.group, sizeof s.group, "%s", wd.group->name);
+  }
   pthread_mutex_unlock(&wd.mu);
   return s;
 }

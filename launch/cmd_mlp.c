@@ -31,7 +31,7 @@ static tpr_status run_block(tpr_world *w, const tpr_block_config *c, const tpr_m
   uint8_t *bytes = NULL;
   tpr_status rc = TPR_OK;
   TPR_CHECK_GOTO(tpr_block_build(c, mesh->tp, &built), rc, done);
-  if (all_ranks) TPR_CHECK_GOTO(tpr_world_check_program(w, built, &res->hash), rc, done);
+  if (all_ranks) TPR_CHECK_GOTO(tpr_comm_check_program(w->host, built, &res->hash), rc, done);
   TPR_CHECK_GOTO(tpr_program_serialize(built, &bytes, &res->program_bytes), rc, done);
   TPR_CHECK_GOTO(tpr_program_deserialize(bytes, res->program_bytes, &loaded), rc, done);
   TPR_CHECK_GOTO(tpr_block_random(c, seed, w->cpu, &t), rc, done);

@@ -63,25 +63,6 @@ void tpr_world_finish(tpr_world *w) {
   memset(w, 0, sizeof *w);
 }
 
-tpr_status tpr_world_check_program(tpr_world *w, const tpr_program *p, uint64_t *hash) {
-  TPR_CHECK(tpr_program_hash(p, hash));
-  uint64_t *all = calloc((size_t)w->size, sizeof *all);
-  if (!all) return TPR_FAIL(TPR_ERR_OOM, "program hash gather");
-  tpr_status rc = tpr_comm_all_gather(w->host, hash, all, 1, TPR_I64);
-  char bad[512] = "";
-  size_t used = 0;
-  for (int r = 1; rc == TPR_OK && r < w->size; r++)
-    if (all[r] != all[0] && used + 16 < sizeof bad) used += (size_t)snprintf(bad + used, sizeof bad - used, " %d", r);
-  free(all);
-  TPR_CHECK(rc);
-  if (used)
-    return TPR_FAIL(TPR_ERR_INTERNAL,
-                    "the program differs across ranks (ranks%s disagree with rank 0): a rank number leaked into "
-                    "the program instead of coming from the rank tensor",
-                    bad);
-  return TPR_OK;
-}
-
 int tpr_world_fail(tpr_world *w, const char *command) {
   if (w->size > 1)
     fprintf(stderr, "tpr %s: error on rank %d: %s\n", command, w->rank, tpr_last_error());

@@ -38,10 +38,6 @@ bool tpr_world_launched(void);
 tpr_status tpr_world_init(int *argc, char ***argv, const tpr_world_opts *opts, tpr_world *w);
 void tpr_world_finish(tpr_world *w);
 
-// All-gathers every rank's program hash; a difference is an error naming
-// the ranks that disagree with rank 0 (DESIGN.md section 1).
-tpr_status tpr_world_check_program(tpr_world *w, const tpr_program *p, uint64_t *hash);
-
 // Ends a failed command: prints the error on this rank; under MPI with more
 // than one rank it aborts the job so no peer waits forever in a collective.
 int tpr_world_fail(tpr_world *w, const char *command);

@@ -126,25 +126,6 @@ static tpr_status bind_params(tpr_m2_session *s, tpr_exec *e) {
   return tpr_exec_bind(e, "rank", s->rank);
 }
 
-// Every rank's program must be the same bytes (DESIGN.md section 1).
-static tpr_status check_same_program(tpr_m2_session *s, const tpr_program *p) {
-  int n = tpr_comm_size(s->world);
-  uint64_t h, *all = malloc((size_t)n * sizeof *all);
-  if (!all) return TPR_FAIL(TPR_ERR_OOM, "program hashes");
-  tpr_status rc = tpr_program_hash(p, &h);
-  if (rc == TPR_OK) rc = tpr_comm_all_gather(s->world, &h, all, 1, TPR_I64);
-  int bad = -1;
-  for (int r = 0; rc == TPR_OK && r < n; r++)
-    if (all[r] != all[0] && bad < 0) bad = r;
-  free(all);
-  TPR_CHECK(rc);
-  s->stats.program_hash = h;
-  if (bad >= 0)
-    return TPR_FAIL(TPR_ERR_INTERNAL, "the program differs across ranks (rank %d disagrees with rank 0): a rank "
-                    "number leaked into the program instead of coming from the rank tensor", bad);
-  return TPR_OK;
-}
-
 // Rank 0 builds and serializes; everyone receives the bytes and deserializes.
 static tpr_status receive_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
   uint8_t *bytes = NULL;
@@ -189,7 +170,7 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
   else
     TPR_CHECK(tpr_m2_build(&s->plan, &bo, &m->program));
   s->n_programs++;  // owned from here: close frees it
-  TPR_CHECK(check_same_program(s, m->program));
+  TPR_CHECK(tpr_comm_check_program(s->world, m->program, &s->stats.program_hash));
   TPR_CHECK(tpr_exec_new(m->program, s->be, &m->exec));
   tpr_exec_set_collectives(m->exec, &s->hook);
   TPR_CHECK(bind_params(s, m->exec));

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "test_util.h"
 
 char *tt_slurp(const char *path, size_t *len) {
@@ -139,4 +141,18 @@ run_result tt_run_mpi(int np, const char *exe, const char *tmp_dir, const char *
 void tt_run_done(run_result *r) {
   free(r->out);
   free(r->err);
+}
+
+cJSON *tt_json_of(run_result r) {
+  if (r.code != 0) fail_msg("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+  cJSON *j = cJSON_Parse(r.out);
+  if (!cJSON_IsObject(j)) fail_msg("not a JSON object:\n%s", r.out);
+  tt_run_done(&r);
+  return j;
+}
+
+double tt_json_num(const cJSON *j, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!cJSON_IsNumber(v)) fail_msg("JSON key '%s' missing or not a number", key);
+  return v->valuedouble;
 }

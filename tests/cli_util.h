@@ -47,6 +47,12 @@ run_result tt_run_tpr(const char *tpr, const char *tmp_dir, const char *const *a
 // Runs `mpirun -np np --oversubscribe exe args...` (args NULL-terminated)
 // the same way; mpirun is the one CMake found (TPR_MPIEXEC).
 run_result tt_run_mpi(int np, const char *exe, const char *tmp_dir, const char *const *args);
+// The JSON object a successful --json run printed (r consumed: its output is
+// freed); fails the test on a non-zero exit or output that is not an object.
+struct cJSON;
+struct cJSON *tt_json_of(run_result r);
+// j[key] as a number; fails the test if it is missing or not a number.
+double tt_json_num(const struct cJSON *j, const char *key);
 // Frees r's captured output.
 void tt_run_done(run_result *r);
 

@@ -32,12 +32,6 @@ static void expect_contains(const char *hay, const char *needle) {
   if (!strstr(hay, needle)) fail_msg("expected '%s' in:\n%s", needle, hay);
 }
 
-static double num(const cJSON *j, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-  if (!cJSON_IsNumber(v)) fail_msg("JSON key '%s' missing or not a number", key);
-  return v->valuedouble;
-}
-
 static const char *str(const cJSON *j, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
   if (!cJSON_IsString(v)) fail_msg("JSON key '%s' missing or not a string", key);
@@ -93,10 +87,10 @@ static int check_json(const char *out, const expect *e) {
       op = op_buf;
       nominal = e->minb;
       headers++;
-      assert_int_equal((int)num(j, "ranks"), e->n);
+      assert_int_equal((int)tt_json_num(j, "ranks"), e->n);
       assert_string_equal(str(j, "backend"), e->n == 1 && !e->baseline ? "self" : "mpi");
       assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "baseline")) == e->baseline);
-      assert_true(num(j, "busbw_factor") == factor_of(op, e->n));
+      assert_true(tt_json_num(j, "busbw_factor") == factor_of(op, e->n));
     } else {
       assert_string_equal(kind, "result");
       if (!op) fail_msg("result before any header: %s", line);
@@ -104,13 +98,13 @@ static int check_json(const char *out, const expect *e) {
       if (nominal > e->maxb) fail_msg("%s: more sizes than -b/-e/-f give: %s", op, line);
       uint64_t bytes, count;
       expected_shape(op, nominal, e->es, e->n, &bytes, &count);
-      if ((uint64_t)num(j, "size") != bytes || (uint64_t)num(j, "count") != count)
+      if ((uint64_t)tt_json_num(j, "size") != bytes || (uint64_t)tt_json_num(j, "count") != count)
         fail_msg("%s n=%d requested %llu bytes: want size %llu count %llu, got %s", op, e->n,
                  (unsigned long long)nominal, (unsigned long long)bytes, (unsigned long long)count, line);
-      assert_true(num(j, "wrong") == 0);
-      double t = num(j, "time_us"), alg = num(j, "algbw"), bus = num(j, "busbw");
+      assert_true(tt_json_num(j, "wrong") == 0);
+      double t = tt_json_num(j, "time_us"), alg = tt_json_num(j, "algbw"), bus = tt_json_num(j, "busbw");
       assert_true(t > 0);
-      assert_true(num(j, "blocks") >= 1);
+      assert_true(tt_json_num(j, "blocks") >= 1);
       expect_close(alg, (double)bytes / 1e3 / t, 1e-9, "algbw = size / time");
       double f = factor_of(op, e->n);
       if (alg > 0 && f > 0) expect_close(bus / alg, f, 1e-12, "busbw / algbw");
@@ -118,13 +112,13 @@ static int check_json(const char *out, const expect *e) {
       const char *redop = str(j, "redop");
       bool reduces = !strcmp(op, "all_reduce") || !strcmp(op, "reduce_scatter");
       assert_true(reduces ? strcmp(redop, "none") != 0 : strcmp(redop, "none") == 0);
-      assert_true((int)num(j, "root") == (!strcmp(op, "broadcast") ? e->root : -1));
+      assert_true((int)tt_json_num(j, "root") == (!strcmp(op, "broadcast") ? e->root : -1));
       if (e->baseline) {
-        assert_true(num(j, "mpi_wrong") == 0);
-        double mt = num(j, "mpi_time_us"), mbus = num(j, "mpi_busbw");
+        assert_true(tt_json_num(j, "mpi_wrong") == 0);
+        double mt = tt_json_num(j, "mpi_time_us"), mbus = tt_json_num(j, "mpi_busbw");
         assert_true(mt > 0);
-        expect_close(num(j, "mpi_algbw"), (double)bytes / 1e3 / mt, 1e-9, "mpi algbw");
-        if (mbus > 0) expect_close(num(j, "ratio"), bus / mbus, 1e-9, "ratio = busbw / mpi busbw");
+        expect_close(tt_json_num(j, "mpi_algbw"), (double)bytes / 1e3 / mt, 1e-9, "mpi algbw");
+        if (mbus > 0) expect_close(tt_json_num(j, "ratio"), bus / mbus, 1e-9, "ratio = busbw / mpi busbw");
       } else {
         assert_null(cJSON_GetObjectItemCaseSensitive(j, "mpi_busbw"));
       }

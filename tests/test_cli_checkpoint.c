@@ -24,21 +24,6 @@ static void expect(run_result *r, int code, const char *in_err) {
   if (in_err && !strstr(r->err, in_err)) fail_msg("expected '%s' in stderr:\n%s", in_err, r->err);
 }
 
-// Runs a --json command that must succeed; returns its object.
-static cJSON *json_of(run_result r) {
-  expect(&r, 0, NULL);
-  cJSON *j = cJSON_Parse(r.out);
-  if (!cJSON_IsObject(j)) fail_msg("not a JSON object:\n%s", r.out);
-  tt_run_done(&r);
-  return j;
-}
-
-static double num(const cJSON *j, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-  if (!cJSON_IsNumber(v)) fail_msg("JSON key '%s' missing or not a number", key);
-  return v->valuedouble;
-}
-
 static const cJSON *rank0(const cJSON *j) {
   const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(j, "ranks");
   assert_int_equal(cJSON_GetArraySize(ranks), 1);
@@ -60,9 +45,9 @@ static void test_help(void **state) {
 }
 
 static void test_make_checkpoint(void **state) {
-  cJSON *j = json_of(RUN("make-checkpoint", "--config", TPR_CONFIGS "/minimax_m2_tiny.json", "--out", ck, "--files",
+  cJSON *j = tt_json_of(RUN("make-checkpoint", "--config", TPR_CONFIGS "/minimax_m2_tiny.json", "--out", ck, "--files",
                          "3", "--seed", "7", "--json"));
-  assert_true(num(j, "files") == 3 && num(j, "tensor_bytes") > 0 && num(j, "file_bytes") > num(j, "tensor_bytes"));
+  assert_true(tt_json_num(j, "files") == 3 && tt_json_num(j, "tensor_bytes") > 0 && tt_json_num(j, "file_bytes") > tt_json_num(j, "tensor_bytes"));
   cJSON_Delete(j);
   run_result r = RUN("make-checkpoint", "--config", TPR_CONFIGS "/minimax_m2_tiny.json");
   expect(&r, 2, "--out");
@@ -76,17 +61,17 @@ static void test_make_checkpoint(void **state) {
 }
 
 static void test_load_and_convert(void **state) {
-  cJSON *plan = json_of(RUN("plan", "--model", ck, "--tp", "2", "--ep", "2", "--json"));
+  cJSON *plan = tt_json_of(RUN("plan", "--model", ck, "--tp", "2", "--ep", "2", "--json"));
   double held = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(plan, "per_rank_bytes"), 1)->valuedouble;
   cJSON_Delete(plan);
-  cJSON *j = json_of(RUN("load", "--model", ck, "--tp", "2", "--ep", "2", "--rank", "1", "--dtype", "bf16", "--json"));
+  cJSON *j = tt_json_of(RUN("load", "--model", ck, "--tp", "2", "--ep", "2", "--rank", "1", "--dtype", "bf16", "--json"));
   const cJSON *r0 = rank0(j);
-  assert_true(num(r0, "rank") == 1 && num(r0, "bytes_held") == held);  // bf16 everywhere: the plan's count
+  assert_true(tt_json_num(r0, "rank") == 1 && tt_json_num(r0, "bytes_held") == held);  // bf16 everywhere: the plan's count
   // Read: the checkpoint's bytes for those values; the f32 routing bias (8 experts x 2 layers) is 2 bytes wider each.
   double bias_extra = 2 * 8 * 2;
-  assert_true(num(r0, "bytes_read") == held + bias_extra);
-  assert_true(num(r0, "peak_rss_bytes") > 0 && num(r0, "seconds") >= 0);
-  assert_true(num(j, "checkpoint_bytes") > held && num(j, "checkpoint_files") == 3);
+  assert_true(tt_json_num(r0, "bytes_read") == held + bias_extra);
+  assert_true(tt_json_num(r0, "peak_rss_bytes") > 0 && tt_json_num(r0, "seconds") >= 0);
+  assert_true(tt_json_num(j, "checkpoint_bytes") > held && tt_json_num(j, "checkpoint_files") == 3);
   cJSON_Delete(j);
   run_result r = RUN("load", "--model", ck, "--tp", "2", "--rank", "2");
   expect(&r, 1, "rank 2");
@@ -95,11 +80,11 @@ static void test_load_and_convert(void **state) {
   expect(&r, 2, "--tp");
   tt_run_done(&r);
 
-  j = json_of(RUN("convert", "--model", ck, "--tp", "2", "--ep", "2", "--out", conv, "--json"));
-  assert_true(num(j, "files") == 2 && num(j, "bytes_written") > 0);
+  j = tt_json_of(RUN("convert", "--model", ck, "--tp", "2", "--ep", "2", "--out", conv, "--json"));
+  assert_true(tt_json_num(j, "files") == 2 && tt_json_num(j, "bytes_written") > 0);
   cJSON_Delete(j);
-  j = json_of(RUN("load", "--model", conv, "--tp", "2", "--ep", "2", "--rank", "1", "--dtype", "bf16", "--json"));
-  assert_true(num(rank0(j), "bytes_held") == held && num(rank0(j), "bytes_read") == held + bias_extra);
+  j = tt_json_of(RUN("load", "--model", conv, "--tp", "2", "--ep", "2", "--rank", "1", "--dtype", "bf16", "--json"));
+  assert_true(tt_json_num(rank0(j), "bytes_held") == held && tt_json_num(rank0(j), "bytes_read") == held + bias_extra);
   cJSON_Delete(j);
   r = RUN("load", "--model", conv, "--tp", "2");
   expect(&r, 1, "tp=2 ep=2 etp=1 dp=1");
@@ -111,7 +96,7 @@ static void test_load_and_convert(void **state) {
   r = RUN("convert", "--model", ck, "--tp", "4", "--out", conv, "--force");
   expect(&r, 0, NULL);
   tt_run_done(&r);
-  j = json_of(RUN("load", "--model", conv, "--tp", "4", "--rank", "3", "--json"));
+  j = tt_json_of(RUN("load", "--model", conv, "--tp", "4", "--rank", "3", "--json"));
   cJSON_Delete(j);
 }
 

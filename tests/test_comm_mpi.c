@@ -12,6 +12,7 @@
 
 #include "collectives/comm_mpi.h"
 #include "comm_cases.h"
+#include "mpi_util.h"
 
 static tpr_comm_t world;
 
@@ -327,10 +328,7 @@ static void test_errors(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (tpr_comm_mpi_init(&argc, &argv) != TPR_OK || tpr_comm_init_mpi_world(&world) != TPR_OK) {
-    fprintf(stderr, "MPI setup failed: %s\n", tpr_last_error());
-    return 1;
-  }
+  world = tt_mpi_world(&argc, &argv);
   comm = world;
   R = tpr_comm_rank(comm), N = tpr_comm_size(comm);
   if (N > 64) {
@@ -350,9 +348,5 @@ int main(int argc, char **argv) {
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (R == 0) printf("# %llu checked calls per rank\n", (unsigned long long)case_no);
-  int any = failed;  // every rank must agree on success, or ctest sees only rank 0's view
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  tpr_comm_free(world);
-  tpr_comm_mpi_finalize();
-  return any ? 1 : 0;
+  return tt_mpi_finish(world, failed);
 }

@@ -14,6 +14,7 @@
 
 #include "collectives/comm_mpi.h"
 #include "comm_cases.h"  // EXPECT, agree: every rank passes or fails together
+#include "mpi_util.h"
 
 static tpr_comm_t world;
 
@@ -170,10 +171,7 @@ static void test_split_self(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (tpr_comm_mpi_init(&argc, &argv) != TPR_OK || tpr_comm_init_mpi_world(&world) != TPR_OK) {
-    fprintf(stderr, "MPI setup failed: %s\n", tpr_last_error());
-    return 1;
-  }
+  world = tt_mpi_world(&argc, &argv);
   R = tpr_comm_rank(world), N = tpr_comm_size(world);
   if (N > 64) {
     fprintf(stderr, "this test handles up to 64 ranks\n");
@@ -186,9 +184,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_split_self),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  tpr_comm_free(world);
-  tpr_comm_mpi_finalize();
-  return any ? 1 : 0;
+  return tt_mpi_finish(world, failed);
 }

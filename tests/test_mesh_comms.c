@@ -12,6 +12,7 @@
 #include "collectives/tpr_comm.h"
 #include "shard/mesh_comms.h"
 #include "test_util.h"
+#include "mpi_util.h"
 
 static tpr_comm_t world;
 static uint64_t seed;
@@ -208,10 +209,7 @@ static void test_group_size_mismatch(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (tpr_comm_mpi_init(&argc, &argv) != TPR_OK || tpr_comm_init_mpi_world(&world) != TPR_OK) {
-    fprintf(stderr, "MPI setup failed: %s\n", tpr_last_error());
-    return 1;
-  }
+  world = tt_mpi_world(&argc, &argv);
   seed = tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_groups),
@@ -220,9 +218,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_group_size_mismatch),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  tpr_comm_free(world);
-  tpr_comm_mpi_finalize();
-  return any ? 1 : 0;
+  return tt_mpi_finish(world, failed);
 }

@@ -55,20 +55,6 @@ static void expect_ok(const run_result *r) {
   if (r->code != 0) fail_msg("exit %d\nstdout:\n%s\nstderr:\n%s", r->code, r->out, r->err);
 }
 
-static cJSON *json_of(run_result r) {
-  expect_ok(&r);
-  cJSON *j = cJSON_Parse(r.out);
-  if (!cJSON_IsObject(j)) fail_msg("not a JSON object:\n%s", r.out);
-  tt_run_done(&r);
-  return j;
-}
-
-static double num(const cJSON *j, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-  if (!cJSON_IsNumber(v)) fail_msg("JSON key '%s' missing or not a number", key);
-  return v->valuedouble;
-}
-
 // max_i |got_i - want_i| / max_i |want_i|; infinity if got holds a NaN/Inf.
 static double rel_err(const float *got, const float *want, size_t n) {
   double d = 0, m = 0;
@@ -130,10 +116,10 @@ static fwd forward(int np, int which, const char *flag, const char *flag_value) 
   int n = 8;
   if (flag) args[n++] = flag;
   if (flag_value) args[n++] = flag_value;
-  cJSON *j = json_of(run_np(np, args));
+  cJSON *j = tt_json_of(run_np(np, args));
   int ranks = np ? np : 1;
-  assert_true(num(j, "world_size") == ranks && num(j, "tp") == ranks);
-  assert_true(num(j, "tokens") == T && num(j, "vocab") == V);
+  assert_true(tt_json_num(j, "world_size") == ranks && tt_json_num(j, "tp") == ranks);
+  assert_true(tt_json_num(j, "tokens") == T && tt_json_num(j, "vocab") == V);
   fwd f = {.logits = read_logits(out, T)};
   const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "program_hash");
   if (!cJSON_IsString(h) || strlen(h->valuestring) != 16) fail_msg("bad program_hash");
@@ -188,10 +174,10 @@ static void test_greedy(void **state) {
     if (ref.logits_b[(TB - 1) * V + v] > ref.logits_b[(TB - 1) * V + argmax_b]) argmax_b = v;
   for (int i = 0; i < 3; i++) {
     int ranks = nps[i] ? nps[i] : 1;
-    cJSON *j = json_of(RUN(nps[i], "run", "--model", FIX, "--json", "--max-new-tokens", "8", "--prompt-ids",
+    cJSON *j = tt_json_of(RUN(nps[i], "run", "--model", FIX, "--json", "--max-new-tokens", "8", "--prompt-ids",
                            ref.a_text, "--prompt-ids", ref.b_text));
-    assert_true(num(j, "world_size") == ranks && num(j, "decode_tokens") == 2 * (NG - 1) &&
-                num(j, "prefill_tokens") == TA + TB);
+    assert_true(tt_json_num(j, "world_size") == ranks && tt_json_num(j, "decode_tokens") == 2 * (NG - 1) &&
+                tt_json_num(j, "prefill_tokens") == TA + TB);
     const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(j, "prompts");
     assert_int_equal(cJSON_GetArraySize(prompts), 2);
     int32_t p[TA], ga[NG], gb[NG];

@@ -9,6 +9,7 @@
 #include "collectives/tpr_comm.h"
 #include "models/mlp_block.h"
 #include "test_util.h"
+#include "mpi_util.h"
 
 static tpr_comm_t comm;
 static const tpr_block_config cfg = {.hidden_size = 32, .intermediate_size = 96, .tokens = 9, .rms_norm_eps = 1e-5f};
@@ -77,20 +78,12 @@ static void test_tp_sum_matches_single(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (tpr_comm_mpi_init(&argc, &argv) != TPR_OK || tpr_comm_init_mpi_world(&comm) != TPR_OK) {
-    fprintf(stderr, "MPI setup failed: %s\n", tpr_last_error());
-    return 1;
-  }
+  comm = tt_mpi_world(&argc, &argv);
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_identical_programs),
       cmocka_unit_test(test_tp_sum_matches_single),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  // Every rank must agree on success, or ctest sees only rank 0's view.
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  tpr_comm_free(comm);
-  tpr_comm_mpi_finalize();
-  return any ? 1 : 0;
+  return tt_mpi_finish(comm, failed);
 }

@@ -343,12 +343,6 @@ static int run_cli(const char *args, bool with_stderr, char **out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static double num(const cJSON *o, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-  if (!cJSON_IsNumber(v)) fail_msg("JSON key %s missing", key);
-  return v->valuedouble;
-}
-
 static void test_cli_json(void **state) {
   char args[4400], *out;
   snprintf(args, sizeof args, "--config '%s' --tp 32 --ep 4 --dp 2 --json", config_path("minimax_m2.json"));
@@ -357,15 +351,15 @@ static void test_cli_json(void **state) {
   if (!j) fail_msg("not JSON:\n%s", out);
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "attention");
   assert_string_equal(cJSON_GetObjectItemCaseSensitive(a, "strategy")->valuestring, "replicate_kv");
-  assert_true(num(a, "q_heads") == 48 && num(a, "q_heads_padded") == 64);
-  assert_true(num(a, "kv_heads") == 8 && num(a, "kv_heads_effective") == 32);
-  assert_true(num(a, "q_heads_per_rank") == 2 && num(a, "kv_heads_per_rank") == 1);
-  assert_true(num(a, "q_norm_divisor") == 6144 && num(a, "k_norm_divisor") == 4096);
+  assert_true(tt_json_num(a, "q_heads") == 48 && tt_json_num(a, "q_heads_padded") == 64);
+  assert_true(tt_json_num(a, "kv_heads") == 8 && tt_json_num(a, "kv_heads_effective") == 32);
+  assert_true(tt_json_num(a, "q_heads_per_rank") == 2 && tt_json_num(a, "kv_heads_per_rank") == 1);
+  assert_true(tt_json_num(a, "q_norm_divisor") == 6144 && tt_json_num(a, "k_norm_divisor") == 4096);
   const cJSON *qmap = cJSON_GetObjectItemCaseSensitive(a, "q_head_map");
   assert_int_equal(cJSON_GetArraySize(qmap), 64);
   assert_true(cJSON_GetArrayItem(qmap, 6)->valuedouble == -1 && cJSON_GetArrayItem(qmap, 8)->valuedouble == 6);
   assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(a, "kv_head_map")), 32);
-  assert_true(num(j, "world_size") == 64 && num(j, "edp") == 16);
+  assert_true(tt_json_num(j, "world_size") == 64 && tt_json_num(j, "edp") == 16);
   // per_rank_bytes: one number per rank, matching the library.
   tpr_model_config c;
   tpr_shard_plan p;
