@@ -11,7 +11,7 @@ static const tpr_command commands[] = {
     {"forward", "the logits of every position of a token sequence, as safetensors (golden tests)", tpr_cmd_forward},
     {"load", "load every tensor a rank holds; report bytes, time and peak RSS", tpr_cmd_load},
     {"make-checkpoint", "write a random Hugging Face checkpoint for a config", tpr_cmd_make_checkpoint},
-    {"mlp", "run a tensor-parallel SwiGLU MLP block program (the demo)", tpr_cmd_mlp},
+    {"mlp", "run a tensor-parallel SwiGLU MLP block program, checked against the unsharded block", tpr_cmd_mlp},
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
     {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
@@ -27,7 +27,7 @@ static void usage(FILE *f) {
     fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].summary);
   fprintf(f,
           "\n'tpr <command> --help' describes a command's options.\n"
-          "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N\n");
+          "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N, TPR_COMM_CHECK=1\n");
 }
 
 int main(int argc, char **argv) {
