@@ -127,9 +127,9 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
     if (rss_kb[i] > rss_max) rss_max = rss_kb[i];
   if (json) {
     printf("{\"command\":\"bench model\",\"world_size\":%d,\"tp\":%d,\"batch\":%lld,\"prompt_len\":%lld,\"gen_len\":%lld,"
-           "\"load_s\":%.4f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"prefill_gflops_per_rank\":%.3f,"
-           "\"decode_gflops_per_rank\":%.3f,\"decode_weight_gbs_per_rank\":%.3f,\"machine_gemm_gflops_per_rank\":%.3f,"
-           "\"machine_read_gbs_per_rank\":%.3f,\"prefill_gemm_efficiency\":%.4f,\"decode_bandwidth_efficiency\":%.4f,"
+           "\"load_s\":%.6g,\"prefill_tok_s\":%.6g,\"decode_tok_s\":%.6g,\"prefill_gflops_per_rank\":%.6g,"
+           "\"decode_gflops_per_rank\":%.6g,\"decode_weight_gbs_per_rank\":%.6g,\"machine_gemm_gflops_per_rank\":%.6g,"
+           "\"machine_read_gbs_per_rank\":%.6g,\"prefill_gemm_efficiency\":%.6g,\"decode_bandwidth_efficiency\":%.6g,"
            "\"peak_rss_bytes_max\":%lld,\"peak_rss_bytes\":[",
            w->size, p->tp, (long long)batch, (long long)P, (long long)G, load_s, pre_tps, dec_tps, pre_gf, dec_gf, dec_gbs,
            rf->gemm_gflops, rf->read_gbs, pre_gf / rf->gemm_gflops, dec_gbs / rf->read_gbs, (long long)rss_max * 1024);
