@@ -688,16 +688,7 @@ int tpr_bench_comm(int argc, char **argv) {
   b.t = calloc((size_t)(2 * b.max_blocks + 2), sizeof *b.t);
   if (!b.t) st = TPR_FAIL(TPR_ERR_OOM, "bench comm: block times");
   if (st == TPR_OK && strcmp(backend, "nccl") == 0) {  // device buffers, host staging for the check
-    // The device the nccl backend picked: opts.device, else the node-local rank.
-    int local = 0, ndev = tpr_cuda_device_count();
-    MPI_Comm node;
-    if (MPI_Comm_split_type(tpr__comm_mpi_handle(w.host), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
-        MPI_SUCCESS) {
-      MPI_Comm_rank(node, &local);
-      MPI_Comm_free(&node);
-    }
-    int dev = wo.device >= 0 ? (int)wo.device : ndev > 0 ? local % ndev : local;
-    st = tpr_backend_cuda_new(dev, &b.dev);
+    st = tpr_backend_cuda_new(w.device, &b.dev);  // the GPU the nccl backend uses
     if (st == TPR_OK) st = tpr_backend_alloc(b.dev, b.cap, &b.send);
     if (st == TPR_OK) st = tpr_backend_alloc(b.dev, b.cap, &b.recv);
     if (st == TPR_OK) st = b.dev->vt->memset(b.dev->ctx, b.send, 0, b.cap);

@@ -73,7 +73,8 @@ static void per_token_weights(const tpr_shard_plan *p, double *elems) {
   const tpr_attn_plan *a = &p->attn;
   double H = (double)c->hidden_size, D = (double)c->head_dim, Fr = (double)p->expert_inter_per_rank;
   double attn = (2.0 * (double)a->q_per_rank + 2.0 * (double)a->kv_per_rank) * D * H;
-  double moe = (double)c->num_experts * H + (double)c->experts_per_tok * 3.0 * Fr * H;
+  // Of a token's k experts, k/ep land on this rank's block on average.
+  double moe = (double)c->num_experts * H + (double)c->experts_per_tok / p->ep * 3.0 * Fr * H;
   *elems = (double)c->num_layers * (attn + moe) + (double)(p->vocab_padded / p->tp) * H;
 }
 
@@ -183,19 +184,20 @@ static tpr_status random_checkpoint(tpr_world *w, const char *config, uint64_t s
 
 int tpr_bench_model(int argc, char **argv) {
   const char *config = NULL, *model = NULL;
-  int64_t tp = 0, batch = 1, P = 32, G = 16, seed = 1;
+  int64_t batch = 1, P = 32, G = 16, seed = 1;
   bool random_weights = false, json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
+  tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   const tpr_arg args[] = {
       {"config", TPR_ARG_STR, &config, "model config.json (with --random-weights)"},
       {"random-weights", TPR_ARG_FLAG, &random_weights, "write a random checkpoint of --config first"},
       {"model", TPR_ARG_STR, &model, "or: an existing checkpoint directory"},
-      {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree (default and only value: the world size)"},
       {"batch", TPR_ARG_INT, &batch, "sequences (default 1)"},
       {"prompt-len", TPR_ARG_INT, &P, "prompt tokens per sequence (default 32)"},
       {"gen-len", TPR_ARG_INT, &G, "generated tokens per sequence (default 16)"},
       {"seed", TPR_ARG_INT, &seed, "seed of the weights and prompts (default 1)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
+      TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
   };
   const char *usage = "usage: [mpirun -np N] tpr bench model (--config FILE --random-weights | --model DIR) "
@@ -214,7 +216,7 @@ int tpr_bench_model(int argc, char **argv) {
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && !model && (rc = random_checkpoint(&w, config, (uint64_t)seed, dir, sizeof dir)) == TPR_OK)
     model = dir;
-  if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, tp, P + G, &dbg, &s);
+  if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, P + G, &dbg, &s);
   roofline rf = {0};
   bench_result r = {0};
   int64_t *rss = calloc((size_t)(w.size > 0 ? w.size : 1), sizeof *rss);

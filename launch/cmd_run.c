@@ -48,11 +48,12 @@ static void print_ids(const int32_t *ids, int64_t n, bool json) {
 int tpr_cmd_run(int argc, char **argv) {
   const char *model = NULL;
   tpr_arg_list prompts = {0};
-  int64_t tp = 0, max_new = 16, top_k = 0, seed = 0, max_seq = 0;
+  int64_t max_new = 16, top_k = 0, seed = 0, max_seq = 0;
   double temperature = 0, top_p = 1;
   bool json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
+  tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
       {"prompt-ids", TPR_ARG_STR_LIST, &prompts, "a prompt's token ids, comma-separated; repeat for a batch"},
@@ -62,13 +63,16 @@ int tpr_cmd_run(int argc, char **argv) {
       {"top-p", TPR_ARG_FLOAT, &top_p, "sample within the smallest set of mass >= p (default 1 = all)"},
       {"seed", TPR_ARG_INT, &seed, "sampling seed, the same on every rank (default 0)"},
       {"max-seq", TPR_ARG_INT, &max_seq, "KV cache rows (default: longest prompt + max-new-tokens)"},
-      {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree (default and only value: the world size)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
+      {"moe-stats", TPR_ARG_FLAG, &mesh.moe_stats, "print routing statistics per MoE layer (also in --json)"},
+      TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
   };
   const char *usage = "usage: [mpirun -np N] tpr run --model DIR --prompt-ids 1,2,3 [--prompt-ids ...] "
-                      "[--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S] [--json]";
+                      "[--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]\n"
+                      "       [--tp T --dp D --ep E --etp F] [--moe-dispatch alltoall|allreduce] "
+                      "[--capacity-factor F [--reroute-dropped]] [--moe-stats] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   tpr_sampling smp = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = (uint64_t)seed};
@@ -100,18 +104,22 @@ int tpr_cmd_run(int argc, char **argv) {
   tpr_world w;
   tpr_m2_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
-  if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, tp, max_seq, &dbg, &s);
+  if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, max_seq, &dbg, &s);
   run_totals tot = {0};
   tpr_rng rng = {(uint64_t)seed};
   if (rc == TPR_OK && !(gen = malloc((size_t)(prompts.n * max_new) * sizeof *gen))) rc = TPR_FAIL(TPR_ERR_OOM, "ids");
   for (int i = 0; rc == TPR_OK && i < prompts.n; i++)
     rc = generate(s, ids[i], lens[i], max_new, &smp, &rng, gen + i * max_new, &tot);
+  tpr_moe_stats ms = {0};
+  if (rc == TPR_OK && mesh.moe_stats) rc = tpr_m2_session_moe_stats(s, &ms);  // collective
   if (rc == TPR_OK && w.rank == 0) {
     const tpr_m2_stats *st = tpr_m2_session_stats(s);
+    const tpr_shard_plan *pl = tpr_m2_session_plan(s);
     double pre = tot.prefill_s > 0 ? (double)tot.prompt_tokens / tot.prefill_s : 0;
     double dec = tot.decode_s > 0 ? (double)tot.generated / tot.decode_s : 0;
     if (json) {
-      printf("{\"command\":\"run\",\"world_size\":%d,\"tp\":%d,\"prompts\":[", w.size, w.size);
+      printf("{\"command\":\"run\",\"world_size\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,\"prompts\":[",
+             w.size, pl->tp, pl->dp, pl->ep, pl->etp);
       for (int i = 0; i < prompts.n; i++) {
         printf("%s{\"prompt\":[", i ? "," : "");
         print_ids(ids[i], lens[i], true);
@@ -120,9 +128,14 @@ int tpr_cmd_run(int argc, char **argv) {
         printf("]}");
       }
       printf("],\"load_s\":%.4f,\"prefill_tokens\":%lld,\"prefill_s\":%.4f,\"prefill_tok_s\":%.2f,"
-             "\"decode_tokens\":%lld,\"decode_s\":%.4f,\"decode_tok_s\":%.2f,\"weight_bytes_per_rank\":%llu}\n",
+             "\"decode_tokens\":%lld,\"decode_s\":%.4f,\"decode_tok_s\":%.2f,\"weight_bytes_per_rank\":%llu",
              st->load_s, (long long)tot.prompt_tokens, tot.prefill_s, pre, (long long)tot.generated, tot.decode_s,
              dec, (unsigned long long)st->weight_bytes);
+      if (mesh.moe_stats) {
+        printf(",\"moe_stats\":");
+        tpr_moe_stats_json(&ms, stdout);
+      }
+      printf("}\n");
     } else {
       for (int i = 0; i < prompts.n; i++) {
         printf("prompt %d (%lld tokens): ", i, (long long)lens[i]);
@@ -131,12 +144,15 @@ int tpr_cmd_run(int argc, char **argv) {
         print_ids(gen + i * max_new, max_new, false);
         printf("\n");
       }
-      printf("tp %d | load %.3f s | prefill %lld tokens, %.1f tok/s | decode %lld tokens, %.1f tok/s\n", w.size,
-             st->load_s, (long long)tot.prompt_tokens, pre, (long long)tot.generated, dec);
+      printf("tp %d dp %d ep %d etp %d | load %.3f s | prefill %lld tokens, %.1f tok/s | decode %lld tokens, "
+             "%.1f tok/s\n", pl->tp, pl->dp, pl->ep, pl->etp, st->load_s, (long long)tot.prompt_tokens, pre,
+             (long long)tot.generated, dec);
+      if (mesh.moe_stats) tpr_moe_stats_print(&ms, stdout);
     }
   }
   for (int i = 0; i < prompts.n; i++) free(ids[i]);
   free(gen);
+  tpr_moe_stats_free(&ms);
   if (rc != TPR_OK) {
     tpr_m2_session_close(s);
     return tpr_world_fail(&w, "run");

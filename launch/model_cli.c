@@ -30,15 +30,29 @@ tpr_status tpr_cli_token_list(const char *flag, const char *text, int32_t **ids,
   return TPR_OK;
 }
 
-tpr_status tpr_cli_open_model(tpr_world *w, const char *model, int64_t tp, int64_t max_seq,
+tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                               const tpr_model_debug *d, tpr_m2_session **out) {
-  if (tp != 0 && tp != w->size)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--tp %lld does not match the world of %d ranks (run mpirun -np %lld, or "
-                    "leave --tp out)", (long long)tp, w->size, (long long)tp);
+  const int64_t sizes[4] = {m->tp, m->dp, m->ep, m->etp};
+  const char *names[4] = {"--tp", "--dp", "--ep", "--etp"};
+  for (int i = 0; i < 4; i++)
+    if (sizes[i] < 0 || sizes[i] > w->size)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s %lld: a mesh size must be in [1, %d], the world of %d ranks", names[i],
+                      (long long)sizes[i], w->size, w->size);
+  tpr_moe_opts moe = {.capacity_factor = m->capacity_factor,
+                      .reroute_dropped = m->reroute_dropped,
+                      .seed = (uint64_t)m->reroute_seed};
+  if (!tpr_moe_dispatch_parse(m->moe_dispatch, &moe.dispatch))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-dispatch %s: expected auto, alltoall or allreduce", m->moe_dispatch);
   tpr_m2_session_opts o = {.model_dir = model,
                            .max_seq = max_seq,
+                           .tp = (int)m->tp,
+                           .dp = (int)m->dp,
+                           .ep = (int)m->ep,
+                           .etp = (int)m->etp,
+                           .moe = moe,
+                           .moe_stats = m->moe_stats,
                            .broadcast_program = d->broadcast_program,
                            .per_rank_qk_norm = d->per_rank_qk_norm,
                            .force_tp_rank = (int)d->force_tp_rank};
-  return tpr_m2_session_open(&o, w->host, w->cpu, out);
+  return tpr_m2_session_open(&o, w->host, w->be, out);
 }

@@ -28,8 +28,32 @@ typedef struct tpr_model_debug {
   {"debug-per-rank-qk-norm", TPR_ARG_FLAG, &(d).per_rank_qk_norm,                                          \
    "test only: normalise q/k per rank without the all-reduce (a negative control)"}
 
-// Opens the model on every rank: --tp (0 = world size) must equal the world.
-tpr_status tpr_cli_open_model(tpr_world *w, const char *model, int64_t tp, int64_t max_seq,
+// The mesh and MoE flags of run, forward and bench model.
+typedef struct tpr_model_mesh {
+  int64_t tp, dp, ep, etp;      // 0: defaults (see tpr_m2_session_opts)
+  const char *moe_dispatch;     // auto | alltoall | allreduce
+  double capacity_factor;       // 0: dropless
+  bool reroute_dropped;
+  int64_t reroute_seed;
+  bool moe_stats;               // set by the commands that print them
+} tpr_model_mesh;
+#define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto"}
+#define TPR_MODEL_MESH_ARGS(m)                                                                                   \
+  {"tp", TPR_ARG_INT, &(m).tp, "tensor-parallel degree of attention (default: world / dp)"},                   \
+  {"dp", TPR_ARG_INT, &(m).dp, "data-parallel replicas of attention; world = dp*tp (default 1)"},               \
+  {"ep", TPR_ARG_INT, &(m).ep, "expert-parallel degree: experts in contiguous blocks (default 1)"},             \
+  {"etp", TPR_ARG_INT, &(m).etp, "expert tensor-parallel degree: each expert's width split (default world/ep)"}, \
+  {"moe-dispatch", TPR_ARG_STR, &(m).moe_dispatch,                                                              \
+   "auto | alltoall | allreduce (default auto: alltoall when ep or dp > 1)"},                                        \
+  {"capacity-factor", TPR_ARG_FLOAT, &(m).capacity_factor,                                                      \
+   "expert capacity ceil(tokens*top_k*F/experts); lowest-weight assignments past it are dropped (default: dropless)"}, \
+  {"reroute-dropped", TPR_ARG_FLAG, &(m).reroute_dropped,                                                       \
+   "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
+  {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"}
+
+// Opens the model on every rank with the given mesh (sizes that do not fit
+// the world, or an unknown --moe-dispatch, are TPR_ERR_INVALID_ARG).
+tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                               const tpr_model_debug *d, tpr_m2_session **out);
 
 #endif

@@ -15,22 +15,27 @@ typedef struct tpr_world {
   bool mpi;            // MPI is initialised (launched by mpirun/srun)
   int rank, size;
   tpr_backend *cpu;
+  tpr_backend *be;     // where programs run (--device): cpu, or a CUDA backend
+  int device;          // the GPU this rank uses (--device cuda[:N] or --comm nccl), else -1
 } tpr_world;
 
 // The flags every command that talks to other ranks takes.
 typedef struct tpr_world_opts {
   const char *comm;       // "auto" (default), "mpi", "nccl", "self"
   double comm_timeout_s;  // watchdog timeout; 0 means the default (300 s)
-  int64_t device;         // CUDA device for nccl; -1 = the node-local rank
+  const char *device;     // "cpu" (default), "cuda" (the node-local rank's GPU), "cuda:N"
 } tpr_world_opts;
 
-#define TPR_WORLD_OPTS_DEFAULT {.comm = "auto", .comm_timeout_s = 0, .device = -1}
-// Entries for a command's tpr_arg table: --comm, --comm-timeout.
+#define TPR_WORLD_OPTS_DEFAULT {.comm = "auto", .comm_timeout_s = 0, .device = "cpu"}
+// Entries for a command's tpr_arg table: --comm, --comm-timeout, --device.
 #define TPR_WORLD_ARGS(o)                                                                                  \
   {"comm", TPR_ARG_STR, &(o).comm, "collective backend: auto|mpi|nccl|self (default auto: mpi under "     \
                                    "mpirun, self alone)"},                                                 \
   {"comm-timeout", TPR_ARG_FLOAT, &(o).comm_timeout_s,                                                     \
-   "seconds a collective may take before the watchdog aborts every rank (default 300)"}
+   "seconds a collective may take before the watchdog aborts every rank (default 300)"},                 \
+  {"device", TPR_ARG_STR, &(o).device,                                                                     \
+   "cpu (default) | cuda | cuda:N: where programs run; cuda picks the node-local rank's GPU, which "        \
+   "--comm nccl uses too"}
 
 // True when a launcher (mpirun, srun) started this process.
 bool tpr_world_launched(void);

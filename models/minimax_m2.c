@@ -11,6 +11,7 @@ typedef struct m2_ctx {
   tpr_program *p;
   const tpr_shard_plan *plan;
   const tpr_m2_build_opts *o;
+  tpr_value_id rank;       // the rank tensor param
   tpr_value_id rank_tp;    // (1) i32: this rank's tp coordinate, from the rank tensor
   tpr_value_id positions;  // (T) i32
   tpr_value_id start;      // (1) i32
@@ -110,15 +111,13 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   return tpr_pb_add(c->p, x, o, out);
 }
 
-// x (T, H) -> x + moe(x), one layer. Experts' intermediate dim is split over
-// etp; with ep = 1 every rank holds every expert's slice.
+// x (T, H) -> x + moe(x), one layer: the router here, the experts and their
+// dispatch in models/layers/moe.c.
 static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   const tpr_model_config *cfg = &c->plan->config;
   int64_t H = cfg->hidden_size, Er = c->plan->experts_per_rank, Fr = c->plan->expert_inter_per_rank;
-  if (c->plan->ep != 1)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: expert parallelism (ep=%d) is not built yet; use ep=1",
-                    c->plan->ep);
   tpr_value_id ln, gate, bias, w13, w2, h, logits, gates, y;
+  tpr_moe_values v;
   TPR_CHECK(param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &gate));  // (E, H)
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.e_score_correction_bias", L, &bias));  // (E)
@@ -130,8 +129,13 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
-  TPR_CHECK(tpr_pb_moe_experts(c->p, h, gates, w13, w2, &y));  // (T, H) partial over etp
-  TPR_CHECK(all_reduce(c, TPR_AXIS_ETP, c->plan->etp, y, &y));
+  TPR_CHECK(tpr_moe_build(c->p, c->plan, &c->o->moe, L, c->rank, h, gates, w13, w2, &y, &v));
+  if (c->o->moe_stats) {
+    snprintf(name, sizeof name, "moe_gates.%lld", (long long)L);
+    TPR_CHECK(tpr_program_output(c->p, v.gates, name));
+    snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
+    if (v.gates != gates) TPR_CHECK(tpr_program_output(c->p, gates, name));
+  }
   return tpr_pb_add(c->p, x, y, out);
 }
 
@@ -146,19 +150,16 @@ static tpr_status check_supported(const tpr_shard_plan *plan, const tpr_m2_build
   if (o->tokens < 1 || o->max_seq < o->tokens)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: %lld tokens per run with a cache of %lld rows",
                     (long long)o->tokens, (long long)o->max_seq);
-  if (plan->dp != 1)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: data parallelism (dp=%d) is not built; use tp = world size",
-                    plan->dp);
-  return TPR_OK;
+  return tpr_moe_opts_check(&o->moe, plan);
 }
 
 static tpr_status build(m2_ctx *c) {
   const tpr_model_config *cfg = &c->plan->config;
   int tp = c->plan->tp;
   int64_t T = c->T;
-  tpr_value_id rank, tokens, embed, x, fn, head, logits;
-  TPR_CHECK(tpr_program_rank_param(c->p, &rank));
-  TPR_CHECK(tpr_pb_rank_index(c->p, rank, TPR_RANK_TP, &c->rank_tp));
+  tpr_value_id tokens, embed, x, fn, head, logits;
+  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
+  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
   TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &tokens));
   TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
   TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &c->start));

@@ -13,7 +13,8 @@
 //     x += allreduce_tp(a Wo_r^T)                       row-parallel o_proj
 //     h = rms_norm(x, post_attention_layernorm)
 //     g = topk_k(sigmoid(h Wg^T) + bias) weights, renormalised, without bias
-//     x += allreduce_etp(sum_e g_e w2_e(silu(w1_e h) * w3_e h))  experts' F split
+//     x += sum_e g_e w2_e(silu(w1_e h) * w3_e h)          experts on (edp, ep, etp):
+//                                                       models/layers/moe.h
 //   logits^T = allgather_tp(lm_head_r x_final^T)         vocab-parallel
 //
 // The rank enters only through the rank tensor: the embedding shard and the
@@ -25,8 +26,9 @@
 #ifndef TPR_MINIMAX_M2_H
 #define TPR_MINIMAX_M2_H
 
-#include "shard/shard_plan.h"
+#include "models/layers/moe.h"
 #include "runtime/tpr_runtime.h"
+#include "shard/shard_plan.h"
 
 typedef struct tpr_m2_build_opts {
   int64_t tokens;   // T: tokens per run (static)
@@ -34,11 +36,17 @@ typedef struct tpr_m2_build_opts {
   // Negative control only: normalise q/k over the rank's slice (no
   // all-reduce, per-rank divisor), the bug some later ports have.
   bool per_rank_qk_norm;
+  tpr_moe_opts moe;     // dispatcher, capacity mode
+  // Adds outputs for routing statistics: per layer L "moe_gates.L" (T, E),
+  // the gates the experts used, and with capacity mode "moe_router.L" (T, E),
+  // the router's own.
+  bool moe_stats;
 } tpr_m2_build_opts;
 
 // Inputs of every program: "tokens" (T) i32, "positions" (T) i32 =
 // start..start+T-1, "start" (1) i32. Output "logits_t" (vocab_padded, T) f32,
-// identical on every rank (rows >= vocab are padding).
+// identical on every rank of a tp group (rows >= vocab are padding). dp
+// replicas may run different tokens.
 tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, tpr_program **out);
 
 // Param names of the stacked experts and caches of layer L.

@@ -37,6 +37,8 @@ struct tpr_m2_session {
   int n_programs;
   float *logits_t;                     // (V', T) staging of the gathered logits
   int64_t logits_cap;
+  tpr_moe_stats moe_stats;             // this replica's counts (when opts.moe_stats)
+  float *gates_host;                   // (2, T, E) staging of one layer's gates
   tpr_m2_stats stats;
 };
 
@@ -48,9 +50,11 @@ static double now_s(void) {
 
 const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s) { return &s->cfg; }
 const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s) { return &s->stats; }
+const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s) { return &s->plan; }
 int64_t tpr_m2_session_max_seq(const tpr_m2_session *s) { return s->o.max_seq; }
 
-// Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r).
+// Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r),
+// built in host memory and copied to the backend.
 static tpr_status stack_experts(tpr_m2_session *s, int64_t L) {
   const tpr_shard_plan *p = &s->plan;
   int64_t Er = p->experts_per_rank, Fr = p->expert_inter_per_rank, H = s->cfg.hidden_size;
@@ -62,22 +66,36 @@ static tpr_status stack_experts(tpr_m2_session *s, int64_t L) {
     if (strstr(n, ".w2.weight")) k2 = i;
   }
   if (k1 < 0 || k3 < 0 || k2 < 0) return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: plan without expert weights");
-  tpr_tensor **w13 = &s->experts[2 * L], **w2 = &s->experts[2 * L + 1];
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, w13));
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, w2));
   size_t blk = (size_t)(Fr * H) * sizeof(float);
-  for (int64_t e = 0; e < Er; e++) {
+  char *h13 = malloc((size_t)Er * 2 * blk + 1), *h2 = malloc((size_t)Er * blk + 1);
+  tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: expert staging");
+  const tpr_load_item *base = tpr_loader_item(s->loader, 0);
+  for (int64_t e = 0; rc == TPR_OK && e < Er; e++) {
     const tpr_load_item *it1, *it3, *it2;
-    TPR_CHECK(tpr_loader_find(s->loader, k1, L, e, &it1));
-    TPR_CHECK(tpr_loader_find(s->loader, k3, L, e, &it3));
-    TPR_CHECK(tpr_loader_find(s->loader, k2, L, e, &it2));
-    const tpr_load_item *base = tpr_loader_item(s->loader, 0);
-    char *dst13 = (char *)tpr_tensor_data(*w13) + (size_t)e * 2 * blk, *dst2 = (char *)tpr_tensor_data(*w2) + (size_t)e * blk;
-    memcpy(dst13, tpr_rank_weights_data(&s->weights, it1 - base), blk);
-    memcpy(dst13 + blk, tpr_rank_weights_data(&s->weights, it3 - base), blk);
-    memcpy(dst2, tpr_rank_weights_data(&s->weights, it2 - base), blk);
+    rc = tpr_loader_find(s->loader, k1, L, e, &it1);
+    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k3, L, e, &it3);
+    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k2, L, e, &it2);
+    if (rc != TPR_OK) break;
+    memcpy(h13 + (size_t)e * 2 * blk, tpr_rank_weights_data(&s->weights, it1 - base), blk);
+    memcpy(h13 + (size_t)e * 2 * blk + blk, tpr_rank_weights_data(&s->weights, it3 - base), blk);
+    memcpy(h2 + (size_t)e * blk, tpr_rank_weights_data(&s->weights, it2 - base), blk);
   }
-  return TPR_OK;
+  tpr_tensor **w13 = &s->experts[2 * L], **w2 = &s->experts[2 * L + 1];
+  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, w13);
+  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, w2);
+  if (rc == TPR_OK) rc = tpr_tensor_from_host(*w13, h13, (size_t)Er * 2 * blk);
+  if (rc == TPR_OK) rc = tpr_tensor_from_host(*w2, h2, (size_t)Er * blk);
+  free(h13), free(h2);
+  return rc;
+}
+
+// A weight slice as a tensor on the backend: the loaded host bytes wrapped
+// in place on the CPU, copied to a device otherwise.
+static tpr_status weight_tensor(tpr_m2_session *s, const tpr_shard_tensor *t, const void *host, tpr_tensor **out) {
+  if (s->be->vt->host_addressable)
+    return tpr_tensor_wrap(s->be, TPR_F32, t->ndim, t->rank_shape, (void *)host, out);
+  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, t->ndim, t->rank_shape, out));
+  return tpr_tensor_from_host(*out, host, (size_t)tpr_tensor_numel(*out) * sizeof(float));
 }
 
 static tpr_status load_weights(tpr_m2_session *s) {
@@ -94,8 +112,7 @@ static tpr_status load_weights(tpr_m2_session *s) {
     const tpr_load_item *it = &s->weights.items[i];
     if (it->local_expert >= 0) continue;  // stacked per layer below
     const tpr_shard_tensor *t = &s->plan.tensors[it->kind];
-    TPR_CHECK(tpr_tensor_wrap(s->be, TPR_F32, t->ndim, t->rank_shape, tpr_rank_weights_data(&s->weights, i),
-                              &s->item_tensors[i]));
+    TPR_CHECK(weight_tensor(s, t, tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
   }
   const tpr_attn_plan *a = &s->plan.attn;
   for (int64_t L = 0; L < layers; L++) {
@@ -164,7 +181,11 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
   m2_program *m = &s->programs[s->n_programs];
   memset(m, 0, sizeof *m);
   m->T = T;
-  tpr_m2_build_opts bo = {.tokens = T, .max_seq = s->o.max_seq, .per_rank_qk_norm = s->o.per_rank_qk_norm};
+  tpr_m2_build_opts bo = {.tokens = T,
+                          .max_seq = s->o.max_seq,
+                          .per_rank_qk_norm = s->o.per_rank_qk_norm,
+                          .moe = s->o.moe,
+                          .moe_stats = s->o.moe_stats};
   if (s->o.broadcast_program)
     TPR_CHECK(receive_program(s, &bo, &m->program));
   else
@@ -184,20 +205,41 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
   return TPR_OK;
 }
 
+// Fills in the mesh sizes left at 0 (see tpr_m2_session_opts).
+static tpr_status resolve_mesh(tpr_m2_session_opts *o, int world) {
+  if (o->tp < 0 || o->dp < 0 || o->ep < 0 || o->etp < 0)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "mesh sizes must be positive (tp %d, dp %d, ep %d, etp %d)", o->tp, o->dp,
+                    o->ep, o->etp);
+  if (!o->dp) o->dp = o->tp && world % o->tp == 0 ? world / o->tp : 1;
+  if (!o->tp) o->tp = world % o->dp == 0 ? world / o->dp : 0;
+  if (o->tp * o->dp != world)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--tp %d x --dp %d must equal the world of %d ranks (mpirun -np)", o->tp,
+                    o->dp, world);
+  if (!o->ep) o->ep = 1;
+  if (!o->etp) o->etp = world % o->ep == 0 ? world / o->ep : 0;
+  if (o->etp < 1 || world % (o->ep * o->etp))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--ep %d x --etp %d must divide the world of %d ranks", o->ep, o->etp, world);
+  return TPR_OK;
+}
+
 static tpr_status open_session(tpr_m2_session *s) {
   int world = tpr_comm_size(s->world), rank = tpr_comm_rank(s->world);
-  TPR_CHECK(tpr_model_config_load(s->o.model_dir, &s->cfg));
-  // Issue scope: pure tensor parallelism, experts' width split over the same ranks.
-  TPR_CHECK(tpr_shard_plan_build(&s->cfg, world, 1, world, 1, TPR_F32, &s->plan));
-  TPR_CHECK(tpr_mesh_init(world, rank, world, 1, world, &s->mesh));
+  tpr_m2_session_opts *o = &s->o;
+  TPR_CHECK(tpr_model_config_load(o->model_dir, &s->cfg));
+  TPR_CHECK(resolve_mesh(o, world));
+  TPR_CHECK(tpr_shard_plan_build(&s->cfg, o->tp, o->ep, o->etp, o->dp, TPR_F32, &s->plan));
+  TPR_CHECK(tpr_moe_opts_check(&o->moe, &s->plan));
+  TPR_CHECK(tpr_mesh_init(world, rank, o->tp, o->ep, o->etp, &s->mesh));
   TPR_CHECK(tpr_mesh_comms_init(s->world, &s->mesh, &s->comms));
   s->hook = tpr_mesh_comms_exec_hook(&s->comms);
-  if (s->o.force_tp_rank >= world)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--debug-force-tp-rank %d: the tp group has ranks 0..%d", s->o.force_tp_rank,
-                    world - 1);
+  if (o->force_tp_rank >= o->tp)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--debug-force-tp-rank %d: the tp group has ranks 0..%d", o->force_tp_rank,
+                    o->tp - 1);
   tpr_mesh claimed = s->mesh;
-  if (s->o.force_tp_rank >= 0) claimed.tp_rank = s->o.force_tp_rank;  // negative control
+  if (o->force_tp_rank >= 0) claimed.tp_rank = o->force_tp_rank;  // negative control
   TPR_CHECK(tpr_mesh_rank_tensor(&claimed, s->be, &s->rank));
+  if (o->moe_stats)
+    TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
   return load_weights(s);
 }
 
@@ -254,13 +296,54 @@ void tpr_m2_session_close(tpr_m2_session *s) {
     if (s->experts) tpr_tensor_free(s->experts[i]);
     if (s->caches) tpr_tensor_free(s->caches[i]);
   }
-  free(s->item_tensors), free(s->experts), free(s->caches), free(s->logits_t);
+  free(s->item_tensors), free(s->experts), free(s->caches), free(s->logits_t), free(s->gates_host);
+  tpr_moe_stats_free(&s->moe_stats);
   tpr_tensor_free(s->rank);
   tpr_rank_weights_free(&s->weights);
   tpr_loader_close(s->loader);
   tpr_mesh_comms_free(&s->comms);
   tpr_shard_plan_free(&s->plan);
   free(s);
+}
+
+// Adds this run's gates of every layer to the statistics.
+static tpr_status count_routing(tpr_m2_session *s, m2_program *m, int64_t T) {
+  const int64_t E = s->cfg.num_experts;
+  float *g = realloc(s->gates_host, (size_t)(2 * T * E) * sizeof *g);
+  if (!g) return TPR_FAIL(TPR_ERR_OOM, "moe stats staging");
+  s->gates_host = g;
+  for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    char name[64];
+    const tpr_tensor *used, *router;
+    snprintf(name, sizeof name, "moe_gates.%lld", (long long)L);
+    TPR_CHECK(tpr_exec_output(m->exec, name, &used));
+    TPR_CHECK(tpr_tensor_to_host(used, g, (size_t)(T * E) * sizeof *g));
+    snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
+    bool capacity = s->o.moe.capacity_factor > 0;
+    if (capacity) {
+      TPR_CHECK(tpr_exec_output(m->exec, name, &router));
+      TPR_CHECK(tpr_tensor_to_host(router, g + T * E, (size_t)(T * E) * sizeof *g));
+    }
+    tpr_moe_stats_add(&s->moe_stats, L, capacity ? g + T * E : NULL, g, T);
+  }
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!s->o.moe_stats) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe stats: the session was opened without moe_stats");
+  const tpr_moe_stats *a = &s->moe_stats;
+  TPR_CHECK(tpr_moe_stats_init(out, a->layers, a->experts, a->ep));
+  // Each replica counted once: its tp rank 0 contributes, the others add zeros.
+  bool mine = s->mesh.tp_rank == 0;
+  int64_t nE = a->layers * a->experts, nL = 3 * a->layers, tokens = mine ? a->tokens : 0;
+  for (int64_t i = 0; i < nE; i++) out->expert_tokens[i] = mine ? a->expert_tokens[i] : 0;
+  for (int64_t i = 0; i < nL; i++) out->routed[i] = mine ? a->routed[i] : 0;
+  tpr_status rc = tpr_comm_all_reduce(s->world, out->expert_tokens, out->expert_tokens, (size_t)nE, TPR_I64, TPR_SUM);
+  if (rc == TPR_OK) rc = tpr_comm_all_reduce(s->world, out->routed, out->routed, (size_t)nL, TPR_I64, TPR_SUM);
+  if (rc == TPR_OK) rc = tpr_comm_all_reduce(s->world, &tokens, &out->tokens, 1, TPR_I64, TPR_SUM);
+  if (rc != TPR_OK) tpr_moe_stats_free(out);
+  return rc;
 }
 
 tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
@@ -285,6 +368,7 @@ tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int6
   free(pos);
   TPR_CHECK(rc);
   TPR_CHECK(tpr_exec_run(m->exec));
+  if (s->o.moe_stats) TPR_CHECK(count_routing(s, m, T));
   if (!logits) return TPR_OK;
   const tpr_tensor *out;
   TPR_CHECK(tpr_exec_output(m->exec, "logits_t", &out));  // (V', T)

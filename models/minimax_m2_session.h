@@ -9,11 +9,18 @@
 #include <stdbool.h>
 
 #include "collectives/tpr_comm.h"
+#include "models/layers/moe.h"
+#include "models/moe_stats.h"
 #include "shard/model_config.h"
 
 typedef struct tpr_m2_session_opts {
   const char *model_dir;   // HF checkpoint or converted directory
   int64_t max_seq;         // KV cache rows: the longest prompt + generation
+  // The mesh (shard/mesh.h); 0 picks: dp 1, tp = world / dp, ep 1,
+  // etp = world / ep. world = dp*tp = edp*ep*etp.
+  int tp, dp, ep, etp;
+  tpr_moe_opts moe;        // dispatcher and capacity mode
+  bool moe_stats;          // count routing statistics (tpr_m2_session_moe_stats)
   // Rank 0 builds each program and sends its bytes to the others ("compile
   // once, run on every rank"); otherwise every rank builds its own and the
   // hashes are compared.
@@ -32,22 +39,29 @@ typedef struct tpr_m2_stats {
   uint64_t program_hash;     // of the last program built
 } tpr_m2_stats;
 
-// Collective over `world` (a host-buffer communicator of every rank): tp =
-// world size. Errors (bad checkpoint, heads or experts that cannot be laid
+// Collective over `world` (a host-buffer communicator of every rank). Errors (bad checkpoint, heads or experts that cannot be laid
 // out on the mesh, ...) are returned on every rank.
 tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, tpr_backend *be,
                                tpr_m2_session **out);
 void tpr_m2_session_close(tpr_m2_session *s);
 
 const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s);
+const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s);
 const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s);
 int64_t tpr_m2_session_max_seq(const tpr_m2_session *s);
 
 // Runs tokens (T) at positions start..start+T-1; the caches must hold the
 // sequence's positions < start (start 0 begins a new sequence). logits
-// (T, vocab) f32 receives every position's logits, the same on every rank.
+// (T, vocab) f32 receives every position's logits, the same on every rank of
+// a tp group (dp replicas may be given different tokens; every rank must
+// give the same T and start).
 // Token ids outside [0, vocab) or start + T > max_seq: TPR_ERR_INVALID_ARG.
 tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
                                   float *logits);
+
+// Collective: the routing statistics of every forward so far, summed over
+// the dp replicas, into *out (the caller frees it with tpr_moe_stats_free).
+// Needs opts.moe_stats.
+tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out);
 
 #endif

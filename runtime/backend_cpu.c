@@ -62,6 +62,12 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_CACHE_WRITE] = tpr__cpu_cache_write,
             [TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cpu_router_sigmoid_topk,
             [TPR_OP_MOE_EXPERTS] = tpr__cpu_moe_experts,
+            [TPR_OP_MOE_CAPACITY] = tpr__cpu_moe_capacity,
+            [TPR_OP_ROW_SLICE] = tpr__cpu_row_slice,
+            [TPR_OP_MOE_COUNTS] = tpr__cpu_moe_counts,
+            [TPR_OP_MOE_PERMUTE] = tpr__cpu_moe_permute,
+            [TPR_OP_MOE_GROUPED_FFN] = tpr__cpu_moe_grouped_ffn,
+            [TPR_OP_MOE_UNPERMUTE] = tpr__cpu_moe_unpermute,
         },
 };
 

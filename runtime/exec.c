@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "program_impl.h"
 
@@ -14,20 +15,37 @@ struct tpr_exec {
   void *arena;
   tpr_tensor **handles;  // (n_values) handle per value; NULL until bound/created
   tpr_exec_collectives coll;  // how collective ops run; run == NULL until set
+  double *node_seconds;       // (n_nodes) while profiling, else NULL
 };
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+tpr_status tpr_exec_set_profiling(tpr_exec *e, bool on) {
+  free(e->node_seconds);
+  e->node_seconds = NULL;
+  if (on && !(e->node_seconds = calloc((size_t)(e->p->n_nodes ? e->p->n_nodes : 1), sizeof *e->node_seconds)))
+    return TPR_FAIL(TPR_ERR_OOM, "exec profile");
+  return TPR_OK;
+}
+
+const double *tpr_exec_node_seconds(const tpr_exec *e) { return e->node_seconds; }
 
 void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c) {
   e->coll = c ? *c : (tpr_exec_collectives){0};
 }
 
 // Collective ops leave the backend: finish its queued work, then call out.
-static tpr_status run_collective(tpr_exec *e, const tpr_node *node, const tpr_tensor *in, tpr_tensor *out) {
+static tpr_status run_collective(tpr_exec *e, const tpr_node *node, const tpr_tensor *const *in, tpr_tensor *out) {
   if (!e->coll.run)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s over %s: the program has collective ops but the exec has no "
                     "communicators (tpr_exec_set_collectives)", tpr_op_name(node->op),
                     tpr_mesh_axis_name((tpr_mesh_axis)node->attrs.i[0]));
   TPR_CHECK(tpr_backend_sync(e->be));
-  return e->coll.run(e->coll.ctx, node->op, &node->attrs, in, out);
+  return e->coll.run(e->coll.ctx, node->op, &node->attrs, in, node->n_in, out);
 }
 
 // A handle with v's geometry over the memory starting at base_data.
@@ -75,6 +93,7 @@ void tpr_exec_free(tpr_exec *e) {
   if (e->handles)
     for (int v = 0; v < e->p->n_values; v++) tpr_tensor_free(e->handles[v]);
   free(e->handles);
+  free(e->node_seconds);
   if (e->arena) tpr_backend_release(e->be, e->arena);
   free(e);
 }
@@ -128,9 +147,14 @@ tpr_status tpr_exec_run(tpr_exec *e) {
     if (tpr_op_is_view(node->op)) continue;
     const tpr_tensor *in[TPR_OP_MAX_INPUTS];
     for (int i = 0; i < node->n_in; i++) in[i] = e->handles[node->in[i]];
+    double t0 = e->node_seconds ? now_s() : 0;
     tpr_status rc = tpr_op_is_collective(node->op)
-                        ? run_collective(e, node, in[0], e->handles[node->out])
+                        ? run_collective(e, node, in, e->handles[node->out])
                         : tpr_op_run(e->be, node->op, in, node->n_in, &node->attrs, e->handles[node->out]);
+    if (rc == TPR_OK && e->node_seconds) {
+      rc = tpr_backend_sync(e->be);
+      e->node_seconds[n] += now_s() - t0;
+    }
     if (rc != TPR_OK) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", tpr_last_error());

@@ -116,6 +116,9 @@ tpr_status tpr_program_output(tpr_program *p, tpr_value_id v, const char *name) 
 
 int tpr_program_num_values(const tpr_program *p) { return p->n_values; }
 int tpr_program_num_nodes(const tpr_program *p) { return p->n_nodes; }
+tpr_op_kind tpr_program_node_op(const tpr_program *p, int n) {
+  return n >= 0 && n < p->n_nodes ? p->nodes[n].op : TPR_OP_KIND_COUNT;
+}
 
 tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc) {
   if (v < 0 || v >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: unknown value %d", v);
@@ -230,4 +233,34 @@ tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_v
 tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
                               tpr_value_id *out) {
   return OP4(TPR_OP_MOE_EXPERTS, x, gates, w13, w2, NULL);
+}
+
+// Expert parallelism.
+tpr_status tpr_pb_moe_capacity(tpr_program *p, tpr_value_id gates, int64_t top_k, float factor, bool reroute,
+                               uint64_t seed, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {top_k, reroute, (int64_t)seed}, .n_f = 1, .f = {factor}};  // seed's bits
+  return OP1(TPR_OP_MOE_CAPACITY, gates, &at);
+}
+tpr_status tpr_pb_row_slice(tpr_program *p, tpr_value_id x, tpr_value_id part, int64_t n, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {n}};
+  return OP2(TPR_OP_ROW_SLICE, x, part, &at);
+}
+tpr_status tpr_pb_moe_counts(tpr_program *p, tpr_value_id gates, tpr_value_id *out) {
+  return OP1(TPR_OP_MOE_COUNTS, gates, NULL);
+}
+tpr_status tpr_pb_moe_permute(tpr_program *p, tpr_value_id x, tpr_value_id gates, int64_t rows, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {rows}};
+  return OP2(TPR_OP_MOE_PERMUTE, x, gates, &at);
+}
+tpr_status tpr_pb_all_to_allv(tpr_program *p, tpr_value_id x, tpr_value_id send_counts, tpr_value_id recv_counts,
+                              tpr_mesh_axis axis, int n, int64_t rows, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {axis, n, rows}};
+  return OP3(TPR_OP_ALL_TO_ALLV, x, send_counts, recv_counts, &at);
+}
+tpr_status tpr_pb_moe_grouped_ffn(tpr_program *p, tpr_value_id x, tpr_value_id counts, tpr_value_id w13,
+                                  tpr_value_id w2, tpr_value_id *out) {
+  return OP4(TPR_OP_MOE_GROUPED_FFN, x, counts, w13, w2, NULL);
+}
+tpr_status tpr_pb_moe_unpermute(tpr_program *p, tpr_value_id y, tpr_value_id gates, tpr_value_id *out) {
+  return OP2(TPR_OP_MOE_UNPERMUTE, y, gates, NULL);
 }

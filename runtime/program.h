@@ -86,6 +86,24 @@ tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_v
                                       tpr_value_id *out);
 tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
                               tpr_value_id *out);
+// Expert parallelism (ops.h gives shapes and exact semantics).
+tpr_status tpr_pb_moe_capacity(tpr_program *p, tpr_value_id gates, int64_t top_k, float factor, bool reroute,
+                               uint64_t seed, tpr_value_id *out);
+tpr_status tpr_pb_row_slice(tpr_program *p, tpr_value_id x, tpr_value_id part, int64_t n, tpr_value_id *out);
+tpr_status tpr_pb_moe_counts(tpr_program *p, tpr_value_id gates, tpr_value_id *out);
+tpr_status tpr_pb_moe_permute(tpr_program *p, tpr_value_id x, tpr_value_id gates, int64_t rows, tpr_value_id *out);
+// Collective: x's rows go to the n peers of `axis` in blocks of
+// sum(send_counts[j*m .. j*m+m)) rows for peer j, m = len(send_counts)/n; out
+// (rows, C) receives peer j's rows as block j, blocks packed in peer order,
+// recv_counts being what each peer sends here in the same (peer, m) layout.
+tpr_status tpr_pb_all_to_allv(tpr_program *p, tpr_value_id x, tpr_value_id send_counts, tpr_value_id recv_counts,
+                              tpr_mesh_axis axis, int n, int64_t rows, tpr_value_id *out);
+tpr_status tpr_pb_moe_grouped_ffn(tpr_program *p, tpr_value_id x, tpr_value_id counts, tpr_value_id w13,
+                                  tpr_value_id w2, tpr_value_id *out);
+tpr_status tpr_pb_moe_unpermute(tpr_program *p, tpr_value_id y, tpr_value_id gates, tpr_value_id *out);
+
+// The op of node n (0 <= n < tpr_program_num_nodes), for reports.
+tpr_op_kind tpr_program_node_op(const tpr_program *p, int n);
 
 // One line per value: id, kind, dtype and shape, producing op, name.
 void tpr_program_dump(const tpr_program *p, FILE *f);
@@ -128,13 +146,21 @@ const tpr_memory_plan *tpr_exec_plan(const tpr_exec *e);
 // How a program's collective ops reach communicators: collectives/ sits above
 // the runtime, so the exec calls through this table (shard/mesh_comms.h
 // fills it from the mesh's communicators). `run` gets the op, its attributes
-// and contiguous in/out tensors whose shapes the op's rule has checked; the
-// backend has been synchronised before the call.
+// and contiguous in[0..n_in)/out tensors whose shapes the op's rule has
+// checked; the backend has been synchronised before the call.
 typedef struct tpr_exec_collectives {
   void *ctx;
-  tpr_status (*run)(void *ctx, tpr_op_kind op, const tpr_op_attrs *attrs, const tpr_tensor *in, tpr_tensor *out);
+  tpr_status (*run)(void *ctx, tpr_op_kind op, const tpr_op_attrs *attrs, const tpr_tensor *const *in, int n_in,
+                    tpr_tensor *out);
 } tpr_exec_collectives;
 // A program with collective ops fails to run until this is set.
 void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c);
+
+// Per-node timing for benchmarks: while on, each run adds every node's wall
+// time (the backend synchronised after the node) to seconds[node]; views
+// take none. tpr_exec_node_seconds gives the (num_nodes) totals since
+// profiling was switched on (NULL while off).
+tpr_status tpr_exec_set_profiling(tpr_exec *e, bool on);
+const double *tpr_exec_node_seconds(const tpr_exec *e);
 
 #endif

@@ -1,5 +1,6 @@
 #include "mesh_comms.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 // color and key of this rank's group along each axis.
@@ -51,9 +52,45 @@ void tpr_mesh_comms_free(tpr_mesh_comms *c) {
   memset(c, 0, sizeof *c);
 }
 
-static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *in,
-                                 tpr_tensor *out) {
+// Counts are (n*m) i32 per (peer, sub-block); rows are contiguous per peer.
+static tpr_status all_to_allv(tpr_comm_t c, const tpr_tensor *const *in, tpr_tensor *out) {
+  const tpr_tensor *x = in[0];
+  int n = tpr_comm_size(c);
+  int64_t m = tpr_tensor_numel(in[1]) / n, row = x->ndim > 1 ? tpr_tensor_numel(x) / x->shape[0] : 1;
+  size_t nc = (size_t)(n * m);
+  int32_t *counts = malloc(2 * nc * sizeof *counts);
+  size_t *v = malloc(4 * (size_t)n * sizeof *v);  // send counts, displs, recv counts, displs
+  tpr_status rc = counts && v ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "all_to_allv counts");
+  // Counts may live on a device: copy them out (a few bytes per peer).
+  if (rc == TPR_OK) rc = tpr_tensor_to_host(in[1], counts, nc * sizeof *counts);
+  if (rc == TPR_OK) rc = tpr_tensor_to_host(in[2], counts + nc, nc * sizeof *counts);
+  for (int side = 0; rc == TPR_OK && side < 2; side++) {
+    size_t *cnt = v + 2 * side * n, *dsp = cnt + n, at = 0, cap = (size_t)(side ? out : x)->shape[0];
+    for (int j = 0; j < n; j++) {
+      int64_t rows = 0;
+      for (int64_t e = 0; e < m; e++) {
+        int32_t k = counts[side * nc + (size_t)(j * m + e)];
+        if (k < 0) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "all_to_allv: negative count %d", k);
+        rows += k;
+      }
+      dsp[j] = at * (size_t)row;
+      cnt[j] = (size_t)rows * (size_t)row;
+      at += (size_t)rows;
+    }
+    if (rc == TPR_OK && at > cap)
+      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "all_to_allv: %zu rows to %s but the buffer has %zu", at,
+                    side ? "receive" : "send", cap);
+  }
+  if (rc == TPR_OK)
+    rc = tpr_comm_all_to_allv(c, tpr_tensor_data(x), v, v + n, tpr_tensor_data(out), v + 2 * n, v + 3 * n, x->dtype);
+  free(counts), free(v);
+  return rc;
+}
+
+static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
+                                 int n_ins, tpr_tensor *out) {
   tpr_mesh_comms *mc = ctx;
+  const tpr_tensor *in = ins[0];
   tpr_mesh_axis axis = (tpr_mesh_axis)at->i[0];
   tpr_comm_t c = mc->axis[axis];
   if (!c) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: no %s communicator", tpr_op_name(op), tpr_mesh_axis_name(axis));
@@ -70,6 +107,7 @@ static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *
     case TPR_OP_REDUCE_SCATTER:
       return tpr_comm_reduce_scatter(c, src, dst, n_out, in->dtype, (tpr_red_op)at->i[2]);
     case TPR_OP_ALL_TO_ALL: return tpr_comm_all_to_all(c, src, dst, n_in / group, in->dtype);
+    case TPR_OP_ALL_TO_ALLV: return all_to_allv(c, ins, out);
     default: return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s is not a collective op", tpr_op_name(op));
   }
 }

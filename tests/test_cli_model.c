@@ -1,6 +1,7 @@
 // The model commands' smaller parts: `tpr compare` (its verdict, tolerance
 // and errors), `tpr bench model` (one run alone and under mpirun, its JSON
-// fields consistent, bad usage), and the checks `tpr run` makes up front.
+// fields consistent, bad usage), and the checks `tpr run` makes up front
+// (including --device cuda on a machine without a GPU).
 #include "test_util.h"
 #include "cli_util.h"
 
@@ -10,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "runtime/backend_cuda.h"
 
 #define FIX TPR_FIXTURES "/minimax_m2_tiny"
 #define REF FIX "/reference.safetensors"
@@ -89,6 +92,11 @@ static void test_run_checks(void **state) {
               "--max-seq 6 is shorter");
   expect_exit(RUN(2, "forward", "--model", FIX, "--tokens", "1,2", "--out", "/dev/null", "--debug-force-tp-rank", "2"),
               1, "--debug-force-tp-rank 2");
+  expect_exit(RUN(0, "forward", "--model", FIX, "--tokens", "1,2", "--out", "/dev/null", "--device", "gpu"), 1,
+              "--device gpu: expected cpu, cuda or cuda:N");
+  // Without a GPU, --device cuda must say so (with one, tests/test_cuda_model.c runs it).
+  if (tpr_cuda_device_count() == 0)
+    expect_exit(RUN(2, "run", "--model", FIX, "--prompt-ids", "1,2,3", "--device", "cuda"), 1, "no CUDA device");
 }
 
 int main(void) {

@@ -18,24 +18,20 @@
 
 #include "collectives/tpr_comm.h"
 #include "models/minimax_m2_session.h"
-#include "shard/safetensors.h"
+#include "m2_ref.h"
 
-#define FIX TPR_FIXTURES "/minimax_m2_tiny"
-#define V 256               // the fixture's vocabulary
-#define TA 11               // tokens_a
-#define TB 5                // tokens_b
-#define NG 8                // greedy_a
-#define PARITY_BOUND 1e-4   // max|Δ| <= bound * max|logit|
+#define FIX M2_FIX
+#define V M2_V
+#define TA M2_TA
+#define TB M2_TB
+#define NG M2_NG
+#define PARITY_BOUND M2_PARITY_BOUND
 #define KV_BOUND 1e-5       // cached decode vs one full forward (same weights, other GEMM blocking)
 
 static char tpr_path[4096];
 static char tmp_dir[] = "/tmp/tpr_test_m2_XXXXXX";
 
-static struct {
-  int32_t a[TA], b[TB], greedy_a[NG];
-  float logits_a[TA * V], logits_b[TB * V], greedy_logits_a[NG * V];
-  char a_text[256], b_text[256];
-} ref;
+static m2_ref ref;
 
 // ---------------------------------------------------------------- helpers
 
@@ -53,48 +49,6 @@ static run_result run_np(int np, const char *const *args) {
 
 static void expect_ok(const run_result *r) {
   if (r->code != 0) fail_msg("exit %d\nstdout:\n%s\nstderr:\n%s", r->code, r->out, r->err);
-}
-
-// max_i |got_i - want_i| / max_i |want_i|; infinity if got holds a NaN/Inf.
-static double rel_err(const float *got, const float *want, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = fabs((double)got[i] - (double)want[i]);
-    if (!isfinite(e)) return INFINITY;
-    if (e > d) d = e;
-    if (fabs((double)want[i]) > m) m = fabs((double)want[i]);
-  }
-  return d / (m > 0 ? m : 1e-30);
-}
-
-static void read_f32(const tpr_st_set *set, const char *name, int64_t rows, int64_t cols, float *dst) {
-  const tpr_st_tensor *t = tpr_st_find(set, name);
-  if (!t) fail_msg("'%s' missing", name);
-  int64_t numel = rows * (cols ? cols : 1);
-  if (t->numel != numel || t->shape[0] != rows || (cols && (t->ndim != 2 || t->shape[1] != cols)))
-    fail_msg("'%s' has %lld values, want (%lld, %lld)", name, (long long)t->numel, (long long)rows, (long long)cols);
-  TT_OK(tpr_st_read_f32(set, name, NULL, NULL, dst));
-}
-
-static void read_ids(const tpr_st_set *set, const char *name, int n, int32_t *ids, char *text) {
-  float f[16];
-  read_f32(set, name, n, 0, f);
-  for (int i = 0; i < n; i++) {
-    ids[i] = (int32_t)f[i];
-    text += sprintf(text, "%s%d", i ? "," : "", ids[i]);
-  }
-}
-
-// The "logits" (T, V) f32 that `tpr forward` wrote.
-static float *read_logits(const char *path, int64_t T) {
-  tpr_st_set *set;
-  TT_OK(tpr_st_open(path, &set));
-  const tpr_st_tensor *t = tpr_st_find(set, "logits");
-  if (!t || t->dtype != TPR_F32) fail_msg("%s: no f32 'logits'", path);
-  float *x = malloc((size_t)(T * V) * sizeof *x);
-  read_f32(set, "logits", T, V, x);
-  tpr_st_close(set);
-  return x;
 }
 
 // `tpr forward` of prompt a or b at np ranks (0: alone), plus flags; the
@@ -120,7 +74,7 @@ static fwd forward(int np, int which, const char *flag, const char *flag_value) 
   int ranks = np ? np : 1;
   assert_true(tt_json_num(j, "world_size") == ranks && tt_json_num(j, "tp") == ranks);
   assert_true(tt_json_num(j, "tokens") == T && tt_json_num(j, "vocab") == V);
-  fwd f = {.logits = read_logits(out, T)};
+  fwd f = {.logits = m2_read_logits(out, "logits", T)};
   const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "program_hash");
   if (!cJSON_IsString(h) || strlen(h->valuestring) != 16) fail_msg("bad program_hash");
   snprintf(f.hash, sizeof f.hash, "%s", h->valuestring);
@@ -131,7 +85,7 @@ static fwd forward(int np, int which, const char *flag, const char *flag_value) 
 }
 
 static double parity_err(const fwd *f, int which) {
-  return which ? rel_err(f->logits, ref.logits_b, TB * V) : rel_err(f->logits, ref.logits_a, TA * V);
+  return which ? m2_rel_err(f->logits, ref.logits_b, TB * V) : m2_rel_err(f->logits, ref.logits_a, TA * V);
 }
 
 // ---------------------------------------------------------------- tests
@@ -218,17 +172,17 @@ static void test_kv_cache(void **state) {
   tpr_m2_session *s = open_session(self, 16);
   static float full[TA * V], again[TA * V], step[TA * V];
   TT_OK(tpr_m2_session_forward(s, ref.a, TA, 0, full));
-  double e = rel_err(full, ref.logits_a, TA * V);
+  double e = m2_rel_err(full, ref.logits_a, TA * V);
   printf("kv: full forward (T 11) vs transformers: %.3g\n", e);
   assert_true(e <= PARITY_BOUND);
 
   const int P = 6;
   TT_OK(tpr_m2_session_forward(s, ref.a, P, 0, step));
-  double worst = rel_err(step, full, (size_t)P * V);
+  double worst = m2_rel_err(step, full, (size_t)P * V);
   printf("kv: prefill (T %d) rows vs full forward: %.3g\n", P, worst);
   for (int t = P; t < TA; t++) {
     TT_OK(tpr_m2_session_forward(s, &ref.a[t], 1, t, step));
-    double et = rel_err(step, full + t * V, V);
+    double et = m2_rel_err(step, full + t * V, V);
     printf("kv: decode position %d vs full forward row: %.3g\n", t, et);
     if (et > worst) worst = et;
   }
@@ -240,7 +194,7 @@ static void test_kv_cache(void **state) {
   double least = INFINITY;
   for (int t = P; t < TA; t++) {
     TT_OK(tpr_m2_session_forward(s, &ref.a[t], 1, 0, step));
-    double et = rel_err(step, full + t * V, V);
+    double et = m2_rel_err(step, full + t * V, V);
     if (et < least) least = et;
   }
   printf("kv: decode at the wrong start (0): smallest error %.3g (must exceed 1e-2)\n", least);
@@ -258,10 +212,10 @@ static void test_kv_cache(void **state) {
   // transformers' greedy_logits_a: prefill prompt a, then feed greedy_a.
   s = open_session(self, TA + NG);
   TT_OK(tpr_m2_session_forward(s, ref.a, TA, 0, full));
-  worst = rel_err(full + (TA - 1) * V, ref.greedy_logits_a, V);
+  worst = m2_rel_err(full + (TA - 1) * V, ref.greedy_logits_a, V);
   for (int i = 1; i < NG; i++) {
     TT_OK(tpr_m2_session_forward(s, &ref.greedy_a[i - 1], 1, TA + i - 1, step));
-    double ei = rel_err(step, ref.greedy_logits_a + i * V, V);
+    double ei = m2_rel_err(step, ref.greedy_logits_a + i * V, V);
     if (ei > worst) worst = ei;
   }
   printf("kv: decode of greedy_a vs transformers' greedy_logits_a: %.3g (bound %.0e)\n", worst, PARITY_BOUND);
@@ -286,7 +240,7 @@ static void test_program_cache(void **state) {
   double worst = 0;
   for (int T = 1; T < N; T++) {
     TT_OK(tpr_m2_session_forward(s, seq, T, 0, part));
-    double e = rel_err(part, full, (size_t)T * V);
+    double e = m2_rel_err(part, full, (size_t)T * V);
     if (e > worst) worst = e;
   }
   printf("program cache: prefixes T = 1..%d vs the T = %d forward: worst %.3g (bound %.0e)\n", N - 1, N, worst,
@@ -294,7 +248,7 @@ static void test_program_cache(void **state) {
   if (!(worst <= KV_BOUND)) fail_msg("a prefix differs from the full forward: %.3g", worst);
   TT_OK(tpr_m2_session_forward(s, seq, N, 0, part));  // T = 19 was evicted: rebuilt
   assert_memory_equal(part, full, sizeof full);
-  double e = rel_err(full, ref.logits_a, TA * V);
+  double e = m2_rel_err(full, ref.logits_a, TA * V);
   printf("program cache: T = %d rows 0..%d vs transformers' logits_a: %.3g\n", N, TA - 1, e);
   assert_true(e <= PARITY_BOUND);
   tpr_m2_session_close(s);
@@ -348,16 +302,7 @@ static void test_help(void **state) {
 }
 
 static int setup(void **state) {
-  tpr_st_set *set;
-  TT_OK(tpr_st_open(FIX "/reference.safetensors", &set));
-  read_ids(set, "tokens_a", TA, ref.a, ref.a_text);
-  read_ids(set, "tokens_b", TB, ref.b, ref.b_text);
-  char unused[256];
-  read_ids(set, "greedy_a", NG, ref.greedy_a, unused);
-  read_f32(set, "logits_a", TA, V, ref.logits_a);
-  read_f32(set, "logits_b", TB, V, ref.logits_b);
-  read_f32(set, "greedy_logits_a", NG, V, ref.greedy_logits_a);
-  tpr_st_close(set);
+  m2_ref_load(&ref);
   return 0;
 }
 

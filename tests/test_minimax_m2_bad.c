@@ -88,8 +88,8 @@ static void test_bad_token_lists(void **state) {
 }
 
 static void test_tp_mismatch(void **state) {
-  FAILS("--tp 2 under mpirun -np 4",
-        RUN(4, "forward", "--model", FIX, "--tokens", "1,2", "--out", out, "--tp", "2"), "--tp 2",
+  FAILS("--tp 3 under mpirun -np 4",
+        RUN(4, "forward", "--model", FIX, "--tokens", "1,2", "--out", out, "--tp", "3"), "--tp 3",
         "world of 4 ranks");
   FAILS("--tp 4 alone", RUN(0, "run", "--model", FIX, "--prompt-ids", "1,2", "--tp", "4"), "--tp 4",
         "world of 1 ranks");

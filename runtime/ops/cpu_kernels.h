@@ -32,5 +32,11 @@ TPR_CPU_KERNEL(attention);            // attention.c: sgemm per head and query b
 TPR_CPU_KERNEL(cache_write);          // attention.c: writes its input 0 in place
 TPR_CPU_KERNEL(router_sigmoid_topk);  // router.c
 TPR_CPU_KERNEL(moe_experts);          // moe.c: grouped sgemm per expert
+TPR_CPU_KERNEL(moe_grouped_ffn);      // moe.c: moe_experts' per-expert math on dispatched rows
+TPR_CPU_KERNEL(moe_capacity);         // moe_dispatch.c: drop past capacity, seeded reroute
+TPR_CPU_KERNEL(row_slice);            // moe_dispatch.c: any dtype
+TPR_CPU_KERNEL(moe_counts);           // moe_dispatch.c
+TPR_CPU_KERNEL(moe_permute);          // moe_dispatch.c
+TPR_CPU_KERNEL(moe_unpermute);        // moe_dispatch.c
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "op_rules.h"
 #include "ops.h"
 
 typedef tpr_status (*infer_fn)(const tpr_tensor *const *in, const tpr_op_attrs *attrs, tpr_tensor *out);
@@ -425,6 +426,14 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_CACHE_WRITE] = {"cache_write", 3, false, infer_cache_write},
     [TPR_OP_ROUTER_SIGMOID_TOPK] = {"router_sigmoid_topk", 2, false, infer_router_sigmoid_topk},
     [TPR_OP_MOE_EXPERTS] = {"moe_experts", 4, false, infer_moe_experts},
+    // Expert parallelism: rules in moe_rules.c.
+    [TPR_OP_MOE_CAPACITY] = {"moe_capacity", 1, false, tpr__infer_moe_capacity},
+    [TPR_OP_ROW_SLICE] = {"row_slice", 2, false, tpr__infer_row_slice},
+    [TPR_OP_MOE_COUNTS] = {"moe_counts", 1, false, tpr__infer_moe_counts},
+    [TPR_OP_MOE_PERMUTE] = {"moe_permute", 2, false, tpr__infer_moe_permute},
+    [TPR_OP_ALL_TO_ALLV] = {"all_to_allv", 3, false, tpr__infer_all_to_allv},
+    [TPR_OP_MOE_GROUPED_FFN] = {"moe_grouped_ffn", 4, false, tpr__infer_moe_grouped_ffn},
+    [TPR_OP_MOE_UNPERMUTE] = {"moe_unpermute", 2, false, tpr__infer_moe_unpermute},
 };
 
 static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT; }
@@ -432,7 +441,10 @@ static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT; 
 const char *tpr_op_name(tpr_op_kind op) { return op_valid(op) ? ops[op].name : "?"; }
 int tpr_op_num_inputs(tpr_op_kind op) { return op_valid(op) ? ops[op].n_inputs : -1; }
 bool tpr_op_is_view(tpr_op_kind op) { return op_valid(op) && ops[op].is_view; }
-bool tpr_op_is_collective(tpr_op_kind op) { return op >= TPR_OP_ALL_REDUCE && op <= TPR_OP_ALL_TO_ALL; }
+// all_to_allv came later than 12..15, so the collectives are not one range.
+bool tpr_op_is_collective(tpr_op_kind op) {
+  return (op >= TPR_OP_ALL_REDUCE && op <= TPR_OP_ALL_TO_ALL) || op == TPR_OP_ALL_TO_ALLV;
+}
 
 tpr_status tpr__op_infer(tpr_op_kind op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
                          tpr_tensor *out) {

@@ -43,6 +43,16 @@ typedef enum tpr_op_kind {
   TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
   TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights
   TPR_OP_MOE_EXPERTS = 23,      // in (x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F)); out (T, H)
+  // Expert parallelism (the alltoall dispatcher and capacity mode); shapes
+  // and exact semantics at the typed wrappers below.
+  TPR_OP_MOE_CAPACITY = 24,     // in (gates (T, E)); i[0] top_k, i[1] reroute, i[2] seed; f[0] factor; out (T, E)
+  TPR_OP_ROW_SLICE = 25,        // in (x (T, C), part (1) i32/i64); i[0] parts n; out (ceil(T/n), C)
+  TPR_OP_MOE_COUNTS = 26,       // in (gates (N, E)); out (E) i32
+  TPR_OP_MOE_PERMUTE = 27,      // in (x (N, H), gates (N, E)); i[0] rows R; out (R, H)
+  TPR_OP_ALL_TO_ALLV = 28,      // collective; in (x (Ri, C), send_counts (n*m) i32, recv_counts (n*m) i32);
+                                // i[0] axis, i[1] n, i[2] rows Ro; out (Ro, C)
+  TPR_OP_MOE_GROUPED_FFN = 29,  // in (x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F)); out (R, H)
+  TPR_OP_MOE_UNPERMUTE = 30,    // in (y (R, H), gates (N, E)); out (N, H)
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
@@ -183,6 +193,51 @@ tpr_status tpr_router_sigmoid_topk(tpr_backend *be, const tpr_tensor *logits, co
 // is a partial sum to all-reduce.
 tpr_status tpr_moe_experts(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *gates, const tpr_tensor *w13,
                            const tpr_tensor *w2, tpr_tensor *out);
+
+// ---- Expert parallelism. Routing is carried by dense gates (T, E) f32: a
+// nonzero entry is an assignment of token t to expert e with that combine
+// weight. Rows of a dispatched buffer are ordered by expert (ascending), then
+// token (ascending); rows past the counted ones are left unwritten by every
+// op below and never read by the next.
+//
+// Capacity mode. gates (T, E) f32, 1 <= top_k <= E, factor > 0; out (T, E):
+// capacity C = ceil(T * top_k * factor / E) computed in double. For each
+// expert, its assignments are ranked by weight (descending; equal weights:
+// the lower token index first) and all past the first C are dropped (set to
+// exactly 0). With reroute, each dropped assignment (in token order, then
+// expert order) moves, keeping its weight, to an expert with spare capacity
+// that the token does not already use, drawn at random: the spare slots
+// (expert e repeated C - load_e times, ascending e) are shuffled with
+// Fisher-Yates driven by tpr_rng seeded with `seed`, and each dropped
+// assignment takes the first remaining slot whose expert its token does not
+// use; when none is left it stays dropped. Every rank given the same gates
+// and seed computes the same result.
+tpr_status tpr_moe_capacity(tpr_backend *be, const tpr_tensor *gates, int64_t top_k, float factor, bool reroute,
+                            uint64_t seed, tpr_tensor *out);
+// x (T, C) any dtype, part (1) i32/i64 in [0, n) read at run time; out
+// (ceil(T/n), C) = rows [part*Ts, part*Ts + Ts) of x with Ts = ceil(T/n),
+// rows past T zero. How tp peers holding the same tokens take disjoint
+// slices. part outside [0, n) is TPR_ERR_INVALID_ARG.
+tpr_status tpr_row_slice(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *part, int64_t n, tpr_tensor *out);
+// gates (N, E) f32; out (E) i32: number of nonzero entries per expert.
+tpr_status tpr_moe_counts(tpr_backend *be, const tpr_tensor *gates, tpr_tensor *out);
+// x (N, H) f32, gates (N, E) f32; out (R, H): for e ascending, for each token
+// t (ascending) with gates[t, e] != 0, the next row is x[t]. More than R
+// assignments is TPR_ERR_INVALID_ARG.
+tpr_status tpr_moe_permute(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *gates, tpr_tensor *out);
+// The local experts on dispatched rows. x (R, H) holds n source blocks one
+// after another; block s holds counts[s*Er + e] rows for local expert e, for e
+// ascending. out (R, H): each counted row r of expert e gets
+// w2[e] @ (silu(w1[e] x_r) * (w3[e] x_r)) -- unweighted, moe_experts' math --
+// computed as one sgemm pair per expert over its rows from every source.
+// Counts that are negative or add up past R: TPR_ERR_INVALID_ARG.
+tpr_status tpr_moe_grouped_ffn(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *counts, const tpr_tensor *w13,
+                               const tpr_tensor *w2, tpr_tensor *out);
+// The inverse of moe_permute, weighted: y (R, H) in moe_permute's row order
+// for gates (N, E); out (N, H): out[t] = sum over e ascending with
+// gates[t, e] != 0 of gates[t, e] * y[row of (t, e)], in f32 starting from 0
+// -- the order moe_experts adds in, so the two dispatchers agree.
+tpr_status tpr_moe_unpermute(tpr_backend *be, const tpr_tensor *y, const tpr_tensor *gates, tpr_tensor *out);
 
 // Shape rule: fills out's dtype, ndim, shape and strides from the inputs'
 // descriptors (storage is ignored). For views the strides and offset are the

@@ -1,0 +1,222 @@
+// Expert-parallel dispatch CPU kernels (ops.h, "Expert parallelism"):
+// capacity mode, row_slice, and the alltoall dispatcher's local halves
+// (moe_counts, moe_permute, moe_unpermute; all_to_allv is a collective and
+// moe_grouped_ffn lives in moe.c beside moe_experts).
+//
+// Routing is dense gates (N, E): a nonzero entry is an assignment. A
+// dispatched buffer holds one row per assignment in (expert, token) order,
+// so permute and unpermute find every row by walking the gates in that same
+// order -- no index tensor travels between them. Plain single-threaded
+// loops; every result is a fixed function of the inputs (and the seed).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../rng.h"
+#include "cpu_kernels.h"
+#include "strided.h"
+
+// gates[t, e] of a (N, E) f32 tensor, any strides.
+static inline float gate_at(const tpr_tensor *g, const float *gd, int64_t t, int64_t e) {
+  return gd[t * g->stride[0] + e * g->stride[1]];
+}
+
+// Number of nonzero gates: the rows moe_permute writes.
+static int64_t count_assignments(const tpr_tensor *g) {
+  const float *gd = tpr_tensor_data(g);
+  int64_t n = 0;
+  for (int64_t t = 0; t < g->shape[0]; t++)
+    for (int64_t e = 0; e < g->shape[1]; e++) n += gate_at(g, gd, t, e) != 0.0f;
+  return n;
+}
+
+// ---------------------------------------------------------------- capacity
+
+typedef struct ranked {
+  float w;
+  int64_t t;
+} ranked;
+
+// Descending weight (a NaN ranks below every number), then ascending token:
+// a total order, so qsort's instability cannot show.
+static int by_weight_desc(const void *pa, const void *pb) {
+  const ranked *a = pa, *b = pb;
+  bool an = isnan(a->w), bn = isnan(b->w);
+  if (an != bn) return an ? 1 : -1;
+  if (!an && a->w != b->w) return a->w > b->w ? -1 : 1;
+  return (a->t > b->t) - (a->t < b->t);
+}
+
+// gates (T, E); out (T, E) contiguous. attrs: i[0] top_k, i[1] reroute,
+// i[2] seed (the bits of a uint64), f[0] factor.
+TPR_CPU_KERNEL(moe_capacity) {
+  const tpr_tensor *g = in[0];
+  if (n_in != 1 || g->dtype != TPR_F32 || out->dtype != TPR_F32 || g->ndim != 2 || !tpr_tensor_same_shape(g, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_capacity (cpu): needs gates (T, E) f32 and out of the same shape");
+  const int64_t T = g->shape[0], E = g->shape[1], k = attrs->i[0];
+  const bool reroute = attrs->i[1] != 0;
+  const double cd = ceil((double)T * (double)k * (double)attrs->f[0] / (double)E);
+  // An expert never holds more than T assignments: a larger C drops nothing
+  // (and a huge factor must not overflow the integer).
+  const int64_t C = cd >= (double)T ? T : (int64_t)cd;
+  const float *gd = tpr_tensor_data(g);
+  float *o = tpr_tensor_data(out);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++) o[t * E + e] = gate_at(g, gd, t, e);
+  if (T == 0 || E == 0) return TPR_OK;
+  ranked *list = malloc((size_t)T * sizeof *list);
+  unsigned char *dropped = calloc((size_t)(T * E), 1);  // (T, E)
+  int64_t *load = malloc((size_t)E * sizeof *load);
+  int *slot = NULL;
+  unsigned char *taken = NULL;
+  tpr_status rc = TPR_OK;
+  if (!list || !dropped || !load) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "moe_capacity (cpu): scratch for (%lld, %lld)", (long long)T, (long long)E);
+    goto done;
+  }
+  int64_t n_dropped = 0, n_slots = 0;
+  for (int64_t e = 0; e < E; e++) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; t++)
+      if (o[t * E + e] != 0.0f) list[n++] = (ranked){o[t * E + e], t};
+    load[e] = n < C ? n : C;
+    n_slots += C - load[e];
+    if (n <= C) continue;
+    qsort(list, (size_t)n, sizeof *list, by_weight_desc);
+    for (int64_t i = C; i < n; i++) {
+      o[list[i].t * E + e] = 0.0f;
+      dropped[list[i].t * E + e] = 1;
+    }
+    n_dropped += n - C;
+  }
+  if (!reroute || n_dropped == 0 || n_slots == 0) goto done;
+  // Something was dropped, so C < T and the slots number at most E*T.
+  slot = malloc((size_t)n_slots * sizeof *slot);
+  taken = calloc((size_t)n_slots, 1);
+  if (!slot || !taken) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "moe_capacity (cpu): %lld spare slots", (long long)n_slots);
+    goto done;
+  }
+  int64_t ns = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t i = load[e]; i < C; i++) slot[ns++] = (int)e;
+  // Fisher-Yates from the back: j uniform in [0, i] as next() % (i + 1).
+  tpr_rng rng = {.state = (uint64_t)attrs->i[2]};
+  for (int64_t i = n_slots - 1; i > 0; i--) {
+    int64_t j = (int64_t)(tpr_rng_next(&rng) % (uint64_t)(i + 1));
+    int tmp = slot[i];
+    slot[i] = slot[j], slot[j] = tmp;
+  }
+  int64_t first = 0;  // slots before it are all taken
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++) {
+      if (!dropped[t * E + e]) continue;
+      while (first < n_slots && taken[first]) first++;
+      for (int64_t i = first; i < n_slots; i++)
+        if (!taken[i] && o[t * E + slot[i]] == 0.0f) {  // the token does not use that expert yet
+          o[t * E + slot[i]] = gate_at(g, gd, t, e);
+          taken[i] = 1;
+          break;
+        }
+    }
+done:
+  free(list), free(dropped), free(load), free(slot), free(taken);
+  return rc;
+}
+
+// ---------------------------------------------------------------- row_slice
+
+// x (T, C) any dtype and strides, part (1) i32/i64; out (ceil(T/n), C).
+TPR_CPU_KERNEL(row_slice) {
+  const tpr_tensor *x = in[0], *part = in[1];
+  if (n_in != 2 || x->ndim != 2 || out->ndim != 2 || out->dtype != x->dtype || out->shape[1] != x->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "row_slice (cpu): x and out shapes do not fit");
+  const int64_t n = attrs->i[0], T = x->shape[0], Ts = out->shape[0];
+  const void *pd = tpr_tensor_data(part);
+  const int64_t p = part->dtype == TPR_I64 ? *(const int64_t *)pd : *(const int32_t *)pd;
+  if (p < 0 || p >= n)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "row_slice: part %lld is outside [0, n = %lld)", (long long)p, (long long)n);
+  const size_t esz = tpr_dtype_size(x->dtype);
+  const int64_t first = p * Ts, rows = first >= T ? 0 : (T - first < Ts ? T - first : Ts), C = x->shape[1];
+  char *o = tpr_tensor_data(out);
+  if (rows > 0) {
+    const int64_t shape[2] = {rows, C}, os[2] = {C, 1};
+    tpr__strided_copy(o, os, (const char *)tpr_tensor_data(x) + first * x->stride[0] * (int64_t)esz, x->stride, 2,
+                      shape, esz);
+  }
+  // The last parts hang past T when n does not divide it: zero rows.
+  memset(o + rows * C * (int64_t)esz, 0, (size_t)((Ts - rows) * C) * esz);
+  return TPR_OK;
+}
+
+// ---------------------------------------------------------------- counts, permute, unpermute
+
+// gates (N, E); out (E) i32.
+TPR_CPU_KERNEL(moe_counts) {
+  const tpr_tensor *g = in[0];
+  if (n_in != 1 || g->dtype != TPR_F32 || g->ndim != 2 || out->dtype != TPR_I32 || out->ndim != 1 ||
+      out->shape[0] != g->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_counts (cpu): needs gates (N, E) f32 and out (E) i32");
+  const int64_t N = g->shape[0], E = g->shape[1];
+  if (N > INT32_MAX)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "moe_counts (cpu): N = %lld tokens overflow i32 counts", (long long)N);
+  const float *gd = tpr_tensor_data(g);
+  int32_t *o = tpr_tensor_data(out);
+  for (int64_t e = 0; e < E; e++) {
+    int32_t c = 0;
+    for (int64_t t = 0; t < N; t++) c += gate_at(g, gd, t, e) != 0.0f;
+    o[e] = c;
+  }
+  return TPR_OK;
+}
+
+// x (N, H), gates (N, E); out (R, H): one row per assignment, expert-major.
+TPR_CPU_KERNEL(moe_permute) {
+  const tpr_tensor *x = in[0], *g = in[1];
+  if (n_in != 2 || x->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[1] != x->shape[1] ||
+      g->shape[0] != x->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_permute (cpu): x, gates and out shapes do not fit");
+  const int64_t N = x->shape[0], H = x->shape[1], E = g->shape[1], R = out->shape[0];
+  // Counted first, so a buffer that is too small is left untouched.
+  const int64_t total = count_assignments(g);
+  if (total > R)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_permute: %lld assignments (nonzero gates) do not fit R = %lld rows",
+                    (long long)total, (long long)R);
+  const float *gd = tpr_tensor_data(g), *xd = tpr_tensor_data(x);
+  float *o = tpr_tensor_data(out);
+  const int64_t one = 1;
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < N; t++)
+      if (gate_at(g, gd, t, e) != 0.0f)
+        tpr__strided_copy(o + (row++) * H, &one, xd + t * x->stride[0], &x->stride[1], 1, &H, sizeof(float));
+  return TPR_OK;
+}
+
+// y (R, H) in moe_permute's order, gates (N, E); out (N, H) = the gated sum
+// per token, added in ascending expert order from 0 as moe_experts does.
+TPR_CPU_KERNEL(moe_unpermute) {
+  const tpr_tensor *y = in[0], *g = in[1];
+  if (n_in != 2 || y->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[0] != g->shape[0] ||
+      out->shape[1] != y->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_unpermute (cpu): y, gates and out shapes do not fit");
+  const int64_t N = g->shape[0], E = g->shape[1], R = y->shape[0], H = y->shape[1];
+  const int64_t total = count_assignments(g);
+  if (total > R)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_unpermute: %lld assignments (nonzero gates) need more rows than y's "
+                    "R = %lld", (long long)total, (long long)R);
+  const float *gd = tpr_tensor_data(g), *yd = tpr_tensor_data(y);
+  const int64_t ys0 = y->stride[0], ys1 = y->stride[1];
+  float *o = tpr_tensor_data(out);
+  memset(o, 0, (size_t)(N * H) * sizeof *o);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < N; t++) {
+      const float gate = gate_at(g, gd, t, e);
+      if (gate == 0.0f) continue;
+      const float *yr = yd + (row++) * ys0;
+      float *orow = o + t * H;
+      for (int64_t j = 0; j < H; j++) orow[j] += gate * yr[j * ys1];
+    }
+  return TPR_OK;
+}
