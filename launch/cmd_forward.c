@@ -25,9 +25,10 @@ static tpr_status gather_replicas(tpr_world *w, const tpr_shard_plan *pl, float 
 static tpr_status write_logits(const char *out, const float *logits, int64_t replicas, int64_t T, int64_t V) {
   tpr_st_write_entry e[TPR_ARG_LIST_MAX];
   char names[TPR_ARG_LIST_MAX][32];
+  const int64_t shape[2] = {T, V};  // outlives the loop: the entries point at it
   for (int64_t r = 0; r < replicas; r++) {
     snprintf(names[r], sizeof names[r], r ? "logits.%lld" : "logits", (long long)r);
-    e[r] = (tpr_st_write_entry){.name = names[r], .dtype = TPR_F32, .ndim = 2, .shape = (const int64_t[]){T, V},
+    e[r] = (tpr_st_write_entry){.name = names[r], .dtype = TPR_F32, .ndim = 2, .shape = shape,
                                 .data = logits + r * T * V};
   }
   return tpr_st_write(out, e, (size_t)replicas, NULL);

@@ -63,7 +63,7 @@ tpr_status tpr_world_init(int *argc, char ***argv, const tpr_world_opts *opts, t
   double timeout = opts->comm_timeout_s > 0 ? opts->comm_timeout_s : TPR_COMM_DEFAULT_TIMEOUT_S;
   if (opts->comm_timeout_s < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "--comm-timeout %g: must be > 0 seconds", opts->comm_timeout_s);
-  int gpu;
+  int gpu = -2;
   TPR_CHECK(parse_device(opts->device, &gpu));
   w->mpi = strcmp(backend, "self") != 0;
   w->device = -1;
