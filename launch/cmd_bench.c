@@ -6,12 +6,15 @@
 
 #include "launch/bench_comm.h"
 #include "launch/bench_model.h"
+#include "launch/bench_moe.h"
 #include "launch/commands.h"
 
 static const tpr_command benches[] = {
     {"comm", "bandwidth of the collectives (nccl-tests columns), optionally against raw MPI", tpr_bench_comm},
     {"model", "MiniMax-M2 prefill/decode tokens/s against the measured sgemm rate and read bandwidth",
      tpr_bench_model},
+    {"moe", "one MoE layer, both dispatchers: exchange GB/s and grouped GEMM GFLOP/s against all_to_all and sgemm",
+     tpr_bench_moe},
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 

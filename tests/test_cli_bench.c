@@ -1,5 +1,7 @@
 // `tpr bench comm`, run as a subprocess: alone (the self backend) and under
-// mpirun with 2 and 3 ranks (the mpi backend, with the raw-MPI baseline).
+// mpirun with 2 and 3 ranks (the mpi backend, with the raw-MPI baseline);
+// `tpr bench moe` under mpirun -np 4 on the tiny fixture (its JSON figures
+// recomputed from one another and from the routing statistics).
 // Every op must exit 0 with no wrong element, and its --json lines must obey
 // nccl-tests' conventions exactly: sizes step as -b/-f (or -i) say, rounded
 // as each collective's GetCollByteCount does; algbw = size / time; busbw /
@@ -9,6 +11,7 @@
 #include "cli_util.h"
 
 #include <cjson/cJSON.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +144,7 @@ static void test_help(void **state) {
   r = RUN("--help");
   expect_exit(&r, 0);
   expect_contains(r.out, "comm");
+  expect_contains(r.out, "moe ");
   tt_run_done(&r);
   r = tt_run_tpr(tpr_path, tmp_dir, (const char *const[]){"bench", NULL});
   expect_exit(&r, 2);
@@ -254,6 +258,178 @@ static void test_table(void **state) {
   tt_run_done(&r);
 }
 
+// ---- bench moe -------------------------------------------------------------------
+
+static const cJSON *obj(const cJSON *j, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!v) fail_msg("JSON key '%s' missing", key);
+  return v;
+}
+
+static bool is_null(const cJSON *j, const char *key) { return cJSON_IsNull(obj(j, key)); }
+
+// Positive number; the rates and ratios are printed with 6 digits (%.6g),
+// so a figure recomputed from printed ones agrees within a few 1e-6.
+static double pos(const cJSON *j, const char *key) {
+  double v = tt_json_num(j, key);
+  if (!(v > 0)) fail_msg("%s = %g, want > 0", key, v);
+  return v;
+}
+
+static int64_t item(const cJSON *arr, int i) {
+  const cJSON *v = cJSON_GetArrayItem(arr, i);
+  if (!cJSON_IsNumber(v)) fail_msg("array item %d missing or not a number", i);
+  return (int64_t)v->valuedouble;
+}
+
+// One dispatcher's object: the rates from the times and counts, the ratios
+// from the rates. rows: (world) the rows each rank's experts ran.
+static void check_side(const cJSON *s, const char *name, bool exchange, int ep, double H, double Fr, int world,
+                       double *rows) {
+  print_message("  %s: layer %.3g s, grouped GEMM %.3g GF/s vs sgemm %.3g\n", name, pos(s, "layer_s"),
+                pos(s, "grouped_gemm_gflops"), pos(s, "sgemm_gflops"));
+  pos(s, "router_s"), pos(s, "grouped_gemm_s"), pos(s, "sgemm_s");
+  const cJSON *er = obj(s, "expert_rows_per_rank");
+  assert_int_equal(cJSON_GetArraySize(er), world);
+  double mean = 0;
+  for (int r = 0; r < world; r++) mean += (double)(rows[r] = (double)item(er, r)) / world;
+  expect_close(tt_json_num(s, "grouped_gemm_flops"), mean * 6 * H * Fr, 1e-12, "flops = 6 H Fr x mean rows");
+  double flops = tt_json_num(s, "grouped_gemm_flops");
+  expect_close(tt_json_num(s, "grouped_gemm_gflops"), flops / tt_json_num(s, "grouped_gemm_s") * 1e-9, 2e-5,
+               "grouped GFLOP/s = flops / time");
+  expect_close(tt_json_num(s, "sgemm_gflops"), flops / tt_json_num(s, "sgemm_s") * 1e-9, 2e-5, "sgemm GFLOP/s");
+  expect_close(pos(s, "grouped_vs_sgemm"), tt_json_num(s, "grouped_gemm_gflops") / tt_json_num(s, "sgemm_gflops"),
+               2e-5, "grouped_vs_sgemm = grouped / sgemm");
+  double f = (ep - 1.0) / ep, cb = pos(s, "combine_bytes");
+  expect_close(tt_json_num(s, "combine_gbs"), cb / pos(s, "combine_s") * 1e-9, 2e-5, "combine GB/s");
+  if (!exchange) {  // allreduce: the combine is an all_reduce of (T, H), no dispatch, no all_to_all baseline
+    expect_close(tt_json_num(s, "combine_busbw_gbs"), tt_json_num(s, "combine_gbs") * 2 * f, 2e-5, "all_reduce busbw");
+    assert_true(tt_json_num(s, "dispatch_bytes") == 0 && is_null(s, "dispatch_rows_per_rank"));
+    assert_true(is_null(s, "a2a_busbw_gbs") && is_null(s, "dispatch_vs_a2a") && is_null(s, "combine_vs_a2a") &&
+                is_null(s, "a2av_vs_a2a"));
+    return;
+  }
+  const cJSON *dr = obj(s, "dispatch_rows_per_rank");
+  for (int r = 0; r < world; r++) assert_true((double)item(dr, r) == rows[r]);  // received rows are the experts' rows
+  double db = pos(s, "dispatch_bytes");
+  expect_close(db, mean * H * 4, 1e-12, "dispatch bytes = mean rows received x H x 4");
+  assert_true(cb == db);
+  expect_close(pos(s, "dispatch_gbs"), db / pos(s, "dispatch_s") * 1e-9, 2e-5, "dispatch GB/s");
+  expect_close(pos(s, "dispatch_busbw_gbs"), tt_json_num(s, "dispatch_gbs") * f, 2e-5, "dispatch busbw");
+  expect_close(pos(s, "combine_busbw_gbs"), tt_json_num(s, "combine_gbs") * f, 2e-5, "combine busbw");
+  double ab = pos(s, "a2a_bytes");
+  assert_true(ab == ceil(db / ep / 4) * ep * 4);
+  expect_close(pos(s, "a2a_busbw_gbs"), ab / pos(s, "a2a_s") * 1e-9 * f, 2e-5, "all_to_all busbw");
+  expect_close(pos(s, "dispatch_vs_a2a"), tt_json_num(s, "dispatch_busbw_gbs") / tt_json_num(s, "a2a_busbw_gbs"),
+               2e-5, "dispatch_vs_a2a");
+  expect_close(pos(s, "combine_vs_a2a"), tt_json_num(s, "combine_busbw_gbs") / tt_json_num(s, "a2a_busbw_gbs"), 2e-5,
+               "combine_vs_a2a");
+  assert_true(tt_json_num(s, "dispatch_min_s") <= tt_json_num(s, "dispatch_s"));
+  expect_close(pos(s, "a2av_busbw_gbs"), db / pos(s, "a2av_s") * 1e-9 * f, 2e-5, "all_to_allv alone busbw");
+  expect_close(pos(s, "a2av_vs_a2a"), tt_json_num(s, "a2av_busbw_gbs") / tt_json_num(s, "a2a_busbw_gbs"), 2e-5,
+               "a2av_vs_a2a");
+}
+
+// tp, dp, ep, etp as the run must resolve them; capacity: --capacity-factor given.
+static void check_moe(const cJSON *j, int tp, int dp, int ep, int etp, int tokens, bool capacity) {
+  assert_string_equal(str(j, "command"), "bench moe");
+  assert_int_equal((int)tt_json_num(j, "world_size"), 4);
+  assert_true(tt_json_num(j, "tp") == tp && tt_json_num(j, "dp") == dp && tt_json_num(j, "ep") == ep &&
+              tt_json_num(j, "etp") == etp && tt_json_num(j, "edp") == 4 / (ep * etp));
+  double H = tt_json_num(j, "hidden"), Fr = tt_json_num(j, "expert_inter_per_rank"), k = tt_json_num(j, "top_k");
+  assert_true(H == 64 && Fr == 32.0 / etp && k == 2 && tt_json_num(j, "experts") == 8);
+  // Routing: every replica's tokens, top-k each; the experts run what capacity left.
+  const cJSON *st = obj(j, "moe_stats"), *L = cJSON_GetArrayItem(obj(st, "layers"), 0);
+  assert_true(tt_json_num(st, "tokens") == (double)tokens * dp && tt_json_num(st, "ep") == ep);
+  double routed = tt_json_num(L, "routed"), dropped = tt_json_num(L, "dropped"), rer = tt_json_num(L, "rerouted");
+  assert_true(routed == (double)tokens * dp * k);
+  assert_true(capacity ? dropped > 0 : dropped == 0 && rer == 0);
+  const cJSON *tpr_ = obj(L, "tokens_per_rank");
+  double per_rank[4] = {0}, sum = 0;
+  assert_int_equal(cJSON_GetArraySize(tpr_), ep);
+  for (int r = 0; r < ep; r++) sum += per_rank[r] = (double)item(tpr_, r);
+  assert_true(sum == routed - dropped + rer);
+  // alltoall: a rank receives every assignment to its ep rank's experts (edp = 1 here).
+  double rows[4], ar_rows[4];
+  check_side(obj(j, "alltoall"), "alltoall", ep > 1, ep, H, Fr, 4, rows);
+  for (int w = 0; w < 4; w++) assert_true(rows[w] == per_rank[(w / etp) % ep]);
+  if (dp > 1) {
+    assert_true(is_null(j, "allreduce"));
+    expect_contains(str(j, "allreduce_note"), "dp = 1");
+    return;
+  }
+  check_side(obj(j, "allreduce"), "allreduce", false, ep, H, Fr, 4, ar_rows);
+  for (int w = 0; w < 4; w++) assert_true(ar_rows[w] == rows[w]);
+  expect_close(tt_json_num(obj(j, "allreduce"), "combine_bytes"), (double)tokens * H * 4, 0, "all_reduce bytes");
+  assert_true(tt_json_num(j, "max_abs_diff") <= 1e-5);  // the two dispatchers compute the same layer
+}
+
+static char moe_config[4200];
+#define MOE(ranks, ...)                                                                                            \
+  tt_run(tpr_path, tmp_dir,                                                                                     \
+         (const char *const[]){"bench", "moe", "--config", moe_config, "--random-weights", __VA_ARGS__, NULL}, \
+         &(tt_run_opts){.np = (ranks), .timeout_s = 60})
+
+static void test_moe(void **state) {
+  cJSON *j = tt_json_of(MOE(4, "--ep", "4", "--tokens", "48", "--iters", "3", "--warmup", "1", "--json"));
+  check_moe(j, 4, 1, 4, 1, 48, false);
+  cJSON_Delete(j);
+  j = tt_json_of(MOE(4, "--ep", "2", "--tp", "2", "--tokens", "40", "--iters", "3", "--warmup", "1",
+                     "--capacity-factor", "0.75", "--seed", "3", "--json"));
+  check_moe(j, 2, 2, 2, 2, 40, true);
+  cJSON_Delete(j);
+  run_result r = MOE(2, "--tokens", "16", "--iters", "2");  // the table: ep defaults to the world
+  expect_exit(&r, 0);
+  static const char *const cols[] = {"tp 2 dp 1 | ep 2 etp 1", "layer ms", "dispatch ms", "combine ms", "GEMM GF/s",
+                                     "vs a2a busbw", "vs sgemm", "\nalltoall ", "\nallreduce ", "baseline:",
+                                     "routing:", "32 assignments of 16 tokens"};
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) expect_contains(r.out, cols[i]);
+  tt_run_done(&r);
+}
+
+static void test_moe_bad_flags(void **state) {
+  static const struct {
+    int np;
+    const char *args[4], *message;
+  } cases[] = {
+      {0, {"--frobnicate"}, "unknown option '--frobnicate'"},
+      {0, {"--tokens", "0"}, "--tokens must be >= 1"},
+      {0, {"--iters", "0"}, "--iters must be >= 1"},
+      {0, {"--capacity-factor", "-1"}, "--capacity-factor must be"},
+      {0, {"--reroute-dropped"}, "needs --capacity-factor"},
+      {0, {"--ep", "2"}, "--ep 2: must be in [1, 1]"},
+      {3, {"--ep", "3"}, "8 experts do not split"},
+      {4, {"--tp", "3"}, "--tp 3 x --dp 1 must equal the world of 4 ranks"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *argv[12] = {"bench", "moe", "--config", moe_config, "--random-weights"};
+    int n = 5;
+    for (int k = 0; k < 4 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
+    argv[n] = NULL;
+    run_result r = tt_run(tpr_path, tmp_dir, argv, &(tt_run_opts){.np = cases[i].np, .timeout_s = 60});
+    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
+    expect_contains(r.err, cases[i].message);
+    tt_run_done(&r);
+  }
+  run_result r = RUN("moe", "--random-weights");
+  expect_exit(&r, 2);
+  expect_contains(r.err, "give --config FILE");
+  tt_run_done(&r);
+  r = RUN("moe", "--config", moe_config);
+  expect_exit(&r, 2);
+  expect_contains(r.err, "give --random-weights");
+  tt_run_done(&r);
+  r = RUN("moe", "--config", "/nonexistent/config.json", "--random-weights");
+  expect_exit(&r, 2);
+  expect_contains(r.err, "/nonexistent/config.json");
+  tt_run_done(&r);
+  r = RUN("moe", "--help");
+  expect_exit(&r, 0);
+  expect_contains(r.out, "--capacity-factor");
+  expect_contains(r.out, "vs sgemm");
+  tt_run_done(&r);
+}
+
 static int remove_tmp(void **state) {
   unlink(tt_path(tmp_dir, "stdout"));
   unlink(tt_path(tmp_dir, "stderr"));
@@ -263,9 +439,13 @@ static int remove_tmp(void **state) {
 int main(void) {
   if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_cli_bench") != 0) return 1;
   if (!mkdtemp(tmp_dir)) return 1;
+  char here[4096];
+  snprintf(here, sizeof here, "%s", __FILE__);  // absolute under CMake: tests/ of the source tree
+  snprintf(moe_config, sizeof moe_config, "%s/fixtures/minimax_m2_tiny/config.json", dirname(here));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),       cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_alone),
       cmocka_unit_test(test_two_ranks),  cmocka_unit_test(test_three_ranks), cmocka_unit_test(test_table),
+      cmocka_unit_test(test_moe),        cmocka_unit_test(test_moe_bad_flags),
   };
   return cmocka_run_group_tests(tests, NULL, remove_tmp);
 }
