@@ -1,0 +1,670 @@
+// Op-by-op comparison of the CUDA backend against the CPU backend (the
+// reference): every op kind with a CUDA kernel runs on fresh random inputs
+// (seed printed; rerun with TPR_TEST_SEED=...) over several shapes, edge
+// sizes (1, odd) and strided inputs (permuted, sliced and every-other-element
+// views), on both backends; the CUDA output is poisoned with NaN bytes
+// before each run so an element the kernel does not write shows up. Each op
+// has a negative control: one input element is changed on the CUDA side
+// only, and the same comparison must then fail.
+//
+// Bounds, max |cuda - cpu| / max |cpu| over the output:
+//   0 (bit for bit): cast, embedding, index_select, embedding_shard,
+//     cache_write -- byte moves and exact conversion rules;
+//   1e-5: elementwise, norms, sum_squares, softmax, rope, router -- the same
+//     formulas; only f32 sums run in another order and expf/sinf/cosf/powf
+//     differ from glibc's by an ulp or two;
+//   1e-4: matmul, attention, moe_experts -- GEMM-sized sums accumulated in
+//     another order (cuBLAS vs OpenBLAS).
+//
+// Without a CUDA device it exits 77 (ctest: skipped). TPR_CUDA_OPS_SELFTEST=1
+// runs everything with a second CPU backend in place of the GPU instead: the
+// comparisons are then exact and the negative controls must still fail, which
+// checks this test itself on machines without a GPU.
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_util.h"
+#include "runtime/backend_cuda.h"
+
+static tpr_backend *gpu;  // the backend under test
+static bool selftest;
+
+// ---------------------------------------------------------------- bookkeeping
+
+// Tensors and host buffers of the running test, freed after it (pass or fail).
+enum { MAX_HELD = 4096 };
+static tpr_tensor *held[MAX_HELD];
+static void *held_host[MAX_HELD];
+static int n_held, n_held_host;
+
+static tpr_tensor *hold(tpr_tensor *t) {
+  assert_true(n_held < MAX_HELD);
+  return held[n_held++] = t;
+}
+static void *hold_host(void *p) {
+  assert_true(n_held_host < MAX_HELD);
+  return held_host[n_held_host++] = p;
+}
+static int release_all(void **state) {
+  while (n_held) tpr_tensor_free(held[--n_held]);
+  while (n_held_host) free(held_host[--n_held_host]);
+  return 0;
+}
+
+// ---------------------------------------------------------------- tensors on both backends
+
+typedef struct pair {
+  tpr_tensor *c, *g;    // the same values on the CPU and on the backend under test
+  tpr_tensor *rc, *rg;  // their contiguous base tensors (views share them)
+} pair;
+
+// Layouts of an input with a given logical shape (combinable):
+enum {
+  L_PERM = 1,   // dims stored in reverse order: a transposed view
+  L_SLICE = 2,  // last dim padded by 3 and sliced [1, 1 + n): rows longer than n
+  L_COL = 4,    // every other element: an extra trailing dim of 2, sliced to 1
+  L_SWAP = 8,   // last two dims stored swapped (column-major matrices)
+};
+
+static tpr_tensor *view_permute(const tpr_tensor *t, const int *p) {
+  tpr_tensor *v;
+  TT_OK(tpr_tensor_permute(t, p, &v));
+  return hold(v);
+}
+static tpr_tensor *view_slice(const tpr_tensor *t, int dim, int64_t start, int64_t len) {
+  tpr_tensor *v;
+  TT_OK(tpr_tensor_slice(t, dim, start, len, &v));
+  return hold(v);
+}
+
+// The logical (nd, shape) tensor `data` (row-major, dtype dt) on both
+// backends, stored in `layout`. Storage outside the view holds 0xff bytes
+// (NaN, or index -1), so a kernel reading past the view is noticed.
+static pair pair_from(tpr_dtype dt, int nd, const int64_t *shape, int layout, const void *data) {
+  int64_t s0[TPR_MAX_DIMS + 1], base[TPR_MAX_DIMS + 1];
+  int p[TPR_MAX_DIMS + 1], nd0 = nd;
+  memcpy(s0, shape, (size_t)nd * sizeof *s0);
+  if ((layout & L_SLICE) && nd) s0[nd - 1] += 3;
+  if (layout & L_COL) s0[nd0++] = 2;
+  for (int i = 0; i < nd0; i++) p[i] = (layout & L_PERM) ? nd0 - 1 - i : i;
+  if ((layout & L_SWAP) && nd >= 2) p[nd - 2] = nd - 1, p[nd - 1] = nd - 2;
+  for (int i = 0; i < nd0; i++) base[p[i]] = s0[i];
+  pair r;
+  TT_OK(tpr_tensor_new(tt_cpu(), dt, nd0, base, &r.rc));
+  TT_OK(tpr_tensor_new(gpu, dt, nd0, base, &r.rg));
+  hold(r.rc), hold(r.rg);
+  tpr_tensor *v[2] = {r.rc, r.rg};
+  for (int k = 0; k < 2; k++) {
+    v[k] = view_permute(v[k], p);
+    if (layout & L_COL) v[k] = view_slice(v[k], nd, 1, 1), v[k]->ndim = nd;  // drop the size-1 dim by hand
+    if ((layout & L_SLICE) && nd) v[k] = view_slice(v[k], nd - 1, 1, shape[nd - 1]);
+  }
+  r.c = v[0], r.g = v[1];
+  const size_t esz = tpr_dtype_size(dt), bytes = tpr_tensor_nbytes(r.rc);
+  char *h = hold_host(malloc(bytes ? bytes : 1));
+  memset(h, 0xff, bytes);
+  const int64_t n = tpr_shape_numel(nd, shape);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = r.c->offset, rem = i;
+    for (int d = nd - 1; d >= 0; d--) off += (rem % shape[d]) * r.c->stride[d], rem /= shape[d];
+    memcpy(h + off * (int64_t)esz, (const char *)data + i * (int64_t)esz, esz);
+  }
+  TT_OK(tpr_tensor_from_host(r.rc, h, bytes));
+  TT_OK(tpr_tensor_from_host(r.rg, h, bytes));
+  return r;
+}
+
+static float *rand_f32(int64_t n) {
+  float *x = hold_host(malloc((size_t)(n ? n : 1) * sizeof *x));
+  tt_fill_normal(x, (size_t)n, 1.0);
+  return x;
+}
+static void *rand_any(tpr_dtype dt, int64_t n) {  // f32 normals; any other dtype random bytes
+  if (dt == TPR_F32) return rand_f32(n);
+  uint8_t *b = hold_host(malloc((size_t)(n ? n : 1) * tpr_dtype_size(dt)));
+  for (int64_t i = 0; i < n * (int64_t)tpr_dtype_size(dt); i++) b[i] = (uint8_t)tt_next_u64();
+  return b;
+}
+static void set_id(void *b, tpr_dtype dt, int64_t i, int64_t v) {  // element i of an i32/i64 buffer
+  if (dt == TPR_I32) ((int32_t *)b)[i] = (int32_t)v;
+  else ((int64_t *)b)[i] = v;
+}
+static void *rand_ids(tpr_dtype dt, int64_t n, int64_t lo, int64_t hi) {  // values in [lo, hi]
+  void *b = hold_host(malloc((size_t)(n ? n : 1) * 8));
+  for (int64_t i = 0; i < n; i++) set_id(b, dt, i, tt_randint(lo, hi));
+  return b;
+}
+static pair rand_pair(int nd, const int64_t *shape, int layout) {
+  return pair_from(TPR_F32, nd, shape, layout, rand_f32(tpr_shape_numel(nd, shape)));
+}
+static pair scalar_pair(tpr_dtype dt, int64_t v) {  // (1) i32/i64
+  int32_t v32 = (int32_t)v;
+  return pair_from(dt, 1, (const int64_t[]){1}, 0, dt == TPR_I32 ? (const void *)&v32 : (const void *)&v);
+}
+
+// ---------------------------------------------------------------- running and comparing
+
+static double op_bound(tpr_op_kind op) {
+  switch (op) {
+    case TPR_OP_CAST: case TPR_OP_EMBEDDING: case TPR_OP_INDEX_SELECT: case TPR_OP_EMBEDDING_SHARD:
+    case TPR_OP_CACHE_WRITE: return 0;
+    case TPR_OP_MATMUL: case TPR_OP_ATTENTION: case TPR_OP_MOE_EXPERTS: return 1e-4;
+    default: return 1e-5;
+  }
+}
+
+// Error of g against c (same dtype and shape, contiguous): bytes compared
+// when exact, else max |g - c| / max |c| with NaN and inf required in the
+// same places. INFINITY for any mismatch that is not a rounding difference.
+static double compare(const tpr_tensor *c, const tpr_tensor *g, bool exact) {
+  size_t nb = tpr_tensor_nbytes(c);
+  void *hc = tt_to_host(c), *hg = tt_to_host(g);
+  double err = 0;
+  if (exact || c->dtype != TPR_F32) {
+    err = memcmp(hc, hg, nb) ? INFINITY : 0;
+  } else {
+    const float *a = hc, *b = hg;
+    double ref = 1e-30;
+    for (size_t i = 0; i < nb / 4; i++) {
+      if (isnan(a[i]) || isinf(a[i]) || isnan(b[i]) || isinf(b[i])) {
+        if (!(isnan(a[i]) && isnan(b[i])) && a[i] != b[i]) err = INFINITY;
+        continue;
+      }
+      ref = fmax(ref, fabs(a[i]));
+      err = fmax(err, fabs((double)b[i] - a[i]));
+    }
+    err = isinf(err) ? err : err / ref;
+  }
+  free(hc), free(hg);
+  return err;
+}
+
+// The op's output (shape rule) on both backends.
+static pair out_pair(tpr_op_kind op, const tpr_tensor *const *cin, int n_in, const tpr_op_attrs *at) {
+  tpr_tensor want;
+  pair o;
+  TT_OK(tpr__op_infer(op, cin, n_in, at, &want));
+  TT_OK(tpr_tensor_new(tt_cpu(), want.dtype, want.ndim, want.shape, &o.c));
+  TT_OK(tpr_tensor_new(gpu, want.dtype, want.ndim, want.shape, &o.g));
+  o.rc = hold(o.c), o.rg = hold(o.g);
+  return o;
+}
+
+typedef struct op_case {
+  tpr_op_kind op;
+  tpr_op_attrs at;
+  int n_in;
+  pair in[TPR_OP_MAX_INPUTS], out;
+  char what[160];
+} op_case;
+
+static tpr_status run_on(op_case *k, bool on_gpu) {
+  const tpr_tensor *in[TPR_OP_MAX_INPUTS];
+  for (int i = 0; i < k->n_in; i++) in[i] = on_gpu ? k->in[i].g : k->in[i].c;
+  tpr_tensor *o = on_gpu ? k->out.g : k->out.c;
+  if (on_gpu) TT_OK(gpu->vt->memset(gpu->ctx, tpr_tensor_data(o), 0xff, tpr_tensor_nbytes(o)));  // poison
+  return tpr_op_run(on_gpu ? gpu : tt_cpu(), k->op, in, k->n_in, &k->at, o);
+}
+
+// cache_write writes its input 0 in place: its whole base is compared too.
+static double case_error(const op_case *k) {
+  double e = compare(k->out.c, k->out.g, op_bound(k->op) == 0);
+  return k->op == TPR_OP_CACHE_WRITE ? fmax(e, compare(k->in[0].rc, k->in[0].rg, true)) : e;
+}
+
+// Runs op on both backends and checks the outputs agree within the op's
+// bound. The case stays valid (for a negative control) until the test ends.
+__attribute__((format(printf, 5, 6))) static op_case *check(tpr_op_kind op, const tpr_op_attrs *at, int n_in,
+                                                            const pair *in, const char *fmt, ...) {
+  static op_case k;
+  memset(&k, 0, sizeof k);
+  k.op = op, k.n_in = n_in;
+  if (at) k.at = *at;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = snprintf(k.what, sizeof k.what, "%s ", tpr_op_name(op));
+  vsnprintf(k.what + w, sizeof k.what - (size_t)w, fmt, ap);
+  va_end(ap);
+  const tpr_tensor *cin[TPR_OP_MAX_INPUTS];
+  for (int i = 0; i < n_in; i++) k.in[i] = in[i], cin[i] = in[i].c;
+  k.out = out_pair(op, cin, n_in, &k.at);
+  TT_OK(run_on(&k, false));
+  tpr_status rc = run_on(&k, true);
+  if (rc != TPR_OK) fail_msg("%s: %s: %s", k.what, tpr_status_name(rc), tpr_last_error());
+  double e = case_error(&k), bound = op_bound(op);
+  if (!(e <= bound)) fail_msg("%s: error %.3g > bound %.3g", k.what, e, bound);
+  return &k;
+}
+
+// Negative control: logical element `elem` of input `which` changes on the
+// GPU side only (f32: += v; i32/i64: = v; other dtypes: the low bit flips);
+// the rerun must then fail the comparison.
+static void negative(op_case *k, int which, int64_t elem, double v) {
+  const pair *p = &k->in[which];
+  const tpr_tensor *t = p->c;
+  int64_t off = t->offset, rem = elem;
+  for (int d = t->ndim - 1; d >= 0; d--) off += (rem % t->shape[d]) * t->stride[d], rem /= t->shape[d];
+  char *h = tt_to_host(p->rg), *e = h + off * (int64_t)tpr_dtype_size(t->dtype);
+  if (t->dtype == TPR_F32) *(float *)e += (float)v;
+  else if (t->dtype == TPR_I32) *(int32_t *)e = (int32_t)v;
+  else if (t->dtype == TPR_I64) *(int64_t *)e = (int64_t)v;
+  else *e ^= 1;
+  TT_OK(tpr_tensor_from_host(p->rg, h, tpr_tensor_nbytes(p->rg)));
+  free(h);
+  TT_OK(run_on(k, true));
+  double err = case_error(k);
+  if (!(err > op_bound(k->op))) fail_msg("%s: negative control passed (error %.3g)", k->what, err);
+}
+
+static const int layouts[] = {0, L_PERM, L_SLICE, L_COL, L_PERM | L_SLICE};
+enum { N_LAYOUTS = 5 };
+
+// ---------------------------------------------------------------- ops
+
+static void test_matmul(void **state) {
+  static const int64_t dims[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 9}, {64, 128, 96}};  // M, K, N
+  static const int lay[] = {0, L_PERM, L_SLICE};
+  for (int d = 0; d < 4; d++) {
+    const int64_t M = dims[d][0], K = dims[d][1], N = dims[d][2];
+    for (int t = 0; t < 4; t++) {
+      const bool ta = t & 1, tb = t & 2;
+      tpr_op_attrs at = {.n_i = 2, .i = {ta, tb}};
+      const int64_t as[2] = {ta ? K : M, ta ? M : K}, bs[2] = {tb ? N : K, tb ? K : N};
+      char tag[64];
+      snprintf(tag, sizeof tag, "M=%lld K=%lld N=%lld ta=%d tb=%d", (long long)M, (long long)K, (long long)N, ta, tb);
+      for (int la = 0; la < 3; la++)
+        for (int lb = 0; lb < 3; lb++) {
+          pair in[2] = {rand_pair(2, as, lay[la]), rand_pair(2, bs, lay[lb])};
+          op_case *k = check(TPR_OP_MATMUL, &at, 2, in, "%s layouts %d,%d", tag, lay[la], lay[lb]);
+          if (d == 1 && t == 0 && la == 1 && lb == 2) negative(k, 0, 0, 1.0);
+        }
+      // Batched: (2, 3, ...) @ (2, 3, ...), and @ a shared 2-D b. A reversed
+      // 3-D stack has no unit stride in its matrices: the scratch-copy path.
+      const int64_t ab[4] = {2, 3, as[0], as[1]}, bb[4] = {2, 3, bs[0], bs[1]}, a3[3] = {5, as[0], as[1]};
+      for (int l = 0; l < 3; l++) {
+        const pair b4 = rand_pair(4, bb, lay[2 - l]), b2 = rand_pair(2, bs, lay[l]), b2r = rand_pair(2, bs, lay[2 - l]);
+        check(TPR_OP_MATMUL, &at, 2, (pair[]){rand_pair(4, ab, lay[l]), b4}, "batched %s layout %d", tag, lay[l]);
+        check(TPR_OP_MATMUL, &at, 2, (pair[]){rand_pair(4, ab, lay[l]), b2}, "shared b %s layout %d", tag, lay[l]);
+        check(TPR_OP_MATMUL, &at, 2, (pair[]){rand_pair(3, a3, lay[l]), b2r}, "stack %s layout %d", tag, lay[l]);
+      }
+    }
+  }
+}
+
+static void test_add_mul(void **state) {
+  static const struct { int na, nb; int64_t a[3], b[3]; } sh[] = {
+      {3, 3, {3, 5, 7}, {3, 5, 7}}, {3, 2, {4, 1, 6}, {5, 1}}, {1, 2, {1}, {2, 3}},
+      {1, 1, {7}, {1}},             {3, 1, {2, 3, 4}, {4}},   {0, 1, {0}, {3}},
+  };
+  for (int s = 0; s < 6; s++)
+    for (int l = 0; l < N_LAYOUTS; l++)
+      for (int op = 0; op < 2; op++) {
+        const int lb = sh[s].nb ? layouts[(l + 2) % N_LAYOUTS] : 0;
+        pair in[2] = {rand_pair(sh[s].na, sh[s].a, sh[s].na ? layouts[l] : 0), rand_pair(sh[s].nb, sh[s].b, lb)};
+        op_case *k = check(op ? TPR_OP_MUL : TPR_OP_ADD, NULL, 2, in, "shapes #%d layouts %d,%d", s, layouts[l], lb);
+        if (s == 1 && l == 1) negative(k, 0, 0, 1.0);
+      }
+}
+
+static void test_rms_norm_swiglu(void **state) {
+  static const struct { int nd; int64_t s[3]; } sh[] = {{2, {5, 33}}, {2, {1, 1}}, {3, {2, 3, 64}}, {2, {4, 1000}}};
+  for (int s = 0; s < 4; s++)
+    for (int l = 0; l < N_LAYOUTS; l++) {
+      const int nd = sh[s].nd;
+      const int64_t *shape = sh[s].s, H = shape[nd - 1];
+      tpr_op_attrs at = {.n_f = 1, .f = {1e-6f}};
+      pair in[2] = {rand_pair(nd, shape, layouts[l]), rand_pair(1, &H, l % 2 ? L_COL : 0)};
+      op_case *k = check(TPR_OP_RMS_NORM, &at, 2, in, "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 0, 0, 1.0);
+      pair sw[2] = {rand_pair(nd, shape, layouts[l]), rand_pair(nd, shape, layouts[(l + 1) % N_LAYOUTS])};
+      k = check(TPR_OP_SWIGLU, NULL, 2, sw, "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 1, 0, 1.0);
+    }
+}
+
+static void test_softmax(void **state) {
+  static const struct { int nd; int64_t s[3]; } sh[] = {{2, {4, 37}}, {2, {3, 1}}, {3, {2, 3, 128}}, {2, {2, 1000}}};
+  for (int s = 0; s < 4; s++)
+    for (int l = 0; l < N_LAYOUTS; l++) {
+      op_case *k = check(TPR_OP_SOFTMAX, NULL, 1, (pair[]){rand_pair(sh[s].nd, sh[s].s, layouts[l])},
+                         "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 2) negative(k, 0, 0, 1.0);
+    }
+  // Degenerate rows: all -inf (zeros), a +inf (NaN), a NaN (NaN), some -inf.
+  float *x = rand_f32(24);
+  for (int i = 0; i < 6; i++) x[i] = -INFINITY;
+  x[8] = INFINITY, x[15] = NAN, x[19] = x[22] = -INFINITY;
+  check(TPR_OP_SOFTMAX, NULL, 1, (pair[]){pair_from(TPR_F32, 2, (const int64_t[]){4, 6}, L_PERM, x)}, "special rows");
+}
+
+static void test_sum_squares_rms_scale(void **state) {
+  static const struct { int nd; int64_t s[3]; } sh[] = {{2, {4, 1000}}, {2, {3, 1}}, {3, {2, 3, 7}}, {2, {2, 0}}};
+  for (int s = 0; s < 4; s++)
+    for (int l = 0; l < N_LAYOUTS; l++) {
+      const int nd = sh[s].nd;
+      int64_t ss[3];
+      memcpy(ss, sh[s].s, sizeof ss);
+      ss[nd - 1] = 1;
+      op_case *k = check(TPR_OP_SUM_SQUARES, NULL, 1, (pair[]){rand_pair(nd, sh[s].s, layouts[l])},
+                         "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 0, 0, 1.0);
+      const int64_t N = sh[s].s[nd - 1], rows = tpr_shape_numel(nd, ss);
+      float *sq = rand_f32(rows);
+      for (int64_t r = 0; r < rows; r++) sq[r] = fabsf(sq[r]) * (float)N + 0.1f;  // positive like a sum of squares
+      tpr_op_attrs at = {.n_f = 2, .f = {48.0f, 1e-6f}};
+      pair in[3] = {rand_pair(nd, sh[s].s, layouts[l]), pair_from(TPR_F32, nd, ss, l % 2 ? L_COL : 0, sq),
+                    rand_pair(1, &N, l % 2 ? 0 : L_COL)};
+      k = check(TPR_OP_RMS_SCALE, &at, 3, in, "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 1, 0, 5.0);
+    }
+}
+
+// Any-dtype gathers: f32 tables, and others as random bytes moved unchanged.
+static const tpr_dtype gather_dts[] = {TPR_F32, TPR_BF16, TPR_U8, TPR_I64};
+
+static void test_embedding(void **state) {
+  for (int d = 0; d < 4; d++)
+    for (int l = 0; l < 3; l++)
+      for (int h = 0; h < 2; h++) {
+        const tpr_dtype dt = gather_dts[d], idt = l % 2 ? TPR_I64 : TPR_I32;
+        const int64_t V = 11, H = h ? 6 : 1, ts[2] = {V, H}, is[2] = {2, 3};
+        void *ids = rand_ids(idt, 6, 0, V - 1);
+        set_id(ids, idt, 0, 0), set_id(ids, idt, 5, V - 1);
+        pair in[2] = {pair_from(dt, 2, ts, layouts[l], rand_any(dt, V * H)),
+                      pair_from(idt, 2, is, layouts[2 - l], ids)};
+        op_case *k = check(TPR_OP_EMBEDDING, NULL, 2, in, "%s table H=%lld layout %d", tpr_dtype_name(dt), (long long)H,
+                           layouts[l]);
+        if (d == 0 && l == 1 && h) negative(k, 1, 0, 3);  // another token id
+      }
+}
+
+static void test_index_select(void **state) {
+  const int64_t xs[3] = {4, 5, 6};
+  for (int d = 0; d < 4; d++)
+    for (int dim = 0; dim < 3; dim++)
+      for (int l = 0; l < 3; l++) {
+        const tpr_dtype dt = gather_dts[d], idt = l == 1 ? TPR_I64 : TPR_I32;
+        const int64_t n = dim == 1 ? 1 : 5;  // repeats when n exceeds the dim
+        tpr_op_attrs at = {.n_i = 1, .i = {dim}};
+        void *idx = rand_ids(idt, n, 0, xs[dim] - 1);
+        pair in[2] = {pair_from(dt, 3, xs, layouts[l], rand_any(dt, 120)), pair_from(idt, 1, &n, l ? L_COL : 0, idx)};
+        op_case *k = check(TPR_OP_INDEX_SELECT, &at, 2, in, "%s dim %d n=%lld layout %d", tpr_dtype_name(dt), dim,
+                           (long long)n, layouts[l]);
+        if (d == 0 && dim == 0 && l == 1) negative(k, 1, 0, (((int64_t *)idx)[0] + 1) % xs[dim]);  // another index
+      }
+}
+
+// Every dtype pair, from a strided source holding the awkward values: NaN,
+// infinities, ties and overflow of the narrow formats, subnormals, values
+// past the integer ranges; narrow floats and ints as random bit patterns.
+static void test_cast(void **state) {
+  static const float special[] = {NAN, INFINITY, -INFINITY, 1e20f, -1e20f, 464.0f, 480.0f, 448.0f, 65520.0f,
+                                  65504.0f, 1e-40f, -0.0f, 0.5f, 2.5f, -2.5f, 255.5f, 3e9f, -3e9f, 1e-7f};
+  const int64_t shape[2] = {5, 7}, n = 35;
+  for (int s = 0; s < TPR_DTYPE_COUNT; s++) {
+    void *x = rand_any((tpr_dtype)s, n);
+    if (s == TPR_F32) {
+      float *f = x;
+      for (int i = 0; i < n; i++) f[i] *= 300.0f;
+      memcpy(f, special, sizeof special);
+    } else if (s == TPR_I32 || s == TPR_I64) {  // half small values, half anything
+      for (int i = 0; i < n / 2; i++) set_id(x, (tpr_dtype)s, i, tt_randint(-300, 300));
+    }
+    for (int d = 0; d < TPR_DTYPE_COUNT; d++)
+      for (int l = 0; l < 3; l++) {
+        tpr_op_attrs at = {.n_i = 1, .i = {d}};
+        op_case *k =
+            check(TPR_OP_CAST, &at, 1, (pair[]){pair_from((tpr_dtype)s, 2, shape, layouts[l], x)}, "%s -> %s layout %d",
+                  tpr_dtype_name((tpr_dtype)s), tpr_dtype_name((tpr_dtype)d), layouts[l]);
+        if (s == TPR_F32 && d == TPR_BF16 && l == 1) negative(k, 0, n - 1, 1e3);  // past a bf16 ulp at any |x| here
+      }
+  }
+}
+
+static void test_embedding_shard(void **state) {
+  const int64_t Vl = 5, NS = 3, H = 6, fs[2] = {NS * Vl, H}, is[2] = {2, 4}, rs[1] = {4};
+  for (int d = 0; d < 2; d++)
+    for (int l = 0; l < 2; l++) {
+      const tpr_dtype dt = d ? TPR_BF16 : TPR_F32, idt = l ? TPR_I64 : TPR_I32;
+      void *v = rand_ids(idt, 8, 0, NS * Vl - 1);
+      set_id(v, idt, 0, 0), set_id(v, idt, 1, Vl), set_id(v, idt, 2, NS * Vl - 1);  // shard edges
+      set_id(v, idt, 3, 1000);  // an id past the vocabulary
+      pair full = pair_from(dt, 2, fs, layouts[l], rand_any(dt, NS * Vl * H));
+      pair ids = pair_from(idt, 2, is, l ? L_PERM : 0, v);
+      int32_t rank_h[4] = {7, 9, 0, (int32_t)NS};  // (dp_rank, dp_size, tp_rank, tp_size)
+      pair rank = pair_from(TPR_I32, 1, rs, 0, rank_h), shard = rank;
+      shard.c = view_slice(rank.c, 0, 2, 1), shard.g = view_slice(rank.g, 0, 2, 1);
+      for (int s = 0; s < NS; s++) {  // the shard is the rank tensor's contents, nothing else
+        rank_h[2] = s;
+        TT_OK(tpr_tensor_from_host(rank.rc, rank_h, sizeof rank_h));
+        TT_OK(tpr_tensor_from_host(rank.rg, rank_h, sizeof rank_h));
+        pair table = full;
+        table.c = view_slice(full.c, 0, s * Vl, Vl), table.g = view_slice(full.g, 0, s * Vl, Vl);
+        op_case *k = check(TPR_OP_EMBEDDING_SHARD, NULL, 3, (pair[]){table, ids, shard}, "%s shard %d layout %d",
+                           tpr_dtype_name(dt), s, layouts[l]);
+        if (s == 1 && d == 0 && l == 0) negative(k, 2, 0, 2);  // another shard value
+      }
+    }
+}
+
+static void test_rope(void **state) {
+  static const struct { int64_t T, NH, D, rd; float theta; } cs[] = {
+      {3, 2, 8, 8, 1e4f}, {5, 3, 10, 6, 1e4f}, {1, 1, 2, 2, 1e4f}, {4, 2, 64, 64, 1e6f}, {7, 3, 33, 32, 5e6f}};
+  for (int c = 0; c < 5; c++)
+    for (int l = 0; l < 3; l++) {
+      const tpr_dtype pdt = l % 2 ? TPR_I64 : TPR_I32;
+      const int64_t xs[3] = {cs[c].T, cs[c].NH, cs[c].D};
+      void *pos = rand_ids(pdt, cs[c].T, 0, 100000);
+      tpr_op_attrs at = {.n_i = 1, .i = {cs[c].rd}, .n_f = 1, .f = {cs[c].theta}};
+      pair in[2] = {rand_pair(3, xs, layouts[l]), pair_from(pdt, 1, &cs[c].T, l ? L_COL : 0, pos)};
+      op_case *k = check(TPR_OP_ROPE, &at, 2, in, "case %d layout %d", c, layouts[l]);
+      if (c == 0 && l == 1) negative(k, 0, 0, 1.0);
+    }
+}
+
+static void test_attention(void **state) {
+  static const struct { int64_t T, S, start, Hq, Hkv, D; } cs[] = {
+      {1, 9, 8, 4, 2, 8}, {6, 6, 0, 2, 2, 16}, {3, 12, 5, 6, 2, 1}, {4, 10, 2, 3, 1, 33}, {130, 140, 7, 2, 1, 16},
+      {2, 8, 1, 1, 1, 130}};
+  static const int kl[] = {0, L_PERM, L_SLICE};
+  for (int c = 0; c < 6; c++)
+    for (int l = 0; l < 3; l++) {
+      const int64_t qs[3] = {cs[c].T, cs[c].Hq, cs[c].D}, ks[3] = {cs[c].S, cs[c].Hkv, cs[c].D};
+      tpr_op_attrs at = {.n_f = 1, .f = {1.0f / sqrtf((float)cs[c].D)}};
+      pair in[4] = {rand_pair(3, qs, l == 1 ? L_PERM : 0), rand_pair(3, ks, kl[l]), rand_pair(3, ks, kl[(l + 2) % 3]),
+                    scalar_pair(l == 2 ? TPR_I64 : TPR_I32, cs[c].start)};
+      op_case *k = check(TPR_OP_ATTENTION, &at, 4, in, "T=%lld S=%lld start=%lld Hq=%lld Hkv=%lld D=%lld layout %d",
+                         (long long)cs[c].T, (long long)cs[c].S, (long long)cs[c].start, (long long)cs[c].Hq,
+                         (long long)cs[c].Hkv, (long long)cs[c].D, l);
+      if (c == 0 && l == 1) negative(k, 0, 0, 1.0);
+      if (c == 1 && l == 0) negative(k, 2, 0, 1.0);  // v row 0: seen by every query
+    }
+}
+
+static void test_cache_write(void **state) {
+  const int64_t S = 10, Hkv = 2, D = 4, cs[3] = {S, Hkv, D};
+  static const int64_t Ts[] = {3, 1, 0};
+  for (int d = 0; d < 4; d++)
+    for (int t = 0; t < 3; t++)
+      for (int l = 0; l < 3; l++) {
+        const tpr_dtype dt = gather_dts[d];
+        const int64_t T = Ts[t], ns[3] = {T, Hkv, D}, start = l == 0 ? 0 : l == 1 ? 4 : S - T;
+        pair in[3] = {pair_from(dt, 3, cs, l == 1 ? L_PERM : 0, rand_any(dt, S * Hkv * D)),
+                      pair_from(dt, 3, ns, layouts[(l + 1) % 4], rand_any(dt, T * Hkv * D)),
+                      scalar_pair(l == 2 ? TPR_I64 : TPR_I32, start)};
+        op_case *k = check(TPR_OP_CACHE_WRITE, NULL, 3, in, "%s T=%lld start=%lld layout %d", tpr_dtype_name(dt),
+                           (long long)T, (long long)start, l);
+        if (t == 0 && l == 1) negative(k, 1, 5, 1.0);
+      }
+}
+
+static void test_router(void **state) {
+  static const int64_t cs[][3] = {{7, 16, 4}, {1, 1, 1}, {5, 8, 8}, {33, 64, 8}};  // T, E, k
+  for (int c = 0; c < 4; c++)
+    for (int l = 0; l < 3; l++) {
+      const int64_t ls[2] = {cs[c][0], cs[c][1]};
+      tpr_op_attrs at = {.n_i = 1, .i = {cs[c][2]}};
+      pair in[2] = {rand_pair(2, ls, layouts[l]), rand_pair(1, &ls[1], l ? L_COL : 0)};
+      op_case *k = check(TPR_OP_ROUTER_SIGMOID_TOPK, &at, 2, in, "T=%lld E=%lld k=%lld layout %d", (long long)ls[0],
+                         (long long)ls[1], (long long)cs[c][2], layouts[l]);
+      if (c == 0 && l == 1) {  // raise a chosen expert's logit in row 0: its weight (k >= 2) changes
+        float *w = tt_to_host(k->out.c);
+        int64_t e = 0;
+        while (w[e] == 0.0f) e++;
+        free(w);
+        negative(k, 0, e, 1.0);
+      }
+    }
+  // Ties go to the lower expert (row 0: all equal); a NaN logit ranks last (row 1).
+  float *lg = rand_f32(18), *b = rand_f32(6);
+  for (int e = 0; e < 6; e++) lg[e] = 0.25f, b[e] = 0.0f;
+  lg[7] = NAN;
+  tpr_op_attrs at = {.n_i = 1, .i = {3}};
+  const int64_t ls[2] = {3, 6}, bs = 6;
+  check(TPR_OP_ROUTER_SIGMOID_TOPK, &at, 2,
+        (pair[]){pair_from(TPR_F32, 2, ls, 0, lg), pair_from(TPR_F32, 1, &bs, 0, b)}, "ties and NaN");
+}
+
+static void test_moe(void **state) {
+  static const int64_t cs[][4] = {{6, 16, 4, 8}, {1, 8, 3, 4}, {33, 64, 8, 48}, {5, 12, 1, 6}};  // T, H, E, F
+  static const int wl[] = {0, L_SWAP, L_PERM};  // row-major, column-major, copied
+  for (int c = 0; c < 4; c++)
+    for (int l = 0; l < 3; l++) {
+      const int64_t T = cs[c][0], H = cs[c][1], E = cs[c][2], F = cs[c][3];
+      const int64_t xs[2] = {T, H}, gs[2] = {T, E}, w13s[3] = {E, 2 * F, H}, w2s[3] = {E, H, F};
+      float *g = rand_f32(T * E);
+      for (int64_t i = 0; i < T * E; i++)
+        if (tt_next_u64() & 1) g[i] = 0.0f;  // about half the routes
+      g[0] = 0.7f;  // token 0 goes to expert 0
+      for (int64_t t = 0; E > 1 && t < T; t++) g[t * E + E - 1] = 0.0f;  // an expert without tokens
+      pair in[4] = {rand_pair(2, xs, layouts[l]), pair_from(TPR_F32, 2, gs, l == 1 ? L_PERM : 0, g),
+                    rand_pair(3, w13s, wl[l]), rand_pair(3, w2s, wl[(l + 2) % 3])};
+      op_case *k = check(TPR_OP_MOE_EXPERTS, NULL, 4, in, "T=%lld H=%lld E=%lld F=%lld layouts %d", (long long)T,
+                         (long long)H, (long long)E, (long long)F, l);
+      if (c == 0 && l == 1) negative(k, 0, 0, 1.0);
+      if (c == 0 && l == 2) negative(k, 1, 0, 0.5);  // a gate weight
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+// A bad run-time index fails on both backends with the same status and a
+// message holding `needle`; the GPU output keeps its poison (nothing written)
+// and an in-place cache is left as it was.
+static void expect_both_fail(tpr_op_kind op, const tpr_op_attrs *at, int n_in, const pair *in, const char *needle) {
+  const tpr_tensor *cin[TPR_OP_MAX_INPUTS], *gin[TPR_OP_MAX_INPUTS];
+  for (int i = 0; i < n_in; i++) cin[i] = in[i].c, gin[i] = in[i].g;
+  pair o = out_pair(op, cin, n_in, at);
+  const size_t nb = tpr_tensor_nbytes(o.g);
+  TT_OK(gpu->vt->memset(gpu->ctx, tpr_tensor_data(o.g), 0xff, nb));
+  for (int b = 0; b < 2; b++) {
+    tpr_status rc = tpr_op_run(b ? gpu : tt_cpu(), op, b ? gin : cin, n_in, at, b ? o.g : o.c);
+    if (rc != TPR_ERR_INVALID_ARG || !strstr(tpr_last_error(), needle) || !strstr(tpr_last_error(), tpr_op_name(op)))
+      fail_msg("%s on %s: expected INVALID_ARG with '%s', got %s: %s", tpr_op_name(op), b ? gpu->vt->name : "cpu",
+               needle, tpr_status_name(rc), tpr_last_error());
+  }
+  uint8_t *h = tt_to_host(o.g);
+  for (size_t i = 0; i < nb; i++)
+    if (h[i] != 0xff) fail_msg("%s (gpu): output written after a bad index", tpr_op_name(op));
+  free(h);
+  if (op == TPR_OP_CACHE_WRITE) assert_true(compare(in[0].rc, in[0].rg, true) == 0);
+}
+
+static void test_bad_indices(void **state) {
+  const int64_t ts[2] = {4, 3}, n5 = 5, n2 = 2, qs[3] = {2, 2, 4}, ks[3] = {6, 1, 4};
+  const int32_t ids[5] = {0, 1, 2, 3, 4}, neg[2] = {1, -3};
+  const int64_t ids64[5] = {0, 1, -1, 3, 2};
+  pair table = rand_pair(2, ts, L_PERM);
+  expect_both_fail(TPR_OP_EMBEDDING, NULL, 2, (pair[]){table, pair_from(TPR_I32, 1, &n5, L_COL, ids)},
+                   "token id 4 at position 4 is out of range [0, 4)");
+  expect_both_fail(TPR_OP_EMBEDDING, NULL, 2, (pair[]){table, pair_from(TPR_I64, 1, &n5, 0, ids64)},
+                   "token id -1 at position 2");
+  tpr_op_attrs dim0 = {.n_i = 1, .i = {0}};
+  expect_both_fail(TPR_OP_INDEX_SELECT, &dim0, 2, (pair[]){table, pair_from(TPR_I32, 1, &n5, 0, ids)},
+                   "index 4 at position 4 is out of range [0, 4)");
+  pair okids = pair_from(TPR_I32, 1, &n2, 0, ids);
+  expect_both_fail(TPR_OP_EMBEDDING_SHARD, NULL, 3, (pair[]){table, okids, scalar_pair(TPR_I64, -1)},
+                   "shard index -1 at position 0 is negative");
+  expect_both_fail(TPR_OP_EMBEDDING_SHARD, NULL, 3,
+                   (pair[]){table, pair_from(TPR_I32, 1, &n2, 0, neg), scalar_pair(TPR_I32, 0)},
+                   "token id -3 at position 1 is negative");
+  tpr_op_attrs sc = {.n_f = 1, .f = {0.5f}};
+  pair q = rand_pair(3, qs, 0), k = rand_pair(3, ks, 0);
+  expect_both_fail(TPR_OP_ATTENTION, &sc, 4, (pair[]){q, k, k, scalar_pair(TPR_I32, 5)}, "start 5 + T 2");
+  expect_both_fail(TPR_OP_ATTENTION, &sc, 4, (pair[]){q, k, k, scalar_pair(TPR_I64, -1)}, "start -1 is negative");
+  pair nw = rand_pair(3, (const int64_t[]){2, 1, 4}, 0);
+  expect_both_fail(TPR_OP_CACHE_WRITE, NULL, 3, (pair[]){rand_pair(3, ks, L_PERM), nw, scalar_pair(TPR_I32, 5)},
+                   "start 5 + T 2");
+}
+
+// Every op kind that reaches a kernel (not a view, not a collective) up to
+// moe_experts has one on the backend under test; a NULL entry is refused by
+// tpr_op_run with TPR_ERR_UNSUPPORTED naming the op (shown on a copy of the
+// backend with its softmax entry cleared).
+static void test_missing_kernel(void **state) {
+  for (int op = 0; op <= TPR_OP_MOE_EXPERTS; op++)
+    if (!tpr_op_is_view((tpr_op_kind)op) && !tpr_op_is_collective((tpr_op_kind)op) && !gpu->vt->kernels[op])
+      fail_msg("backend %s has no %s kernel", gpu->vt->name, tpr_op_name((tpr_op_kind)op));
+  tpr_backend_vtable vt = *gpu->vt;
+  vt.kernels[TPR_OP_SOFTMAX] = NULL;
+  tpr_backend fake = {.vt = &vt, .ctx = gpu->ctx};
+  tpr_tensor *x, *y;
+  TT_OK(tpr_tensor_new(&fake, TPR_F32, 2, (const int64_t[]){4, 8}, &x));
+  TT_OK(tpr_tensor_new(&fake, TPR_F32, 2, (const int64_t[]){4, 8}, &y));
+  assert_int_equal(tpr_softmax(&fake, x, y), TPR_ERR_UNSUPPORTED);
+  assert_non_null(strstr(tpr_last_error(), "softmax"));
+  tpr_tensor_free(x), tpr_tensor_free(y);
+}
+
+// The caching allocator hands a freed block to the next allocation of its
+// size class, and never a block that is still live.
+static void test_allocator_reuse(void **state) {
+  if (selftest) skip();
+  const int64_t sizes[] = {1000, (3 << 20) / 4};  // a small class, a 2 MiB-rounded one
+  for (int s = 0; s < 2; s++) {
+    const int64_t n = sizes[s], n2 = n - 7;
+    tpr_tensor *a, *b, *c, *d;
+    TT_OK(tpr_tensor_new(gpu, TPR_F32, 1, &n, &a));
+    void *pa = tpr_tensor_data(a);
+    tpr_tensor_free(a);
+    TT_OK(tpr_tensor_new(gpu, TPR_F32, 1, &n, &b));
+    assert_ptr_equal(tpr_tensor_data(b), pa);
+    TT_OK(tpr_tensor_new(gpu, TPR_F32, 1, &n2, &c));
+    assert_ptr_not_equal(tpr_tensor_data(c), pa);
+    tpr_tensor_free(b);
+    TT_OK(tpr_tensor_new(gpu, TPR_F32, 1, &n2, &d));  // same class as n
+    assert_ptr_equal(tpr_tensor_data(d), pa);
+    tpr_tensor_free(c), tpr_tensor_free(d);
+  }
+}
+
+int main(void) {
+  const char *st = getenv("TPR_CUDA_OPS_SELFTEST");
+  selftest = st && atoi(st) > 0;
+  if (!selftest && tpr_cuda_device_count() == 0) {
+    printf("no CUDA device: skipped (the CUDA-vs-CPU op comparison needs a GPU; TPR_CUDA_OPS_SELFTEST=1 runs it "
+           "against a second CPU backend to check the test itself)\n");
+    return 77;
+  }
+  tt_seed_from_env();
+  tpr_cpu_options opts = {.n_threads = 1};
+  if ((selftest ? tpr_backend_cpu_new(&opts, &gpu) : tpr_backend_cuda_new(0, &gpu)) != TPR_OK) {
+    fprintf(stderr, "backend under test: %s\n", tpr_last_error());
+    return 1;
+  }
+  printf("# backend under test: %s\n", gpu->vt->name);
+#define T(f) cmocka_unit_test_teardown(f, release_all)
+  const struct CMUnitTest tests[] = {
+      T(test_matmul),       T(test_add_mul),          T(test_rms_norm_swiglu),  T(test_softmax),
+      T(test_sum_squares_rms_scale), T(test_embedding), T(test_index_select),   T(test_cast),
+      T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_cache_write),
+      T(test_router),       T(test_moe),              T(test_bad_indices),      T(test_missing_kernel),
+      T(test_allocator_reuse),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  tpr_backend_free(gpu);
+  return failed;
+}
