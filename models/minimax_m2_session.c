@@ -318,9 +318,9 @@ static tpr_status count_routing(tpr_m2_session *s, m2_program *m, int64_t T) {
     snprintf(name, sizeof name, "moe_gates.%lld", (long long)L);
     TPR_CHECK(tpr_exec_output(m->exec, name, &used));
     TPR_CHECK(tpr_tensor_to_host(used, g, (size_t)(T * E) * sizeof *g));
-    snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
-    bool capacity = s->o.moe.capacity_factor > 0;
+    bool capacity = s->o.moe.capacity_factor > 0;  // only then does the router's own output exist
     if (capacity) {
+      snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
       TPR_CHECK(tpr_exec_output(m->exec, name, &router));
       TPR_CHECK(tpr_tensor_to_host(router, g + T * E, (size_t)(T * E) * sizeof *g));
     }

@@ -8,45 +8,23 @@
 
 #include "op_rules.h"
 
-// need_dtype, need_ndim and set_contiguous mirror op_table.c's static
-// helpers (kept static there; moving them into op_rules.h is a later cleanup).
-static tpr_status need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which) {
-  if (t->dtype != dt)
-    return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be %s, got %s", op, which, tpr_dtype_name(dt),
-                    tpr_dtype_name(t->dtype));
-  return TPR_OK;
-}
-
-static tpr_status need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims) {
-  if (t->ndim != nd) return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %d-D %s, got %d-D", op, which, nd, dims, t->ndim);
-  return TPR_OK;
-}
-
 // A 2-D f32 routing tensor: gates (N, E).
 static tpr_status need_gates(const char *op, const tpr_tensor *g) {
-  TPR_CHECK(need_dtype(op, g, TPR_F32, "gates"));
-  return need_ndim(op, g, 2, "gates", "(N, E)");
+  TPR_CHECK(tpr__need_dtype(op, g, TPR_F32, "gates"));
+  return tpr__need_ndim(op, g, 2, "gates", "(N, E)");
 }
 
 // A 1-D i32 counts vector whose length is a positive multiple of
 // `group` (n peers or sources, each with the same number of entries).
 static tpr_status need_counts(const char *op, const tpr_tensor *c, const char *which, int64_t group,
                               const char *group_name) {
-  TPR_CHECK(need_dtype(op, c, TPR_I32, which));
-  TPR_CHECK(need_ndim(op, c, 1, which, "(n*m)"));
+  TPR_CHECK(tpr__need_dtype(op, c, TPR_I32, which));
+  TPR_CHECK(tpr__need_ndim(op, c, 1, which, "(n*m)"));
   int64_t len = c->shape[0];
   if (group < 1 || len < group || len % group)
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s has %lld entries; need a positive multiple of %s = %lld", op, which,
                     (long long)len, group_name, (long long)group);
   return TPR_OK;
-}
-
-static void set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t *shape) {
-  memset(out, 0, sizeof *out);
-  out->dtype = dt;
-  out->ndim = ndim;
-  if (ndim > 0) memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
-  tpr_shape_contiguous_strides(ndim, shape, out->stride);
 }
 
 TPR__OP_RULE(moe_capacity) {
@@ -64,38 +42,34 @@ TPR__OP_RULE(moe_capacity) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: reroute = %lld must be 0 or 1", op, (long long)attrs->i[1]);
   if (!(attrs->f[0] > 0) || !isfinite(attrs->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: capacity factor %g must be finite and > 0", op, (double)attrs->f[0]);
-  set_contiguous(out, TPR_F32, 2, g->shape);
+  tpr__set_contiguous(out, TPR_F32, 2, g->shape);
   return TPR_OK;
 }
 
 TPR__OP_RULE(row_slice) {
   const char *op = "row_slice";
   const tpr_tensor *x = in[0], *part = in[1];
-  TPR_CHECK(need_ndim(op, x, 2, "x", "(T, C)"));
-  if (part->dtype != TPR_I32 && part->dtype != TPR_I64)
-    return TPR_FAIL(TPR_ERR_DTYPE, "%s: part must be i32 or i64, got %s", op, tpr_dtype_name(part->dtype));
-  if (part->ndim != 1 || part->shape[0] != 1)
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: part must have shape (1), got %d-D with %lld elements", op, part->ndim,
-                    (long long)tpr_tensor_numel(part));
+  TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(T, C)"));
+  TPR_CHECK(tpr__need_scalar_index(op, part, "part"));
   if (attrs->n_i < 1 || attrs->i[0] < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: parts n = %lld must be >= 1", op,
                     (long long)(attrs->n_i < 1 ? 0 : attrs->i[0]));
   int64_t n = attrs->i[0], shape[2] = {x->shape[0] / n + (x->shape[0] % n != 0), x->shape[1]};
-  set_contiguous(out, x->dtype, 2, shape);
+  tpr__set_contiguous(out, x->dtype, 2, shape);
   return TPR_OK;
 }
 
 TPR__OP_RULE(moe_counts) {
   TPR_CHECK(need_gates("moe_counts", in[0]));
-  set_contiguous(out, TPR_I32, 1, &in[0]->shape[1]);
+  tpr__set_contiguous(out, TPR_I32, 1, &in[0]->shape[1]);
   return TPR_OK;
 }
 
 TPR__OP_RULE(moe_permute) {
   const char *op = "moe_permute";
   const tpr_tensor *x = in[0], *g = in[1];
-  TPR_CHECK(need_dtype(op, x, TPR_F32, "x"));
-  TPR_CHECK(need_ndim(op, x, 2, "x", "(N, H)"));
+  TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(N, H)"));
   TPR_CHECK(need_gates(op, g));
   if (g->shape[0] != x->shape[0])
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: gates have %lld rows, x has N = %lld", op, (long long)g->shape[0],
@@ -105,7 +79,7 @@ TPR__OP_RULE(moe_permute) {
                     (long long)(attrs->n_i < 1 ? -1 : attrs->i[0]));
   const int64_t shape[2] = {attrs->i[0], x->shape[1]};
   TPR_CHECK(tpr_shape_check(2, shape));
-  set_contiguous(out, TPR_F32, 2, shape);
+  tpr__set_contiguous(out, TPR_F32, 2, shape);
   return TPR_OK;
 }
 
@@ -114,12 +88,8 @@ TPR__OP_RULE(moe_permute) {
 TPR__OP_RULE(all_to_allv) {
   const char *op = "all_to_allv";
   const tpr_tensor *x = in[0];
-  if (attrs->n_i < 3)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs (axis, group size, rows) attributes, got %d", op, attrs->n_i);
-  if ((uint64_t)attrs->i[0] >= TPR_AXIS_COUNT)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown mesh axis %lld", op, (long long)attrs->i[0]);
+  TPR_CHECK(tpr__need_collective_attrs(op, attrs, 3, "axis, group size, rows"));
   int64_t n = attrs->i[1], rows = attrs->i[2];
-  if (n < 1 || n > (1 << 24)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: group size %lld out of range", op, (long long)n);
   if (rows < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: rows = %lld must be >= 0", op, (long long)rows);
   if (x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "%s: x needs a leading (row) dim", op);
   if (!tpr_tensor_is_contiguous(x))
@@ -136,19 +106,19 @@ TPR__OP_RULE(all_to_allv) {
   memcpy(shape, x->shape, sizeof shape);
   shape[0] = rows;
   TPR_CHECK(tpr_shape_check(x->ndim, shape));
-  set_contiguous(out, x->dtype, x->ndim, shape);
+  tpr__set_contiguous(out, x->dtype, x->ndim, shape);
   return TPR_OK;
 }
 
 TPR__OP_RULE(moe_grouped_ffn) {
   const char *op = "moe_grouped_ffn";
   const tpr_tensor *x = in[0], *c = in[1], *w13 = in[2], *w2 = in[3];
-  TPR_CHECK(need_dtype(op, x, TPR_F32, "x"));
-  TPR_CHECK(need_dtype(op, w13, TPR_F32, "w13"));
-  TPR_CHECK(need_dtype(op, w2, TPR_F32, "w2"));
-  TPR_CHECK(need_ndim(op, x, 2, "x", "(R, H)"));
-  TPR_CHECK(need_ndim(op, w13, 3, "w13", "(Er, 2F, H)"));
-  TPR_CHECK(need_ndim(op, w2, 3, "w2", "(Er, H, F)"));
+  TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype(op, w13, TPR_F32, "w13"));
+  TPR_CHECK(tpr__need_dtype(op, w2, TPR_F32, "w2"));
+  TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(R, H)"));
+  TPR_CHECK(tpr__need_ndim(op, w13, 3, "w13", "(Er, 2F, H)"));
+  TPR_CHECK(tpr__need_ndim(op, w2, 3, "w2", "(Er, H, F)"));
   int64_t H = x->shape[1], Er = w13->shape[0], F2 = w13->shape[1];
   if (Er < 1 || F2 % 2 || w13->shape[2] != H)
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: w13 is (%lld, %lld, %lld); expected (Er >= 1, 2F even, H = %lld)", op,
@@ -159,18 +129,18 @@ TPR__OP_RULE(moe_grouped_ffn) {
                     (long long)H, (long long)(F2 / 2));
   // counts (n*Er): n source blocks, one count per local expert each.
   TPR_CHECK(need_counts(op, c, "counts", Er, "w13's expert count Er"));
-  set_contiguous(out, TPR_F32, 2, x->shape);
+  tpr__set_contiguous(out, TPR_F32, 2, x->shape);
   return TPR_OK;
 }
 
 TPR__OP_RULE(moe_unpermute) {
   const char *op = "moe_unpermute";
   const tpr_tensor *y = in[0], *g = in[1];
-  TPR_CHECK(need_dtype(op, y, TPR_F32, "y"));
-  TPR_CHECK(need_ndim(op, y, 2, "y", "(R, H)"));
+  TPR_CHECK(tpr__need_dtype(op, y, TPR_F32, "y"));
+  TPR_CHECK(tpr__need_ndim(op, y, 2, "y", "(R, H)"));
   TPR_CHECK(need_gates(op, g));
   const int64_t shape[2] = {g->shape[0], y->shape[1]};
-  set_contiguous(out, TPR_F32, 2, shape);
+  tpr__set_contiguous(out, TPR_F32, 2, shape);
   return TPR_OK;
 }
 

@@ -7,6 +7,18 @@
 
 #include "ops.h"
 
+// Checks the rules share (op_table.c): each fails naming op and `which`.
+tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which);
+tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t);  // i32 or i64
+tpr_status tpr__need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims);
+// A run-time scalar operand (start, shard, part): shape (1), i32 or i64.
+tpr_status tpr__need_scalar_index(const char *op, const tpr_tensor *t, const char *which);
+// Collective attributes: at least n_attrs ints (named in `names`), i[0] a
+// mesh axis, i[1] a group size in [1, 2^24].
+tpr_status tpr__need_collective_attrs(const char *op, const tpr_op_attrs *at, int n_attrs, const char *names);
+// out := contiguous tensor of dtype and shape.
+void tpr__set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t *shape);
+
 #define TPR__OP_RULE(name) \
   tpr_status tpr__infer_##name(const tpr_tensor *const *in, const tpr_op_attrs *attrs, tpr_tensor *out)
 

@@ -17,21 +17,21 @@ typedef struct op_info {
   infer_fn infer;
 } op_info;
 
-static tpr_status need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which) {
+tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which) {
   if (t->dtype != dt)
     return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be %s, got %s", op, which, tpr_dtype_name(dt),
                     tpr_dtype_name(t->dtype));
   return TPR_OK;
 }
 
-static tpr_status need_index_dtype(const char *op, const tpr_tensor *t) {
+tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t) {
   if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
     return TPR_FAIL(TPR_ERR_DTYPE, "%s: indices must be i32 or i64, got %s", op, tpr_dtype_name(t->dtype));
   return TPR_OK;
 }
 
 // out := contiguous tensor of dtype and shape.
-static void set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t *shape) {
+void tpr__set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t *shape) {
   memset(out, 0, sizeof *out);
   out->dtype = dt;
   out->ndim = ndim;
@@ -41,8 +41,8 @@ static void set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_
 
 static tpr_status infer_matmul(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *a = in[0], *b = in[1];
-  TPR_CHECK(need_dtype("matmul", a, TPR_F32, "a"));
-  TPR_CHECK(need_dtype("matmul", b, TPR_F32, "b"));
+  TPR_CHECK(tpr__need_dtype("matmul", a, TPR_F32, "a"));
+  TPR_CHECK(tpr__need_dtype("matmul", b, TPR_F32, "b"));
   if (a->ndim < 2 || b->ndim < 2)
     return TPR_FAIL(TPR_ERR_SHAPE, "matmul: a and b need >= 2 dims, got %d and %d", a->ndim, b->ndim);
   if (b->ndim != 2 && b->ndim != a->ndim)
@@ -62,14 +62,14 @@ static tpr_status infer_matmul(const tpr_tensor *const *in, const tpr_op_attrs *
   memcpy(shape, a->shape, sizeof shape);
   shape[na - 2] = m;
   shape[na - 1] = n;
-  set_contiguous(out, TPR_F32, na, shape);
+  tpr__set_contiguous(out, TPR_F32, na, shape);
   return TPR_OK;
 }
 
 static tpr_status infer_broadcast(const char *op, const tpr_tensor *const *in, tpr_tensor *out) {
   const tpr_tensor *a = in[0], *b = in[1];
-  TPR_CHECK(need_dtype(op, a, TPR_F32, "a"));
-  TPR_CHECK(need_dtype(op, b, TPR_F32, "b"));
+  TPR_CHECK(tpr__need_dtype(op, a, TPR_F32, "a"));
+  TPR_CHECK(tpr__need_dtype(op, b, TPR_F32, "b"));
   int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
   int64_t shape[TPR_MAX_DIMS];
   for (int i = 0; i < nd; i++) {
@@ -80,7 +80,7 @@ static tpr_status infer_broadcast(const char *op, const tpr_tensor *const *in, t
                       (long long)db, i);
     shape[i] = da == 1 ? db : da;
   }
-  set_contiguous(out, TPR_F32, nd, shape);
+  tpr__set_contiguous(out, TPR_F32, nd, shape);
   return TPR_OK;
 }
 
@@ -94,60 +94,60 @@ static tpr_status infer_mul(const tpr_tensor *const *in, const tpr_op_attrs *at,
 
 static tpr_status infer_rms_norm(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0], *w = in[1];
-  TPR_CHECK(need_dtype("rms_norm", x, TPR_F32, "x"));
-  TPR_CHECK(need_dtype("rms_norm", w, TPR_F32, "weight"));
+  TPR_CHECK(tpr__need_dtype("rms_norm", x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype("rms_norm", w, TPR_F32, "weight"));
   if (x->ndim < 1 || w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
     return TPR_FAIL(TPR_ERR_SHAPE, "rms_norm: weight must be 1-D of x's last dim");
   if (at->n_f < 1 || !(at->f[0] >= 0))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_norm: eps attribute missing or negative");
-  set_contiguous(out, TPR_F32, x->ndim, x->shape);
+  tpr__set_contiguous(out, TPR_F32, x->ndim, x->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_swiglu(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
-  TPR_CHECK(need_dtype("swiglu", in[0], TPR_F32, "gate"));
-  TPR_CHECK(need_dtype("swiglu", in[1], TPR_F32, "up"));
+  TPR_CHECK(tpr__need_dtype("swiglu", in[0], TPR_F32, "gate"));
+  TPR_CHECK(tpr__need_dtype("swiglu", in[1], TPR_F32, "up"));
   if (!tpr_tensor_same_shape(in[0], in[1])) return TPR_FAIL(TPR_ERR_SHAPE, "swiglu: gate and up differ in shape");
-  set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
+  tpr__set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_softmax(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
-  TPR_CHECK(need_dtype("softmax", in[0], TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype("softmax", in[0], TPR_F32, "x"));
   if (in[0]->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "softmax: x needs >= 1 dim");
-  set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
+  tpr__set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_embedding(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *table = in[0], *ids = in[1];
-  TPR_CHECK(need_index_dtype("embedding", ids));
+  TPR_CHECK(tpr__need_index_dtype("embedding", ids));
   if (table->ndim != 2) return TPR_FAIL(TPR_ERR_SHAPE, "embedding: table must be 2-D (V, H), got %d-D", table->ndim);
   if (ids->ndim + 1 > TPR_MAX_DIMS) return TPR_FAIL(TPR_ERR_SHAPE, "embedding: ids have too many dims");
   int64_t shape[TPR_MAX_DIMS];
   memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
   shape[ids->ndim] = table->shape[1];
-  set_contiguous(out, table->dtype, ids->ndim + 1, shape);
+  tpr__set_contiguous(out, table->dtype, ids->ndim + 1, shape);
   return TPR_OK;
 }
 
 static tpr_status infer_index_select(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0], *idx = in[1];
-  TPR_CHECK(need_index_dtype("index_select", idx));
+  TPR_CHECK(tpr__need_index_dtype("index_select", idx));
   if (idx->ndim != 1) return TPR_FAIL(TPR_ERR_SHAPE, "index_select: index must be 1-D, got %d-D", idx->ndim);
   int64_t dim = at->n_i > 0 ? at->i[0] : -1;
   if (dim < 0 || dim >= x->ndim) return TPR_FAIL(TPR_ERR_SHAPE, "index_select: dim %lld outside a %d-d tensor", (long long)dim, x->ndim);
   int64_t shape[TPR_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[dim] = idx->shape[0];
-  set_contiguous(out, x->dtype, x->ndim, shape);
+  tpr__set_contiguous(out, x->dtype, x->ndim, shape);
   return TPR_OK;
 }
 
 static tpr_status infer_cast(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   if (at->n_i < 1 || !tpr_dtype_valid((tpr_dtype)at->i[0]))
     return TPR_FAIL(TPR_ERR_DTYPE, "cast: missing or invalid destination dtype");
-  set_contiguous(out, (tpr_dtype)at->i[0], in[0]->ndim, in[0]->shape);
+  tpr__set_contiguous(out, (tpr_dtype)at->i[0], in[0]->ndim, in[0]->shape);
   return TPR_OK;
 }
 
@@ -175,16 +175,22 @@ const char *tpr_mesh_axis_name(tpr_mesh_axis a) { return (unsigned)a < TPR_AXIS_
 // What a collective does to the leading dim of its input.
 typedef enum lead_rule { LEAD_SAME, LEAD_TIMES_N, LEAD_DIV_N, LEAD_DIVISIBLE } lead_rule;
 
+tpr_status tpr__need_collective_attrs(const char *op, const tpr_op_attrs *at, int n_attrs, const char *names) {
+  if (at->n_i < n_attrs) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs (%s) attributes, got %d", op, names, at->n_i);
+  if ((uint64_t)at->i[0] >= TPR_AXIS_COUNT)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown mesh axis %lld", op, (long long)at->i[0]);
+  if (at->i[1] < 1 || at->i[1] > (1 << 24))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: group size %lld out of range", op, (long long)at->i[1]);
+  return TPR_OK;
+}
+
 // Shared rule of the collective ops: axis, group size, optional reduction,
 // a contiguous input, and for gather/scatter a leading dim that fits.
 static tpr_status infer_collective(const char *op, const tpr_tensor *x, const tpr_op_attrs *at, bool reduces,
                                    lead_rule lead, tpr_tensor *out) {
-  if (at->n_i < (reduces ? 3 : 2))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs (axis, group size%s) attributes", op, reduces ? ", red op" : "");
-  if ((uint64_t)at->i[0] >= TPR_AXIS_COUNT)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown mesh axis %lld", op, (long long)at->i[0]);
+  TPR_CHECK(tpr__need_collective_attrs(op, at, reduces ? 3 : 2, reduces ? "axis, group size, red op"
+                                                                       : "axis, group size"));
   int64_t n = at->i[1];
-  if (n < 1 || n > (1 << 24)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: group size %lld out of range", op, (long long)n);
   if (reduces) {
     if (at->i[2] < 0 || at->i[2] > 2)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown red op %lld", op, (long long)at->i[2]);
@@ -201,7 +207,7 @@ static tpr_status infer_collective(const char *op, const tpr_tensor *x, const tp
                     (long long)x->shape[0], (long long)n);
   if (lead == LEAD_TIMES_N) shape[0] = x->shape[0] * n;
   if (lead == LEAD_DIV_N) shape[0] = x->shape[0] / n;
-  set_contiguous(out, x->dtype, x->ndim, shape);
+  tpr__set_contiguous(out, x->dtype, x->ndim, shape);
   return TPR_OK;
 }
 
@@ -224,7 +230,7 @@ static tpr_status infer_all_to_all(const tpr_tensor *const *in, const tpr_op_att
 // ---- Model ops (see ops.h for the exact semantics).
 
 // A run-time scalar operand (start, shard): shape (1), i32 or i64.
-static tpr_status need_scalar_index(const char *op, const tpr_tensor *t, const char *which) {
+tpr_status tpr__need_scalar_index(const char *op, const tpr_tensor *t, const char *which) {
   if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
     return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be i32 or i64, got %s", op, which, tpr_dtype_name(t->dtype));
   if (t->ndim != 1 || t->shape[0] != 1)
@@ -233,27 +239,27 @@ static tpr_status need_scalar_index(const char *op, const tpr_tensor *t, const c
   return TPR_OK;
 }
 
-static tpr_status need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims) {
+tpr_status tpr__need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims) {
   if (t->ndim != nd) return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %d-D %s, got %d-D", op, which, nd, dims, t->ndim);
   return TPR_OK;
 }
 
 static tpr_status infer_sum_squares(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0];
-  TPR_CHECK(need_dtype("sum_squares", x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype("sum_squares", x, TPR_F32, "x"));
   if (x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "sum_squares: x needs >= 1 dim");
   int64_t shape[TPR_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = 1;
-  set_contiguous(out, TPR_F32, x->ndim, shape);
+  tpr__set_contiguous(out, TPR_F32, x->ndim, shape);
   return TPR_OK;
 }
 
 static tpr_status infer_rms_scale(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0], *ss = in[1], *w = in[2];
-  TPR_CHECK(need_dtype("rms_scale", x, TPR_F32, "x"));
-  TPR_CHECK(need_dtype("rms_scale", ss, TPR_F32, "sumsq"));
-  TPR_CHECK(need_dtype("rms_scale", w, TPR_F32, "weight"));
+  TPR_CHECK(tpr__need_dtype("rms_scale", x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype("rms_scale", ss, TPR_F32, "sumsq"));
+  TPR_CHECK(tpr__need_dtype("rms_scale", w, TPR_F32, "weight"));
   if (x->ndim < 1) return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale: x needs >= 1 dim");
   int nd = x->ndim;
   int64_t N = x->shape[nd - 1];
@@ -270,29 +276,29 @@ static tpr_status infer_rms_scale(const tpr_tensor *const *in, const tpr_op_attr
   if (at->n_f < 2 || !(at->f[0] > 0) || !(at->f[1] >= 0))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_scale: needs f[0] divisor > 0 and f[1] eps >= 0 (got %d float attrs)",
                     at->n_f);
-  set_contiguous(out, TPR_F32, nd, x->shape);
+  tpr__set_contiguous(out, TPR_F32, nd, x->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_embedding_shard(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *table = in[0], *ids = in[1];
-  TPR_CHECK(need_index_dtype("embedding_shard", ids));
-  TPR_CHECK(need_scalar_index("embedding_shard", in[2], "shard"));
+  TPR_CHECK(tpr__need_index_dtype("embedding_shard", ids));
+  TPR_CHECK(tpr__need_scalar_index("embedding_shard", in[2], "shard"));
   if (table->ndim != 2)
     return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard: table must be 2-D (Vl, H), got %d-D", table->ndim);
   if (ids->ndim + 1 > TPR_MAX_DIMS) return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard: ids have too many dims");
   int64_t shape[TPR_MAX_DIMS];
   memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
   shape[ids->ndim] = table->shape[1];
-  set_contiguous(out, table->dtype, ids->ndim + 1, shape);
+  tpr__set_contiguous(out, table->dtype, ids->ndim + 1, shape);
   return TPR_OK;
 }
 
 static tpr_status infer_rope(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0], *pos = in[1];
-  TPR_CHECK(need_dtype("rope", x, TPR_F32, "x"));
-  TPR_CHECK(need_index_dtype("rope", pos));
-  TPR_CHECK(need_ndim("rope", x, 3, "x", "(T, heads, D)"));
+  TPR_CHECK(tpr__need_dtype("rope", x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_index_dtype("rope", pos));
+  TPR_CHECK(tpr__need_ndim("rope", x, 3, "x", "(T, heads, D)"));
   if (pos->ndim != 1 || pos->shape[0] != x->shape[0])
     return TPR_FAIL(TPR_ERR_SHAPE, "rope: positions must be (T) = (%lld), got %d-D with first dim %lld",
                     (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
@@ -304,13 +310,13 @@ static tpr_status infer_rope(const tpr_tensor *const *in, const tpr_op_attrs *at
                     (long long)D);
   if (!(at->f[0] > 0) || isinf(at->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope: theta %g must be finite and > 0", (double)at->f[0]);
-  set_contiguous(out, TPR_F32, 3, x->shape);
+  tpr__set_contiguous(out, TPR_F32, 3, x->shape);
   return TPR_OK;
 }
 
 // Shared by attention (k, v) and cache_write (cache, new): a (rows, Hkv, D) tensor.
 static tpr_status need_heads(const char *op, const tpr_tensor *t, const char *which, int64_t hkv, int64_t D) {
-  TPR_CHECK(need_ndim(op, t, 3, which, "(rows, Hkv, D)"));
+  TPR_CHECK(tpr__need_ndim(op, t, 3, which, "(rows, Hkv, D)"));
   if (t->shape[1] != hkv || t->shape[2] != D)
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s is (%lld, %lld, %lld); expected (rows, Hkv = %lld, D = %lld)", op, which,
                     (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], (long long)hkv,
@@ -320,12 +326,12 @@ static tpr_status need_heads(const char *op, const tpr_tensor *t, const char *wh
 
 static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2];
-  TPR_CHECK(need_dtype("attention", q, TPR_F32, "q"));
-  TPR_CHECK(need_dtype("attention", k, TPR_F32, "k_cache"));
-  TPR_CHECK(need_dtype("attention", v, TPR_F32, "v_cache"));
-  TPR_CHECK(need_scalar_index("attention", in[3], "start"));
-  TPR_CHECK(need_ndim("attention", q, 3, "q", "(T, Hq, D)"));
-  TPR_CHECK(need_ndim("attention", k, 3, "k_cache", "(S, Hkv, D)"));
+  TPR_CHECK(tpr__need_dtype("attention", q, TPR_F32, "q"));
+  TPR_CHECK(tpr__need_dtype("attention", k, TPR_F32, "k_cache"));
+  TPR_CHECK(tpr__need_dtype("attention", v, TPR_F32, "v_cache"));
+  TPR_CHECK(tpr__need_scalar_index("attention", in[3], "start"));
+  TPR_CHECK(tpr__need_ndim("attention", q, 3, "q", "(T, Hq, D)"));
+  TPR_CHECK(tpr__need_ndim("attention", k, 3, "k_cache", "(S, Hkv, D)"));
   int64_t hq = q->shape[1], hkv = k->shape[1], D = q->shape[2];
   TPR_CHECK(need_heads("attention", k, "k_cache", hkv, D));
   TPR_CHECK(need_heads("attention", v, "v_cache", hkv, D));
@@ -340,14 +346,14 @@ static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attr
                     (long long)q->shape[0], (long long)k->shape[0]);
   if (at->n_f < 1 || !isfinite(at->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention: needs a finite f[0] scale");
-  set_contiguous(out, TPR_F32, 3, q->shape);
+  tpr__set_contiguous(out, TPR_F32, 3, q->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_cache_write(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *cache = in[0], *nw = in[1];
-  TPR_CHECK(need_scalar_index("cache_write", in[2], "start"));
-  TPR_CHECK(need_ndim("cache_write", cache, 3, "cache", "(S, Hkv, D)"));
+  TPR_CHECK(tpr__need_scalar_index("cache_write", in[2], "start"));
+  TPR_CHECK(tpr__need_ndim("cache_write", cache, 3, "cache", "(S, Hkv, D)"));
   TPR_CHECK(need_heads("cache_write", nw, "new", cache->shape[1], cache->shape[2]));
   if (nw->dtype != cache->dtype)
     return TPR_FAIL(TPR_ERR_DTYPE, "cache_write: new is %s but the cache is %s", tpr_dtype_name(nw->dtype),
@@ -355,15 +361,15 @@ static tpr_status infer_cache_write(const tpr_tensor *const *in, const tpr_op_at
   if (nw->shape[0] > cache->shape[0])
     return TPR_FAIL(TPR_ERR_SHAPE, "cache_write: T = %lld new rows exceed the cache's S = %lld rows",
                     (long long)nw->shape[0], (long long)cache->shape[0]);
-  set_contiguous(out, TPR_I32, 1, (const int64_t[]){1});
+  tpr__set_contiguous(out, TPR_I32, 1, (const int64_t[]){1});
   return TPR_OK;
 }
 
 static tpr_status infer_router_sigmoid_topk(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *lg = in[0], *bias = in[1];
-  TPR_CHECK(need_dtype("router_sigmoid_topk", lg, TPR_F32, "logits"));
-  TPR_CHECK(need_dtype("router_sigmoid_topk", bias, TPR_F32, "bias"));
-  TPR_CHECK(need_ndim("router_sigmoid_topk", lg, 2, "logits", "(T, E)"));
+  TPR_CHECK(tpr__need_dtype("router_sigmoid_topk", lg, TPR_F32, "logits"));
+  TPR_CHECK(tpr__need_dtype("router_sigmoid_topk", bias, TPR_F32, "bias"));
+  TPR_CHECK(tpr__need_ndim("router_sigmoid_topk", lg, 2, "logits", "(T, E)"));
   int64_t E = lg->shape[1];
   if (bias->ndim != 1 || bias->shape[0] != E)
     return TPR_FAIL(TPR_ERR_SHAPE, "router_sigmoid_topk: bias must be (E) = (%lld), got %d-D with first dim %lld",
@@ -371,21 +377,21 @@ static tpr_status infer_router_sigmoid_topk(const tpr_tensor *const *in, const t
   if (at->n_i < 1 || at->i[0] < 1 || at->i[0] > E)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk: k = %lld must be in [1, E = %lld]",
                     (long long)(at->n_i < 1 ? 0 : at->i[0]), (long long)E);
-  set_contiguous(out, TPR_F32, 2, lg->shape);
+  tpr__set_contiguous(out, TPR_F32, 2, lg->shape);
   return TPR_OK;
 }
 
 static tpr_status infer_moe_experts(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *x = in[0], *g = in[1], *w13 = in[2], *w2 = in[3];
   const char *op = "moe_experts";
-  TPR_CHECK(need_dtype(op, x, TPR_F32, "x"));
-  TPR_CHECK(need_dtype(op, g, TPR_F32, "gates"));
-  TPR_CHECK(need_dtype(op, w13, TPR_F32, "w13"));
-  TPR_CHECK(need_dtype(op, w2, TPR_F32, "w2"));
-  TPR_CHECK(need_ndim(op, x, 2, "x", "(T, H)"));
-  TPR_CHECK(need_ndim(op, g, 2, "gates", "(T, E)"));
-  TPR_CHECK(need_ndim(op, w13, 3, "w13", "(E, 2F, H)"));
-  TPR_CHECK(need_ndim(op, w2, 3, "w2", "(E, H, F)"));
+  TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype(op, g, TPR_F32, "gates"));
+  TPR_CHECK(tpr__need_dtype(op, w13, TPR_F32, "w13"));
+  TPR_CHECK(tpr__need_dtype(op, w2, TPR_F32, "w2"));
+  TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(T, H)"));
+  TPR_CHECK(tpr__need_ndim(op, g, 2, "gates", "(T, E)"));
+  TPR_CHECK(tpr__need_ndim(op, w13, 3, "w13", "(E, 2F, H)"));
+  TPR_CHECK(tpr__need_ndim(op, w2, 3, "w2", "(E, H, F)"));
   int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F2 = w13->shape[1];
   if (g->shape[0] != T)
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: gates have %lld rows, x has T = %lld", op, (long long)g->shape[0],
@@ -397,7 +403,7 @@ static tpr_status infer_moe_experts(const tpr_tensor *const *in, const tpr_op_at
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: w2 is (%lld, %lld, %lld); expected (E = %lld, H = %lld, F = %lld)", op,
                     (long long)w2->shape[0], (long long)w2->shape[1], (long long)w2->shape[2], (long long)E,
                     (long long)H, (long long)(F2 / 2));
-  set_contiguous(out, TPR_F32, 2, x->shape);
+  tpr__set_contiguous(out, TPR_F32, 2, x->shape);
   return TPR_OK;
 }
 
