@@ -68,6 +68,17 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_MOE_PERMUTE] = tpr__cpu_moe_permute,
             [TPR_OP_MOE_GROUPED_FFN] = tpr__cpu_moe_grouped_ffn,
             [TPR_OP_MOE_UNPERMUTE] = tpr__cpu_moe_unpermute,
+            // Training ops.
+            [TPR_OP_SUM_TO] = tpr__cpu_sum_to,
+            [TPR_OP_SCALE] = tpr__cpu_scale,
+            [TPR_OP_FILL] = tpr__cpu_fill,
+
+            // -- dense backward
+
+            // -- MoE backward
+
+            // -- losses
+
         },
 };
 

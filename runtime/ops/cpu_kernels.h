@@ -38,5 +38,16 @@ TPR_CPU_KERNEL(row_slice);            // moe_dispatch.c: any dtype
 TPR_CPU_KERNEL(moe_counts);           // moe_dispatch.c
 TPR_CPU_KERNEL(moe_permute);          // moe_dispatch.c
 TPR_CPU_KERNEL(moe_unpermute);        // moe_dispatch.c
+// Training (ops.h, "Training").
+TPR_CPU_KERNEL(sum_to);               // reduce.c: double accumulation
+TPR_CPU_KERNEL(scale);                // reduce.c
+TPR_CPU_KERNEL(fill);                 // reduce.c
+
+// -- dense backward
+
+// -- MoE backward
+
+// -- losses
+
 
 #endif

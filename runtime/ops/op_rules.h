@@ -31,4 +31,16 @@ TPR__OP_RULE(all_to_allv);      // x (Ri, ...) any, counts (n*m) i32 x2 -> (Ro, 
 TPR__OP_RULE(moe_grouped_ffn);  // x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F) -> (R, H)
 TPR__OP_RULE(moe_unpermute);    // y (R, H), gates (N, E) f32 -> (N, H)
 
+// grad_rules_basic.c (op_table.c's neighbour): the training ops' basics.
+TPR__OP_RULE(grad_all_reduce);  // view: x -> x
+TPR__OP_RULE(sum_to);           // x f32 -> attrs' shape, x broadcasts to it
+TPR__OP_RULE(scale);            // x f32 -> x's shape
+TPR__OP_RULE(fill);             // x any -> x's shape, f32
+
+// -- dense backward
+
+// -- MoE backward
+
+// -- losses
+
 #endif

@@ -440,9 +440,23 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_ALL_TO_ALLV] = {"all_to_allv", 3, false, tpr__infer_all_to_allv},
     [TPR_OP_MOE_GROUPED_FFN] = {"moe_grouped_ffn", 4, false, tpr__infer_moe_grouped_ffn},
     [TPR_OP_MOE_UNPERMUTE] = {"moe_unpermute", 2, false, tpr__infer_moe_unpermute},
+    // Training: rules in grad_rules_basic.c and beside each family's.
+    [TPR_OP_GRAD_ALL_REDUCE] = {"grad_all_reduce", 1, true, tpr__infer_grad_all_reduce},
+    [TPR_OP_SUM_TO] = {"sum_to", 1, false, tpr__infer_sum_to},
+    [TPR_OP_SCALE] = {"scale", 1, false, tpr__infer_scale},
+    [TPR_OP_FILL] = {"fill", 1, false, tpr__infer_fill},
+
+    // -- dense backward
+
+    // -- MoE backward
+
+    // -- losses
+
 };
 
-static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT; }
+// Kinds are numbered ahead of their rules while an op family is being added:
+// a kind with no entry is unknown.
+static bool op_valid(tpr_op_kind op) { return (unsigned)op < TPR_OP_KIND_COUNT && ops[op].infer; }
 
 const char *tpr_op_name(tpr_op_kind op) { return op_valid(op) ? ops[op].name : "?"; }
 int tpr_op_num_inputs(tpr_op_kind op) { return op_valid(op) ? ops[op].n_inputs : -1; }

@@ -53,6 +53,49 @@ typedef enum tpr_op_kind {
                                 // i[0] axis, i[1] n, i[2] rows Ro; out (Ro, C)
   TPR_OP_MOE_GROUPED_FFN = 29,  // in (x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F)); out (R, H)
   TPR_OP_MOE_UNPERMUTE = 30,    // in (y (R, H), gates (N, E)); out (N, H)
+  // Training (runtime/autodiff.h). A backward op with several results
+  // returns them packed into one 1-D f32 tensor in the order listed ("packed
+  // (a | b)"); the rule takes each back out as a view (tpr_grad_unpack).
+  TPR_OP_GRAD_ALL_REDUCE = 31,  // view; in (x); i[0] axis, i[1] n: identity forward, the gradient is
+                                // all-reduced (sum) over the axis (Megatron's f: a replicated value
+                                // entering rank-local compute)
+  TPR_OP_SUM_TO = 32,           // in (x); i[0..n) shape x broadcasts to; out: x summed down to that shape
+  TPR_OP_SCALE = 33,            // in (x); f[0] alpha; out = alpha * x
+  TPR_OP_FILL = 34,             // in (x) (only its shape is read); f[0] value; out: x's shape, all value
+  TPR_OP_RMS_NORM_BWD = 35,     // in (x (..., H), w (H), dy); f[0] eps; out packed (dx | dw)
+  TPR_OP_SWIGLU_BWD = 36,       // in (gate, up, dy); out packed (dgate | dup)
+  TPR_OP_SOFTMAX_BWD = 37,      // in (y = softmax(x), dy); out dx
+  TPR_OP_EMBEDDING_BWD = 38,    // in (dy (..., H), ids (...)); i[0] V; out (V, H) rows scatter-added
+  TPR_OP_EMBEDDING_SHARD_BWD = 39,  // in (dy (..., H), ids, shard (1)); i[0] Vl; out (Vl, H)
+  TPR_OP_INDEX_SELECT_BWD = 40,  // in (dy, index (k)); i[0] dim, i[1] n; out: dy's shape with n at dim,
+                                 // slices of dy added at their index
+  TPR_OP_SLICE_BWD = 41,        // in (dy); i[0] dim, i[1] start, i[2] full len; out: zeros, dy placed
+  TPR_OP_RMS_SCALE_BWD = 42,    // in (x, sumsq, w, dy); f[0] divisor, f[1] eps; out packed (dx | dsumsq | dw)
+  TPR_OP_ROPE_BWD = 43,         // in (dy (T, heads, D), pos (T)); rope's attrs; out dx (inverse rotation)
+  TPR_OP_ATTENTION_BWD = 44,    // in (q, k, v, start, dout); f[0] scale; out packed (dq | dk | dv)
+  TPR_OP_ROUTER_SIGMOID_TOPK_BWD = 45,  // in (logits, bias, dy); i[0] k; out dlogits (T, E)
+  TPR_OP_MOE_EXPERTS_BWD = 46,  // in (x, gates, w13, w2, dy); out packed (dx | dgates | dw13 | dw2)
+  TPR_OP_MOE_GROUPED_FFN_BWD = 47,  // in (x, counts, w13, w2, dy); out packed (dx | dw13 | dw2)
+  TPR_OP_MOE_PERMUTE_BWD = 48,  // in (dy (R, H), gates (N, E)); out (N, H) = sum of the token's rows
+  TPR_OP_MOE_UNPERMUTE_BWD = 49,  // in (y (R, H), gates (N, E), dout (N, H)); out packed (dy | dgates)
+  TPR_OP_ROW_SLICE_BWD = 50,    // in (dy (Ts, C), part (1)); i[0] n, i[1] T; out (T, C), zeros elsewhere
+  TPR_OP_MOE_CAPACITY_BWD = 51,  // in (gates_in (T, E), dout (T, E)); moe_capacity's attrs; out dgates_in
+  // Vocab-parallel cross-entropy (Megatron's): logits (T, Vl) are this rank's
+  // vocab shard, shard (1) i32/i64 its index; i[0] V the real vocabulary, so
+  // padded columns (shard*Vl + j >= V) never count.
+  TPR_OP_XENT_MAX = 52,           // in (logits, shard); i[0] V; out (T, 1) max over valid local columns
+  TPR_OP_XENT_SUMEXP = 53,      // in (logits, max (T, 1), shard); i[0] V; out (T, 1) sum exp(l - max)
+  TPR_OP_XENT_SUMEXP_BWD = 54,  // in (logits, max, shard, dy (T, 1)); i[0] V; out (T, Vl)
+  TPR_OP_XENT_TARGET = 55,      // in (logits, targets (T) i32, shard); out (T, 1) the target's logit here, else 0
+  TPR_OP_XENT_TARGET_BWD = 56,  // in (dy (T, 1), targets, shard); i[0] Vl; out (T, Vl)
+  TPR_OP_XENT_LOSS = 57,        // in (sumexp, max, target (T, 1) each, targets (T) i32); out (1): mean over
+                                // targets != -100 of log(sumexp) + max - target (0 when none)
+  TPR_OP_XENT_LOSS_BWD = 58,    // in (sumexp, targets, dloss (1)); out packed (dsumexp (T) | dtarget (T))
+  // The MoE auxiliary load-balancing loss (transformers' load_balancing_loss_func).
+  TPR_OP_MOE_AUX_STATS = 59,    // in (router logits (T, E)); i[0] k; out (2, E): top-k counts, summed probs
+  TPR_OP_MOE_AUX_STATS_BWD = 60,  // in (logits, dstats (2, E)); i[0] k; out dlogits (T, E)
+  TPR_OP_MOE_AUX_LOSS = 61,     // in (stats (2, E)); i[0] tokens N; out (1)
+  TPR_OP_MOE_AUX_LOSS_BWD = 62,  // in (stats, dloss (1)); i[0] N; out (2, E)
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
@@ -70,7 +113,7 @@ typedef enum tpr_mesh_axis {
 
 const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 
-#define TPR_OP_MAX_INPUTS 4
+#define TPR_OP_MAX_INPUTS 6
 #define TPR_OP_MAX_IATTRS 8
 #define TPR_OP_MAX_FATTRS 4
 

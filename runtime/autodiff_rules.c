@@ -1,0 +1,27 @@
+// Which backward rule each op kind has (the rules live beside their forwards).
+#include "ops/grad_rules.h"
+
+static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
+    [TPR_OP_SUM_TO] = tpr__bwd_sum_to,
+    [TPR_OP_SCALE] = tpr__bwd_scale,
+    [TPR_OP_GRAD_ALL_REDUCE] = tpr__bwd_grad_all_reduce,
+    [TPR_OP_ALL_REDUCE] = tpr__bwd_all_reduce,
+    [TPR_OP_ALL_GATHER] = tpr__bwd_all_gather,
+    [TPR_OP_REDUCE_SCATTER] = tpr__bwd_reduce_scatter,
+    [TPR_OP_ALL_TO_ALL] = tpr__bwd_all_to_all,
+    [TPR_OP_ALL_TO_ALLV] = tpr__bwd_all_to_allv,
+
+    // ---- dense ops
+    [TPR_OP_MATMUL] = tpr__bwd_matmul,
+    [TPR_OP_ADD] = tpr__bwd_add,
+    [TPR_OP_MUL] = tpr__bwd_mul,
+
+    // ---- MoE ops
+
+    // ---- losses
+
+};
+
+tpr_backward_rule tpr__backward_rule(tpr_op_kind op) {
+  return (unsigned)op < TPR_OP_KIND_COUNT ? rules[op] : NULL;
+}

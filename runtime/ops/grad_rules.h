@@ -1,0 +1,34 @@
+// Backward rules (runtime/autodiff.h), one per op kind, each defined in its
+// op's family file beside the forward; autodiff_rules.c lists them.
+#ifndef TPR_OPS_GRAD_RULES_H
+#define TPR_OPS_GRAD_RULES_H
+
+#include "../autodiff.h"
+
+// The rule of op kind `op`, NULL when it has none.
+tpr_backward_rule tpr__backward_rule(tpr_op_kind op);
+
+#define TPR__BWD_RULE(name) tpr_status tpr__bwd_##name(tpr_grad_ctx *g, const tpr_grad_node *n)
+
+// reduce.c: sum_to, scale, fill
+TPR__BWD_RULE(sum_to);
+TPR__BWD_RULE(scale);
+// collective_grad.c: the collectives and grad_all_reduce (the f/g pair)
+TPR__BWD_RULE(grad_all_reduce);
+TPR__BWD_RULE(all_reduce);
+TPR__BWD_RULE(all_gather);
+TPR__BWD_RULE(reduce_scatter);
+TPR__BWD_RULE(all_to_all);
+TPR__BWD_RULE(all_to_allv);
+
+// ---- dense ops (matmul.c, elementwise.c, norm.c, softmax.c, gather.c, copy.c,
+// views.c, rope.c, attention.c)
+TPR__BWD_RULE(matmul);
+TPR__BWD_RULE(add);
+TPR__BWD_RULE(mul);
+
+// ---- MoE ops (router.c, moe.c, moe_dispatch.c)
+
+// ---- losses (xent.c, moe_aux.c)
+
+#endif
