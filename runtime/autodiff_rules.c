@@ -16,6 +16,8 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_ADD] = tpr__bwd_add,
     [TPR_OP_MUL] = tpr__bwd_mul,
 
+    // ---- attention
+
     // ---- MoE ops
 
     // ---- losses

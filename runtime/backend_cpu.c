@@ -75,6 +75,8 @@ static const tpr_backend_vtable cpu_vtable = {
 
             // -- dense backward
 
+            // -- attention backward (rope, attention)
+
             // -- MoE backward
 
             // -- losses

@@ -45,6 +45,8 @@ TPR_CPU_KERNEL(fill);                 // reduce.c
 
 // -- dense backward
 
+// -- attention backward (rope, attention)
+
 // -- MoE backward
 
 // -- losses

@@ -22,10 +22,12 @@ TPR__BWD_RULE(all_to_all);
 TPR__BWD_RULE(all_to_allv);
 
 // ---- dense ops (matmul.c, elementwise.c, norm.c, softmax.c, gather.c, copy.c,
-// views.c, rope.c, attention.c)
+// views.c)
 TPR__BWD_RULE(matmul);
 TPR__BWD_RULE(add);
 TPR__BWD_RULE(mul);
+
+// ---- attention (rope.c, attention.c)
 
 // ---- MoE ops (router.c, moe.c, moe_dispatch.c)
 

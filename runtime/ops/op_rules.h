@@ -39,6 +39,8 @@ TPR__OP_RULE(fill);             // x any -> x's shape, f32
 
 // -- dense backward
 
+// -- attention backward (rope, attention)
+
 // -- MoE backward
 
 // -- losses

@@ -448,6 +448,8 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
 
     // -- dense backward
 
+    // -- attention backward (rope, attention)
+
     // -- MoE backward
 
     // -- losses
