@@ -139,8 +139,9 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
   }
   for (int v = 0; v < nv; v++) g.grad[v] = -1;
   mark_wanted(p, loss, wrt, n_wrt, from_wrt, g.wanted, nv);
+  int n_fwd = p->n_nodes;  // the rules run over these; the seed and the backward come after
   if (g.wanted[loss]) TPR_CHECK_GOTO(tpr_pb_fill(p, loss, 1.0f, &g.grad[loss]), rc, done);
-  TPR_CHECK_GOTO(run_rules(&g, p->n_nodes), rc, done);
+  TPR_CHECK_GOTO(run_rules(&g, n_fwd), rc, done);
   for (int i = 0; i < n_wrt; i++) {
     grads[i] = -1;
     if (g.grad[wrt[i]] < 0) continue;
