@@ -17,6 +17,8 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MUL] = tpr__bwd_mul,
 
     // ---- attention
+    [TPR_OP_ROPE] = tpr__bwd_rope,
+    [TPR_OP_ATTENTION] = tpr__bwd_attention,
 
     // ---- MoE ops
 

@@ -76,6 +76,8 @@ static const tpr_backend_vtable cpu_vtable = {
             // -- dense backward
 
             // -- attention backward (rope, attention)
+            [TPR_OP_ROPE_BWD] = tpr__cpu_rope_bwd,
+            [TPR_OP_ATTENTION_BWD] = tpr__cpu_attention_bwd,
 
             // -- MoE backward
 

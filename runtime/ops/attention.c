@@ -1,5 +1,5 @@
-// KV-cache CPU kernels: causal GQA attention over a cache, and the in-place
-// cache write that fills it.
+// KV-cache CPU kernels: causal GQA attention over a cache, the in-place
+// cache write that fills it, and attention's backward (kernel and rule).
 //
 // Attention follows transformers' eager path in f32: scores = (q @ k^T) *
 // scale (one sgemm per query head and block of queries, alpha = scale, which
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "grad_rules.h"
 #include "strided.h"
 
 enum { QBLOCK = 128 };
@@ -157,6 +158,126 @@ done:
   free(p);
   free(qv.scratch), free(kv.scratch), free(vv.scratch);
   return rc;
+}
+
+// ---- Backward (training). Flash-attention style: the probabilities are
+// recomputed block by block exactly as the forward computes them (same sgemm,
+// same softmax), so no (T, S) matrix is kept between the passes. For query
+// head h (KV head g = h / group) and a block of queries with P (tb, Lb):
+//   dV_g += P^T dO,  dP = dO V_g^T,  dS = P * (dP - rowsum(P * dP)),
+//   dQ = scale * dS K_g,  dK_g += scale * dS^T Q.
+// Masked entries have P = 0, hence dS = 0: keys a query cannot see get
+// nothing from it. dK/dV of a KV head sum its query heads in ascending order,
+// then the query blocks in ascending order: a fixed order.
+
+// dp (L) := p * (dp - sum(p * dp)) over the n visible entries, the dot
+// accumulated in double in index order; entries past n (masked keys, which
+// the next sgemms still read) are set to exactly 0.
+static void softmax_bwd_row(const float *p, float *dp, int64_t n, int64_t L) {
+  double dot = 0;
+  for (int64_t i = 0; i < n; i++) dot += (double)p[i] * (double)dp[i];
+  const float c = (float)dot;
+  for (int64_t i = 0; i < n; i++) dp[i] = p[i] * (dp[i] - c);
+  for (int64_t i = n; i < L; i++) dp[i] = 0.0f;
+}
+
+// q (T, Hq, D), k/v (S, Hkv, D), start (1), dout (T, Hq, D); out packed
+// (dq (T*Hq*D) | dk (S*Hkv*D) | dv (S*Hkv*D)) contiguous. attrs->f[0] = scale.
+TPR_CPU_KERNEL(attention_bwd) {
+  if (n_in != 5) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): expected 5 inputs, got %d", n_in);
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3], *dy = in[4];
+  if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || dy->dtype != TPR_F32 ||
+      out->dtype != TPR_F32 || (st->dtype != TPR_I32 && st->dtype != TPR_I64))
+    return TPR_FAIL(TPR_ERR_DTYPE, "attention_bwd (cpu): q, k, v, dout and out must be f32 and start i32/i64");
+  if (!attrs || attrs->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): missing scale f[0]");
+  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || tpr_tensor_numel(st) != 1 || !tpr_tensor_same_shape(q, dy) ||
+      !tpr_tensor_same_shape(k, v) || k->shape[2] != q->shape[2] || k->shape[1] < 1 || q->shape[1] % k->shape[1] ||
+      tpr_tensor_numel(out) != tpr_tensor_numel(q) + 2 * tpr_tensor_numel(k))
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention_bwd (cpu): q, k, v, start, dout and out shapes do not fit");
+  const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
+  const int64_t start = load_index(st);
+  TPR_CHECK(check_start("attention_bwd", "queries", start, T, S));
+  float *dq = tpr_tensor_data(out), *dk = dq + T * Hq * D, *dv = dk + S * Hkv * D;
+  // Rows of k/v past start + T - 1 are never read: their gradient is zero.
+  memset(dq, 0, (size_t)tpr_tensor_numel(out) * sizeof *dq);
+  if (T == 0 || Hq == 0 || D == 0) return TPR_OK;
+  const int64_t L = start + T, group = Hq / Hkv;
+  if (!fits_blasint(L) || !fits_blasint(Hq * D) || !fits_blasint(Hkv * D))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention_bwd (cpu): sizes exceed the BLAS integer range");
+  const float scale = attrs->f[0];
+  const blasint ldq = (blasint)(Hq * D), ldk = (blasint)(Hkv * D);
+
+  heads_view qv, kv, vv, dyv;
+  tpr_status rc = TPR_OK;
+  float *p = NULL;
+  memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv), memset(&dyv, 0, sizeof dyv);
+  TPR_CHECK(heads_view_init("q", q, T, &qv));
+  TPR_CHECK_GOTO(heads_view_init("k", k, L, &kv), rc, done);
+  TPR_CHECK_GOTO(heads_view_init("v", v, L, &vv), rc, done);
+  TPR_CHECK_GOTO(heads_view_init("dout", dy, T, &dyv), rc, done);
+  const int64_t tb_max = T < QBLOCK ? T : QBLOCK;
+  p = malloc(2 * (size_t)(tb_max * L) * sizeof *p);  // (tb, Lb) probabilities, then (tb, Lb) dP / dS
+  if (!p) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "attention_bwd (cpu): 2 x %lld x %lld scores", (long long)tb_max, (long long)L);
+    goto done;
+  }
+  float *ds = p + tb_max * L;
+  for (int64_t h = 0; h < Hq; h++) {
+    const int64_t g = h / group;  // the forward's GQA mapping
+    const float *qh = qv.base + h * qv.hstride, *dyh = dyv.base + h * dyv.hstride;
+    const float *kg = kv.base + g * kv.hstride, *vg = vv.base + g * vv.hstride;
+    float *dkg = dk + g * D, *dvg = dv + g * D;
+    for (int64_t t0 = 0; t0 < T; t0 += QBLOCK) {
+      const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
+      const int64_t Lb = start + t0 + tb;
+      const float *qb = qh + t0 * qv.ld, *dyb = dyh + t0 * dyv.ld;
+      // P: the forward's scores and softmax, bit for bit.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale, qb,
+                  (blasint)qv.ld, kg, (blasint)kv.ld, 0.0f, p, (blasint)Lb);
+      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
+      // dV_g[0, Lb) += P^T dO (Lb, D)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)Lb, (blasint)D, (blasint)tb, 1.0f, p,
+                  (blasint)Lb, dyb, (blasint)dyv.ld, 1.0f, dvg, ldk);
+      // dP = dO V_g^T (tb, Lb), then dS in place
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, 1.0f, dyb,
+                  (blasint)dyv.ld, vg, (blasint)vv.ld, 0.0f, ds, (blasint)Lb);
+      for (int64_t i = 0; i < tb; i++) softmax_bwd_row(p + i * Lb, ds + i * Lb, start + t0 + i + 1, Lb);
+      // dQ (tb, D) = scale * dS K_g; every query row is written by exactly one block
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, scale, ds,
+                  (blasint)Lb, kg, (blasint)kv.ld, 0.0f, dq + (t0 * Hq + h) * D, ldq);
+      // dK_g[0, Lb) += scale * dS^T Q (Lb, D)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)Lb, (blasint)D, (blasint)tb, scale, ds,
+                  (blasint)Lb, qb, (blasint)qv.ld, 1.0f, dkg, ldk);
+    }
+  }
+done:
+  free(p);
+  free(qv.scratch), free(kv.scratch), free(vv.scratch), free(dyv.scratch);
+  return rc;
+}
+
+// One ATTENTION_BWD gives all three cotangents; each is unpacked (a view)
+// only where wanted. start is an integer: no cotangent.
+TPR__BWD_RULE(attention) {
+  const bool want[3] = {tpr_grad_wanted(g, n->in[0]), tpr_grad_wanted(g, n->in[1]), tpr_grad_wanted(g, n->in[2])};
+  if (!want[0] && !want[1] && !want[2]) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  tpr_value_id packed;
+  const tpr_value_id in[5] = {n->in[0], n->in[1], n->in[2], n->in[3], n->dout};
+  TPR_CHECK(tpr_program_op(p, TPR_OP_ATTENTION_BWD, in, 5, &n->attrs, &packed));
+  int64_t offset = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!want[i]) {  // skip its block without emitting a view
+      tpr_tensor d;
+      TPR_CHECK(tpr_program_value(p, n->in[i], &d));
+      offset += tpr_tensor_numel(&d);
+      continue;
+    }
+    tpr_value_id d;
+    TPR_CHECK(tpr_grad_unpack(g, packed, &offset, n->in[i], &d));
+    TPR_CHECK(tpr_grad_add(g, n->in[i], d));
+  }
+  return TPR_OK;
 }
 
 // cache (S, Hkv, D), new (T, Hkv, D) same dtype, start (1); writes

@@ -46,6 +46,8 @@ TPR_CPU_KERNEL(fill);                 // reduce.c
 // -- dense backward
 
 // -- attention backward (rope, attention)
+TPR_CPU_KERNEL(rope_bwd);             // rope.c: rope with the angles negated
+TPR_CPU_KERNEL(attention_bwd);        // attention.c: recomputes P per query block, sgemm
 
 // -- MoE backward
 

@@ -28,6 +28,8 @@ TPR__BWD_RULE(add);
 TPR__BWD_RULE(mul);
 
 // ---- attention (rope.c, attention.c)
+TPR__BWD_RULE(rope);
+TPR__BWD_RULE(attention);
 
 // ---- MoE ops (router.c, moe.c, moe_dispatch.c)
 

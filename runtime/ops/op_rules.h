@@ -40,6 +40,9 @@ TPR__OP_RULE(fill);             // x any -> x's shape, f32
 // -- dense backward
 
 // -- attention backward (rope, attention)
+// attention_rules.c
+TPR__OP_RULE(rope_bwd);       // dy (T, heads, D) f32, positions (T) i32/i64 -> (T, heads, D)
+TPR__OP_RULE(attention_bwd);  // q, k, v, start, dout -> packed (dq | dk | dv) f32
 
 // -- MoE backward
 

@@ -449,6 +449,8 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     // -- dense backward
 
     // -- attention backward (rope, attention)
+    [TPR_OP_ROPE_BWD] = {"rope_bwd", 2, false, tpr__infer_rope_bwd},
+    [TPR_OP_ATTENTION_BWD] = {"attention_bwd", 5, false, tpr__infer_attention_bwd},
 
     // -- MoE backward
 

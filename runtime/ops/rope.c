@@ -8,12 +8,14 @@
 //   cos = freqs.cos(), sin = freqs.sin()                           (f32)
 //   out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
 // cos/sin are computed once per token and reused by every head. Single-
-// threaded for now (the whole op is O(T * heads * D)).
+// threaded for now (the whole op is O(T * heads * D)). rope_bwd is the same
+// loop with the angles negated.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "grad_rules.h"
 
 static int64_t load_index(const tpr_tensor *t, int64_t i) {  // element i of a 1-D i32/i64 tensor
   const char *p = (const char *)tpr_tensor_data(t) + i * t->stride[0] * (int64_t)tpr_dtype_size(t->dtype);
@@ -28,26 +30,30 @@ static int64_t load_index(const tpr_tensor *t, int64_t i) {  // element i of a 1
 }
 
 // x (T, heads, D), positions (T) i32/i64; out (T, heads, D) contiguous.
-// attrs: i[0] rotary_dim, f[0] theta.
-TPR_CPU_KERNEL(rope) {
-  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope (cpu): expected 2 inputs, got %d", n_in);
+// attrs: i[0] rotary_dim, f[0] theta. With `inverse`, the rotation by -angle
+// (rope_bwd: the rotation is orthogonal, so its transpose is its inverse):
+// the same cos and sin, computed by the same code, with sin negated -- exact in
+// f32, so the forward and the backward use bit-identical angles.
+static tpr_status rope_run(const char *op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
+                           tpr_tensor *out, bool inverse) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected 2 inputs, got %d", op, n_in);
   const tpr_tensor *x = in[0], *pos = in[1];
   if (x->dtype != TPR_F32 || out->dtype != TPR_F32 || (pos->dtype != TPR_I32 && pos->dtype != TPR_I64))
-    return TPR_FAIL(TPR_ERR_DTYPE, "rope (cpu): x %s, positions %s, out %s; need f32, i32/i64, f32",
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s (cpu): x %s, positions %s, out %s; need f32, i32/i64, f32", op,
                     tpr_dtype_name(x->dtype), tpr_dtype_name(pos->dtype), tpr_dtype_name(out->dtype));
   if (!attrs || attrs->n_i < 1 || attrs->n_f < 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope (cpu): missing rotary_dim i[0] or theta f[0]");
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): missing rotary_dim i[0] or theta f[0]", op);
   if (x->ndim != 3 || pos->ndim != 1 || pos->shape[0] != x->shape[0] || !tpr_tensor_same_shape(x, out))
-    return TPR_FAIL(TPR_ERR_SHAPE, "rope (cpu): x, positions and out shapes do not fit");
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): x, positions and out shapes do not fit", op);
   const int64_t T = x->shape[0], NH = x->shape[1], D = x->shape[2], rd = attrs->i[0];
   if (rd <= 0 || rd % 2 || rd > D)
-    return TPR_FAIL(TPR_ERR_SHAPE, "rope (cpu): rotary_dim %lld must be even and in (0, %lld]", (long long)rd,
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): rotary_dim %lld must be even and in (0, %lld]", op, (long long)rd,
                     (long long)D);
   if (tpr_tensor_numel(x) == 0) return TPR_OK;
   const int64_t half = rd / 2;
   const float theta = attrs->f[0];
   float *inv = malloc(3 * (size_t)half * sizeof *inv);  // inv_freq, then cos and sin of one token
-  if (!inv) return TPR_FAIL(TPR_ERR_OOM, "rope (cpu): %lld floats of scratch", (long long)(3 * half));
+  if (!inv) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld floats of scratch", op, (long long)(3 * half));
   float *cs = inv + half, *sn = cs + half;
   for (int64_t d = 0; d < half; d++) inv[d] = 1.0f / powf(theta, (float)(2 * d) / (float)rd);
 
@@ -59,7 +65,7 @@ TPR_CPU_KERNEL(rope) {
     for (int64_t d = 0; d < half; d++) {
       const float a = p * inv[d];
       cs[d] = cosf(a);
-      sn[d] = sinf(a);
+      sn[d] = inverse ? -sinf(a) : sinf(a);
     }
     for (int64_t h = 0; h < NH; h++, o += D) {
       const float *xr = xd + t * s0 + h * s1;
@@ -73,4 +79,20 @@ TPR_CPU_KERNEL(rope) {
   }
   free(inv);
   return TPR_OK;
+}
+
+TPR_CPU_KERNEL(rope) { return rope_run("rope", in, n_in, attrs, out, false); }
+
+// dy (T, heads, D), positions (T); rope's attrs; out dx (T, heads, D):
+//   dx[d] = dy[d]*c + dy[d+half]*s,  dx[d+half] = dy[d+half]*c - dy[d]*s,
+// dims past rotary_dim copied (their forward is the identity).
+TPR_CPU_KERNEL(rope_bwd) { return rope_run("rope_bwd", in, n_in, attrs, out, true); }
+
+// Positions are integers: only x gets a cotangent.
+TPR__BWD_RULE(rope) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_value_id dx;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_ROPE_BWD, (const tpr_value_id[]){n->dout, n->in[1]}, 2,
+                           &n->attrs, &dx));
+  return tpr_grad_add(g, n->in[0], dx);
 }
