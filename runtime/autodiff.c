@@ -139,8 +139,11 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
   }
   for (int v = 0; v < nv; v++) g.grad[v] = -1;
   mark_wanted(p, loss, wrt, n_wrt, from_wrt, g.wanted, nv);
+  // The seed's fill node comes after the forward: only the forward's nodes
+  // are visited (the fill's output lies past the per-value arrays).
+  int n_fwd_nodes = p->n_nodes;
   if (g.wanted[loss]) TPR_CHECK_GOTO(tpr_pb_fill(p, loss, 1.0f, &g.grad[loss]), rc, done);
-  TPR_CHECK_GOTO(run_rules(&g, p->n_nodes), rc, done);
+  TPR_CHECK_GOTO(run_rules(&g, n_fwd_nodes), rc, done);
   for (int i = 0; i < n_wrt; i++) {
     grads[i] = -1;
     if (g.grad[wrt[i]] < 0) continue;
