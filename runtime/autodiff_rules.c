@@ -23,6 +23,11 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     // ---- MoE ops
 
     // ---- losses
+    [TPR_OP_XENT_SUMEXP] = tpr__bwd_xent_sumexp,
+    [TPR_OP_XENT_TARGET] = tpr__bwd_xent_target,
+    [TPR_OP_XENT_LOSS] = tpr__bwd_xent_loss,
+    [TPR_OP_MOE_AUX_STATS] = tpr__bwd_moe_aux_stats,
+    [TPR_OP_MOE_AUX_LOSS] = tpr__bwd_moe_aux_loss,
 
 };
 

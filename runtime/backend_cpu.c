@@ -82,6 +82,17 @@ static const tpr_backend_vtable cpu_vtable = {
             // -- MoE backward
 
             // -- losses
+            [TPR_OP_XENT_MAX] = tpr__cpu_xent_max,
+            [TPR_OP_XENT_SUMEXP] = tpr__cpu_xent_sumexp,
+            [TPR_OP_XENT_SUMEXP_BWD] = tpr__cpu_xent_sumexp_bwd,
+            [TPR_OP_XENT_TARGET] = tpr__cpu_xent_target,
+            [TPR_OP_XENT_TARGET_BWD] = tpr__cpu_xent_target_bwd,
+            [TPR_OP_XENT_LOSS] = tpr__cpu_xent_loss,
+            [TPR_OP_XENT_LOSS_BWD] = tpr__cpu_xent_loss_bwd,
+            [TPR_OP_MOE_AUX_STATS] = tpr__cpu_moe_aux_stats,
+            [TPR_OP_MOE_AUX_STATS_BWD] = tpr__cpu_moe_aux_stats_bwd,
+            [TPR_OP_MOE_AUX_LOSS] = tpr__cpu_moe_aux_loss,
+            [TPR_OP_MOE_AUX_LOSS_BWD] = tpr__cpu_moe_aux_loss_bwd,
 
         },
 };

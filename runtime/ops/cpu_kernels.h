@@ -52,6 +52,17 @@ TPR_CPU_KERNEL(attention_bwd);        // attention.c: recomputes P per query blo
 // -- MoE backward
 
 // -- losses
+TPR_CPU_KERNEL(xent_max);           // xent.c: over the shard's real columns
+TPR_CPU_KERNEL(xent_sumexp);        // xent.c: double accumulation
+TPR_CPU_KERNEL(xent_sumexp_bwd);    // xent.c
+TPR_CPU_KERNEL(xent_target);        // xent.c: checks targets
+TPR_CPU_KERNEL(xent_target_bwd);    // xent.c
+TPR_CPU_KERNEL(xent_loss);          // xent.c: double accumulation
+TPR_CPU_KERNEL(xent_loss_bwd);      // xent.c
+TPR_CPU_KERNEL(moe_aux_stats);      // moe_aux.c: softmax top-k counts, probability sums (double)
+TPR_CPU_KERNEL(moe_aux_stats_bwd);  // moe_aux.c
+TPR_CPU_KERNEL(moe_aux_loss);       // moe_aux.c
+TPR_CPU_KERNEL(moe_aux_loss_bwd);   // moe_aux.c
 
 
 #endif

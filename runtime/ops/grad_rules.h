@@ -34,5 +34,10 @@ TPR__BWD_RULE(attention);
 // ---- MoE ops (router.c, moe.c, moe_dispatch.c)
 
 // ---- losses (xent.c, moe_aux.c)
+TPR__BWD_RULE(xent_sumexp);  // xent.c (xent_max needs none: nothing gives the max a cotangent)
+TPR__BWD_RULE(xent_target);
+TPR__BWD_RULE(xent_loss);
+TPR__BWD_RULE(moe_aux_stats);  // moe_aux.c
+TPR__BWD_RULE(moe_aux_loss);
 
 #endif

@@ -47,5 +47,17 @@ TPR__OP_RULE(attention_bwd);  // q, k, v, start, dout -> packed (dq | dk | dv) f
 // -- MoE backward
 
 // -- losses
+// loss_rules.c: vocab-parallel cross-entropy and the MoE auxiliary loss.
+TPR__OP_RULE(xent_max);           // logits (T, Vl) f32, shard (1) -> (T, 1)
+TPR__OP_RULE(xent_sumexp);        // logits, max (T, 1), shard -> (T, 1)
+TPR__OP_RULE(xent_sumexp_bwd);    // logits, max, shard, dy (T, 1) -> (T, Vl)
+TPR__OP_RULE(xent_target);        // logits, targets (T) i32/i64, shard -> (T, 1)
+TPR__OP_RULE(xent_target_bwd);    // dy (T, 1), targets, shard -> (T, Vl = i[0])
+TPR__OP_RULE(xent_loss);          // sumexp, max, target (T, 1), targets (T) -> (1)
+TPR__OP_RULE(xent_loss_bwd);      // sumexp, targets, dloss (1) -> (2T)
+TPR__OP_RULE(moe_aux_stats);      // router logits (T, E) f32 -> (2, E)
+TPR__OP_RULE(moe_aux_stats_bwd);  // logits (T, E), dstats (2, E) -> (T, E)
+TPR__OP_RULE(moe_aux_loss);       // stats (2, E) -> (1)
+TPR__OP_RULE(moe_aux_loss_bwd);   // stats (2, E), dloss (1) -> (2, E)
 
 #endif

@@ -455,6 +455,17 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     // -- MoE backward
 
     // -- losses
+    [TPR_OP_XENT_MAX] = {"xent_max", 2, false, tpr__infer_xent_max},
+    [TPR_OP_XENT_SUMEXP] = {"xent_sumexp", 3, false, tpr__infer_xent_sumexp},
+    [TPR_OP_XENT_SUMEXP_BWD] = {"xent_sumexp_bwd", 4, false, tpr__infer_xent_sumexp_bwd},
+    [TPR_OP_XENT_TARGET] = {"xent_target", 3, false, tpr__infer_xent_target},
+    [TPR_OP_XENT_TARGET_BWD] = {"xent_target_bwd", 3, false, tpr__infer_xent_target_bwd},
+    [TPR_OP_XENT_LOSS] = {"xent_loss", 4, false, tpr__infer_xent_loss},
+    [TPR_OP_XENT_LOSS_BWD] = {"xent_loss_bwd", 3, false, tpr__infer_xent_loss_bwd},
+    [TPR_OP_MOE_AUX_STATS] = {"moe_aux_stats", 1, false, tpr__infer_moe_aux_stats},
+    [TPR_OP_MOE_AUX_STATS_BWD] = {"moe_aux_stats_bwd", 2, false, tpr__infer_moe_aux_stats_bwd},
+    [TPR_OP_MOE_AUX_LOSS] = {"moe_aux_loss", 1, false, tpr__infer_moe_aux_loss},
+    [TPR_OP_MOE_AUX_LOSS_BWD] = {"moe_aux_loss_bwd", 2, false, tpr__infer_moe_aux_loss_bwd},
 
 };
 

@@ -86,16 +86,18 @@ typedef enum tpr_op_kind {
   TPR_OP_XENT_MAX = 52,           // in (logits, shard); i[0] V; out (T, 1) max over valid local columns
   TPR_OP_XENT_SUMEXP = 53,      // in (logits, max (T, 1), shard); i[0] V; out (T, 1) sum exp(l - max)
   TPR_OP_XENT_SUMEXP_BWD = 54,  // in (logits, max, shard, dy (T, 1)); i[0] V; out (T, Vl)
-  TPR_OP_XENT_TARGET = 55,      // in (logits, targets (T) i32, shard); out (T, 1) the target's logit here, else 0
+  TPR_OP_XENT_TARGET = 55,      // in (logits, targets (T) i32, shard); i[0] V; out (T, 1) the target's logit
+                                // here, else 0
   TPR_OP_XENT_TARGET_BWD = 56,  // in (dy (T, 1), targets, shard); i[0] Vl; out (T, Vl)
   TPR_OP_XENT_LOSS = 57,        // in (sumexp, max, target (T, 1) each, targets (T) i32); out (1): mean over
                                 // targets != -100 of log(sumexp) + max - target (0 when none)
   TPR_OP_XENT_LOSS_BWD = 58,    // in (sumexp, targets, dloss (1)); out packed (dsumexp (T) | dtarget (T))
-  // The MoE auxiliary load-balancing loss (transformers' load_balancing_loss_func).
-  TPR_OP_MOE_AUX_STATS = 59,    // in (router logits (T, E)); i[0] k; out (2, E): top-k counts, summed probs
-  TPR_OP_MOE_AUX_STATS_BWD = 60,  // in (logits, dstats (2, E)); i[0] k; out dlogits (T, E)
-  TPR_OP_MOE_AUX_LOSS = 61,     // in (stats (2, E)); i[0] tokens N; out (1)
-  TPR_OP_MOE_AUX_LOSS_BWD = 62,  // in (stats, dloss (1)); i[0] N; out (2, E)
+  // The MoE auxiliary load-balancing loss (transformers' load_balancing_loss_func, no attention mask):
+  // p = softmax(raw router logits), top-k of p per row (no correction bias, ties: lower index).
+  TPR_OP_MOE_AUX_STATS = 59,    // in (router logits (T, E)); i[0] k; out (2, E): [top-k counts; sum_t p]
+  TPR_OP_MOE_AUX_STATS_BWD = 60,  // in (logits, dstats (2, E)); i[0] k; out dlogits (T, E) via p only
+  TPR_OP_MOE_AUX_LOSS = 61,     // in (stats (2, E) summed over layers); i[0] rows N; out (1) E*sum c*s/N^2
+  TPR_OP_MOE_AUX_LOSS_BWD = 62,  // in (stats, dloss (1)); i[0] N; out (2, E) = dloss*E/N^2 * [s; c]
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
