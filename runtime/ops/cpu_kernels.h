@@ -48,6 +48,13 @@ TPR_CPU_KERNEL(fill);                 // reduce.c
 // -- attention backward (rope, attention)
 
 // -- MoE backward
+TPR_CPU_KERNEL(router_sigmoid_topk_bwd);  // router.c: recomputes the forward's selection
+TPR_CPU_KERNEL(moe_experts_bwd);          // moe.c: grouped sgemm per expert, packed results
+TPR_CPU_KERNEL(moe_grouped_ffn_bwd);      // moe.c: the same per-expert math on dispatched rows
+TPR_CPU_KERNEL(moe_permute_bwd);          // moe_dispatch.c
+TPR_CPU_KERNEL(moe_unpermute_bwd);        // moe_dispatch.c
+TPR_CPU_KERNEL(row_slice_bwd);            // moe_dispatch.c
+TPR_CPU_KERNEL(moe_capacity_bwd);         // moe_dispatch.c: recomputes the forward's decision
 
 // -- losses
 

@@ -30,6 +30,13 @@ TPR__BWD_RULE(mul);
 // ---- attention (rope.c, attention.c)
 
 // ---- MoE ops (router.c, moe.c, moe_dispatch.c)
+TPR__BWD_RULE(router_sigmoid_topk);
+TPR__BWD_RULE(moe_experts);
+TPR__BWD_RULE(moe_grouped_ffn);
+TPR__BWD_RULE(moe_capacity);
+TPR__BWD_RULE(row_slice);
+TPR__BWD_RULE(moe_permute);
+TPR__BWD_RULE(moe_unpermute);
 
 // ---- losses (xent.c, moe_aux.c)
 
