@@ -373,6 +373,11 @@ static tpr_status build_capacity(tpr_program *p, const tpr_value_id *in, tpr_val
   return tpr_program_op(p, TPR_OP_MOE_CAPACITY, &gates, 1, &cap_attrs, out);
 }
 
+// in: gates_in, dout -> moe_capacity_bwd (for the serialization round trip)
+static tpr_status build_capacity_bwd(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
+  return tpr_program_op(p, TPR_OP_MOE_CAPACITY_BWD, in, 2, &cap_attrs, out);
+}
+
 static void capacity_case(bool reroute) {
   // T = 8 tokens each on expert 0 and on 1 + t % 3; C = ceil(8*2*1/4) = 4:
   // expert 0 drops 4, experts 1..3 have 1, 1 and 2 spare slots.
@@ -436,6 +441,8 @@ static void capacity_case(bool reroute) {
     assert_int_equal(moved, 0);
     assert_int_equal(dropped, 4);
   }
+  // The attributes (seed bits included) survive serialization: same result.
+  tt_check_roundtrip(build_capacity_bwd, 2, (const tpr_tensor *const[]){gates, dout}, d);
   tpr_tensor_free(gates), tpr_tensor_free(routed), tpr_tensor_free(dout), tpr_tensor_free(d);
   free_inputs(&c);
 }
