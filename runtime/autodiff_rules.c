@@ -21,6 +21,13 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_ATTENTION] = tpr__bwd_attention,
 
     // ---- MoE ops
+    [TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__bwd_router_sigmoid_topk,
+    [TPR_OP_MOE_EXPERTS] = tpr__bwd_moe_experts,
+    [TPR_OP_MOE_GROUPED_FFN] = tpr__bwd_moe_grouped_ffn,
+    [TPR_OP_MOE_CAPACITY] = tpr__bwd_moe_capacity,
+    [TPR_OP_ROW_SLICE] = tpr__bwd_row_slice,
+    [TPR_OP_MOE_PERMUTE] = tpr__bwd_moe_permute,
+    [TPR_OP_MOE_UNPERMUTE] = tpr__bwd_moe_unpermute,
 
     // ---- losses
     [TPR_OP_XENT_SUMEXP] = tpr__bwd_xent_sumexp,

@@ -80,6 +80,13 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_ATTENTION_BWD] = tpr__cpu_attention_bwd,
 
             // -- MoE backward
+            [TPR_OP_ROUTER_SIGMOID_TOPK_BWD] = tpr__cpu_router_sigmoid_topk_bwd,
+            [TPR_OP_MOE_EXPERTS_BWD] = tpr__cpu_moe_experts_bwd,
+            [TPR_OP_MOE_GROUPED_FFN_BWD] = tpr__cpu_moe_grouped_ffn_bwd,
+            [TPR_OP_MOE_PERMUTE_BWD] = tpr__cpu_moe_permute_bwd,
+            [TPR_OP_MOE_UNPERMUTE_BWD] = tpr__cpu_moe_unpermute_bwd,
+            [TPR_OP_ROW_SLICE_BWD] = tpr__cpu_row_slice_bwd,
+            [TPR_OP_MOE_CAPACITY_BWD] = tpr__cpu_moe_capacity_bwd,
 
             // -- losses
             [TPR_OP_XENT_MAX] = tpr__cpu_xent_max,

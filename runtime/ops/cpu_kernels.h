@@ -50,6 +50,13 @@ TPR_CPU_KERNEL(rope_bwd);             // rope.c: rope with the angles negated
 TPR_CPU_KERNEL(attention_bwd);        // attention.c: recomputes P per query block, sgemm
 
 // -- MoE backward
+TPR_CPU_KERNEL(router_sigmoid_topk_bwd);  // router.c: recomputes the forward's selection
+TPR_CPU_KERNEL(moe_experts_bwd);          // moe.c: grouped sgemm per expert, packed results
+TPR_CPU_KERNEL(moe_grouped_ffn_bwd);      // moe.c: the same per-expert math on dispatched rows
+TPR_CPU_KERNEL(moe_permute_bwd);          // moe_dispatch.c
+TPR_CPU_KERNEL(moe_unpermute_bwd);        // moe_dispatch.c
+TPR_CPU_KERNEL(row_slice_bwd);            // moe_dispatch.c
+TPR_CPU_KERNEL(moe_capacity_bwd);         // moe_dispatch.c: recomputes the forward's decision
 
 // -- losses
 TPR_CPU_KERNEL(xent_max);           // xent.c: over the shard's real columns

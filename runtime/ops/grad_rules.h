@@ -32,6 +32,13 @@ TPR__BWD_RULE(rope);
 TPR__BWD_RULE(attention);
 
 // ---- MoE ops (router.c, moe.c, moe_dispatch.c)
+TPR__BWD_RULE(router_sigmoid_topk);
+TPR__BWD_RULE(moe_experts);
+TPR__BWD_RULE(moe_grouped_ffn);
+TPR__BWD_RULE(moe_capacity);
+TPR__BWD_RULE(row_slice);
+TPR__BWD_RULE(moe_permute);
+TPR__BWD_RULE(moe_unpermute);
 
 // ---- losses (xent.c, moe_aux.c)
 TPR__BWD_RULE(xent_sumexp);  // xent.c (xent_max needs none: nothing gives the max a cotangent)

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "grad_rules.h"
 #include "strided.h"
 
 static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
@@ -64,16 +65,23 @@ static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 // Scratch for expert_ffn over up to `rows` rows: X_e (rows, H), [w1 x | w3 x]
 // (rows, 2F), act (rows, F), y (rows, H), and one expert weight matrix for
 // when a weight needs a row-major copy.
+// The backward adds dy (rows, H) (the cotangent of the expert's output
+// rows), dgu (rows, 2F) = [dh1 | dh3] and dxe (rows, H); NULL in a forward.
 typedef struct ffn_scratch {
   float *xe, *gu, *act, *y, *wbuf;
+  float *dy, *dgu, *dxe;
 } ffn_scratch;
 
-static tpr_status scratch_new(const char *op, int64_t rows, int64_t H, int64_t F, ffn_scratch *s) {
+static tpr_status scratch_new(const char *op, int64_t rows, int64_t H, int64_t F, bool bwd, ffn_scratch *s) {
   const size_t wmax = (size_t)max64(2 * F * H, H * F);
-  float *buf = malloc(((size_t)(rows * H) * 2 + (size_t)(rows * 2 * F) + (size_t)(rows * F) + wmax + 1) * sizeof *buf);
+  const size_t fwd = (size_t)(rows * H) * 2 + (size_t)(rows * 2 * F) + (size_t)(rows * F) + wmax;
+  const size_t extra = bwd ? (size_t)(rows * H) * 2 + (size_t)(rows * 2 * F) : 0;
+  float *buf = malloc((fwd + extra + 1) * sizeof *buf);
   if (!buf) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): scratch for %lld rows", op, (long long)rows);
+  *s = (ffn_scratch){0};
   s->xe = buf, s->gu = s->xe + rows * H, s->act = s->gu + rows * 2 * F, s->y = s->act + rows * F;
   s->wbuf = s->y + rows * H;
+  if (bwd) s->dy = s->wbuf + wmax, s->dgu = s->dy + rows * H, s->dxe = s->dgu + rows * 2 * F;
   return TPR_OK;
 }
 
@@ -90,17 +98,29 @@ static tpr_status check_blas_range(const char *op, int64_t rows, int64_t F2, int
 // s->y (n, H) = w2[e] @ (silu(w1[e] x) * (w3[e] x)) for the n rows of s->xe
 // (n, H): one sgemm with w13[e]^T -> (n, 2F), SwiGLU into (n, F), one sgemm
 // with w2[e]^T. w13 (E, 2F, H), w2 (E, H, F), any strides.
-static void expert_ffn(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, const ffn_scratch *s) {
+// The up half: s->gu (n, 2F) = [w1 x | w3 x], s->act (n, F) = silu(h1) * h3.
+static void expert_up(const tpr_tensor *w13, int64_t e, int64_t n, const ffn_scratch *s) {
   const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
-  operand l13, l2;
+  operand l13;
   const float *w13e = weight(w13, e, s->wbuf, &l13);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, l13.op, (blasint)n, (blasint)F2, (blasint)H, 1.0f, s->xe, (blasint)H,
               w13e, (blasint)l13.ld, 0.0f, s->gu, (blasint)F2);
   for (int64_t i = 0; i < n; i++)
     for (int64_t f = 0; f < F; f++) s->act[i * F + f] = silu(s->gu[i * F2 + f]) * s->gu[i * F2 + F + f];
-  const float *w2e = weight(w2, e, s->wbuf, &l2);  // w13e is no longer needed: wbuf may be reused
+}
+
+// The down half: s->y (n, H) = s->act @ w2[e]^T.
+static void expert_down(const tpr_tensor *w2, int64_t e, int64_t n, const ffn_scratch *s) {
+  const int64_t H = w2->shape[1], F = w2->shape[2];
+  operand l2;
+  const float *w2e = weight(w2, e, s->wbuf, &l2);  // the up half's weight copy is no longer needed
   cblas_sgemm(CblasRowMajor, CblasNoTrans, l2.op, (blasint)n, (blasint)H, (blasint)F, 1.0f, s->act, (blasint)F, w2e,
               (blasint)l2.ld, 0.0f, s->y, (blasint)H);
+}
+
+static void expert_ffn(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, const ffn_scratch *s) {
+  expert_up(w13, e, n, s);
+  expert_down(w2, e, n, s);
 }
 
 // Copies row r of x (rows, H) (any strides) to dst (H) contiguous.
@@ -132,7 +152,7 @@ TPR_CPU_KERNEL(moe_experts) {
   TPR_CHECK(check_blas_range("moe_experts", T, F2, H, w13, w2));
   int64_t *idx = malloc((size_t)T * sizeof *idx);  // the current expert's tokens
   ffn_scratch s = {0};
-  if (!idx || scratch_new("moe_experts", T, H, F, &s) != TPR_OK) {
+  if (!idx || scratch_new("moe_experts", T, H, F, false, &s) != TPR_OK) {
     free(idx), free(s.xe);
     return TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): scratch for %lld tokens", (long long)T);
   }
@@ -151,6 +171,42 @@ TPR_CPU_KERNEL(moe_experts) {
     }
   }
   free(idx), free(s.xe);
+  return TPR_OK;
+}
+
+// counts (L = n*Er) i32 of x's R rows: *start (2L, freed by the caller) holds
+// start[i] / cnt[i] = start[L + i], the first row and row count of (source
+// s, expert e), i = s*Er + e; *total the counted rows, *most the largest
+// number of rows one expert gets over every source. Counts that are
+// negative or add up past R fail naming the entry.
+static tpr_status parse_counts(const char *op, const tpr_tensor *c, int64_t R, int64_t Er, int64_t **start_out,
+                               int64_t *total_out, int64_t *most_out) {
+  const int64_t L = c->shape[0], nsrc = L / Er;
+  int64_t *start = malloc(2 * (size_t)L * sizeof *start + 1), *cnt = start + L;
+  if (!start) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld counts", op, (long long)L);
+  const int32_t *cd = tpr_tensor_data(c);
+  int64_t total = 0, most = 0;
+  for (int64_t i = 0; i < L; i++) {
+    cnt[i] = cd[i * c->stride[0]];
+    start[i] = total;
+    total += cnt[i];
+    if (cnt[i] < 0 || total > R) {
+      const long long k = (long long)cnt[i], src = (long long)(i / Er), ex = (long long)(i % Er);
+      free(start);  // cnt lives in the same block
+      if (k < 0)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: count %lld (source %lld, expert %lld) is negative: %lld", op,
+                        (long long)i, src, ex, k);
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: counts add up to %lld rows by entry %lld (source %lld, "
+                      "expert %lld), past x's R = %lld rows", op, (long long)total, (long long)i, src, ex,
+                      (long long)R);
+    }
+  }
+  for (int64_t e = 0; e < Er; e++) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < nsrc; s++) n += cnt[s * Er + e];
+    most = max64(most, n);
+  }
+  *start_out = start, *total_out = total, *most_out = most;
   return TPR_OK;
 }
 
@@ -177,30 +233,9 @@ TPR_CPU_KERNEL(moe_grouped_ffn) {
       w2->shape[2] != F)
     return TPR_FAIL(TPR_ERR_SHAPE, "moe_grouped_ffn (cpu): x, counts, w13, w2 and out shapes do not fit");
   const int64_t nsrc = L / Er;
-  // start[i] / cnt[i]: first row and row count of (source s, expert e), i = s*Er + e.
-  int64_t *start = malloc(2 * (size_t)L * sizeof *start), *cnt = start + L;
-  if (!start) return TPR_FAIL(TPR_ERR_OOM, "moe_grouped_ffn (cpu): %lld counts", (long long)L);
-  const int32_t *cd = tpr_tensor_data(c);
-  int64_t total = 0, most = 0;
-  for (int64_t i = 0; i < L; i++) {
-    cnt[i] = cd[i * c->stride[0]];
-    start[i] = total;
-    total += cnt[i];
-    if (cnt[i] < 0 || total > R) {
-      const long long k = (long long)cnt[i], src = (long long)(i / Er), ex = (long long)(i % Er);
-      free(start);  // cnt lives in the same block
-      if (k < 0)
-        return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn: count %lld (source %lld, expert %lld) is negative: %lld",
-                        (long long)i, src, ex, k);
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn: counts add up to %lld rows by entry %lld (source %lld, "
-                      "expert %lld), past x's R = %lld rows", (long long)total, (long long)i, src, ex, (long long)R);
-    }
-  }
-  for (int64_t e = 0; e < Er; e++) {
-    int64_t n = 0;
-    for (int64_t s = 0; s < nsrc; s++) n += cnt[s * Er + e];
-    most = max64(most, n);
-  }
+  int64_t *start, *cnt, total, most;
+  TPR_CHECK(parse_counts("moe_grouped_ffn", c, R, Er, &start, &total, &most));
+  cnt = start + L;
   float *o = tpr_tensor_data(out);
   tpr_status rc = TPR_OK;
   ffn_scratch s = {0};
@@ -210,7 +245,7 @@ TPR_CPU_KERNEL(moe_grouped_ffn) {
     goto done;
   }
   if ((rc = check_blas_range("moe_grouped_ffn", most, F2, H, w13, w2)) != TPR_OK) goto done;
-  if ((rc = scratch_new("moe_grouped_ffn", most, H, F, &s)) != TPR_OK) goto done;
+  if ((rc = scratch_new("moe_grouped_ffn", most, H, F, false, &s)) != TPR_OK) goto done;
   for (int64_t e = 0; e < Er; e++) {
     int64_t n = 0;
     for (int64_t src = 0; src < nsrc; src++)
@@ -227,3 +262,187 @@ done:
   free(start), free(s.xe);
   return rc;
 }
+
+// ---------------------------------------------------------------- backward
+//
+// Per expert, from its rows s->xe (n, H) and their output cotangent s->dy
+// (n, H) (already times the gate for moe_experts): recompute h = [h1 | h3]
+// and a = silu(h1) * h3, then
+//   dw2[e] = dy^T a,  da = dy w2[e],  dh1 = da * h3 * silu'(h1),
+//   dh3 = da * silu(h1),  dw13[e] = [dh1 | dh3]^T x,  dx = [dh1 | dh3] w13[e]
+// (seed 001's GateUpProj / DownProj backward, one sgemm each). Every result
+// is a fixed function of the expert's rows, and the callers add the rows'
+// dx in ascending expert order, so the backward is deterministic.
+
+// The transpose of a layout_t operand: the stored matrix itself.
+static enum CBLAS_TRANSPOSE untransposed(const operand *o) { return o->op == CblasTrans ? CblasNoTrans : CblasTrans; }
+
+// silu'(g) = sig(g) (1 + g (1 - sig(g))).
+static inline float dsilu(float g) {
+  const float sg = 1.0f / (1.0f + expf(-g));
+  return sg * (1.0f + g * (1.0f - sg));
+}
+
+// dw13e (2F, H) and dw2e (H, F) contiguous are overwritten; s->dxe (n, H)
+// gets the rows' input cotangent; with want_y, s->y the expert's
+// (unweighted) output rows for the gate's gradient.
+static void expert_bwd(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, bool want_y,
+                       const ffn_scratch *s, float *dw13e, float *dw2e) {
+  const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
+  expert_up(w13, e, n, s);
+  if (want_y) expert_down(w2, e, n, s);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)H, (blasint)F, (blasint)n, 1.0f, s->dy, (blasint)H,
+              s->act, (blasint)F, 0.0f, dw2e, (blasint)F);
+  operand l2, l13;
+  const float *w2e = weight(w2, e, s->wbuf, &l2);
+  // da (n, F) into dgu's first F columns, then both halves in place.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, untransposed(&l2), (blasint)n, (blasint)F, (blasint)H, 1.0f, s->dy,
+              (blasint)H, w2e, (blasint)l2.ld, 0.0f, s->dgu, (blasint)F2);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t f = 0; f < F; f++) {
+      const float da = s->dgu[i * F2 + f], h1 = s->gu[i * F2 + f], h3 = s->gu[i * F2 + F + f];
+      s->dgu[i * F2 + F + f] = da * silu(h1);
+      s->dgu[i * F2 + f] = da * h3 * dsilu(h1);
+    }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)F2, (blasint)H, (blasint)n, 1.0f, s->dgu,
+              (blasint)F2, s->xe, (blasint)H, 0.0f, dw13e, (blasint)H);
+  const float *w13e = weight(w13, e, s->wbuf, &l13);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, untransposed(&l13), (blasint)n, (blasint)H, (blasint)F2, 1.0f, s->dgu,
+              (blasint)F2, w13e, (blasint)l13.ld, 0.0f, s->dxe, (blasint)H);
+}
+
+// Shapes of x, w13, w2 as the forwards check them (R rows of x, E experts).
+static tpr_status check_ffn_shapes(const char *op, const tpr_tensor *x, int64_t E, const tpr_tensor *w13,
+                                   const tpr_tensor *w2, const tpr_tensor *dy) {
+  if (x->dtype != TPR_F32 || w13->dtype != TPR_F32 || w2->dtype != TPR_F32 || dy->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s (cpu): x, w13, w2 and dy must be f32", op);
+  if (x->ndim != 2 || w13->ndim != 3 || w2->ndim != 3 || !tpr_tensor_same_shape(x, dy))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): x, w13, w2 and dy shapes do not fit", op);
+  const int64_t H = x->shape[1], F2 = w13->shape[1];
+  if (w13->shape[0] != E || w13->shape[2] != H || F2 % 2 || w2->shape[0] != E || w2->shape[1] != H ||
+      w2->shape[2] != F2 / 2)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): x, w13, w2 and dy shapes do not fit", op);
+  return TPR_OK;
+}
+
+// x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F), dy (T, H); out packed
+// (dx (T*H) | dgates (T*E) | dw13 (E*2F*H) | dw2 (E*H*F)). dgates[t, e] =
+// dy_t . y_e(t) (double accumulation) where the gate is nonzero, else 0;
+// the FFN's cotangent is gate * dy.
+TPR_CPU_KERNEL(moe_experts_bwd) {
+  if (n_in != 5) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_experts_bwd (cpu): expected 5 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *g = in[1], *w13 = in[2], *w2 = in[3], *dy = in[4];
+  if (g->dtype != TPR_F32 || g->ndim != 2 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_experts_bwd (cpu): gates must be (T, E) f32 and out f32");
+  TPR_CHECK(check_ffn_shapes("moe_experts_bwd", x, g->shape[1], w13, w2, dy));
+  const int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F2 = w13->shape[1], F = F2 / 2;
+  if (g->shape[0] != T || out->ndim != 1 || out->shape[0] != T * H + T * E + E * F2 * H + E * H * F)
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_experts_bwd (cpu): gates or the packed output do not fit");
+  float *dx = tpr_tensor_data(out), *dg = dx + T * H, *dw13 = dg + T * E, *dw2 = dw13 + E * F2 * H;
+  memset(dx, 0, (size_t)tpr_tensor_numel(out) * sizeof *dx);
+  if (T == 0 || H == 0 || F == 0 || E == 0) return TPR_OK;  // dgates: dot products with zero outputs
+  TPR_CHECK(check_blas_range("moe_experts_bwd", T, F2, H, w13, w2));
+  int64_t *idx = malloc((size_t)T * sizeof *idx);
+  ffn_scratch s = {0};
+  if (!idx || scratch_new("moe_experts_bwd", T, H, F, true, &s) != TPR_OK) {
+    free(idx), free(s.xe);
+    return TPR_FAIL(TPR_ERR_OOM, "moe_experts_bwd (cpu): scratch for %lld tokens", (long long)T);
+  }
+  const float *gd = tpr_tensor_data(g), *dd = tpr_tensor_data(dy);
+  const int64_t gs0 = g->stride[0], gs1 = g->stride[1], ds0 = dy->stride[0], ds1 = dy->stride[1];
+  for (int64_t e = 0; e < E; e++) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; t++)
+      if (gd[t * gs0 + e * gs1] != 0.0f) idx[n++] = t;
+    if (n == 0) continue;
+    for (int64_t i = 0; i < n; i++) {
+      const float gate = gd[idx[i] * gs0 + e * gs1];
+      load_row(s.xe + i * H, x, idx[i]);
+      for (int64_t j = 0; j < H; j++) s.dy[i * H + j] = gate * dd[idx[i] * ds0 + j * ds1];
+    }
+    expert_bwd(w13, w2, e, n, true, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t t = idx[i];
+      double dot = 0;
+      for (int64_t j = 0; j < H; j++) dot += (double)dd[t * ds0 + j * ds1] * (double)s.y[i * H + j];
+      dg[t * E + e] = (float)dot;
+      for (int64_t j = 0; j < H; j++) dx[t * H + j] += s.dxe[i * H + j];
+    }
+  }
+  free(idx), free(s.xe);
+  return TPR_OK;
+}
+
+// x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F), dy (R, H);
+// out packed (dx (R*H) | dw13 (Er*2F*H) | dw2 (Er*H*F)). Unweighted, in the
+// forward's row layout; rows past the counted ones get dx = 0 (the forward
+// never read them).
+TPR_CPU_KERNEL(moe_grouped_ffn_bwd) {
+  if (n_in != 5) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn_bwd (cpu): expected 5 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *c = in[1], *w13 = in[2], *w2 = in[3], *dy = in[4];
+  if (c->dtype != TPR_I32 || c->ndim != 1 || out->dtype != TPR_F32 || w13->ndim != 3)
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_grouped_ffn_bwd (cpu): counts must be 1-D i32, w13 3-D, out f32");
+  const int64_t Er = w13->shape[0], L = c->shape[0];
+  TPR_CHECK(check_ffn_shapes("moe_grouped_ffn_bwd", x, Er, w13, w2, dy));
+  const int64_t R = x->shape[0], H = x->shape[1], F2 = w13->shape[1], F = F2 / 2;
+  if (Er < 1 || L % Er || L < Er || out->ndim != 1 || out->shape[0] != R * H + Er * F2 * H + Er * H * F)
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_grouped_ffn_bwd (cpu): counts or the packed output do not fit");
+  const int64_t nsrc = L / Er;
+  int64_t *start, *cnt, total, most;
+  TPR_CHECK(parse_counts("moe_grouped_ffn_bwd", c, R, Er, &start, &total, &most));
+  cnt = start + L;
+  float *dx = tpr_tensor_data(out), *dw13 = dx + R * H, *dw2 = dw13 + Er * F2 * H;
+  memset(dx, 0, (size_t)tpr_tensor_numel(out) * sizeof *dx);
+  tpr_status rc = TPR_OK;
+  ffn_scratch s = {0};
+  if (total == 0 || H == 0 || F == 0) goto done;
+  if ((rc = check_blas_range("moe_grouped_ffn_bwd", most, F2, H, w13, w2)) != TPR_OK) goto done;
+  if ((rc = scratch_new("moe_grouped_ffn_bwd", most, H, F, true, &s)) != TPR_OK) goto done;
+  for (int64_t e = 0; e < Er; e++) {
+    int64_t n = 0;
+    for (int64_t src = 0; src < nsrc; src++)
+      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++, n++) {
+        load_row(s.xe + n * H, x, r);
+        load_row(s.dy + n * H, dy, r);
+      }
+    if (n == 0) continue;
+    expert_bwd(w13, w2, e, n, false, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    n = 0;
+    for (int64_t src = 0; src < nsrc; src++)
+      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++)
+        memcpy(dx + r * H, s.dxe + (n++) * H, (size_t)H * sizeof *dx);
+  }
+done:
+  free(start), free(s.xe);
+  return rc;
+}
+
+// ---- Backward rules: one fused op each, its packed results taken apart.
+
+// in[0..3] of the forward plus dout; results after dx (and dgates) are
+// w13's and w2's cotangents, handed to whichever inputs want them.
+static tpr_status ffn_rule(tpr_grad_ctx *g, const tpr_grad_node *n, tpr_op_kind bwd, bool has_gates) {
+  bool any = false;
+  for (int i = 0; i < 4; i++) any = any || (tpr_grad_wanted(g, n->in[i]) && (i != 1 || has_gates));
+  if (!any) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  const tpr_value_id in[5] = {n->in[0], n->in[1], n->in[2], n->in[3], n->dout};
+  tpr_value_id packed, d;
+  TPR_CHECK(tpr_program_op(p, bwd, in, 5, NULL, &packed));
+  int64_t off = 0;
+  for (int i = 0; i < 4; i++) {
+    if (i == 1 && !has_gates) continue;  // counts: integers, no cotangent
+    if (!tpr_grad_wanted(g, n->in[i])) {  // skip its block without a view
+      tpr_tensor v;
+      TPR_CHECK(tpr_program_value(p, n->in[i], &v));
+      off += tpr_tensor_numel(&v);
+      continue;
+    }
+    TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[i], &d));
+    TPR_CHECK(tpr_grad_add(g, n->in[i], d));
+  }
+  return TPR_OK;
+}
+
+TPR__BWD_RULE(moe_experts) { return ffn_rule(g, n, TPR_OP_MOE_EXPERTS_BWD, true); }
+TPR__BWD_RULE(moe_grouped_ffn) { return ffn_rule(g, n, TPR_OP_MOE_GROUPED_FFN_BWD, false); }

@@ -14,6 +14,7 @@
 
 #include "../rng.h"
 #include "cpu_kernels.h"
+#include "grad_rules.h"
 #include "strided.h"
 
 // gates[t, e] of a (N, E) f32 tensor, any strides.
@@ -47,12 +48,13 @@ static int by_weight_desc(const void *pa, const void *pb) {
   return (a->t > b->t) - (a->t < b->t);
 }
 
-// gates (T, E); out (T, E) contiguous. attrs: i[0] top_k, i[1] reroute,
-// i[2] seed (the bits of a uint64), f[0] factor.
-TPR_CPU_KERNEL(moe_capacity) {
-  const tpr_tensor *g = in[0];
-  if (n_in != 1 || g->dtype != TPR_F32 || out->dtype != TPR_F32 || g->ndim != 2 || !tpr_tensor_same_shape(g, out))
-    return TPR_FAIL(TPR_ERR_SHAPE, "moe_capacity (cpu): needs gates (T, E) f32 and out of the same shape");
+// The capacity decision, shared by the forward and the backward so both see
+// the same one. gates (T, E); o (T, E) contiguous gets the routed gates; src
+// (T*E), when given, gets for each entry of o the input expert whose weight
+// it holds (itself when kept, the origin when re-routed), -1 for none.
+// attrs: i[0] top_k, i[1] reroute, i[2] seed (the bits of a uint64), f[0]
+// factor.
+static tpr_status capacity_decide(const tpr_tensor *g, const tpr_op_attrs *attrs, float *o, int64_t *src) {
   const int64_t T = g->shape[0], E = g->shape[1], k = attrs->i[0];
   const bool reroute = attrs->i[1] != 0;
   const double cd = ceil((double)T * (double)k * (double)attrs->f[0] / (double)E);
@@ -60,9 +62,11 @@ TPR_CPU_KERNEL(moe_capacity) {
   // (and a huge factor must not overflow the integer).
   const int64_t C = cd >= (double)T ? T : (int64_t)cd;
   const float *gd = tpr_tensor_data(g);
-  float *o = tpr_tensor_data(out);
   for (int64_t t = 0; t < T; t++)
-    for (int64_t e = 0; e < E; e++) o[t * E + e] = gate_at(g, gd, t, e);
+    for (int64_t e = 0; e < E; e++) {
+      o[t * E + e] = gate_at(g, gd, t, e);
+      if (src) src[t * E + e] = o[t * E + e] != 0.0f ? e : -1;
+    }
   if (T == 0 || E == 0) return TPR_OK;
   ranked *list = malloc((size_t)T * sizeof *list);
   unsigned char *dropped = calloc((size_t)(T * E), 1);  // (T, E)
@@ -86,6 +90,7 @@ TPR_CPU_KERNEL(moe_capacity) {
     for (int64_t i = C; i < n; i++) {
       o[list[i].t * E + e] = 0.0f;
       dropped[list[i].t * E + e] = 1;
+      if (src) src[list[i].t * E + e] = -1;
     }
     n_dropped += n - C;
   }
@@ -115,12 +120,53 @@ TPR_CPU_KERNEL(moe_capacity) {
       for (int64_t i = first; i < n_slots; i++)
         if (!taken[i] && o[t * E + slot[i]] == 0.0f) {  // the token does not use that expert yet
           o[t * E + slot[i]] = gate_at(g, gd, t, e);
+          if (src) src[t * E + slot[i]] = e;
           taken[i] = 1;
           break;
         }
     }
 done:
   free(list), free(dropped), free(load), free(slot), free(taken);
+  return rc;
+}
+
+// gates (T, E); out (T, E) contiguous.
+TPR_CPU_KERNEL(moe_capacity) {
+  const tpr_tensor *g = in[0];
+  if (n_in != 1 || g->dtype != TPR_F32 || out->dtype != TPR_F32 || g->ndim != 2 || !tpr_tensor_same_shape(g, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_capacity (cpu): needs gates (T, E) f32 and out of the same shape");
+  return capacity_decide(g, attrs, tpr_tensor_data(out), NULL);
+}
+
+// gates_in (T, E), dout (T, E); out dgates_in (T, E) contiguous; attrs as
+// moe_capacity's. The decision is recomputed exactly and is piecewise
+// constant, so each routed entry passes its cotangent back to the input
+// entry whose weight it carries: a kept one to itself, a re-routed one from
+// e' back to its origin e; dropped and unused entries get 0.
+TPR_CPU_KERNEL(moe_capacity_bwd) {
+  const tpr_tensor *g = in[0], *dy = in[1];
+  if (n_in != 2 || g->dtype != TPR_F32 || dy->dtype != TPR_F32 || out->dtype != TPR_F32 || g->ndim != 2 ||
+      !tpr_tensor_same_shape(g, dy) || !tpr_tensor_same_shape(g, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_capacity_bwd (cpu): needs gates_in and dout (T, E) f32, out the same");
+  const int64_t T = g->shape[0], E = g->shape[1];
+  float *o = tpr_tensor_data(out);
+  memset(o, 0, (size_t)(T * E) * sizeof *o);
+  if (T == 0 || E == 0) return TPR_OK;
+  float *routed = malloc((size_t)(T * E) * sizeof *routed);
+  int64_t *src = malloc((size_t)(T * E) * sizeof *src);
+  tpr_status rc = TPR_OK;
+  if (!routed || !src) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "moe_capacity_bwd (cpu): scratch for (%lld, %lld)", (long long)T, (long long)E);
+    goto done;
+  }
+  if ((rc = capacity_decide(g, attrs, routed, src)) != TPR_OK) goto done;
+  const float *dd = tpr_tensor_data(dy);
+  // Each input entry is the origin of at most one routed entry: plain stores.
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++)
+      if (src[t * E + e] >= 0) o[t * E + src[t * E + e]] = dd[t * dy->stride[0] + e * dy->stride[1]];
+done:
+  free(routed), free(src);
   return rc;
 }
 
@@ -146,6 +192,29 @@ TPR_CPU_KERNEL(row_slice) {
   }
   // The last parts hang past T when n does not divide it: zero rows.
   memset(o + rows * C * (int64_t)esz, 0, (size_t)((Ts - rows) * C) * esz);
+  return TPR_OK;
+}
+
+// dy (Ts, C) f32, part (1) i32/i64; attrs i[0] n, i[1] T; out (T, C): dy's
+// rows placed at part*Ts (rows of dy past T dropped), zeros elsewhere.
+TPR_CPU_KERNEL(row_slice_bwd) {
+  const tpr_tensor *dy = in[0], *part = in[1];
+  if (n_in != 2 || dy->ndim != 2 || out->ndim != 2 || dy->dtype != TPR_F32 || out->dtype != TPR_F32 ||
+      out->shape[1] != dy->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "row_slice_bwd (cpu): dy and out shapes do not fit");
+  const int64_t n = attrs->i[0], T = out->shape[0], Ts = dy->shape[0], C = dy->shape[1];
+  const void *pd = tpr_tensor_data(part);
+  const int64_t p = part->dtype == TPR_I64 ? *(const int64_t *)pd : *(const int32_t *)pd;
+  if (p < 0 || p >= n)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "row_slice_bwd: part %lld is outside [0, n = %lld)", (long long)p,
+                    (long long)n);
+  float *o = tpr_tensor_data(out);
+  memset(o, 0, (size_t)(T * C) * sizeof *o);
+  const int64_t first = p * Ts, rows = first >= T ? 0 : (T - first < Ts ? T - first : Ts);
+  if (rows > 0) {
+    const int64_t shape[2] = {rows, C}, os[2] = {C, 1};
+    tpr__strided_copy(o + first * C, os, tpr_tensor_data(dy), dy->stride, 2, shape, sizeof(float));
+  }
   return TPR_OK;
 }
 
@@ -219,4 +288,117 @@ TPR_CPU_KERNEL(moe_unpermute) {
       for (int64_t j = 0; j < H; j++) orow[j] += gate * yr[j * ys1];
     }
   return TPR_OK;
+}
+
+// dy (R, H), gates (N, E); out (N, H): out[t] = the sum of the rows
+// moe_permute copied from x[t], added in f32 from 0 in ascending expert
+// order. Rows past the counted ones are never read.
+TPR_CPU_KERNEL(moe_permute_bwd) {
+  const tpr_tensor *dy = in[0], *g = in[1];
+  if (n_in != 2 || dy->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[0] != g->shape[0] ||
+      out->shape[1] != dy->shape[1] || dy->dtype != TPR_F32 || g->dtype != TPR_F32 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_permute_bwd (cpu): dy, gates and out shapes do not fit");
+  const int64_t N = g->shape[0], E = g->shape[1], R = dy->shape[0], H = dy->shape[1];
+  const int64_t total = count_assignments(g);
+  if (total > R)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_permute_bwd: %lld assignments (nonzero gates) need more rows than "
+                    "dy's R = %lld", (long long)total, (long long)R);
+  const float *gd = tpr_tensor_data(g), *dd = tpr_tensor_data(dy);
+  const int64_t ds0 = dy->stride[0], ds1 = dy->stride[1];
+  float *o = tpr_tensor_data(out);
+  memset(o, 0, (size_t)(N * H) * sizeof *o);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < N; t++) {
+      if (gate_at(g, gd, t, e) == 0.0f) continue;
+      const float *dr = dd + (row++) * ds0;
+      float *orow = o + t * H;
+      for (int64_t j = 0; j < H; j++) orow[j] += dr[j * ds1];
+    }
+  return TPR_OK;
+}
+
+// y (R, H), gates (N, E), dout (N, H); out packed (dy (R*H) | dgates (N*E)):
+// dy[row(t, e)] = gates[t, e] * dout[t] (uncounted rows 0), dgates[t, e] =
+// dout[t] . y[row(t, e)] (double accumulation) for nonzero gates, else 0.
+TPR_CPU_KERNEL(moe_unpermute_bwd) {
+  const tpr_tensor *y = in[0], *g = in[1], *dout = in[2];
+  if (n_in != 3 || y->ndim != 2 || g->ndim != 2 || dout->ndim != 2 || dout->shape[0] != g->shape[0] ||
+      dout->shape[1] != y->shape[1] || y->dtype != TPR_F32 || g->dtype != TPR_F32 || dout->dtype != TPR_F32 ||
+      out->dtype != TPR_F32 || out->ndim != 1 ||
+      out->shape[0] != y->shape[0] * y->shape[1] + g->shape[0] * g->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "moe_unpermute_bwd (cpu): y, gates, dout and out shapes do not fit");
+  const int64_t N = g->shape[0], E = g->shape[1], R = y->shape[0], H = y->shape[1];
+  const int64_t total = count_assignments(g);
+  if (total > R)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_unpermute_bwd: %lld assignments (nonzero gates) need more rows than "
+                    "y's R = %lld", (long long)total, (long long)R);
+  const float *gd = tpr_tensor_data(g), *yd = tpr_tensor_data(y), *od = tpr_tensor_data(dout);
+  const int64_t ys0 = y->stride[0], ys1 = y->stride[1], os0 = dout->stride[0], os1 = dout->stride[1];
+  float *dy = tpr_tensor_data(out), *dg = dy + R * H;
+  memset(dy, 0, (size_t)tpr_tensor_numel(out) * sizeof *dy);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < N; t++) {
+      const float gate = gate_at(g, gd, t, e);
+      if (gate == 0.0f) continue;
+      const float *yr = yd + row * ys0, *orow = od + t * os0;
+      float *dr = dy + (row++) * H;
+      double dot = 0;
+      for (int64_t j = 0; j < H; j++) {
+        dr[j] = gate * orow[j * os1];
+        dot += (double)orow[j * os1] * (double)yr[j * ys1];
+      }
+      dg[t * E + e] = (float)dot;
+    }
+  return TPR_OK;
+}
+
+// ---------------------------------------------------------------- backward rules
+
+// Only the gates' values flow on: the decision is piecewise constant.
+TPR__BWD_RULE(moe_capacity) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  const tpr_value_id in[2] = {n->in[0], n->dout};
+  tpr_value_id d;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_CAPACITY_BWD, in, 2, &n->attrs, &d));
+  return tpr_grad_add(g, n->in[0], d);
+}
+
+// part is an integer: only x gets a cotangent, its T rows given explicitly
+// (Ts = ceil(T/n) does not determine T).
+TPR__BWD_RULE(row_slice) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  tpr_tensor x;
+  TPR_CHECK(tpr_program_value(p, n->in[0], &x));
+  const tpr_op_attrs at = {.n_i = 2, .i = {n->attrs.i[0], x.shape[0]}};
+  const tpr_value_id in[2] = {n->dout, n->in[1]};
+  tpr_value_id d;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_ROW_SLICE_BWD, in, 2, &at, &d));
+  return tpr_grad_add(g, n->in[0], d);
+}
+
+// The gates only choose rows here: x alone gets a cotangent.
+TPR__BWD_RULE(moe_permute) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  const tpr_value_id in[2] = {n->dout, n->in[1]};
+  tpr_value_id d;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_PERMUTE_BWD, in, 2, NULL, &d));
+  return tpr_grad_add(g, n->in[0], d);
+}
+
+TPR__BWD_RULE(moe_unpermute) {
+  const bool want_y = tpr_grad_wanted(g, n->in[0]), want_g = tpr_grad_wanted(g, n->in[1]);
+  if (!want_y && !want_g) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  const tpr_value_id in[3] = {n->in[0], n->in[1], n->dout};
+  tpr_value_id packed, dy, dg;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_MOE_UNPERMUTE_BWD, in, 3, NULL, &packed));
+  int64_t off = 0;
+  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[0], &dy));
+  if (want_y) TPR_CHECK(tpr_grad_add(g, n->in[0], dy));
+  if (!want_g) return TPR_OK;
+  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[1], &dg));
+  return tpr_grad_add(g, n->in[1], dg);
 }

@@ -45,6 +45,14 @@ TPR__OP_RULE(rope_bwd);       // dy (T, heads, D) f32, positions (T) i32/i64 -> 
 TPR__OP_RULE(attention_bwd);  // q, k, v, start, dout -> packed (dq | dk | dv) f32
 
 // -- MoE backward
+// moe_grad_rules.c: the MoE ops' backward (ops.h, "Training").
+TPR__OP_RULE(router_sigmoid_topk_bwd);  // logits (T, E), bias (E), dy (T, E) -> (T, E)
+TPR__OP_RULE(moe_experts_bwd);          // moe_experts' inputs, dy (T, H) -> packed (dx | dgates | dw13 | dw2)
+TPR__OP_RULE(moe_grouped_ffn_bwd);      // moe_grouped_ffn's inputs, dy (R, H) -> packed (dx | dw13 | dw2)
+TPR__OP_RULE(moe_permute_bwd);          // dy (R, H), gates (N, E) -> (N, H)
+TPR__OP_RULE(moe_unpermute_bwd);        // y (R, H), gates (N, E), dout (N, H) -> packed (dy | dgates)
+TPR__OP_RULE(row_slice_bwd);            // dy (Ts, C), part (1); i[0] n, i[1] T -> (T, C)
+TPR__OP_RULE(moe_capacity_bwd);         // gates_in (T, E), dout (T, E); capacity's attrs -> (T, E)
 
 // -- losses
 // loss_rules.c: vocab-parallel cross-entropy and the MoE auxiliary loss.

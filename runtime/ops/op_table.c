@@ -453,6 +453,13 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_ATTENTION_BWD] = {"attention_bwd", 5, false, tpr__infer_attention_bwd},
 
     // -- MoE backward
+    [TPR_OP_ROUTER_SIGMOID_TOPK_BWD] = {"router_sigmoid_topk_bwd", 3, false, tpr__infer_router_sigmoid_topk_bwd},
+    [TPR_OP_MOE_EXPERTS_BWD] = {"moe_experts_bwd", 5, false, tpr__infer_moe_experts_bwd},
+    [TPR_OP_MOE_GROUPED_FFN_BWD] = {"moe_grouped_ffn_bwd", 5, false, tpr__infer_moe_grouped_ffn_bwd},
+    [TPR_OP_MOE_PERMUTE_BWD] = {"moe_permute_bwd", 2, false, tpr__infer_moe_permute_bwd},
+    [TPR_OP_MOE_UNPERMUTE_BWD] = {"moe_unpermute_bwd", 3, false, tpr__infer_moe_unpermute_bwd},
+    [TPR_OP_ROW_SLICE_BWD] = {"row_slice_bwd", 2, false, tpr__infer_row_slice_bwd},
+    [TPR_OP_MOE_CAPACITY_BWD] = {"moe_capacity_bwd", 2, false, tpr__infer_moe_capacity_bwd},
 
     // -- losses
     [TPR_OP_XENT_MAX] = {"xent_max", 2, false, tpr__infer_xent_max},
