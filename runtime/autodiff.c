@@ -127,7 +127,7 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
     tpr_backward_opts_init(&none);
     opts = &none;
   }
-  int nv = p->n_values;
+  int nv = p->n_values, n_fwd = p->n_nodes;  // the seed's fill below is not a forward node
   tpr_grad_ctx g = {.p = p, .opts = opts, .n_values = nv};
   bool *from_wrt = calloc((size_t)nv, sizeof *from_wrt);
   g.wanted = calloc((size_t)nv, sizeof *g.wanted);
@@ -140,7 +140,7 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
   for (int v = 0; v < nv; v++) g.grad[v] = -1;
   mark_wanted(p, loss, wrt, n_wrt, from_wrt, g.wanted, nv);
   if (g.wanted[loss]) TPR_CHECK_GOTO(tpr_pb_fill(p, loss, 1.0f, &g.grad[loss]), rc, done);
-  TPR_CHECK_GOTO(run_rules(&g, p->n_nodes), rc, done);
+  TPR_CHECK_GOTO(run_rules(&g, n_fwd), rc, done);
   for (int i = 0; i < n_wrt; i++) {
     grads[i] = -1;
     if (g.grad[wrt[i]] < 0) continue;
