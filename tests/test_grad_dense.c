@@ -337,7 +337,7 @@ static void grads_of(tt_grad_build_fn build, const tpr_tensor *const *in, int n_
   TT_OK(tpr_program_new(&p));
   tpr_value_id v[4], out, loss, grads[2];
   for (int i = 0; i < n_in; i++) {
-    char name[8];
+    char name[16];
     snprintf(name, sizeof name, "in%d", i);
     TT_OK(tpr_program_param(p, name, in[i]->dtype, in[i]->ndim, in[i]->shape, &v[i]));
   }
@@ -349,7 +349,7 @@ static void grads_of(tt_grad_build_fn build, const tpr_tensor *const *in, int n_
   tpr_exec *e;
   TT_OK(tpr_exec_new(p, tt_cpu(), &e));
   for (int i = 0; i < n_in; i++) {
-    char name[8];
+    char name[16];
     snprintf(name, sizeof name, "in%d", i);
     TT_OK(tpr_exec_bind(e, name, in[i]));
   }
