@@ -15,6 +15,18 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MATMUL] = tpr__bwd_matmul,
     [TPR_OP_ADD] = tpr__bwd_add,
     [TPR_OP_MUL] = tpr__bwd_mul,
+    [TPR_OP_RMS_NORM] = tpr__bwd_rms_norm,
+    [TPR_OP_SUM_SQUARES] = tpr__bwd_sum_squares,
+    [TPR_OP_RMS_SCALE] = tpr__bwd_rms_scale,
+    [TPR_OP_SWIGLU] = tpr__bwd_swiglu,
+    [TPR_OP_SOFTMAX] = tpr__bwd_softmax,
+    [TPR_OP_EMBEDDING] = tpr__bwd_embedding,
+    [TPR_OP_EMBEDDING_SHARD] = tpr__bwd_embedding_shard,
+    [TPR_OP_INDEX_SELECT] = tpr__bwd_index_select,
+    [TPR_OP_CAST] = tpr__bwd_cast,
+    [TPR_OP_RESHAPE] = tpr__bwd_reshape,
+    [TPR_OP_PERMUTE] = tpr__bwd_permute,
+    [TPR_OP_SLICE] = tpr__bwd_slice,
 
     // ---- attention
     [TPR_OP_ROPE] = tpr__bwd_rope,

@@ -74,6 +74,14 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_FILL] = tpr__cpu_fill,
 
             // -- dense backward
+            [TPR_OP_RMS_NORM_BWD] = tpr__cpu_rms_norm_bwd,
+            [TPR_OP_RMS_SCALE_BWD] = tpr__cpu_rms_scale_bwd,
+            [TPR_OP_SWIGLU_BWD] = tpr__cpu_swiglu_bwd,
+            [TPR_OP_SOFTMAX_BWD] = tpr__cpu_softmax_bwd,
+            [TPR_OP_EMBEDDING_BWD] = tpr__cpu_embedding_bwd,
+            [TPR_OP_EMBEDDING_SHARD_BWD] = tpr__cpu_embedding_shard_bwd,
+            [TPR_OP_INDEX_SELECT_BWD] = tpr__cpu_index_select_bwd,
+            [TPR_OP_SLICE_BWD] = tpr__cpu_slice_bwd,
 
             // -- attention backward (rope, attention)
             [TPR_OP_ROPE_BWD] = tpr__cpu_rope_bwd,

@@ -50,3 +50,19 @@ TPR_CPU_KERNEL(cast) {
   } while (tpr__iter_next(&it));
   return TPR_OK;
 }
+
+// ---- Backward. Cotangents are f32 whatever the value's dtype (autodiff.h),
+// so a cast between float types hands its cotangent straight on: for an
+// f32 -> f32 cast (a strided copy) that is the exact gradient, for a
+// narrowing one the straight-through estimate. Integer sources have none.
+#include "grad_rules.h"
+
+TPR__BWD_RULE(cast) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_tensor x;
+  TPR_CHECK(tpr_program_value(tpr_grad_program(g), n->in[0], &x));
+  if (x.dtype != TPR_F32 && x.dtype != TPR_BF16 && x.dtype != TPR_F16)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backward: cast from %s has no gradient (only f32, bf16, f16 sources)",
+                    tpr_dtype_name(x.dtype));
+  return tpr_grad_add(g, n->in[0], n->dout);
+}

@@ -44,6 +44,14 @@ TPR_CPU_KERNEL(scale);                // reduce.c
 TPR_CPU_KERNEL(fill);                 // reduce.c
 
 // -- dense backward
+TPR_CPU_KERNEL(rms_norm_bwd);         // norm.c: double row statistics and dw
+TPR_CPU_KERNEL(rms_scale_bwd);        // norm.c: double row statistics and dw
+TPR_CPU_KERNEL(swiglu_bwd);           // elementwise.c
+TPR_CPU_KERNEL(softmax_bwd);          // softmax.c: double row dot product
+TPR_CPU_KERNEL(embedding_bwd);        // gather.c: f32 scatter-add in token order
+TPR_CPU_KERNEL(embedding_shard_bwd);  // gather.c: f32 scatter-add in token order
+TPR_CPU_KERNEL(index_select_bwd);     // gather.c: f32 scatter-add in index order
+TPR_CPU_KERNEL(slice_bwd);            // views.c
 
 // -- attention backward (rope, attention)
 TPR_CPU_KERNEL(rope_bwd);             // rope.c: rope with the angles negated

@@ -106,6 +106,32 @@ TPR_CPU_KERNEL(swiglu) {
   return TPR_OK;
 }
 
+// gate, up, dy (...) same shape, any strides; out packed (dgate | dup), each
+// in row-major order. With s = sigmoid(g) (swiglu1's stable form):
+//   dgate = dy * u * s * (1 + g * (1 - s)),  dup = dy * g * s.
+TPR_CPU_KERNEL(swiglu_bwd) {
+  if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "swiglu_bwd (cpu): expected 3 inputs, got %d", n_in);
+  const int64_t n = tpr_tensor_numel(in[0]);
+  if (out->dtype != TPR_F32 || tpr_tensor_numel(out) != 2 * n)
+    return TPR_FAIL(TPR_ERR_SHAPE, "swiglu_bwd (cpu): out must be f32 (%lld)", (long long)(2 * n));
+  const int64_t *st[3] = {in[0]->stride, in[1]->stride, in[2]->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, in[0]->ndim, in[0]->shape, 3, st)) return TPR_OK;
+  float *dg = tpr_tensor_data(out), *du = dg + n;
+  const float *g = tpr_tensor_data(in[0]), *u = tpr_tensor_data(in[1]), *d = tpr_tensor_data(in[2]);
+  int64_t k = 0;  // the iterator keeps row-major order, so k is the packed index
+  do {
+    for (int64_t i = 0; i < it.n; i++, k++) {
+      float gv = g[it.off[0] + i * it.inner[0]], uv = u[it.off[1] + i * it.inner[1]];
+      float dv = d[it.off[2] + i * it.inner[2]];
+      float e = expf(-fabsf(gv)), s = (gv >= 0.0f ? 1.0f : e) / (1.0f + e);
+      dg[k] = dv * uv * s * (1.0f + gv * (1.0f - s));
+      du[k] = dv * gv * s;
+    }
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}
+
 // ---- Backward rules of add and mul: the cotangent of a broadcast operand is
 // summed back down to its shape.
 #include "grad_rules.h"
@@ -134,4 +160,13 @@ TPR__BWD_RULE(mul) {
     TPR_CHECK(add_reduced(g, n->in[i], t));
   }
   return TPR_OK;
+}
+
+TPR__BWD_RULE(swiglu) {
+  tpr_value_id packed;
+  int64_t off = 0;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_SWIGLU_BWD,
+                           (const tpr_value_id[]){n->in[0], n->in[1], n->dout}, 3, NULL, &packed));
+  TPR_CHECK(tpr__grad_take(g, packed, &off, n->in[0]));
+  return tpr__grad_take(g, packed, &off, n->in[1]);
 }

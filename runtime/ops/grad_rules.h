@@ -26,6 +26,21 @@ TPR__BWD_RULE(all_to_allv);
 TPR__BWD_RULE(matmul);
 TPR__BWD_RULE(add);
 TPR__BWD_RULE(mul);
+// Hands the next result of a packed backward op (like's shape, at *off) to
+// like's cotangent, or skips it when like wants none; *off advances (norm.c).
+tpr_status tpr__grad_take(tpr_grad_ctx *g, tpr_value_id packed, int64_t *off, tpr_value_id like);
+TPR__BWD_RULE(rms_norm);         // norm.c
+TPR__BWD_RULE(sum_squares);      // norm.c: mul + scale
+TPR__BWD_RULE(rms_scale);        // norm.c
+TPR__BWD_RULE(swiglu);           // elementwise.c
+TPR__BWD_RULE(softmax);          // softmax.c
+TPR__BWD_RULE(embedding);        // gather.c
+TPR__BWD_RULE(embedding_shard);  // gather.c
+TPR__BWD_RULE(index_select);     // gather.c
+TPR__BWD_RULE(cast);             // copy.c
+TPR__BWD_RULE(reshape);          // views.c
+TPR__BWD_RULE(permute);          // views.c
+TPR__BWD_RULE(slice);            // views.c
 
 // ---- attention (rope.c, attention.c)
 TPR__BWD_RULE(rope);

@@ -134,3 +134,135 @@ TPR_CPU_KERNEL(rms_scale) {
   } while (tpr__iter_next(&it));
   return TPR_OK;
 }
+
+// ---- Backward. Row statistics and the weight gradient's sum over rows are
+// accumulated in double (rows in row-major order, elements in order: a fixed
+// order), each result rounded once to f32.
+
+// Element offset of row r (row-major over the leading dims) of t (..., H).
+static int64_t row_offset(const tpr_tensor *t, int64_t r) {
+  int64_t off = 0;
+  for (int d = t->ndim - 2; d >= 0; d--) {
+    off += (r % t->shape[d]) * t->stride[d];
+    r /= t->shape[d];
+  }
+  return off;
+}
+
+// x (..., H), w (H), dy (..., H); out packed (dx (..., H) | dw (H)). f[0] eps.
+// y = x * r * w, r = 1 / sqrt(sum x^2 / H + eps):
+//   dx = r * w * dy - x * r^3 / H * sum_j (dy_j w_j x_j),  dw = sum_rows dy * x * r.
+TPR_CPU_KERNEL(rms_norm_bwd) {
+  if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_norm_bwd (cpu): expected 3 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *w = in[1], *dy = in[2];
+  const int64_t H = x->shape[x->ndim - 1], rows = H ? tpr_tensor_numel(x) / H : 0;
+  if (out->dtype != TPR_F32 || tpr_tensor_numel(out) != rows * H + H)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rms_norm_bwd (cpu): out must be f32 (%lld)", (long long)(rows * H + H));
+  double *dw = calloc((size_t)(H ? H : 1), sizeof *dw);
+  if (!dw) return TPR_FAIL(TPR_ERR_OOM, "rms_norm_bwd (cpu): %lld doubles of scratch", (long long)H);
+  const double eps = attrs->f[0];
+  const float *xd = tpr_tensor_data(x), *wd = tpr_tensor_data(w), *gd = tpr_tensor_data(dy);
+  const int64_t xs = x->stride[x->ndim - 1], ws = w->stride[0], gs = dy->stride[dy->ndim - 1];
+  float *dx = tpr_tensor_data(out);
+  for (int64_t r = 0; r < rows; r++, dx += H) {
+    const float *xr = xd + row_offset(x, r), *gr = gd + row_offset(dy, r);
+    double ss = 0, dot = 0;
+    for (int64_t i = 0; i < H; i++) {
+      double xv = xr[i * xs];
+      ss += xv * xv;
+      dot += (double)gr[i * gs] * wd[i * ws] * xv;
+    }
+    const double inv = 1.0 / sqrt(ss / (double)H + eps), c = inv * inv * inv * dot / (double)H;
+    for (int64_t i = 0; i < H; i++) {
+      double xv = xr[i * xs], gv = gr[i * gs];
+      dx[i] = (float)(inv * wd[i * ws] * gv - c * xv);
+      dw[i] += gv * xv * inv;
+    }
+  }
+  for (int64_t i = 0; i < H; i++) dx[i] = (float)dw[i];  // dx now points past the rows: the dw block
+  free(dw);
+  return TPR_OK;
+}
+
+// x (..., N), sumsq (..., 1), w (N), dy (..., N); f[0] divisor, f[1] eps;
+// out packed (dx (..., N) | dsumsq (..., 1) | dw (N)). With r = 1 /
+// sqrt(sumsq / divisor + eps) and sumsq an input (its own cotangent carries
+// the path through the sum of squares):
+//   dx = r * w * dy,  dsumsq = sum_n (dy x w) * (-0.5) r^3 / divisor,
+//   dw = sum_rows dy * x * r.
+TPR_CPU_KERNEL(rms_scale_bwd) {
+  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rms_scale_bwd (cpu): expected 4 inputs, got %d", n_in);
+  const tpr_tensor *x = in[0], *ss = in[1], *w = in[2], *dy = in[3];
+  const int64_t N = x->shape[x->ndim - 1], rows = tpr_tensor_numel(ss);
+  if (out->dtype != TPR_F32 || tpr_tensor_numel(out) != rows * N + rows + N)
+    return TPR_FAIL(TPR_ERR_SHAPE, "rms_scale_bwd (cpu): out must be f32 (%lld)", (long long)(rows * N + rows + N));
+  double *dw = calloc((size_t)(N ? N : 1), sizeof *dw);
+  if (!dw) return TPR_FAIL(TPR_ERR_OOM, "rms_scale_bwd (cpu): %lld doubles of scratch", (long long)N);
+  const double divisor = attrs->f[0], eps = attrs->f[1];
+  const float *xd = tpr_tensor_data(x), *sd = tpr_tensor_data(ss), *wd = tpr_tensor_data(w),
+              *gd = tpr_tensor_data(dy);
+  const int64_t xs = x->stride[x->ndim - 1], ws = w->stride[0], gs = dy->stride[dy->ndim - 1];
+  float *dx = tpr_tensor_data(out), *dss = dx + rows * N;
+  for (int64_t r = 0; r < rows; r++, dx += N) {
+    const float *xr = xd + row_offset(x, r), *gr = gd + row_offset(dy, r);
+    const double inv = 1.0 / sqrt((double)sd[row_offset(ss, r)] / divisor + eps);
+    double dot = 0;
+    for (int64_t i = 0; i < N; i++) {
+      double xv = xr[i * xs], gv = gr[i * gs], wv = wd[i * ws];
+      dot += gv * xv * wv;
+      dx[i] = (float)(inv * wv * gv);
+      dw[i] += gv * xv * inv;
+    }
+    dss[r] = (float)(dot * -0.5 * inv * inv * inv / divisor);
+  }
+  float *dwo = dss + rows;
+  for (int64_t i = 0; i < N; i++) dwo[i] = (float)dw[i];
+  free(dw);
+  return TPR_OK;
+}
+
+// ---- Backward rules.
+#include "grad_rules.h"
+
+// (grad_rules.h) The next packed result goes to like's cotangent.
+tpr_status tpr__grad_take(tpr_grad_ctx *g, tpr_value_id packed, int64_t *off, tpr_value_id like) {
+  if (!tpr_grad_wanted(g, like)) {
+    tpr_tensor d;
+    TPR_CHECK(tpr_program_value(tpr_grad_program(g), like, &d));
+    *off += tpr_tensor_numel(&d);
+    return TPR_OK;
+  }
+  tpr_value_id v;
+  TPR_CHECK(tpr_grad_unpack(g, packed, off, like, &v));
+  return tpr_grad_add(g, like, v);
+}
+
+TPR__BWD_RULE(rms_norm) {
+  tpr_op_attrs at = {.n_f = 1, .f = {n->attrs.f[0]}};
+  tpr_value_id packed;
+  int64_t off = 0;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_RMS_NORM_BWD,
+                           (const tpr_value_id[]){n->in[0], n->in[1], n->dout}, 3, &at, &packed));
+  TPR_CHECK(tpr__grad_take(g, packed, &off, n->in[0]));
+  return tpr__grad_take(g, packed, &off, n->in[1]);
+}
+
+// out = sum x^2 over the last dim: dx = 2 x dout (dout (..., 1) broadcasts).
+TPR__BWD_RULE(sum_squares) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  tpr_value_id t, dx;
+  TPR_CHECK(tpr_pb_mul(p, n->in[0], n->dout, &t));
+  TPR_CHECK(tpr_pb_scale(p, t, 2.0f, &dx));
+  return tpr_grad_add(g, n->in[0], dx);
+}
+
+TPR__BWD_RULE(rms_scale) {
+  tpr_op_attrs at = {.n_f = 2, .f = {n->attrs.f[0], n->attrs.f[1]}};
+  tpr_value_id packed;
+  int64_t off = 0;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_RMS_SCALE_BWD,
+                           (const tpr_value_id[]){n->in[0], n->in[1], n->in[2], n->dout}, 4, &at, &packed));
+  for (int i = 0; i < 3; i++) TPR_CHECK(tpr__grad_take(g, packed, &off, n->in[i]));
+  return TPR_OK;
+}

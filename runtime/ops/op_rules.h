@@ -38,6 +38,15 @@ TPR__OP_RULE(scale);            // x f32 -> x's shape
 TPR__OP_RULE(fill);             // x any -> x's shape, f32
 
 // -- dense backward
+// dense_rules.c: backward ops of the dense family (ops.h, "Training").
+TPR__OP_RULE(rms_norm_bwd);         // x (..., H), w (H), dy (..., H) f32 -> packed (dx | dw)
+TPR__OP_RULE(swiglu_bwd);           // gate, up, dy f32 same shape -> packed (dgate | dup)
+TPR__OP_RULE(softmax_bwd);          // y, dy (..., N) f32 -> (..., N)
+TPR__OP_RULE(embedding_bwd);        // dy (..., H) f32, ids (...) i32/i64; i[0] V -> (V, H)
+TPR__OP_RULE(embedding_shard_bwd);  // dy (..., H), ids (...), shard (1); i[0] Vl -> (Vl, H)
+TPR__OP_RULE(index_select_bwd);     // dy f32, index (k); i[0] dim, i[1] n -> dy's shape, n at dim
+TPR__OP_RULE(slice_bwd);            // dy f32; i[0] dim, i[1] start, i[2] full -> dy's shape, full at dim
+TPR__OP_RULE(rms_scale_bwd);        // x (..., N), sumsq (..., 1), w (N), dy -> packed (dx | dsumsq | dw)
 
 // -- attention backward (rope, attention)
 // attention_rules.c

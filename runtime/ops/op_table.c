@@ -447,6 +447,14 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_FILL] = {"fill", 1, false, tpr__infer_fill},
 
     // -- dense backward
+    [TPR_OP_RMS_NORM_BWD] = {"rms_norm_bwd", 3, false, tpr__infer_rms_norm_bwd},
+    [TPR_OP_SWIGLU_BWD] = {"swiglu_bwd", 3, false, tpr__infer_swiglu_bwd},
+    [TPR_OP_SOFTMAX_BWD] = {"softmax_bwd", 2, false, tpr__infer_softmax_bwd},
+    [TPR_OP_EMBEDDING_BWD] = {"embedding_bwd", 2, false, tpr__infer_embedding_bwd},
+    [TPR_OP_EMBEDDING_SHARD_BWD] = {"embedding_shard_bwd", 3, false, tpr__infer_embedding_shard_bwd},
+    [TPR_OP_INDEX_SELECT_BWD] = {"index_select_bwd", 2, false, tpr__infer_index_select_bwd},
+    [TPR_OP_SLICE_BWD] = {"slice_bwd", 1, false, tpr__infer_slice_bwd},
+    [TPR_OP_RMS_SCALE_BWD] = {"rms_scale_bwd", 4, false, tpr__infer_rms_scale_bwd},
 
     // -- attention backward (rope, attention)
     [TPR_OP_ROPE_BWD] = {"rope_bwd", 2, false, tpr__infer_rope_bwd},

@@ -62,3 +62,40 @@ TPR_CPU_KERNEL(softmax) {
   } while (tpr__iter_next(&it));
   return TPR_OK;
 }
+
+// ---- Backward: dx = y * (dy - sum_j dy_j y_j) over the last dim, the row's
+// dot product accumulated in double in element order.
+// y (..., N), dy (..., N) any strides; out (..., N) contiguous.
+TPR_CPU_KERNEL(softmax_bwd) {
+  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "softmax_bwd (cpu): expected 2 inputs, got %d", n_in);
+  const tpr_tensor *y = in[0], *dy = in[1];
+  if (out->dtype != TPR_F32 || !tpr_tensor_same_shape(y, out) || !tpr_tensor_same_shape(dy, out))
+    return TPR_FAIL(TPR_ERR_SHAPE, "softmax_bwd (cpu): y, dy and out must be f32 of one shape");
+  const int64_t N = y->shape[y->ndim - 1];
+  if (tpr_tensor_numel(y) == 0) return TPR_OK;
+  const float *yd = tpr_tensor_data(y), *gd = tpr_tensor_data(dy);
+  float *o = tpr_tensor_data(out);
+  const int64_t ys = y->stride[y->ndim - 1], gs = dy->stride[dy->ndim - 1];
+  const int64_t *st[2] = {y->stride, dy->stride};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, y->ndim - 1, y->shape, 2, st)) return TPR_OK;
+  do {  // rows in row-major order of the leading dims, as out stores them
+    for (int64_t r = 0; r < it.n; r++, o += N) {
+      const float *yr = yd + it.off[0] + r * it.inner[0], *gr = gd + it.off[1] + r * it.inner[1];
+      double dot = 0;
+      for (int64_t i = 0; i < N; i++) dot += (double)gr[i * gs] * yr[i * ys];
+      for (int64_t i = 0; i < N; i++) o[i] = (float)(yr[i * ys] * (gr[i * gs] - dot));
+    }
+  } while (tpr__iter_next(&it));
+  return TPR_OK;
+}
+
+#include "grad_rules.h"
+
+TPR__BWD_RULE(softmax) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_value_id dx;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_SOFTMAX_BWD, (const tpr_value_id[]){n->out, n->dout}, 2,
+                           NULL, &dx));
+  return tpr_grad_add(g, n->in[0], dx);
+}
