@@ -137,6 +137,32 @@ static void test_npy_round_trip(void **state) {
   printf("npy: <u2 <u4 <i4 <i8 round trips in format 1.0/2.0/3.0, writer output read back\n");
 }
 
+// Files written by numpy itself (scripts/reference/make_npy_fixture.py).
+static void test_npy_numpy_files(void **state) {
+  const int64_t want[5] = {5, 0, 1, 2, 65535};
+  const char *dts[4] = {"u2", "u4", "i4", "i8"};
+  int files = 0;
+  for (int k = 0; k < 4; k++)
+    for (int major = 1; major <= 3; major++) {
+      char p[512];
+      snprintf(p, sizeof p, "%s/npy/tokens_%s_v%d.npy", TPR_FIXTURES, dts[k], major);
+      tpr_npy *t;
+      TT_OK(tpr_npy_open(p, &t));
+      assert_int_equal(tpr_npy_len(t), 5);
+      assert_true(tpr_npy_descr(t)[0] == '<' && !strcmp(tpr_npy_descr(t) + 1, dts[k]));
+      for (int i = 0; i < 5; i++) {
+        int64_t v;
+        TT_OK(tpr_npy_get(t, i, &v));
+        assert_true(v == want[i]);
+      }
+      TT_OK(tpr_npy_check_range(t, 65536));
+      assert_int_equal(tpr_npy_check_range(t, 65535), TPR_ERR_INVALID_ARG);
+      tpr_npy_close(t);
+      files++;
+    }
+  printf("npy: %d files written by numpy (4 dtypes x versions 1.0/2.0/3.0) read back exactly\n", files);
+}
+
 static void expect_bad(const char *what, const char *msg) {
   tpr_npy *t = NULL;
   tpr_status rc = tpr_npy_open(path, &t);
@@ -373,6 +399,7 @@ int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_npy_round_trip, setup, teardown),
+      cmocka_unit_test(test_npy_numpy_files),
       cmocka_unit_test_setup_teardown(test_npy_malformed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_range, setup, teardown),
       cmocka_unit_test_setup_teardown(test_data_sequential, setup, teardown),
