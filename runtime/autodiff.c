@@ -127,7 +127,7 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
     tpr_backward_opts_init(&none);
     opts = &none;
   }
-  int nv = p->n_values, n_fwd = p->n_nodes;  // the seed's fill below is not a forward node
+  int nv = p->n_values;
   tpr_grad_ctx g = {.p = p, .opts = opts, .n_values = nv};
   bool *from_wrt = calloc((size_t)nv, sizeof *from_wrt);
   g.wanted = calloc((size_t)nv, sizeof *g.wanted);
