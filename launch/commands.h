@@ -14,6 +14,7 @@ int tpr_cmd_compare(int argc, char **argv);
 int tpr_cmd_convert(int argc, char **argv);
 int tpr_cmd_forward(int argc, char **argv);
 int tpr_cmd_run(int argc, char **argv);
+int tpr_cmd_train(int argc, char **argv);
 int tpr_cmd_load(int argc, char **argv);
 int tpr_cmd_make_checkpoint(int argc, char **argv);
 int tpr_cmd_mlp(int argc, char **argv);

@@ -30,8 +30,8 @@ tpr_status tpr_cli_token_list(const char *flag, const char *text, int32_t **ids,
   return TPR_OK;
 }
 
-tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
-                              const tpr_model_debug *d, tpr_m2_session **out) {
+tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
+                                const tpr_model_debug *d, tpr_m2_session_opts *out) {
   const int64_t sizes[4] = {m->tp, m->dp, m->ep, m->etp};
   const char *names[4] = {"--tp", "--dp", "--ep", "--etp"};
   for (int i = 0; i < 4; i++)
@@ -43,7 +43,7 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
                       .seed = (uint64_t)m->reroute_seed};
   if (!tpr_moe_dispatch_parse(m->moe_dispatch, &moe.dispatch))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-dispatch %s: expected auto, alltoall or allreduce", m->moe_dispatch);
-  tpr_m2_session_opts o = {.model_dir = model,
+  *out = (tpr_m2_session_opts){.model_dir = model,
                            .max_seq = max_seq,
                            .tp = (int)m->tp,
                            .dp = (int)m->dp,
@@ -54,5 +54,12 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
                            .broadcast_program = d->broadcast_program,
                            .per_rank_qk_norm = d->per_rank_qk_norm,
                            .force_tp_rank = (int)d->force_tp_rank};
+  return TPR_OK;
+}
+
+tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
+                              const tpr_model_debug *d, tpr_m2_session **out) {
+  tpr_m2_session_opts o;
+  TPR_CHECK(tpr_cli_session_opts(w, model, m, max_seq, d, &o));
   return tpr_m2_session_open(&o, w->host, w->be, out);
 }

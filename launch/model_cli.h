@@ -51,6 +51,11 @@ typedef struct tpr_model_mesh {
    "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
   {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"}
 
+// The session options the flags give (sizes checked against the world; an
+// unknown --moe-dispatch is TPR_ERR_INVALID_ARG).
+tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
+                                const tpr_model_debug *d, tpr_m2_session_opts *out);
+
 // Opens the model on every rank with the given mesh (sizes that do not fit
 // the world, or an unknown --moe-dispatch, are TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,

@@ -2,8 +2,11 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "minimax_m2_impl.h"
+#include "runtime/autodiff.h"
 #include "shard/mesh.h"
 
 // What every layer builder needs: the program, the plan, and the run's inputs.
@@ -16,6 +19,7 @@ typedef struct m2_ctx {
   tpr_value_id positions;  // (T) i32
   tpr_value_id start;      // (1) i32
   int64_t T;
+  tpr_value_id *router_logits;  // (layers) training: each layer's (T, E) router logits, for the aux loss
 } m2_ctx;
 
 void tpr_m2_param_name(const char *pattern, int64_t layer, char *buf, size_t cap) {
@@ -52,6 +56,14 @@ static tpr_status all_reduce(m2_ctx *c, tpr_mesh_axis axis, int n, tpr_value_id 
   return tpr_pb_all_reduce(c->p, x, axis, n, 0 /* sum */, out);
 }
 
+// Training: x, replicated over the tp group, enters rank-local compute here,
+// so its cotangent must be summed over the group (Megatron's f; see
+// runtime/autodiff.h). Inference programs carry no marks.
+static tpr_status mark_tp(m2_ctx *c, int kind, tpr_value_id *x) {
+  if (!c->o->training || (c->o->skip_grad_marks & kind) || c->plan->tp == 1) return TPR_OK;
+  return tpr_pb_grad_all_reduce(c->p, *x, TPR_AXIS_TP, c->plan->tp, x);
+}
+
 // q or k (T, heads_r*D) -> full-projection RMS norm with the rank's weight
 // slice. The weight param holds all tp slices: (tp * heads_r * D).
 static tpr_status qk_norm(m2_ctx *c, tpr_value_id x, tpr_value_id weight, int64_t width, int64_t divisor,
@@ -64,6 +76,9 @@ static tpr_status qk_norm(m2_ctx *c, tpr_value_id x, tpr_value_id weight, int64_
     divisor = width;  // negative control: the local slice alone
   else
     TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, ss, &ss));
+  // The all-reduced sum and the whole weight feed this rank's slice only.
+  TPR_CHECK(mark_tp(c, TPR_M2_MARKS_QK_NORM, &ss));
+  TPR_CHECK(mark_tp(c, TPR_M2_MARKS_QK_NORM, &weight));
   TPR_CHECK(tpr_pb_reshape(c->p, weight, 2, (const int64_t[]){tp, width}, &blocks));  // (tp, width)
   TPR_CHECK(tpr_pb_index_select(c->p, blocks, 0, c->rank_tp, &mine));                 // (1, width)
   TPR_CHECK(tpr_pb_reshape(c->p, mine, 1, (const int64_t[]){width}, &w));
@@ -84,12 +99,15 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.q_norm.weight", L, &qn));  // (nq'*D)
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.k_norm.weight", L, &kn));  // (nkv'*D)
   char name[160];
-  tpr_m2_cache_name(L, "k", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &kc));
-  tpr_m2_cache_name(L, "v", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &vc));
+  if (!c->o->training) {
+    tpr_m2_cache_name(L, "k", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &kc));
+    tpr_m2_cache_name(L, "v", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &vc));
+  }
 
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
+  TPR_CHECK(mark_tp(c, TPR_M2_MARKS_COLUMN, &h));  // column-parallel q/k/v
   TPR_CHECK(tpr_pb_matmul(c->p, h, wq, false, true, &q));                   // (T, qr*D)
   TPR_CHECK(tpr_pb_matmul(c->p, h, wk, false, true, &k));                   // (T, kr*D)
   TPR_CHECK(tpr_pb_matmul(c->p, h, wv, false, true, &v));
@@ -101,10 +119,15 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   float theta = (float)cfg->rope_theta;
   TPR_CHECK(tpr_pb_rope(c->p, q3, c->positions, cfg->rotary_dim, theta, &qr3));
   TPR_CHECK(tpr_pb_rope(c->p, k3, c->positions, cfg->rotary_dim, theta, &kr3));
-  // The writes come first: attention reads rows [0, start+T) of the caches.
-  TPR_CHECK(tpr_pb_cache_write(c->p, kc, kr3, c->start, &done));
-  TPR_CHECK(tpr_pb_cache_write(c->p, vc, v3, c->start, &done));
-  TPR_CHECK(tpr_pb_attention(c->p, qr3, kc, vc, c->start, (float)(1.0 / sqrt((double)D)), &att));  // (T, qr, D)
+  float scale = (float)(1.0 / sqrt((double)D));
+  if (c->o->training) {  // one whole sequence per run: attention reads this run's k and v (start 0)
+    TPR_CHECK(tpr_pb_attention(c->p, qr3, kr3, v3, c->start, scale, &att));  // (T, qr, D)
+  } else {
+    // The writes come first: attention reads rows [0, start+T) of the caches.
+    TPR_CHECK(tpr_pb_cache_write(c->p, kc, kr3, c->start, &done));
+    TPR_CHECK(tpr_pb_cache_write(c->p, vc, v3, c->start, &done));
+    TPR_CHECK(tpr_pb_attention(c->p, qr3, kc, vc, c->start, scale, &att));  // (T, qr, D)
+  }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att2));
   TPR_CHECK(tpr_pb_matmul(c->p, att2, wo, false, true, &o));  // (T, H) partial over tp
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, c->plan->tp, o, &o));
@@ -129,7 +152,10 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
-  TPR_CHECK(tpr_moe_build(c->p, c->plan, &c->o->moe, L, c->rank, h, gates, w13, w2, &y, &v));
+  if (c->router_logits) c->router_logits[L] = logits;
+  tpr_moe_opts mo = c->o->moe;
+  mo.mark_grads = c->o->training && !(c->o->skip_grad_marks & TPR_M2_MARKS_COLUMN);
+  TPR_CHECK(tpr_moe_build(c->p, c->plan, &mo, L, c->rank, h, gates, w13, w2, &y, &v));
   if (c->o->moe_stats) {
     snprintf(name, sizeof name, "moe_gates.%lld", (long long)L);
     TPR_CHECK(tpr_program_output(c->p, v.gates, name));
@@ -147,7 +173,7 @@ static tpr_status check_supported(const tpr_shard_plan *plan, const tpr_m2_build
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: needs full-projection QK-norm and a biased sigmoid router");
   if (cfg->num_moe_layers != cfg->num_layers)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: dense-MLP layers are not built");
-  if (o->tokens < 1 || o->max_seq < o->tokens)
+  if (o->tokens < 1 || (!o->training && o->max_seq < o->tokens))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: %lld tokens per run with a cache of %lld rows",
                     (long long)o->tokens, (long long)o->max_seq);
   return tpr_moe_opts_check(&o->moe, plan);
@@ -176,6 +202,7 @@ static tpr_status build(m2_ctx *c) {
     head = embed;
   else
     TPR_CHECK(param(c, "lm_head.weight", 0, &head));
+  if (c->o->training) return tpr__m2_build_loss(c->p, c->plan, c->o, c->rank, c->rank_tp, x, head, c->router_logits);
   TPR_CHECK(tpr_pb_matmul(c->p, head, x, false, true, &logits));  // (V'/tp, T)
   TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, tp, &logits));  // (V', T)
   return tpr_program_output(c->p, logits, "logits_t");
@@ -185,8 +212,11 @@ tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, 
   *out = NULL;
   TPR_CHECK(check_supported(plan, o));
   m2_ctx c = {.plan = plan, .o = o, .T = o->tokens};
-  TPR_CHECK(tpr_program_new(&c.p));
-  tpr_status rc = build(&c);
+  if (o->training && !(c.router_logits = calloc((size_t)plan->config.num_layers, sizeof *c.router_logits)))
+    return TPR_FAIL(TPR_ERR_OOM, "minimax_m2: router logits");
+  tpr_status rc = tpr_program_new(&c.p);
+  if (rc == TPR_OK) rc = build(&c);
+  free(c.router_logits);
   if (rc != TPR_OK) {
     tpr_program_free(c.p);
     return rc;

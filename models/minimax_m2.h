@@ -30,6 +30,8 @@
 #include "runtime/tpr_runtime.h"
 #include "shard/shard_plan.h"
 
+enum { TPR_M2_MARKS_COLUMN = 1, TPR_M2_MARKS_QK_NORM = 2 };
+
 typedef struct tpr_m2_build_opts {
   int64_t tokens;   // T: tokens per run (static)
   int64_t max_seq;  // S: KV cache rows
@@ -41,6 +43,18 @@ typedef struct tpr_m2_build_opts {
   // the gates the experts used, and with capacity mode "moe_router.L" (T, E),
   // the router's own.
   bool moe_stats;
+  // Training program (models/minimax_m2_train.h): no KV caches (attention
+  // reads this run's k and v, start = 0), every edge where a replicated value
+  // enters rank-local compute marked with grad_all_reduce, and instead of
+  // logits the loss: input "targets" (T) i32 (-100 ignored), outputs "loss"
+  // (1) = ce + aux_coef * aux, "ce" (1), "aux" (1).
+  bool training;
+  double aux_coef;
+  // Negative control only: training without some grad_all_reduce marks (the
+  // forward is unchanged, those tp gradients come out partial): a mask of
+  // TPR_M2_MARKS_COLUMN (column-parallel and expert inputs, the lm head's
+  // input) and TPR_M2_MARKS_QK_NORM (the QK-norm's sum and weight).
+  int skip_grad_marks;
 } tpr_m2_build_opts;
 
 // Inputs of every program: "tokens" (T) i32, "positions" (T) i32 =

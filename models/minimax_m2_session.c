@@ -6,41 +6,9 @@
 #include <time.h>
 
 #include "models/minimax_m2.h"
+#include "models/minimax_m2_session_impl.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
-
-#define MAX_PROGRAMS 16  // distinct token counts kept built (prompt lengths + decode)
-
-typedef struct m2_program {
-  int64_t T;
-  tpr_program *program;
-  tpr_exec *exec;
-  tpr_tensor *tokens, *positions, *start;  // (T) (T) (1) i32 inputs
-} m2_program;
-
-struct tpr_m2_session {
-  tpr_m2_session_opts o;
-  tpr_backend *be;
-  tpr_comm_t world;
-  tpr_model_config cfg;
-  tpr_shard_plan plan;
-  tpr_loader *loader;
-  tpr_rank_weights weights;
-  tpr_tensor **item_tensors;           // (weights.n) wrapped slices; NULL for expert items
-  tpr_tensor **experts;                // (2 * layers) stacked w13, w2 per layer
-  tpr_tensor **caches;                 // (2 * layers) k, v per layer: (S, kv_per_rank, D)
-  tpr_mesh mesh;
-  tpr_mesh_comms comms;
-  tpr_exec_collectives hook;
-  tpr_tensor *rank;
-  m2_program programs[MAX_PROGRAMS];
-  int n_programs;
-  float *logits_t;                     // (V', T) staging of the gathered logits
-  int64_t logits_cap;
-  tpr_moe_stats moe_stats;             // this replica's counts (when opts.moe_stats)
-  float *gates_host;                   // (2, T, E) staging of one layer's gates
-  tpr_m2_stats stats;
-};
 
 static double now_s(void) {
   struct timespec ts;
@@ -51,6 +19,8 @@ static double now_s(void) {
 const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s) { return &s->cfg; }
 const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s) { return &s->stats; }
 const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s) { return &s->plan; }
+const tpr_mesh *tpr_m2_session_mesh(const tpr_m2_session *s) { return &s->mesh; }
+const char *tpr_m2_session_model_dir(const tpr_m2_session *s) { return s->o.model_dir; }
 int64_t tpr_m2_session_max_seq(const tpr_m2_session *s) { return s->o.max_seq; }
 
 // Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r),
@@ -117,7 +87,7 @@ static tpr_status load_weights(tpr_m2_session *s) {
   const tpr_attn_plan *a = &s->plan.attn;
   for (int64_t L = 0; L < layers; L++) {
     TPR_CHECK(stack_experts(s, L));
-    for (int kv = 0; kv < 2; kv++) {
+    for (int kv = 0; kv < 2 && !s->o.training; kv++) {
       TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){s->o.max_seq, a->kv_per_rank, s->cfg.head_dim},
                                &s->caches[2 * L + kv]));
       TPR_CHECK(tpr_tensor_fill_zero(s->caches[2 * L + kv]));
@@ -126,7 +96,7 @@ static tpr_status load_weights(tpr_m2_session *s) {
   return TPR_OK;
 }
 
-static tpr_status bind_params(tpr_m2_session *s, tpr_exec *e) {
+tpr_status tpr__m2_bind_params(tpr_m2_session *s, tpr_exec *e) {
   char name[160];
   for (int64_t i = 0; i < s->weights.n; i++)
     if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
@@ -135,6 +105,7 @@ static tpr_status bind_params(tpr_m2_session *s, tpr_exec *e) {
     TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
     tpr_m2_expert_name(L, "w2", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
+    if (s->o.training) continue;  // training programs hold no caches
     tpr_m2_cache_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->caches[2 * L]));
     tpr_m2_cache_name(L, "v", name, sizeof name);
@@ -164,6 +135,15 @@ static tpr_status receive_program(tpr_m2_session *s, const tpr_m2_build_opts *bo
   return rc;
 }
 
+tpr_status tpr__m2_make_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
+  *out = NULL;
+  if (s->o.broadcast_program)
+    TPR_CHECK(receive_program(s, bo, out));
+  else
+    TPR_CHECK(tpr_m2_build(&s->plan, bo, out));
+  return tpr_comm_check_program(s->world, *out, &s->stats.program_hash);
+}
+
 static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
   for (int i = 0; i < s->n_programs; i++)
     if (s->programs[i].T == T) {
@@ -186,15 +166,12 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
                           .per_rank_qk_norm = s->o.per_rank_qk_norm,
                           .moe = s->o.moe,
                           .moe_stats = s->o.moe_stats};
-  if (s->o.broadcast_program)
-    TPR_CHECK(receive_program(s, &bo, &m->program));
-  else
-    TPR_CHECK(tpr_m2_build(&s->plan, &bo, &m->program));
-  s->n_programs++;  // owned from here: close frees it
-  TPR_CHECK(tpr_comm_check_program(s->world, m->program, &s->stats.program_hash));
+  tpr_status rc = tpr__m2_make_program(s, &bo, &m->program);
+  if (m->program) s->n_programs++;  // owned from here: close frees it
+  TPR_CHECK(rc);
   TPR_CHECK(tpr_exec_new(m->program, s->be, &m->exec));
   tpr_exec_set_collectives(m->exec, &s->hook);
-  TPR_CHECK(bind_params(s, m->exec));
+  TPR_CHECK(tpr__m2_bind_params(s, m->exec));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->tokens));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->positions));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){1}, &m->start));
@@ -246,7 +223,7 @@ static tpr_status open_session(tpr_m2_session *s) {
 // Agrees on a phase's outcome: a rank that failed alone (a tensor missing
 // from its shard, say) must not leave the others waiting in the next
 // collective. Every rank returns an error if any failed.
-static tpr_status agree(tpr_comm_t world, tpr_status rc) {
+tpr_status tpr__m2_agree(tpr_comm_t world, tpr_status rc) {
   int64_t failed = rc != TPR_OK;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
@@ -261,7 +238,7 @@ tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, t
                                tpr_m2_session **out) {
   *out = NULL;
   if (!o->model_dir) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: no model directory");
-  if (o->max_seq < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: max_seq %lld", (long long)o->max_seq);
+  if (o->max_seq < 1 && !o->training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: max_seq %lld", (long long)o->max_seq);
   tpr_m2_session *s = calloc(1, sizeof *s);
   if (!s) return TPR_FAIL(TPR_ERR_OOM, "session");
   double t0 = now_s();
@@ -269,10 +246,10 @@ tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, t
   s->be = be;
   s->world = world;
   m2_program *decode;
-  tpr_status rc = agree(world, open_session(s));
+  tpr_status rc = tpr__m2_agree(world, open_session(s));
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
-  if (rc == TPR_OK) rc = agree(world, program_for(s, 1, &decode));
+  if (rc == TPR_OK && !o->training) rc = tpr__m2_agree(world, program_for(s, 1, &decode));
   if (rc != TPR_OK) {
     tpr_m2_session_close(s);
     return rc;
@@ -284,6 +261,7 @@ tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, t
 
 void tpr_m2_session_close(tpr_m2_session *s) {
   if (!s) return;
+  tpr__m2_train_free(s->train);
   for (int i = 0; i < s->n_programs; i++) {
     m2_program *m = &s->programs[i];
     tpr_exec_free(m->exec);
@@ -348,6 +326,7 @@ tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out) {
 
 tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
                                   float *logits) {
+  if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: the session was opened for training");
   int64_t V = s->cfg.vocab_size, Vp = s->plan.vocab_padded;
   if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: no tokens");
   if (start < 0 || start + T > s->o.max_seq)

@@ -11,6 +11,7 @@
 #include "collectives/tpr_comm.h"
 #include "models/layers/moe.h"
 #include "models/moe_stats.h"
+#include "shard/mesh.h"
 #include "shard/model_config.h"
 
 typedef struct tpr_m2_session_opts {
@@ -25,8 +26,12 @@ typedef struct tpr_m2_session_opts {
   // once, run on every rank"); otherwise every rank builds its own and the
   // hashes are compared.
   bool broadcast_program;
+  // Opened for training (models/minimax_m2_train.h): no KV caches, no
+  // inference programs; max_seq is ignored.
+  bool training;
   // Negative controls for the parity tests (never in real runs):
   bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
+  int skip_grad_marks;     // training without some grad_all_reduce marks (tpr_m2_build_opts)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
 } tpr_m2_session_opts;
 
@@ -47,6 +52,8 @@ void tpr_m2_session_close(tpr_m2_session *s);
 
 const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s);
 const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s);
+const tpr_mesh *tpr_m2_session_mesh(const tpr_m2_session *s);
+const char *tpr_m2_session_model_dir(const tpr_m2_session *s);
 const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s);
 int64_t tpr_m2_session_max_seq(const tpr_m2_session *s);
 

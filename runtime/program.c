@@ -120,6 +120,14 @@ tpr_op_kind tpr_program_node_op(const tpr_program *p, int n) {
   return n >= 0 && n < p->n_nodes ? p->nodes[n].op : TPR_OP_KIND_COUNT;
 }
 
+int tpr_program_value_kind(const tpr_program *p, tpr_value_id v) {
+  return v >= 0 && v < p->n_values ? (int)p->values[v].kind : -1;
+}
+
+const char *tpr_program_value_name(const tpr_program *p, tpr_value_id v) {
+  return v >= 0 && v < p->n_values ? p->values[v].name : NULL;
+}
+
 tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc) {
   if (v < 0 || v >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: unknown value %d", v);
   *desc = p->values[v].desc;

@@ -44,6 +44,10 @@ tpr_status tpr_program_output(tpr_program *p, tpr_value_id v, const char *name);
 
 int tpr_program_num_values(const tpr_program *p);
 int tpr_program_num_nodes(const tpr_program *p);
+// A value's kind and its name (NULL for an unnamed op output); -1 / NULL for
+// an unknown id.
+int tpr_program_value_kind(const tpr_program *p, tpr_value_id v);
+const char *tpr_program_value_name(const tpr_program *p, tpr_value_id v);
 // Descriptor (dtype, shape, strides; no storage) of a value.
 tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc);
 

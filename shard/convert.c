@@ -17,51 +17,6 @@
 #include "runtime/log.h"
 #include "shard/loader_impl.h"
 
-// Creates path (which must not exist) holding bytes, fsynced.
-static tpr_status write_synced(const char *path, const void *bytes, size_t len) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-  const uint8_t *p = bytes;
-  size_t done = 0;
-  while (done < len) {
-    ssize_t w = write(fd, p + done, len - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    done += (size_t)w;
-  }
-  int err = done < len || fsync(fd) != 0 ? errno : 0;
-  if (close(fd) != 0 && !err) err = errno;
-  if (err || done < len) return TPR_FAIL(TPR_ERR_IO, "cannot write %s: %s", path, strerror(err ? err : EIO));
-  return TPR_OK;
-}
-
-static tpr_status sync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) {  // some file systems cannot fsync a directory
-    int err = errno;
-    if (fd >= 0) close(fd);
-    return TPR_FAIL(TPR_ERR_IO, "cannot sync directory %s: %s", dir, strerror(err));
-  }
-  close(fd);
-  return TPR_OK;
-}
-
-// Removes the files of a flat directory (those `only` accepts, if given),
-// then the directory if that emptied it. True if the directory is gone.
-static bool remove_flat(const char *dir, bool (*only)(const char *name)) {
-  DIR *d = opendir(dir);
-  if (!d) return false;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || (only && !only(e->d_name))) continue;
-    char *p = tpr__path_join(dir, e->d_name);
-    if (p) unlink(p);
-    free(p);
-  }
-  closedir(d);
-  return rmdir(dir) == 0;
-}
-
 // What a converted directory holds, and nothing else may be removed from one.
 static bool converted_file(const char *name) {
   int r, w, end = 0;
@@ -239,50 +194,21 @@ static tpr_status write_manifest(const char *src, const tpr_shard_plan *p, const
   m.moe_layers = layers;
   TPR_CHECK_GOTO(tpr_file_read(cfg_path, &cfg, &cfg_len), rc, done);
   m.config_json = (char *)cfg;  // NUL-terminated by tpr_file_read
-  TPR_CHECK_GOTO(write_synced(out_cfg, cfg, cfg_len), rc, done);
+  TPR_CHECK_GOTO(tpr_file_create_synced(out_cfg, cfg, cfg_len), rc, done);
   size_t len = tpr_manifest__manifest__get_packed_size(&m);
   if (!(bytes = malloc(len ? len : 1))) {
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
     goto done;
   }
   tpr_manifest__manifest__pack(&m, bytes);
-  TPR_CHECK_GOTO(write_synced(man_path, bytes, len), rc, done);
+  TPR_CHECK_GOTO(tpr_file_create_synced(man_path, bytes, len), rc, done);
   stats->bytes_written += cfg_len + len;
 done:
   free(sp), free(layers), free(cfg), free(bytes), free(cfg_path), free(out_cfg), free(man_path);
   return rc;
 }
 
-// Renames tmp to out, moving an existing out away first (force).
-static tpr_status publish(const char *tmp, const char *out, bool force) {
-  struct stat st;
-  char *old = NULL;
-  if (lstat(out, &st) == 0) {
-    if (!force) return TPR_FAIL(TPR_ERR_IO, "%s exists; pass --force to replace it", out);
-    size_t n = strlen(out) + 32;
-    if (!(old = malloc(n))) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
-    snprintf(old, n, "%s.old-%ld", out, (long)getpid());
-    if (rename(out, old) != 0) {
-      tpr_status rc = TPR_FAIL(TPR_ERR_IO, "cannot move %s to %s: %s", out, old, strerror(errno));
-      free(old);
-      return rc;
-    }
-  }
-  tpr_status rc = TPR_OK;
-  if (rename(tmp, out) != 0) {
-    rc = TPR_FAIL(TPR_ERR_IO, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
-    if (old) (void)rename(old, out);  // put the old one back
-  } else {
-    char *parent = strdup(out), *slash = parent ? strrchr(parent, '/') : NULL;
-    if (parent && slash) *(slash == parent ? slash + 1 : slash) = 0;
-    rc = parent ? sync_dir(slash ? parent : ".") : TPR_FAIL(TPR_ERR_OOM, "out of memory");
-    free(parent);
-    if (old && !(is_converted(old) && remove_flat(old, converted_file)))  // a converted dir goes; anything else stays
-      TPR_LOG_WRN("convert: kept the previous %s as %s (not only a converted checkpoint)", out, old);
-  }
-  free(old);
-  return rc;
-}
+static bool is_converted_dir(const char *dir) { return is_converted(dir); }
 
 tpr_status tpr_convert(const char *src, const tpr_shard_plan *p, const char *out, tpr_dtype dt, bool force,
                        tpr_convert_stats *stats) {
@@ -319,10 +245,10 @@ tpr_status tpr_convert(const char *src, const tpr_shard_plan *p, const char *out
     TPR_LOG_INF("convert: wrote rank %d of %d", r, p->world);
   }
   TPR_CHECK_GOTO(write_manifest(src, p, tmp, dt, moe, shards, stats), rc, done);
-  TPR_CHECK_GOTO(sync_dir(tmp), rc, done);
-  TPR_CHECK_GOTO(publish(tmp, out, force), rc, done);
+  TPR_CHECK_GOTO(tpr_dir_sync(tmp), rc, done);
+  TPR_CHECK_GOTO(tpr_dir_publish(tmp, out, force, is_converted_dir, converted_file, "convert"), rc, done);
 done:
-  if (rc != TPR_OK) remove_flat(tmp, NULL);  // everything in it is ours
+  if (rc != TPR_OK) tpr_dir_remove_flat(tmp, NULL);  // everything in it is ours
   for (int r = 0; shards && r < p->world; r++) free_shard(&shards[r]);
   free(shards);
   free(moe);

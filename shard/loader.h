@@ -41,6 +41,10 @@ typedef struct tpr_load_item {
 
 typedef struct tpr_loader tpr_loader;
 
+// A plan tensor's name pattern with {L} -> layer and {E} -> expert, into
+// buf[TPR_LOAD_NAME_MAX].
+tpr_status tpr_loader_tensor_name(const char *pattern, int64_t layer, int64_t expert, char *buf);
+
 // Opens `dir` for world rank `rank` of `plan` (borrowed: it must outlive the
 // loader). Reads headers only (and, for a converted directory, the manifest
 // and the rank file's header checksum). Errors: TPR_ERR_IO (missing

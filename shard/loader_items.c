@@ -77,8 +77,7 @@ static layer_set kind_layers(const tpr_shard_plan *p, const tpr_shard_tensor *t)
   return t->count == p->config.num_layers ? LAYERS_ALL : LAYERS_MOE;
 }
 
-// pattern with {L} -> layer and {E} -> expert, into buf[TPR_LOAD_NAME_MAX].
-static tpr_status subst(const char *pattern, int64_t layer, int64_t expert, char *buf) {
+tpr_status tpr_loader_tensor_name(const char *pattern, int64_t layer, int64_t expert, char *buf) {
   size_t k = 0;
   for (const char *s = pattern; *s;) {
     char num[24] = "";
@@ -125,8 +124,8 @@ tpr_status tpr__load_items(const tpr_shard_plan *p, const tpr_mesh *m, const boo
         x->local_expert = experts ? e : -1;
         x->expert = experts ? m->ep_rank * p->experts_per_rank + e : -1;
         x->numel = numel;
-        TPR_CHECK_GOTO(subst(t->name, x->layer, x->expert, x->name), rc, fail);
-        TPR_CHECK_GOTO(subst(t->name, x->layer, x->local_expert, x->rank_name), rc, fail);
+        TPR_CHECK_GOTO(tpr_loader_tensor_name(t->name, x->layer, x->expert, x->name), rc, fail);
+        TPR_CHECK_GOTO(tpr_loader_tensor_name(t->name, x->layer, x->local_expert, x->rank_name), rc, fail);
       }
     }
     if (listed != t->count) {

@@ -152,6 +152,7 @@ static tpr_status parse_common(const cJSON *root, const char *origin, tpr_model_
   TPR_CHECK(get_int(root, origin, "hidden_size", true, 0, &c->hidden_size));
   TPR_CHECK(get_int(root, origin, "num_hidden_layers", true, 0, &c->num_layers));
   TPR_CHECK(get_double(root, origin, NULL, "rms_norm_eps", 1e-6, &c->rms_norm_eps, NULL));
+  TPR_CHECK(get_double(root, origin, NULL, "router_aux_loss_coef", 0.001, &c->router_aux_loss_coef, NULL));
   return get_bool(root, origin, "tie_word_embeddings", false, &c->tie_word_embeddings);
 }
 
@@ -257,6 +258,9 @@ tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *orig
                     (long long)c->experts_per_tok, m2 ? "num_local_experts" : "num_experts", (long long)c->num_experts);
   if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rope_theta\" must be positive, got %g", origin, c->rope_theta);
+  if (!(c->router_aux_loss_coef >= 0) || isinf(c->router_aux_loss_coef))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"router_aux_loss_coef\" must be a finite number >= 0, got %g", origin,
+                    c->router_aux_loss_coef);
   if (!(c->rms_norm_eps > 0 && c->rms_norm_eps < 1))
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rms_norm_eps\" must be in (0, 1), got %g", origin, c->rms_norm_eps);
   if (c->shared_expert_intermediate_size < 0 || c->shared_expert_intermediate_size > SIZE_CAP)

@@ -62,6 +62,7 @@ typedef struct tpr_model_config {
   tpr_router_score router;
   bool routing_bias;             // e_score_correction_bias added for selection only
   bool norm_topk_prob;           // renormalise the chosen k weights to sum to 1
+  double router_aux_loss_coef;   // weight of the load-balancing loss in training (default 0.001)
   int64_t shared_expert_intermediate_size;  // 0: no shared expert
 
   // Layers with a dense MLP instead of the MoE block (qwen3_moe's

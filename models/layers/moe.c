@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "runtime/autodiff.h"
 #include "shard/mesh.h"
 
 const char *tpr_moe_dispatch_name(tpr_moe_dispatch d) {
@@ -44,11 +45,25 @@ tpr_status tpr_moe_opts_check(const tpr_moe_opts *o, const tpr_shard_plan *plan)
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Training: x (replicated over the group of `axis`) enters rank-local
+// compute; its cotangent is summed over that group (runtime/autodiff.h).
+static tpr_status mark(tpr_program *p, const tpr_moe_opts *o, tpr_value_id *x, tpr_mesh_axis axis, int n) {
+  if (!o->mark_grads || n == 1) return TPR_OK;
+  return tpr_pb_grad_all_reduce(p, *x, axis, n, x);
+}
+
 // x (T, H), gates (T, E) -> (T, H): this rank's experts on every token,
 // summed over the expert groups.
-static tpr_status allreduce_path(tpr_program *p, const tpr_shard_plan *plan, tpr_value_id rank, tpr_value_id x,
-                                 tpr_value_id g, tpr_value_id w13, tpr_value_id w2, tpr_value_id *out) {
+static tpr_status allreduce_path(tpr_program *p, const tpr_shard_plan *plan, const tpr_moe_opts *o,
+                                 tpr_value_id rank, tpr_value_id x, tpr_value_id g, tpr_value_id w13, tpr_value_id w2,
+                                 tpr_value_id *out) {
   int64_t T, E = plan->config.num_experts, Er = plan->experts_per_rank;
+  // The partial outputs are summed over ep, then etp: the same groups sum
+  // the inputs' cotangents.
+  TPR_CHECK(mark(p, o, &x, TPR_AXIS_EP, plan->ep));
+  TPR_CHECK(mark(p, o, &x, TPR_AXIS_ETP, plan->etp));
+  TPR_CHECK(mark(p, o, &g, TPR_AXIS_EP, plan->ep));
+  TPR_CHECK(mark(p, o, &g, TPR_AXIS_ETP, plan->etp));
   tpr_tensor d;
   TPR_CHECK(tpr_program_value(p, x, &d));
   T = d.shape[0];
@@ -69,9 +84,9 @@ static tpr_status allreduce_path(tpr_program *p, const tpr_shard_plan *plan, tpr
   return TPR_OK;
 }
 
-static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, tpr_value_id rank, tpr_value_id x,
-                                tpr_value_id g, tpr_value_id w13, tpr_value_id w2, tpr_value_id *out,
-                                tpr_moe_values *v) {
+static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, const tpr_moe_opts *o,
+                                tpr_value_id rank, tpr_value_id x, tpr_value_id g, tpr_value_id w13, tpr_value_id w2,
+                                tpr_value_id *out, tpr_moe_values *v) {
   const int tp = plan->tp, ep = plan->ep, etp = plan->etp;
   const int64_t E = plan->config.num_experts, Er = plan->experts_per_rank, k = plan->config.experts_per_tok;
   tpr_tensor d;
@@ -81,6 +96,8 @@ static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, tpr_
   tpr_value_id xs = x, gs = g, counts, recv_counts, send, recv, y, back, ys;
   if (tp > 1) {  // tp peers hold the same tokens: each takes its own slice
     tpr_value_id rank_tp;
+    TPR_CHECK(mark(p, o, &x, TPR_AXIS_TP, tp));
+    TPR_CHECK(mark(p, o, &g, TPR_AXIS_TP, tp));
     TPR_CHECK(tpr_pb_rank_index(p, rank, TPR_RANK_TP, &rank_tp));
     TPR_CHECK(tpr_pb_row_slice(p, x, rank_tp, tp, &xs));  // (Ts, H)
     TPR_CHECK(tpr_pb_row_slice(p, g, rank_tp, tp, &gs));  // (Ts, E)
@@ -88,6 +105,9 @@ static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, tpr_
   if (etp > 1) {  // every F slice of an expert must see the same tokens
     TPR_CHECK(tpr_pb_all_gather(p, xs, TPR_AXIS_ETP, etp, &xs));  // (N, H)
     TPR_CHECK(tpr_pb_all_gather(p, gs, TPR_AXIS_ETP, etp, &gs));  // (N, E)
+    // Gathered, they are replicated over etp and feed each rank's F slice.
+    TPR_CHECK(mark(p, o, &xs, TPR_AXIS_ETP, etp));
+    TPR_CHECK(mark(p, o, &gs, TPR_AXIS_ETP, etp));
   }
   TPR_CHECK(tpr_pb_moe_counts(p, gs, &counts));  // (E) i32
   TPR_CHECK(tpr_pb_moe_permute(p, xs, gs, send_rows, &send));
@@ -128,6 +148,6 @@ tpr_status tpr_moe_build(tpr_program *p, const tpr_shard_plan *plan, const tpr_m
   }
   v->gates = g;
   if (tpr_moe_dispatch_resolve(o->dispatch, plan) == TPR_MOE_DISPATCH_ALLTOALL)
-    return alltoall_path(p, plan, rank, x, g, w13, w2, out, v);
-  return allreduce_path(p, plan, rank, x, g, w13, w2, out);
+    return alltoall_path(p, plan, o, rank, x, g, w13, w2, out, v);
+  return allreduce_path(p, plan, o, rank, x, g, w13, w2, out);
 }

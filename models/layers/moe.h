@@ -53,6 +53,9 @@ typedef struct tpr_moe_opts {
   double capacity_factor;  // 0: dropless
   bool reroute_dropped;    // capacity mode only
   uint64_t seed;           // for re-routing; mixed with the layer index
+  // Training: mark the replicated inputs where they enter rank-local expert
+  // compute (grad_all_reduce over the group whose partial outputs are summed).
+  bool mark_grads;
 } tpr_moe_opts;
 
 // Checks options against a plan: a dispatcher the mesh cannot run, a bad

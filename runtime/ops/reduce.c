@@ -18,7 +18,7 @@ TPR_CPU_KERNEL(sum_to) {
   const float *xd = tpr_tensor_data(x);
   int64_t idx[TPR_MAX_DIMS] = {0};
   for (int64_t e = 0; e < n; e++) {
-    int64_t xoff = x->offset, ooff = 0;
+    int64_t xoff = 0, ooff = 0;  // tpr_tensor_data already points at the first element
     for (int d = 0; d < nd; d++) xoff += idx[d] * x->stride[d];
     for (int d = 0; d < od; d++) {
       int xd_ = d + nd - od;
@@ -39,7 +39,7 @@ TPR_CPU_KERNEL(scale) {
   const float *xd = tpr_tensor_data(x);
   int64_t n = tpr_tensor_numel(x), idx[TPR_MAX_DIMS] = {0};
   for (int64_t e = 0; e < n; e++) {
-    int64_t off = x->offset;
+    int64_t off = 0;
     for (int d = 0; d < x->ndim; d++) off += idx[d] * x->stride[d];
     o[e] = a * xd[off];
     for (int d = x->ndim - 1; d >= 0 && ++idx[d] == x->shape[d]; d--) idx[d] = 0;

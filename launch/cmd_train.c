@@ -1,0 +1,137 @@
+// tpr train: MoE training steps under mpirun (train/trainer.h).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "launch/args.h"
+#include "launch/cli_util.h"
+#include "launch/commands.h"
+#include "launch/model_cli.h"
+#include "runtime/file_io.h"
+#include "models/minimax_m2.h"
+#include "models/minimax_m2_train.h"
+#include "shard/checkpoint_gen.h"
+#include "train/trainer.h"
+
+static const char *usage =
+    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init) --data TOKENS.npy\n"
+    "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
+    "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
+    "         [--tp --dp --ep --etp] [--save DIR [--save-every N]] [--resume DIR] [--json]";
+
+static int usage_error(const char *msg) {
+  fprintf(stderr, "tpr train: %s\n%s\n", msg, usage);
+  return 2;
+}
+
+// --random-init: rank 0 writes a random checkpoint of the config into a
+// fresh temporary directory that every rank then loads.
+static tpr_status random_model(tpr_world *w, const char *config, uint64_t seed, char *dir, size_t n) {
+  tpr_status rc = TPR_OK;
+  int64_t pid = getpid();
+  TPR_CHECK(tpr_comm_broadcast(w->host, &pid, &pid, 1, TPR_I64, 0));
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, n, "%s/tpr-train-init-%lld", tmp && *tmp ? tmp : "/tmp", (long long)pid);
+  if (w->rank == 0) rc = tpr_checkpoint_generate(config, dir, seed, TPR_F32, 1, NULL);
+  int64_t ok = rc == TPR_OK;
+  TPR_CHECK(tpr_comm_all_reduce(w->host, &ok, &ok, 1, TPR_I64, TPR_MIN));
+  if (!ok) return rc != TPR_OK ? rc : TPR_FAIL(TPR_ERR_IO, "rank 0 could not write the random checkpoint");
+  return TPR_OK;
+}
+
+int tpr_cmd_train(int argc, char **argv) {
+  const char *model = NULL, *config = NULL, *data = NULL, *order = "random", *dump = NULL;
+  bool random_init = false;
+  tpr_train_opts o = {.seq_len = 256, .micro_batch = 1, .grad_accum = 1, .steps = 10, .lr = 3e-4, .min_lr = -1,
+                      .weight_decay = 0.1, .clip = 1.0, .warmup = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                      .aux_coef = -1};
+  int64_t seed = 0;
+  tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
+  tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
+  tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
+  const char *skip_marks = NULL;
+  const tpr_arg args[] = {
+      {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
+      {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
+      {"random-init", TPR_ARG_FLAG, &random_init, "start from random weights (N(0, 0.02^2); norms near 1)"},
+      {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
+      {"data-order", TPR_ARG_STR, &order, "random (a seeded permutation of windows per epoch, default) | sequential"},
+      {"seq-len", TPR_ARG_INT, &o.seq_len, "tokens per sequence (default 256)"},
+      {"micro-batch", TPR_ARG_INT, &o.micro_batch, "sequences per micro-step per replica (default 1)"},
+      {"grad-accum", TPR_ARG_INT, &o.grad_accum, "micro-steps per optimizer step (default 1)"},
+      {"steps", TPR_ARG_INT, &o.steps, "optimizer steps (default 10)"},
+      {"lr", TPR_ARG_FLOAT, &o.lr, "peak learning rate (default 3e-4)"},
+      {"warmup", TPR_ARG_INT, &o.warmup, "linear warmup steps (default 0)"},
+      {"min-lr", TPR_ARG_FLOAT, &o.min_lr, "floor of the cosine decay (default lr / 10)"},
+      {"weight-decay", TPR_ARG_FLOAT, &o.weight_decay, "AdamW decoupled weight decay on >= 2-D weights (default 0.1)"},
+      {"beta1", TPR_ARG_FLOAT, &o.beta1, "AdamW beta1 (default 0.9)"},
+      {"beta2", TPR_ARG_FLOAT, &o.beta2, "AdamW beta2 (default 0.95)"},
+      {"clip", TPR_ARG_FLOAT, &o.clip, "global gradient-norm clip (default 1.0; 0 = off)"},
+      {"aux-coef", TPR_ARG_FLOAT, &o.aux_coef, "weight of the MoE load-balancing loss (default: the config's)"},
+      {"seed", TPR_ARG_INT, &seed, "seed of the data order and of --random-init (default 0)"},
+      {"save", TPR_ARG_STR, &o.save_dir, "checkpoint directory (Hugging Face + optimizer state), written atomically"},
+      {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
+      {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same mesh)"},
+      {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
+      {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
+      {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
+      {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
+       "test only: column | qk-norm | all: leave out those backward all-reduces (a negative control)"},
+      TPR_MODEL_MESH_ARGS(mesh),
+      TPR_WORLD_ARGS(wo),
+      TPR_MODEL_DEBUG_ARGS(dbg),
+  };
+  tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
+  if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
+  int sources = (model != NULL) + (config != NULL) + (o.resume_dir != NULL);
+  if (sources != 1 || (config && !random_init) || (random_init && !config))
+    return usage_error("give exactly one of --model DIR, --config F --random-init, or --resume DIR");
+  if (!data) return usage_error("--data is required");
+  if (strcmp(order, "random") && strcmp(order, "sequential"))
+    return usage_error("--data-order must be random or sequential");
+  if (o.seq_len < 1 || o.micro_batch < 1 || o.grad_accum < 1 || o.steps < 1 || o.warmup < 0 || o.save_every < 0 || o.stop_after < 0)
+    return usage_error("--seq-len, --micro-batch, --grad-accum and --steps must be >= 1; --warmup, --save-every, --stop-after >= 0");
+  if (!(o.lr > 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    return usage_error("--lr must be > 0, --weight-decay >= 0, betas in [0, 1)");
+  if (o.min_lr < 0) o.min_lr = o.lr / 10;
+  int skip = 0;
+  if (skip_marks) {
+    if (!strcmp(skip_marks, "column")) skip = TPR_M2_MARKS_COLUMN;
+    else if (!strcmp(skip_marks, "qk-norm")) skip = TPR_M2_MARKS_QK_NORM;
+    else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM;
+    else return usage_error("--debug-skip-grad-marks must be column, qk-norm or all");
+  }
+  o.data = data;
+  o.data_sequential = !strcmp(order, "sequential");
+  o.seed = (uint64_t)seed;
+  o.dump_grads = dump;
+  tpr_world w;
+  tpr_m2_session *s = NULL;
+  char init_dir[512] = "";
+  tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
+  if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
+  const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
+  tpr_m2_session_opts so;
+  if (rc == TPR_OK) rc = tpr_cli_session_opts(&w, dir, &mesh, o.seq_len, &dbg, &so);
+  if (rc == TPR_OK) {
+    so.training = true;
+    so.skip_grad_marks = skip;
+    rc = tpr_m2_session_open(&so, w.host, w.be, &s);
+  }
+  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef};
+  if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);
+  if (rc == TPR_OK && w.rank == 0 && !o.json) {
+    const tpr_shard_plan *pl = tpr_m2_session_plan(s);
+    printf("train: world %d (tp %d dp %d ep %d etp %d), %d trained tensors on rank 0, seq %lld x %lld x %lld "
+           "per replica per step\n", w.size, pl->tp, pl->dp, pl->ep, pl->etp, tpr_m2_train_num_params(s),
+           (long long)o.seq_len, (long long)o.micro_batch, (long long)o.grad_accum);
+  }
+  if (rc == TPR_OK) rc = tpr_train_run(s, w.host, &o, stdout);
+  tpr_m2_session_close(s);
+  if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
+  if (rc != TPR_OK) return tpr_world_fail(&w, "train");
+  tpr_world_finish(&w);
+  return 0;
+}

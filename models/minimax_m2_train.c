@@ -1,0 +1,337 @@
+// Training state of a MiniMax-M2 session: the forward+backward program, the
+// trained params with their gradient accumulators, and the collective steps
+// on gradients (fold, dp mean, norm) and weights (export).
+#include "minimax_m2_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/minimax_m2_impl.h"
+#include "models/minimax_m2_session_impl.h"
+#include "shard/unshard.h"
+
+// A checkpoint tensor inside a param's buffer: plan kind, layer, local
+// expert (-1 if none) and its element offset (rank_shape elements follow).
+typedef struct piece {
+  int kind;
+  int64_t layer, local_expert, offset;
+} piece;
+
+typedef struct train_param {
+  tpr_m2_param pub;
+  char name[TPR_LOAD_NAME_MAX];  // pub.name points here
+  bool trained;      // the routing bias is carried (saved) but never trained
+  bool expert;       // replicated over edp (else over dp)
+  int n_pieces;
+  piece *pieces;
+} train_param;
+
+struct tpr_m2_train {
+  tpr_m2_train_opts o;
+  tpr_program *program;
+  tpr_exec *exec;
+  tpr_tensor *tokens, *targets, *positions, *start;  // (T) (T) (T) (1) i32
+  train_param *params;
+  int n_params, n_trained;  // trained params first
+  int32_t *host_i32;        // (T) staging
+  float *gather;            // (max(world, tp) * largest piece) collective staging
+  int64_t gather_cap;
+};
+
+void tpr__m2_train_free(struct tpr_m2_train *t) {
+  if (!t) return;
+  tpr_exec_free(t->exec);
+  tpr_program_free(t->program);
+  tpr_tensor_free(t->tokens), tpr_tensor_free(t->targets), tpr_tensor_free(t->positions), tpr_tensor_free(t->start);
+  for (int i = 0; i < t->n_params; i++) {
+    free(t->params[i].pub.grad);
+    free(t->params[i].pieces);
+  }
+  free(t->params), free(t->host_i32), free(t->gather);
+  free(t);
+}
+
+int tpr_m2_train_num_params(const tpr_m2_session *s) { return s->train ? s->train->n_trained : 0; }
+const tpr_m2_param *tpr_m2_train_param(const tpr_m2_session *s, int i) { return &s->train->params[i].pub; }
+
+static int64_t kind_numel(const tpr_shard_tensor *k) {
+  return k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
+}
+
+static tpr_status add_param(struct tpr_m2_train *t, const char *name, float *data, int64_t numel, bool trained,
+                            int n_pieces) {
+  train_param *p = &t->params[t->n_params++];
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->pub = (tpr_m2_param){.name = p->name, .data = data, .numel = numel};
+  p->trained = trained;
+  p->pieces = calloc((size_t)n_pieces, sizeof *p->pieces);
+  if (!p->pieces) return TPR_FAIL(TPR_ERR_OOM, "train params");
+  if (trained && !(p->pub.grad = calloc((size_t)numel, sizeof(float)))) return TPR_FAIL(TPR_ERR_OOM, "gradients");
+  return TPR_OK;
+}
+
+static int find_kind(const tpr_shard_plan *p, const char *suffix) {
+  for (int i = 0; i < p->n_tensors; i++)
+    if (strstr(p->tensors[i].name, suffix)) return i;
+  return -1;
+}
+
+// The params in a fixed order (the same on every rank): trained weights
+// items, the stacked experts, then the untrained routing biases.
+static tpr_status list_params(tpr_m2_session *s, struct tpr_m2_train *t) {
+  const tpr_shard_plan *pl = &s->plan;
+  int64_t layers = s->cfg.num_layers, Er = pl->experts_per_rank, Fr = pl->expert_inter_per_rank, H = s->cfg.hidden_size;
+  t->params = calloc((size_t)(s->weights.n + 2 * layers), sizeof *t->params);
+  if (!t->params) return TPR_FAIL(TPR_ERR_OOM, "train params");
+  int k1 = find_kind(pl, ".w1.weight"), k3 = find_kind(pl, ".w3.weight"), k2 = find_kind(pl, ".w2.weight");
+  for (int pass = 0; pass < 2; pass++) {  // trained first, then the frozen biases
+    for (int64_t i = 0; i < s->weights.n; i++) {
+      const tpr_load_item *it = &s->weights.items[i];
+      bool trained = !strstr(it->name, "e_score_correction_bias");
+      if (it->local_expert >= 0 || trained != (pass == 0)) continue;
+      TPR_CHECK(add_param(t, it->name, tpr_tensor_data(s->item_tensors[i]), it->numel, trained, 1));
+      train_param *p = &t->params[t->n_params - 1];
+      p->pieces[p->n_pieces++] = (piece){it->kind, it->layer, -1, 0};
+      p->pub.decay = pl->tensors[it->kind].ndim >= 2;
+    }
+    if (pass == 1) break;
+    for (int64_t L = 0; L < layers; L++)
+      for (int w = 0; w < 2; w++) {
+        char name[160];
+        tpr_m2_expert_name(L, w ? "w2" : "w13", name, sizeof name);
+        tpr_tensor *x = s->experts[2 * L + w];
+        TPR_CHECK(add_param(t, name, tpr_tensor_data(x), tpr_tensor_numel(x), true, (int)(w ? Er : 2 * Er)));
+        train_param *p = &t->params[t->n_params - 1];
+        p->expert = true;
+        p->pub.decay = true;
+        for (int64_t e = 0; e < Er; e++)
+          if (w)
+            p->pieces[p->n_pieces++] = (piece){k2, L, e, e * H * Fr};
+          else {
+            p->pieces[p->n_pieces++] = (piece){k1, L, e, e * 2 * Fr * H};
+            p->pieces[p->n_pieces++] = (piece){k3, L, e, e * 2 * Fr * H + Fr * H};
+          }
+      }
+    t->n_trained = t->n_params;
+  }
+  return TPR_OK;
+}
+
+static tpr_status build(tpr_m2_session *s, struct tpr_m2_train *t) {
+  int64_t T = t->o.seq_len;
+  tpr_m2_build_opts bo = {.tokens = T,
+                          .max_seq = T,
+                          .per_rank_qk_norm = s->o.per_rank_qk_norm,
+                          .moe = s->o.moe,
+                          .training = true,
+                          .aux_coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef,
+                          .skip_grad_marks = s->o.skip_grad_marks};
+  TPR_CHECK(tpr__m2_make_program(s, &bo, &t->program));
+  TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
+  tpr_exec_set_collectives(t->exec, &s->hook);
+  TPR_CHECK(tpr__m2_bind_params(s, t->exec));
+  tpr_tensor **ins[] = {&t->tokens, &t->targets, &t->positions};
+  const char *names[] = {"tokens", "targets", "positions"};
+  for (int i = 0; i < 3; i++) {
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, ins[i]));
+    TPR_CHECK(tpr_exec_bind(t->exec, names[i], *ins[i]));
+  }
+  TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){1}, &t->start));
+  TPR_CHECK(tpr_exec_bind(t->exec, "start", t->start));
+  int32_t zero = 0, *pos = t->host_i32;
+  for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
+  TPR_CHECK(tpr_tensor_from_host(t->positions, pos, (size_t)T * sizeof *pos));
+  return tpr_tensor_from_host(t->start, &zero, sizeof zero);
+}
+
+static tpr_status start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
+  if (!s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: the session was not opened for training");
+  if (!s->be->vt->host_addressable)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: runs on the CPU backend (backend %s has no backward kernels yet)",
+                    tpr_backend_name(s->be));
+  if (o->seq_len < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --seq-len %lld", (long long)o->seq_len);
+  if (s->train) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: already started");
+  struct tpr_m2_train *t = calloc(1, sizeof *t);
+  if (!t) return TPR_FAIL(TPR_ERR_OOM, "train");
+  s->train = t;
+  t->o = *o;
+  if (!(t->host_i32 = malloc((size_t)o->seq_len * sizeof *t->host_i32))) return TPR_FAIL(TPR_ERR_OOM, "train");
+  TPR_CHECK(build(s, t));
+  TPR_CHECK(list_params(s, t));
+  int64_t big = 0;
+  for (int k = 0; k < s->plan.n_tensors; k++) big = kind_numel(&s->plan.tensors[k]) > big ? kind_numel(&s->plan.tensors[k]) : big;
+  t->gather_cap = big * (s->plan.world > s->plan.tp ? s->plan.world : s->plan.tp);
+  if (!(t->gather = malloc((size_t)t->gather_cap * sizeof *t->gather))) return TPR_FAIL(TPR_ERR_OOM, "train staging");
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
+  return tpr__m2_agree(s->world, start(s, o));
+}
+
+void tpr_m2_train_zero_grads(tpr_m2_session *s) {
+  struct tpr_m2_train *t = s->train;
+  for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
+}
+
+static tpr_status read_scalar(tpr_exec *e, const char *name, double *out) {
+  const tpr_tensor *x;
+  float v;
+  TPR_CHECK(tpr_exec_output(e, name, &x));
+  TPR_CHECK(tpr_tensor_to_host(x, &v, sizeof v));
+  *out = v;
+  return TPR_OK;
+}
+
+static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targets) {
+  for (int64_t i = 0; i < T; i++)
+    if ((ids[i] < 0 || ids[i] >= V) && !(targets && ids[i] == -100))
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: %s id %d at position %lld is outside the vocabulary [0, %lld)%s",
+                      targets ? "target" : "token", ids[i], (long long)i, (long long)V,
+                      targets ? " (and is not the ignore index -100)" : "");
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const int32_t *targets, double weight,
+                                 tpr_m2_losses *out) {
+  struct tpr_m2_train *t = s->train;
+  if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
+  int64_t T = t->o.seq_len;
+  TPR_CHECK(check_ids(inputs, T, s->cfg.vocab_size, false));
+  TPR_CHECK(check_ids(targets, T, s->cfg.vocab_size, true));
+  TPR_CHECK(tpr_tensor_from_host(t->tokens, inputs, (size_t)T * sizeof *inputs));
+  TPR_CHECK(tpr_tensor_from_host(t->targets, targets, (size_t)T * sizeof *targets));
+  TPR_CHECK(tpr_exec_run(t->exec));
+  if (out) {
+    TPR_CHECK(read_scalar(t->exec, "loss", &out->loss));
+    TPR_CHECK(read_scalar(t->exec, "ce", &out->ce));
+    TPR_CHECK(read_scalar(t->exec, "aux", &out->aux));
+  }
+  float w = (float)weight;
+  for (int i = 0; i < t->n_trained; i++) {
+    tpr_m2_param *p = &t->params[i].pub;
+    char name[192];
+    snprintf(name, sizeof name, "%s%s", TPR_M2_GRAD_PREFIX, p->name);
+    const tpr_tensor *g;
+    TPR_CHECK(tpr_exec_output(t->exec, name, &g));
+    const float *gd = tpr_tensor_data(g);
+    for (int64_t j = 0; j < p->numel; j++) p->grad[j] += w * gd[j];
+  }
+  return TPR_OK;
+}
+
+static tpr_status fold(tpr_m2_session *s, struct tpr_m2_train *t) {
+  const tpr_shard_plan *pl = &s->plan;
+  for (int i = 0; i < t->n_trained; i++)
+    for (int j = 0; j < t->params[i].n_pieces; j++) {
+      const piece *pc = &t->params[i].pieces[j];
+      const tpr_shard_tensor *k = &pl->tensors[pc->kind];
+      float *g = t->params[i].pub.grad + pc->offset;
+      const float *all = NULL;
+      if (tpr_unshard_fold_needs_gather(pl, k)) {
+        TPR_CHECK(tpr_comm_all_gather(s->comms.axis[TPR_AXIS_TP], g, t->gather, (size_t)kind_numel(k), TPR_F32));
+        all = t->gather;
+      }
+      tpr_unshard_fold_grad(pl, k, s->mesh.tp_rank, g, all);
+    }
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s) {
+  struct tpr_m2_train *t = s->train;
+  TPR_CHECK(fold(s, t));
+  const tpr_shard_plan *pl = &s->plan;
+  // Dense params: each replica has d L_d / dW; the mean over replicas.
+  // Experts under the alltoall dispatcher: each edp copy saw only the tokens
+  // routed through its ep group (tp peers take disjoint slices), so the
+  // copies' gradients are summed, then divided by the replicas. Under the
+  // allreduce dispatcher (dp = 1) every copy saw every token: nothing to do.
+  bool split_experts = tpr_moe_dispatch_resolve(s->o.moe.dispatch, pl) == TPR_MOE_DISPATCH_ALLTOALL;
+  float inv = 1.0f / (float)pl->dp;
+  for (int i = 0; i < t->n_trained; i++) {
+    tpr_m2_param *p = &t->params[i].pub;
+    bool expert = t->params[i].expert;
+    int n = expert ? (split_experts ? pl->edp : 1) : pl->dp;
+    if (n > 1) {
+      tpr_comm_t c = s->comms.axis[expert ? TPR_AXIS_EDP : TPR_AXIS_DP];
+      TPR_CHECK(tpr_comm_all_reduce(c, p->grad, p->grad, (size_t)p->numel, TPR_F32, TPR_SUM));
+    }
+    if (pl->dp > 1)
+      for (int64_t j = 0; j < p->numel; j++) p->grad[j] *= inv;
+  }
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out) {
+  struct tpr_m2_train *t = s->train;
+  double sum = 0;
+  for (int i = 0; i < t->n_trained; i++)
+    for (int j = 0; j < t->params[i].n_pieces; j++) {
+      const piece *pc = &t->params[i].pieces[j];
+      sum += tpr_unshard_sumsq(&s->plan, &s->plan.tensors[pc->kind], &s->mesh, t->params[i].pub.grad + pc->offset);
+    }
+  // The ranks' doubles are gathered bit for bit (the collectives have no f64)
+  // and added in rank order: the same exact total on every rank.
+  int world = s->plan.world;
+  int64_t bits, *all = malloc((size_t)world * sizeof *all);
+  if (!all) return TPR_FAIL(TPR_ERR_OOM, "grad norm");
+  memcpy(&bits, &sum, sizeof bits);
+  tpr_status rc = tpr_comm_all_gather(s->world, &bits, all, 1, TPR_I64);
+  double total = 0;
+  for (int r = 0; rc == TPR_OK && r < world; r++) {
+    double v;
+    memcpy(&v, &all[r], sizeof v);
+    total += v;
+  }
+  free(all);
+  *out = total;
+  return rc;
+  return TPR_OK;
+}
+
+// One piece gathered from every rank; on rank 0 each checkpoint tensor it
+// covers (one, or one per ep group for experts) is assembled and handed on.
+static tpr_status export_piece(tpr_m2_session *s, const piece *pc, const float *mine, tpr_m2_export_fn fn,
+                               void *ctx) {
+  struct tpr_m2_train *t = s->train;
+  const tpr_shard_plan *pl = &s->plan;
+  const tpr_shard_tensor *k = &pl->tensors[pc->kind];
+  int64_t n = kind_numel(k), world = pl->world;
+  TPR_CHECK(tpr_comm_all_gather(s->world, mine, t->gather, (size_t)n, TPR_F32));
+  if (s->mesh.world_rank != 0) return TPR_OK;
+  int64_t gn = k->ndim == 2 ? k->global_shape[0] * k->global_shape[1] : k->global_shape[0];
+  int groups = pc->local_expert >= 0 ? pl->ep : 1;
+  float *hf = calloc((size_t)(groups * gn), sizeof *hf);
+  if (!hf) return TPR_FAIL(TPR_ERR_OOM, "export %s", k->name);
+  tpr_status rc = TPR_OK;
+  for (int64_t r = 0; rc == TPR_OK && r < world; r++) {
+    tpr_mesh m;
+    rc = tpr_mesh_init((int)world, (int)r, pl->tp, pl->ep, pl->etp, &m);
+    int grp = groups > 1 ? m.ep_rank : 0;
+    if (rc == TPR_OK) tpr_unshard_place(pl, k, &m, t->gather + r * n, hf + grp * gn);
+  }
+  for (int g = 0; rc == TPR_OK && g < groups; g++) {
+    char name[TPR_LOAD_NAME_MAX];
+    int64_t expert = pc->local_expert >= 0 ? g * pl->experts_per_rank + pc->local_expert : -1;
+    rc = tpr_loader_tensor_name(k->name, pc->layer, expert, name);
+    if (rc == TPR_OK) rc = fn(ctx, name, k->ndim, k->global_shape, hf + g * gn);
+  }
+  free(hf);
+  return rc;
+}
+
+tpr_status tpr_m2_train_export(tpr_m2_session *s, bool grads, tpr_m2_export_fn fn, void *ctx) {
+  struct tpr_m2_train *t = s->train;
+  if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
+  int n = grads ? t->n_trained : t->n_params;
+  for (int i = 0; i < n; i++) {
+    const train_param *p = &t->params[i];
+    for (int j = 0; j < p->n_pieces; j++) {
+      const float *src = (grads ? p->pub.grad : p->pub.data) + p->pieces[j].offset;
+      TPR_CHECK(export_piece(s, &p->pieces[j], src, fn, ctx));
+    }
+  }
+  return TPR_OK;
+}

@@ -1,0 +1,60 @@
+// Training a MiniMax-M2 session (opened with opts.training): one program of
+// forward + backward per sequence length (models/minimax_m2.h, training), the
+// gradient accumulators, and the collective steps that turn each rank's
+// gradients into the true ones of its slices. The optimizer (train/) updates
+// the params this API lists, in place.
+//
+// A step: tpr_m2_train_zero_grads; tpr_m2_train_sequence for each of the
+// rank's sequences (weight = 1 / sequences per replica); then
+// tpr_m2_train_reduce_grads (replicated heads folded, mean over dp replicas);
+// tpr_m2_train_grad_sumsq for clipping. Every rank must make the same calls.
+#ifndef TPR_MINIMAX_M2_TRAIN_H
+#define TPR_MINIMAX_M2_TRAIN_H
+
+#include "models/minimax_m2_session.h"
+
+typedef struct tpr_m2_train_opts {
+  int64_t seq_len;  // tokens per sequence (the program's T)
+  double aux_coef;  // weight of the aux loss; < 0: the config's router_aux_loss_coef
+} tpr_m2_train_opts;
+
+// One trained tensor of this rank, in the rank's layout (host f32).
+typedef struct tpr_m2_param {
+  const char *name;  // the program param's name
+  float *data;       // (numel) weights, updated in place by the optimizer
+  float *grad;       // (numel) gradient accumulated since the last zero_grads
+  int64_t numel;
+  bool decay;        // the checkpoint tensor has >= 2 dims (norms get no weight decay)
+} tpr_m2_param;
+
+typedef struct tpr_m2_losses {
+  double loss, ce, aux;  // of one sequence (identical on every rank of a tp group)
+} tpr_m2_losses;
+
+tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o);
+int tpr_m2_train_num_params(const tpr_m2_session *s);
+const tpr_m2_param *tpr_m2_train_param(const tpr_m2_session *s, int i);
+void tpr_m2_train_zero_grads(tpr_m2_session *s);
+
+// Forward + backward of one sequence: inputs and targets (seq_len) i32
+// (targets -100 are ignored); grad += weight * d loss / d param.
+// Token ids outside the vocabulary: TPR_ERR_INVALID_ARG naming the position.
+tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const int32_t *targets, double weight,
+                                 tpr_m2_losses *out);
+
+// Collective. Folds copies of replicated heads (sum) and zeroes padding,
+// then averages over the dp replicas (experts: sums over edp, divided by dp).
+tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s);
+// Collective: the gradient's global sum of squares (the norm squared), each
+// checkpoint element counted once; the same double on every rank.
+tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out);
+
+// Collective: every trained checkpoint tensor reassembled from the ranks'
+// slices (padding removed, experts split back into w1/w3/w2), handed to
+// fn on world rank 0 only, under transformers' names. grads: the gradient
+// accumulators instead of the weights.
+typedef tpr_status (*tpr_m2_export_fn)(void *ctx, const char *name, int ndim, const int64_t *shape,
+                                       const float *data);
+tpr_status tpr_m2_train_export(tpr_m2_session *s, bool grads, tpr_m2_export_fn fn, void *ctx);
+
+#endif

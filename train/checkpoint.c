@@ -1,0 +1,237 @@
+#include "checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "models/minimax_m2_train.h"
+#include "runtime/file_io.h"
+#include "shard/safetensors.h"
+
+// Full tensors collected on rank 0 for one safetensors file.
+typedef struct collect {
+  tpr_st_write_entry *e;
+  int n, cap;
+} collect;
+
+static tpr_status collect_add(void *ctx, const char *name, int ndim, const int64_t *shape, const float *data) {
+  collect *c = ctx;
+  if (c->n == c->cap) {
+    int cap = c->cap ? 2 * c->cap : 64;
+    tpr_st_write_entry *e = realloc(c->e, (size_t)cap * sizeof *e);
+    if (!e) return TPR_FAIL(TPR_ERR_OOM, "checkpoint tensors");
+    c->e = e, c->cap = cap;
+  }
+  int64_t n = ndim == 2 ? shape[0] * shape[1] : shape[0];
+  int64_t *sh = malloc(2 * sizeof *sh);
+  float *copy = malloc((size_t)n * sizeof *copy);
+  char *nm = strdup(name);
+  if (!sh || !copy || !nm) {
+    free(sh), free(copy), free(nm);
+    return TPR_FAIL(TPR_ERR_OOM, "checkpoint tensors");
+  }
+  memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+  memcpy(copy, data, (size_t)n * sizeof *copy);
+  c->e[c->n++] = (tpr_st_write_entry){.name = nm, .dtype = TPR_F32, .ndim = ndim, .shape = sh, .data = copy};
+  return TPR_OK;
+}
+
+static void collect_free(collect *c) {
+  for (int i = 0; i < c->n; i++) free((void *)c->e[i].name), free((void *)c->e[i].shape), free((void *)c->e[i].data);
+  free(c->e);
+}
+
+tpr_status tpr_train_write_full(tpr_m2_session *s, bool grads, const char *path) {
+  collect c = {0};
+  tpr_status rc = tpr_m2_train_export(s, grads, collect_add, &c);
+  if (rc == TPR_OK && tpr_m2_session_mesh(s)->world_rank == 0) rc = tpr_st_write(path, c.e, c.n, NULL);
+  collect_free(&c);
+  return rc;
+}
+
+// Every rank fails when one does.
+static tpr_status agree(tpr_comm_t world, tpr_status rc) {
+  int64_t failed = rc != TPR_OK;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
+  tpr_status crc = tpr_comm_all_reduce(world, &failed, &failed, 1, TPR_I64, TPR_MAX);
+  if (crc != TPR_OK) return crc;
+  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
+  if (failed) return TPR_FAIL(TPR_ERR_IO, "another rank failed to write the checkpoint (see its message)");
+  return TPR_OK;
+}
+
+static char *path_of(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+static void rank_file(const tpr_mesh *m, char *buf, size_t n) {
+  snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", m->world_rank, m->world_size);
+}
+
+// What a training checkpoint holds (nothing else is removed with an old one).
+static bool our_file(const char *name) {
+  int r, w, end = 0;
+  return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") || !strcmp(name, "trainer_state.json") ||
+         (sscanf(name, "optim-rank-%5d-of-%5d.safetensors%n", &r, &w, &end) == 2 && end && !name[end]);
+}
+
+static bool is_checkpoint(const char *dir) {
+  char *p = path_of(dir, "trainer_state.json");
+  struct stat st;
+  bool yes = p && stat(p, &st) == 0;
+  free(p);
+  return yes;
+}
+
+static tpr_status write_state(const char *tmp, const tpr_m2_session *s, int64_t step, const tpr_train_opts *o) {
+  const tpr_shard_plan *pl = tpr_m2_session_plan(s);
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return TPR_FAIL(TPR_ERR_OOM, "trainer state");
+  cJSON_AddNumberToObject(j, "step", (double)step);
+  cJSON_AddNumberToObject(j, "world", pl->world);
+  cJSON_AddNumberToObject(j, "tp", pl->tp);
+  cJSON_AddNumberToObject(j, "dp", pl->dp);
+  cJSON_AddNumberToObject(j, "ep", pl->ep);
+  cJSON_AddNumberToObject(j, "etp", pl->etp);
+  cJSON_AddNumberToObject(j, "seq_len", (double)o->seq_len);
+  cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
+  cJSON_AddNumberToObject(j, "grad_accum", (double)o->grad_accum);
+  cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+  cJSON_AddStringToObject(j, "data", o->data ? o->data : "");
+  cJSON_AddStringToObject(j, "data_order", o->data_sequential ? "sequential" : "random");
+  char *text = cJSON_Print(j), *path = path_of(tmp, "trainer_state.json");
+  cJSON_Delete(j);
+  tpr_status rc = text && path ? tpr_file_create_synced(path, text, strlen(text)) : TPR_FAIL(TPR_ERR_OOM, "state");
+  free(text), free(path);
+  return rc;
+}
+
+static tpr_status copy_config(const tpr_m2_session *s, const char *tmp) {
+  char *src = path_of(tpr_m2_session_model_dir(s), "config.json"), *dst = path_of(tmp, "config.json");
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  tpr_status rc = src && dst ? tpr_file_read(src, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "config");
+  if (rc == TPR_OK) rc = tpr_file_create_synced(dst, bytes, len);
+  free(src), free(dst), free(bytes);
+  return rc;
+}
+
+// This rank's moments under "<param>.exp_avg" / ".exp_avg_sq".
+static tpr_status write_moments(const tpr_m2_session *s, const char *tmp, int64_t step, const tpr_adamw_state *adam) {
+  int n = tpr_m2_train_num_params(s);
+  tpr_st_write_entry *e = calloc((size_t)(2 * n + 1), sizeof *e);
+  char (*names)[192] = calloc((size_t)(2 * n + 1), sizeof *names);
+  int64_t *shapes = calloc((size_t)(n + 1), sizeof *shapes);
+  tpr_status rc = e && names && shapes ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "optimizer state");
+  for (int i = 0; rc == TPR_OK && i < n; i++) {
+    const tpr_m2_param *p = tpr_m2_train_param(s, i);
+    shapes[i] = p->numel;
+    for (int k = 0; k < 2; k++) {
+      snprintf(names[2 * i + k], sizeof names[0], "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
+      e[2 * i + k] = (tpr_st_write_entry){names[2 * i + k], TPR_F32, 1, &shapes[i], k ? adam[i].v : adam[i].m};
+    }
+  }
+  char file[64], stepbuf[32];
+  rank_file(tpr_m2_session_mesh(s), file, sizeof file);
+  snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)step);
+  const char *meta[] = {"step", stepbuf, NULL};
+  char *path = rc == TPR_OK ? path_of(tmp, file) : NULL;
+  if (rc == TPR_OK) rc = path ? tpr_st_write(path, e, 2 * n, meta) : TPR_FAIL(TPR_ERR_OOM, "path");
+  free(path), free(e), free(names), free(shapes);
+  return rc;
+}
+
+tpr_status tpr_train_checkpoint_save(tpr_m2_session *s, tpr_comm_t world, const char *dir, int64_t step,
+                                     const tpr_train_opts *o, const tpr_adamw_state *adam) {
+  bool root = tpr_m2_session_mesh(s)->world_rank == 0;
+  size_t n = strlen(dir) + 8;
+  char *tmp = malloc(n);
+  if (!tmp) return TPR_FAIL(TPR_ERR_OOM, "checkpoint");
+  snprintf(tmp, n, "%s.tmp", dir);
+  tpr_status rc = TPR_OK;
+  if (root) {  // a leftover of a save that was killed is ours to clear
+    if (is_checkpoint(tmp) || access(tmp, F_OK) == 0) tpr_dir_remove_flat(tmp, our_file);
+    if (mkdir(tmp, 0755) != 0) rc = TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  }
+  rc = agree(world, rc);
+  if (rc == TPR_OK) {
+    tpr_status mine = write_moments(s, tmp, step, adam);
+    rc = agree(world, mine);
+  }
+  if (rc == TPR_OK) {
+    char *model = path_of(tmp, "model.safetensors");
+    tpr_status mine = model ? tpr_train_write_full(s, false, model) : TPR_FAIL(TPR_ERR_OOM, "path");
+    if (mine == TPR_OK && root) mine = copy_config(s, tmp);
+    if (mine == TPR_OK && root) mine = write_state(tmp, s, step, o);  // written last: it marks a whole checkpoint
+    if (mine == TPR_OK && root) mine = tpr_dir_sync(tmp);
+    if (mine == TPR_OK && root) mine = tpr_dir_publish(tmp, dir, true, is_checkpoint, our_file, "train --save");
+    free(model);
+    rc = agree(world, mine);
+  }
+  if (rc != TPR_OK && root) tpr_dir_remove_flat(tmp, our_file);
+  free(tmp);
+  return rc;
+}
+
+static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step) {
+  char *path = path_of(dir, "trainer_state.json");
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  tpr_status rc = path ? tpr_file_read(path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
+  cJSON *j = rc == TPR_OK ? cJSON_ParseWithLength((const char *)bytes, len) : NULL;
+  if (rc == TPR_OK && !j) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s is not valid JSON", path);
+  const char *keys[] = {"step", "world", "tp", "dp", "ep", "etp"};
+  double v[6] = {0};
+  for (int i = 0; rc == TPR_OK && i < 6; i++) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0)
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" is missing or not a number", path, keys[i]);
+    else
+      v[i] = x->valuedouble;
+  }
+  if (rc == TPR_OK && (v[1] != pl->world || v[2] != pl->tp || v[3] != pl->dp || v[4] != pl->ep || v[5] != pl->etp))
+    rc = TPR_FAIL(TPR_ERR_INVALID_ARG,
+                  "%s was saved on the mesh world %g tp %g dp %g ep %g etp %g; this run is world %d tp %d dp %d ep %d "
+                  "etp %d (resume on the same mesh)", dir, v[1], v[2], v[3], v[4], v[5], pl->world, pl->tp, pl->dp,
+                  pl->ep, pl->etp);
+  if (rc == TPR_OK) *step = (int64_t)v[0];
+  cJSON_Delete(j);
+  free(path), free(bytes);
+  return rc;
+}
+
+tpr_status tpr_train_checkpoint_load(tpr_m2_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
+  TPR_CHECK(read_state(dir, tpr_m2_session_plan(s), step));
+  char file[64];
+  rank_file(tpr_m2_session_mesh(s), file, sizeof file);
+  char *path = path_of(dir, file);
+  tpr_st_set *set = NULL;
+  tpr_status rc = path ? tpr_st_open(path, &set) : TPR_FAIL(TPR_ERR_OOM, "path");
+  const char *st = rc == TPR_OK ? tpr_st_metadata(set, "step") : NULL;
+  if (rc == TPR_OK && (!st || strtoll(st, NULL, 10) != *step))
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: its step (%s) is not trainer_state.json's (%lld)", path, st ? st : "none",
+                  (long long)*step);
+  for (int i = 0; rc == TPR_OK && i < tpr_m2_train_num_params(s); i++) {
+    const tpr_m2_param *p = tpr_m2_train_param(s, i);
+    for (int k = 0; rc == TPR_OK && k < 2; k++) {
+      char name[192];
+      snprintf(name, sizeof name, "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
+      const tpr_st_tensor *t = tpr_st_find(set, name);
+      if (!t || t->ndim != 1 || t->shape[0] != p->numel)
+        rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: %s is missing or not (%lld) elements", path, name, (long long)p->numel);
+      else
+        rc = tpr_st_read_f32(set, name, (const int64_t[]){0}, (const int64_t[]){p->numel}, k ? adam[i].v : adam[i].m);
+    }
+  }
+  tpr_st_close(set);
+  free(path);
+  return rc;
+}

@@ -1,0 +1,157 @@
+#include "trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "models/minimax_m2_train.h"
+#include "shard/safetensors.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/clip.h"
+#include "train/data.h"
+#include "train/schedule.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Every rank fails when one does (a rank failing alone must not leave the
+// others in the next collective).
+static tpr_status agree(tpr_comm_t world, tpr_status rc) {
+  int64_t failed = rc != TPR_OK;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
+  tpr_status crc = tpr_comm_all_reduce(world, &failed, &failed, 1, TPR_I64, TPR_MAX);
+  if (crc != TPR_OK) return crc;
+  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
+  if (failed) return TPR_FAIL(TPR_ERR_INVALID_ARG, "another rank failed (see its message)");
+  return TPR_OK;
+}
+
+typedef struct loop {
+  tpr_m2_session *s;
+  tpr_comm_t world;
+  const tpr_train_opts *o;
+  tpr_npy *tokens;
+  tpr_data *data;
+  tpr_adamw_state *adam;  // (params)
+  int n_params;
+  int32_t *inputs, *targets;  // (seq_len)
+  const tpr_mesh *mesh;
+} loop;
+
+// The rank's sequences of one step: micro-steps x rows, each a forward +
+// backward whose gradient counts 1 / (sequences of the replica).
+static tpr_status forward_backward(loop *l, int64_t step, tpr_m2_losses *sum) {
+  const tpr_train_opts *o = l->o;
+  double w = 1.0 / (double)(o->grad_accum * o->micro_batch);
+  *sum = (tpr_m2_losses){0};
+  for (int64_t m = 0; m < o->grad_accum; m++)
+    for (int64_t b = 0; b < o->micro_batch; b++) {
+      tpr_m2_losses one;
+      TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
+      TPR_CHECK(tpr_m2_train_sequence(l->s, l->inputs, l->targets, w, &one));
+      sum->loss += w * one.loss, sum->ce += w * one.ce, sum->aux += w * one.aux;
+    }
+  return TPR_OK;
+}
+
+// The replica means of this step's losses, averaged over the world (every
+// tp rank of a replica holds the same values, so this is the replica mean).
+static tpr_status mean_losses(loop *l, tpr_m2_losses *v) {
+  float x[3] = {(float)v->loss, (float)v->ce, (float)v->aux};
+  TPR_CHECK(tpr_comm_all_reduce(l->world, x, x, 3, TPR_F32, TPR_SUM));
+  float n = (float)tpr_comm_size(l->world);
+  *v = (tpr_m2_losses){x[0] / n, x[1] / n, x[2] / n};
+  return TPR_OK;
+}
+
+static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
+  const tpr_train_opts *o = l->o;
+  double t0 = now_s();
+  tpr_m2_train_zero_grads(l->s);
+  tpr_m2_losses losses;
+  TPR_CHECK(agree(l->world, forward_backward(l, step, &losses)));
+  TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
+  if (step == 0 && o->dump_grads) TPR_CHECK(agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
+  double sumsq, norm;
+  float coef = 1.0f;
+  TPR_CHECK(tpr_m2_train_grad_sumsq(l->s, &sumsq));
+  // clip_grad_norm_'s coefficient; with clipping off, a NaN/Inf gradient
+  // still stops the run before the optimizer spreads it into the weights.
+  if (o->clip > 0) {
+    TPR_CHECK(tpr_clip_coef(sumsq, o->clip, step, &norm, &coef));
+  } else if (!isfinite(norm = sqrt(sumsq))) {
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: step %lld: the gradient norm is %g (a NaN or Inf gradient)",
+                    (long long)step, norm);
+  }
+  tpr_lr_schedule sch = {.lr_max = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .total = o->steps};
+  float lr = tpr_lr_at(&sch, step);
+  tpr_adamw_hparams h = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps};
+  for (int i = 0; i < l->n_params; i++) {
+    const tpr_m2_param *p = tpr_m2_train_param(l->s, i);
+    if (coef != 1.0f) tpr_clip_scale(p->grad, p->numel, coef);
+    tpr_adamw_step(p->data, p->grad, &l->adam[i], p->numel, &h, step + 1, lr,
+                   p->decay ? (float)o->weight_decay : 0.0f);
+  }
+  TPR_CHECK(mean_losses(l, &losses));
+  double dt = now_s() - t0;
+  int64_t tokens = o->seq_len * o->micro_batch * o->grad_accum * tpr_m2_session_plan(l->s)->dp;
+  *r = (tpr_train_step_report){.step = step, .loss = losses.loss, .ce = losses.ce, .aux = losses.aux,
+                               .grad_norm = norm, .lr = lr, .tokens_per_s = (double)tokens / dt, .ms = 1e3 * dt};
+  return TPR_OK;
+}
+
+static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE *out) {
+  if (o->json) {
+    fprintf(out, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,"
+                 "\"tokens_per_s\":%.2f,\"ms\":%.3f}\n",
+            (long long)r->step, r->loss, r->ce, r->aux, r->grad_norm, r->lr, r->tokens_per_s, r->ms);
+  } else {
+    fprintf(out, "step %5lld/%lld  loss %.6f  ce %.6f  aux %.6f  |g| %.4f  lr %.3e  %.0f tok/s  %.1f ms\n",
+            (long long)r->step + 1, (long long)o->steps, r->loss, r->ce, r->aux, r->grad_norm, r->lr,
+            r->tokens_per_s, r->ms);
+  }
+  fflush(out);
+}
+
+tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out) {
+  loop l = {.s = s, .world = world, .o = o, .mesh = tpr_m2_session_mesh(s)};
+  l.n_params = tpr_m2_train_num_params(s);
+  int64_t first = 0;
+  tpr_status rc = TPR_OK;
+  l.inputs = malloc((size_t)o->seq_len * sizeof *l.inputs);
+  l.targets = malloc((size_t)o->seq_len * sizeof *l.targets);
+  l.adam = calloc((size_t)(l.n_params ? l.n_params : 1), sizeof *l.adam);
+  if (!l.inputs || !l.targets || !l.adam) rc = TPR_FAIL(TPR_ERR_OOM, "train");
+  for (int i = 0; rc == TPR_OK && i < l.n_params; i++)
+    rc = tpr_adamw_state_init(&l.adam[i], tpr_m2_train_param(s, i)->numel);
+  tpr_data_config dc = {.seq_len = o->seq_len,
+                        .micro_batch = (int)o->micro_batch,
+                        .accum = (int)o->grad_accum,
+                        .dp = tpr_m2_session_plan(s)->dp,
+                        .order = o->data_sequential ? TPR_DATA_SEQUENTIAL : TPR_DATA_RANDOM,
+                        .seed = o->seed};
+  if (rc == TPR_OK) rc = tpr_npy_open(o->data, &l.tokens);
+  if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_m2_session_config(s)->vocab_size, &l.data);
+  rc = agree(world, rc);
+  if (rc == TPR_OK && o->resume_dir) rc = agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
+  int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+  for (int64_t step = first; rc == TPR_OK && step < last; step++) {
+    tpr_train_step_report r = {0};
+    rc = step_once(&l, step, &r);
+    if (rc == TPR_OK && l.mesh->world_rank == 0) report(o, &r, out);
+    bool save = o->save_dir && (step + 1 == last || (o->save_every > 0 && (step + 1) % o->save_every == 0));
+    if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(s, world, o->save_dir, step + 1, o, l.adam);
+  }
+  for (int i = 0; l.adam && i < l.n_params; i++) tpr_adamw_state_free(&l.adam[i]);
+  free(l.adam), free(l.inputs), free(l.targets);
+  tpr_data_free(l.data);
+  tpr_npy_close(l.tokens);
+  return rc;
+}

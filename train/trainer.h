@@ -1,0 +1,41 @@
+// The training loop of `tpr train`: data (train/data.h), the model's
+// forward+backward (models/minimax_m2_train.h), gradient clipping, the LR
+// schedule and AdamW (train/adamw.h), checkpoints (train/checkpoint.h).
+// Collective: every rank of the world runs it with the same options.
+#ifndef TPR_TRAINER_H
+#define TPR_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "models/minimax_m2_session.h"
+
+typedef struct tpr_train_opts {
+  const char *data;         // .npy token file
+  bool data_sequential;     // windows in file order (else a seeded permutation per epoch)
+  int64_t seq_len, micro_batch, grad_accum, steps;
+  double lr, min_lr, weight_decay, clip;  // clip <= 0: off
+  int64_t warmup;
+  double beta1, beta2, eps;
+  double aux_coef;          // < 0: the config's router_aux_loss_coef
+  uint64_t seed;            // data order
+  const char *save_dir;     // NULL: no checkpoints
+  int64_t save_every;       // 0: only at the end
+  int64_t stop_after;       // > 0: stop (and save) after this step, the schedule still spanning `steps`
+  const char *resume_dir;   // checkpoint written by --save (also the model to load)
+  const char *dump_grads;   // safetensors path: step 0's reduced gradient, full tensors (tests)
+  bool json;                // one JSON line per step on rank 0
+  bool progress;            // a progress line on stderr (rank 0, a terminal)
+} tpr_train_opts;
+
+typedef struct tpr_train_step_report {
+  int64_t step;
+  double loss, ce, aux, grad_norm, lr, tokens_per_s, ms;
+} tpr_train_step_report;
+
+// Runs steps [first, opts.steps) on an open training session; reports go to
+// out (rank 0). first > 0 when resuming.
+tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out);
+
+#endif
