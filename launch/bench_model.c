@@ -32,23 +32,6 @@ typedef struct roofline {
   double read_gbs;     // streaming read of 256 MiB
 } roofline;
 
-static double measure_gemm(void) {
-  const int n = 1024;
-  float *a = malloc((size_t)n * n * sizeof *a), *b = malloc((size_t)n * n * sizeof *b), *c = malloc((size_t)n * n * sizeof *c);
-  if (!a || !b || !c) return 0;
-  for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 13) * 0.01f;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);  // warm-up
-  double best = 0;
-  for (int r = 0; r < 3; r++) {
-    double t0 = tpr_cli_now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
-    double g = 2.0 * n * n * n / (tpr_cli_now() - t0) * 1e-9;
-    if (g > best) best = g;
-  }
-  free(a), free(b), free(c);
-  return best;
-}
-
 static double measure_read(void) {
   size_t n = (256u << 20) / sizeof(double);
   double *x = malloc(n * sizeof *x), best = 0;
@@ -222,7 +205,7 @@ int tpr_bench_model(int argc, char **argv) {
   int64_t *rss = calloc((size_t)(w.size > 0 ? w.size : 1), sizeof *rss);
   if (rc == TPR_OK) rc = tpr_comm_barrier(w.host);
   if (rc == TPR_OK) {
-    rf.gemm_gflops = measure_gemm();
+    rf.gemm_gflops = tpr_cli_sgemm_gflops();
     rf.read_gbs = measure_read();
     rc = run_workload(s, batch, P, G, (uint64_t)seed, &r);
   }

@@ -1,5 +1,6 @@
 #include "launch/cli_util.h"
 
+#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdlib.h>
@@ -87,3 +88,20 @@ const char *tpr_cli_bytes_prec(uint64_t b, int decimals, char *buf, size_t n) {
 }
 
 const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n) { return tpr_cli_bytes_prec(b, 1, buf, n); }
+
+double tpr_cli_sgemm_gflops(void) {
+  const int n = 1024;
+  float *a = malloc((size_t)n * n * sizeof *a), *b = malloc((size_t)n * n * sizeof *b), *c = malloc((size_t)n * n * sizeof *c);
+  if (!a || !b || !c) return 0;
+  for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 13) * 0.01f;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);  // warm-up
+  double best = 0;
+  for (int r = 0; r < 3; r++) {
+    double t0 = tpr_cli_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+    double g = 2.0 * n * n * n / (tpr_cli_now() - t0) * 1e-9;
+    if (g > best) best = g;
+  }
+  free(a), free(b), free(c);
+  return best;
+}

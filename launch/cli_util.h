@@ -32,6 +32,9 @@ struct cJSON;
 bool tpr_cli_print_json(struct cJSON *j);
 
 double tpr_cli_now(void);  // monotonic seconds
+// The best of 3 sgemm 1024^3 on this process's BLAS threads, GFLOP/s: the
+// rate GEMM work is compared with, measured in the same run.
+double tpr_cli_sgemm_gflops(void);
 // "1.2 GiB" (bytes with a binary unit, one decimal; whole bytes below 1 KiB)
 const char *tpr_cli_bytes(uint64_t b, char *buf, size_t n);
 // The same with `decimals` digits after the point.

@@ -21,6 +21,35 @@ static const char *usage =
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--save DIR [--save-every N]] [--resume DIR] [--json]";
 
+// --profile: where the time of the run's program went, by op kind, and the
+// GEMMs' rate against sgemm measured on this rank in the same run.
+static void print_profile(const tpr_m2_session *s, const tpr_train_summary *sum, double sgemm, bool json) {
+  double sec[TPR_OP_KIND_COUNT], flops, total = 0;
+  int64_t runs;
+  tpr_m2_train_profile(s, sec, &runs, &flops);
+  for (int k = 0; k < TPR_OP_KIND_COUNT; k++) total += sec[k];
+  double gemm = sec[TPR_OP_MATMUL] > 0 ? flops * (double)runs / sec[TPR_OP_MATMUL] * 1e-9 : 0;
+  if (json) {
+    printf("{\"summary\":{\"steps_timed\":%lld,\"ms_per_step\":%.6g,\"tokens_per_s\":%.6g,\"program_s\":%.6g,"
+           "\"gemm_gflops\":%.6g,\"sgemm_gflops\":%.6g,\"gemm_efficiency\":%.6g,\"ops\":{",
+           (long long)sum->steps_timed, sum->ms_per_step, sum->tokens_per_s, total, gemm, sgemm,
+           sgemm > 0 ? gemm / sgemm : 0);
+    for (int k = 0, first = 1; k < TPR_OP_KIND_COUNT; k++)
+      if (sec[k] > 0) printf("%s\"%s\":%.6g", first ? "" : ",", tpr_op_name((tpr_op_kind)k), sec[k]), first = 0;
+    printf("}}}\n");
+    return;
+  }
+  printf("\nprofile (rank 0, %lld sequence runs, program time %.3f s)\n  %-28s %10s %7s\n", (long long)runs, total,
+         "op", "seconds", "share");
+  for (int k = 0; k < TPR_OP_KIND_COUNT; k++)
+    if (sec[k] > 0.005 * total)
+      printf("  %-28s %10.3f %6.1f%%\n", tpr_op_name((tpr_op_kind)k), sec[k], 100 * sec[k] / total);
+  printf("  GEMMs %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s measured in this run\n", gemm,
+         sgemm > 0 ? 100 * gemm / sgemm : 0, sgemm);
+  printf("  %lld timed steps: %.1f ms/step, %.1f tokens/s\n", (long long)sum->steps_timed, sum->ms_per_step,
+         sum->tokens_per_s);
+}
+
 static int usage_error(const char *msg) {
   fprintf(stderr, "tpr train: %s\n%s\n", msg, usage);
   return 2;
@@ -43,7 +72,7 @@ static tpr_status random_model(tpr_world *w, const char *config, uint64_t seed, 
 
 int tpr_cmd_train(int argc, char **argv) {
   const char *model = NULL, *config = NULL, *data = NULL, *order = "random", *dump = NULL;
-  bool random_init = false;
+  bool random_init = false, profile = false;
   tpr_train_opts o = {.seq_len = 256, .micro_batch = 1, .grad_accum = 1, .steps = 10, .lr = 3e-4, .min_lr = -1,
                       .weight_decay = 0.1, .clip = 1.0, .warmup = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                       .aux_coef = -1};
@@ -76,6 +105,8 @@ int tpr_cmd_train(int argc, char **argv) {
       {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same mesh)"},
       {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
       {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
+      {"profile", TPR_ARG_FLAG, &profile,
+       "time every op; print seconds per op kind and the GEMM rate against sgemm (a last JSON line with --json)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
        "test only: column | qk-norm | all: leave out those backward all-reduces (a negative control)"},
@@ -120,7 +151,9 @@ int tpr_cmd_train(int argc, char **argv) {
     so.skip_grad_marks = skip;
     rc = tpr_m2_session_open(&so, w.host, w.be, &s);
   }
-  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef};
+  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile};
+  double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
+  tpr_train_summary sum = {0};
   if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);
   if (rc == TPR_OK && w.rank == 0 && !o.json) {
     const tpr_shard_plan *pl = tpr_m2_session_plan(s);
@@ -128,7 +161,8 @@ int tpr_cmd_train(int argc, char **argv) {
            "per replica per step\n", w.size, pl->tp, pl->dp, pl->ep, pl->etp, tpr_m2_train_num_params(s),
            (long long)o.seq_len, (long long)o.micro_batch, (long long)o.grad_accum);
   }
-  if (rc == TPR_OK) rc = tpr_train_run(s, w.host, &o, stdout);
+  if (rc == TPR_OK) rc = tpr_train_run(s, w.host, &o, stdout, &sum);
+  if (rc == TPR_OK && profile && w.rank == 0) print_profile(s, &sum, sgemm, o.json);
   tpr_m2_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
   if (rc != TPR_OK) return tpr_world_fail(&w, "train");

@@ -38,6 +38,7 @@ struct tpr_m2_train {
   int32_t *host_i32;        // (T) staging
   float *gather;            // (max(world, tp) * largest piece) collective staging
   int64_t gather_cap;
+  int64_t runs;             // sequences run (profiling)
 };
 
 void tpr__m2_train_free(struct tpr_m2_train *t) {
@@ -131,6 +132,7 @@ static tpr_status build(tpr_m2_session *s, struct tpr_m2_train *t) {
   TPR_CHECK(tpr__m2_make_program(s, &bo, &t->program));
   TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
   tpr_exec_set_collectives(t->exec, &s->hook);
+  if (t->o.profile) TPR_CHECK(tpr_exec_set_profiling(t->exec, true));
   TPR_CHECK(tpr__m2_bind_params(s, t->exec));
   tpr_tensor **ins[] = {&t->tokens, &t->targets, &t->positions};
   const char *names[] = {"tokens", "targets", "positions"};
@@ -171,6 +173,19 @@ tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
   return tpr__m2_agree(s->world, start(s, o));
 }
 
+void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run) {
+  const struct tpr_m2_train *t = s->train;
+  const double *node = tpr_exec_node_seconds(t->exec);
+  memset(seconds, 0, TPR_OP_KIND_COUNT * sizeof *seconds);
+  *gemm_flops_per_run = 0;
+  *runs = t->runs;
+  for (int n = 0; n < tpr_program_num_nodes(t->program); n++) {
+    tpr_op_kind op = tpr_program_node_op(t->program, n);
+    if (node) seconds[op] += node[n];
+    *gemm_flops_per_run += tpr_program_node_flops(t->program, n);
+  }
+}
+
 void tpr_m2_train_zero_grads(tpr_m2_session *s) {
   struct tpr_m2_train *t = s->train;
   for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
@@ -204,6 +219,7 @@ tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const
   TPR_CHECK(tpr_tensor_from_host(t->tokens, inputs, (size_t)T * sizeof *inputs));
   TPR_CHECK(tpr_tensor_from_host(t->targets, targets, (size_t)T * sizeof *targets));
   TPR_CHECK(tpr_exec_run(t->exec));
+  t->runs++;
   if (out) {
     TPR_CHECK(read_scalar(t->exec, "loss", &out->loss));
     TPR_CHECK(read_scalar(t->exec, "ce", &out->ce));

@@ -16,6 +16,7 @@
 typedef struct tpr_m2_train_opts {
   int64_t seq_len;  // tokens per sequence (the program's T)
   double aux_coef;  // weight of the aux loss; < 0: the config's router_aux_loss_coef
+  bool profile;     // time every node of every run (tpr_m2_train_profile)
 } tpr_m2_train_opts;
 
 // One trained tensor of this rank, in the rank's layout (host f32).
@@ -48,6 +49,10 @@ tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s);
 // Collective: the gradient's global sum of squares (the norm squared), each
 // checkpoint element counted once; the same double on every rank.
 tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out);
+
+// With opts.profile: seconds spent in each op kind over all runs so far
+// (seconds[TPR_OP_KIND_COUNT]), the runs, and the matmul FLOPs of one run.
+void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run);
 
 // Collective: every trained checkpoint tensor reassembled from the ranks'
 // slices (padding removed, experts split back into w1/w3/w2), handed to

@@ -128,6 +128,23 @@ const char *tpr_program_value_name(const tpr_program *p, tpr_value_id v) {
   return v >= 0 && v < p->n_values ? p->values[v].name : NULL;
 }
 
+tpr_status tpr_program_node_io(const tpr_program *p, int n, const tpr_value_id **in, int *n_in, tpr_value_id *out) {
+  if (n < 0 || n >= p->n_nodes) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: unknown node %d", n);
+  *in = p->nodes[n].in;
+  *n_in = p->nodes[n].n_in;
+  *out = p->nodes[n].out;
+  return TPR_OK;
+}
+
+double tpr_program_node_flops(const tpr_program *p, int n) {
+  if (n < 0 || n >= p->n_nodes || p->nodes[n].op != TPR_OP_MATMUL) return 0;
+  const tpr_node *node = &p->nodes[n];
+  const tpr_tensor *a = &p->values[node->in[0]].desc, *o = &p->values[node->out].desc;
+  bool ta = node->attrs.n_i > 0 && node->attrs.i[0];
+  double k = (double)(ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1]);
+  return 2.0 * k * (double)tpr_tensor_numel(o);  // numel(out) = batch * M * N
+}
+
 tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *desc) {
   if (v < 0 || v >= p->n_values) return TPR_FAIL(TPR_ERR_INVALID_ARG, "program: unknown value %d", v);
   *desc = p->values[v].desc;

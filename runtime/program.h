@@ -108,6 +108,12 @@ tpr_status tpr_pb_moe_unpermute(tpr_program *p, tpr_value_id y, tpr_value_id gat
 
 // The op of node n (0 <= n < tpr_program_num_nodes), for reports.
 tpr_op_kind tpr_program_node_op(const tpr_program *p, int n);
+// Node n's inputs (*n_in of them, pointer owned by the program, valid until
+// it changes) and output; TPR_ERR_INVALID_ARG for an unknown node.
+tpr_status tpr_program_node_io(const tpr_program *p, int n, const tpr_value_id **in, int *n_in, tpr_value_id *out);
+// Floating-point operations one run of node n does, for GEMM rates: 2*M*N*K
+// per batch for matmul, 0 for every other op.
+double tpr_program_node_flops(const tpr_program *p, int n);
 
 // One line per value: id, kind, dtype and shape, producing op, name.
 void tpr_program_dump(const tpr_program *p, FILE *f);

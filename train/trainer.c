@@ -120,7 +120,21 @@ static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE
   fflush(out);
 }
 
-tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out) {
+static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, int64_t first) {
+  if (r->step == first + 1 && sum->steps_timed == 1) *sum = (tpr_train_summary){0};  // drop the first step
+  double total = sum->ms_per_step * (double)sum->steps_timed + r->ms;
+  double tokens = sum->tokens_per_s * sum->ms_per_step * 1e-3 * (double)sum->steps_timed + r->tokens_per_s * r->ms * 1e-3;
+  sum->steps_timed++;
+  sum->ms_per_step = total / (double)sum->steps_timed;
+  sum->tokens_per_s = tokens / (total * 1e-3);
+  sum->last_loss = r->loss;
+}
+
+tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+                         tpr_train_summary *summary) {
+  tpr_train_summary local = {0};
+  if (!summary) summary = &local;
+  *summary = (tpr_train_summary){0};
   loop l = {.s = s, .world = world, .o = o, .mesh = tpr_m2_session_mesh(s)};
   l.n_params = tpr_m2_train_num_params(s);
   int64_t first = 0;
@@ -146,6 +160,7 @@ tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_op
     tpr_train_step_report r = {0};
     rc = step_once(&l, step, &r);
     if (rc == TPR_OK && l.mesh->world_rank == 0) report(o, &r, out);
+    if (rc == TPR_OK) summarize(summary, &r, first);
     bool save = o->save_dir && (step + 1 == last || (o->save_every > 0 && (step + 1) % o->save_every == 0));
     if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(s, world, o->save_dir, step + 1, o, l.adam);
   }

@@ -34,8 +34,17 @@ typedef struct tpr_train_step_report {
   double loss, ce, aux, grad_norm, lr, tokens_per_s, ms;
 } tpr_train_step_report;
 
+// What a run measured: the steps after its first (which pays for first
+// touches of memory), or the first when it ran only one.
+typedef struct tpr_train_summary {
+  int64_t steps_timed;
+  double ms_per_step, tokens_per_s;  // tokens of the whole world per second
+  double last_loss;
+} tpr_train_summary;
+
 // Runs steps [first, opts.steps) on an open training session; reports go to
-// out (rank 0). first > 0 when resuming.
-tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out);
+// out (rank 0). first > 0 when resuming. summary may be NULL.
+tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+                         tpr_train_summary *summary);
 
 #endif
