@@ -99,6 +99,8 @@ int tpr_cmd_train(int argc, char **argv) {
       {"beta2", TPR_ARG_FLOAT, &o.beta2, "AdamW beta2 (default 0.95)"},
       {"clip", TPR_ARG_FLOAT, &o.clip, "global gradient-norm clip (default 1.0; 0 = off)"},
       {"aux-coef", TPR_ARG_FLOAT, &o.aux_coef, "weight of the MoE load-balancing loss (default: the config's)"},
+      {"bias-update-rate", TPR_ARG_FLOAT, &o.bias_update_rate,
+       "aux-loss-free balancing: after each step e_score_correction_bias += rate * sign(mean load - load) (default 0: off)"},
       {"seed", TPR_ARG_INT, &seed, "seed of the data order and of --random-init (default 0)"},
       {"save", TPR_ARG_STR, &o.save_dir, "checkpoint directory (Hugging Face + optimizer state), written atomically"},
       {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
@@ -126,6 +128,7 @@ int tpr_cmd_train(int argc, char **argv) {
     return usage_error("--seq-len, --micro-batch, --grad-accum and --steps must be >= 1; --warmup, --save-every, --stop-after >= 0");
   if (!(o.lr > 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     return usage_error("--lr must be > 0, --weight-decay >= 0, betas in [0, 1)");
+  if (!(o.bias_update_rate >= 0)) return usage_error("--bias-update-rate must be >= 0");
   if (o.min_lr < 0) o.min_lr = o.lr / 10;
   int skip = 0;
   if (skip_marks) {

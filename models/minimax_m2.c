@@ -153,6 +153,12 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
   if (c->router_logits) c->router_logits[L] = logits;
+  if (c->o->training) {  // tokens per expert as routed, for the bias update (models/minimax_m2_train.h)
+    tpr_value_id load;
+    snprintf(name, sizeof name, "moe_load.%lld", (long long)L);
+    TPR_CHECK(tpr_pb_moe_counts(c->p, gates, &load));  // (E) i32
+    TPR_CHECK(tpr_program_output(c->p, load, name));
+  }
   tpr_moe_opts mo = c->o->moe;
   mo.mark_grads = c->o->training && !(c->o->skip_grad_marks & TPR_M2_MARKS_COLUMN);
   TPR_CHECK(tpr_moe_build(c->p, c->plan, &mo, L, c->rank, h, gates, w13, w2, &y, &v));

@@ -47,7 +47,8 @@ typedef struct tpr_m2_build_opts {
   // reads this run's k and v, start = 0), every edge where a replicated value
   // enters rank-local compute marked with grad_all_reduce, and instead of
   // logits the loss: input "targets" (T) i32 (-100 ignored), outputs "loss"
-  // (1) = ce + aux_coef * aux, "ce" (1), "aux" (1).
+  // (1) = ce + aux_coef * aux, "ce" (1), "aux" (1), and per layer L
+  // "moe_load.L" (E) i32, the tokens the router sent to each expert.
   bool training;
   double aux_coef;
   // Negative control only: training without some grad_all_reduce marks (the

@@ -39,6 +39,7 @@ struct tpr_m2_train {
   float *gather;            // (max(world, tp) * largest piece) collective staging
   int64_t gather_cap;
   int64_t runs;             // sequences run (profiling)
+  int64_t *load;            // (layers, E) tokens routed per expert since the last bias update
 };
 
 void tpr__m2_train_free(struct tpr_m2_train *t) {
@@ -50,7 +51,7 @@ void tpr__m2_train_free(struct tpr_m2_train *t) {
     free(t->params[i].pub.grad);
     free(t->params[i].pieces);
   }
-  free(t->params), free(t->host_i32), free(t->gather);
+  free(t->params), free(t->host_i32), free(t->gather), free(t->load);
   free(t);
 }
 
@@ -159,7 +160,9 @@ static tpr_status start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
   if (!t) return TPR_FAIL(TPR_ERR_OOM, "train");
   s->train = t;
   t->o = *o;
-  if (!(t->host_i32 = malloc((size_t)o->seq_len * sizeof *t->host_i32))) return TPR_FAIL(TPR_ERR_OOM, "train");
+  if (!(t->host_i32 = malloc((size_t)o->seq_len * sizeof *t->host_i32)) ||
+      !(t->load = calloc((size_t)(s->cfg.num_layers * s->cfg.num_experts), sizeof *t->load)))
+    return TPR_FAIL(TPR_ERR_OOM, "train");
   TPR_CHECK(build(s, t));
   TPR_CHECK(list_params(s, t));
   int64_t big = 0;
@@ -184,6 +187,27 @@ void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *run
     if (node) seconds[op] += node[n];
     *gemm_flops_per_run += tpr_program_node_flops(t->program, n);
   }
+}
+
+tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate) {
+  struct tpr_m2_train *t = s->train;
+  int64_t layers = s->cfg.num_layers, E = s->cfg.num_experts, n = layers * E;
+  // Every tp rank of a replica routed the same tokens: sum the world, divide by tp.
+  TPR_CHECK(tpr_comm_all_reduce(s->world, t->load, t->load, (size_t)n, TPR_I64, TPR_SUM));
+  for (int i = t->n_trained; i < t->n_params; i++) {  // the frozen params: the routing biases
+    const piece *pc = &t->params[i].pieces[0];
+    float *bias = t->params[i].pub.data;
+    const int64_t *load = t->load + pc->layer * E;
+    double mean = 0;
+    for (int64_t e = 0; e < E; e++) mean += (double)load[e] / s->plan.tp;
+    mean /= (double)E;
+    for (int64_t e = 0; e < E; e++) {
+      double l = (double)load[e] / s->plan.tp;
+      bias[e] += (float)(rate * (l < mean ? 1 : l > mean ? -1 : 0));
+    }
+  }
+  memset(t->load, 0, (size_t)n * sizeof *t->load);
+  return TPR_OK;
 }
 
 void tpr_m2_train_zero_grads(tpr_m2_session *s) {
@@ -224,6 +248,15 @@ tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const
     TPR_CHECK(read_scalar(t->exec, "loss", &out->loss));
     TPR_CHECK(read_scalar(t->exec, "ce", &out->ce));
     TPR_CHECK(read_scalar(t->exec, "aux", &out->aux));
+  }
+  int64_t E = s->cfg.num_experts;
+  for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    char name[64];
+    const tpr_tensor *x;
+    snprintf(name, sizeof name, "moe_load.%lld", (long long)L);
+    TPR_CHECK(tpr_exec_output(t->exec, name, &x));
+    const int32_t *c = tpr_tensor_data(x);
+    for (int64_t e = 0; e < E; e++) t->load[L * E + e] += c[e];
   }
   float w = (float)weight;
   for (int i = 0; i < t->n_trained; i++) {

@@ -50,6 +50,13 @@ tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s);
 // checkpoint element counted once; the same double on every rank.
 tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out);
 
+// Aux-loss-free balancing (DeepSeek-V3's rule, which MiniMax-M2's routing
+// bias exists for), collective: with load_e the tokens routed to expert e
+// in the sequences run since the last call (all replicas), every layer's
+// e_score_correction_bias moves by rate * sign(mean_e load_e - load_e),
+// identically on every rank; the counts are then cleared.
+tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate);
+
 // With opts.profile: seconds spent in each op kind over all runs so far
 // (seconds[TPR_OP_KIND_COUNT]), the runs, and the matmul FLOPs of one run.
 void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run);

@@ -278,6 +278,49 @@ static void test_resume_bit_identical(void **state) {
   }
 }
 
+// f32 tensor `name` of a safetensors file (malloc'ed), *n its elements.
+static float *read_tensor(const char *path, const char *name, int64_t *n) {
+  tpr_st_set *set;
+  TT_OK(tpr_st_open(path, &set));
+  const tpr_st_tensor *t = tpr_st_find(set, name);
+  if (!t || t->ndim != 1) fail_msg("%s: no 1-D %s", path, name);
+  *n = t->shape[0];
+  float *x = malloc((size_t)*n * sizeof *x);
+  TT_OK(tpr_st_read_f32(set, name, (const int64_t[]){0}, t->shape, x));
+  tpr_st_close(set);
+  return x;
+}
+
+// Aux-loss-free balancing: after a step every routing bias moved by exactly
+// +-rate or 0 (towards the mean load), and the same on every mesh.
+static void test_bias_update(void **state) {
+  const double rate = 1.0 / 1024;  // b +- rate rounds by at most half an ulp of |b| < 4: 2.4e-7
+  char r[32];
+  snprintf(r, sizeof r, "%.17g", rate);
+  const char *one = tt_path(tmp_dir, "bias_tp1"), *four = tt_path(tmp_dir, "bias_tp4");
+  cJSON_Delete(train(1, MESH("--grad-accum", "2"), 1, MESH("--save", one, "--bias-update-rate", r), NULL));
+  cJSON_Delete(train(4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "2", "--etp", "2"), 1,
+                     MESH("--save", four, "--bias-update-rate", r), NULL));
+  int up = 0, down = 0;
+  for (int L = 0; L < 2; L++) {
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.e_score_correction_bias", L);
+    int64_t n0, n1, n4;
+    float *b0 = read_tensor(MODEL "/model.safetensors", name, &n0), *b1 = read_tensor(tt_path(one, "model.safetensors"), name, &n1),
+          *b4 = read_tensor(tt_path(four, "model.safetensors"), name, &n4);
+    assert_true(n0 == n1 && n1 == n4);
+    for (int64_t e = 0; e < n0; e++) {
+      double d = (double)b1[e] - b0[e];
+      assert_true(b1[e] == b4[e]);  // identical on both meshes
+      assert_true(fabs(fabs(d) - rate) <= 2.4e-7 || d == 0);
+      up += d > 0, down += d < 0;
+    }
+    free(b0), free(b1), free(b4);
+  }
+  printf("  bias update: %d biases up, %d down by %.3g, identical at tp 1 and tp 4 x ep 2\n", up, down, rate);
+  assert_true(up > 0 && down > 0);
+}
+
 // A 1-D '<i4' .npy file of ids.
 static void write_npy_i32(const char *path, const int32_t *v, int n) {
   char hdr[128];
@@ -348,7 +391,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_step0_tensor_parallel),  cmocka_unit_test(test_step0_expert_and_data_parallel),
       cmocka_unit_test(test_missing_grad_all_reduce_fails), cmocka_unit_test(test_ten_steps),
-      cmocka_unit_test(test_resume_bit_identical),    cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_resume_bit_identical),    cmocka_unit_test(test_bias_update),
+      cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

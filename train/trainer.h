@@ -20,6 +20,7 @@ typedef struct tpr_train_opts {
   double beta1, beta2, eps;
   double aux_coef;          // < 0: the config's router_aux_loss_coef
   uint64_t seed;            // data order
+  double bias_update_rate;  // > 0: aux-loss-free balancing of the routing bias after each step
   const char *save_dir;     // NULL: no checkpoints
   int64_t save_every;       // 0: only at the end
   int64_t stop_after;       // > 0: stop (and save) after this step, the schedule still spanning `steps`
