@@ -40,6 +40,7 @@ struct tpr_m2_train {
   int64_t gather_cap;
   int64_t runs;             // sequences run (profiling)
   int64_t *load;            // (layers, E) tokens routed per expert since the last bias update
+  bool fresh;               // the accumulators hold nothing yet this step (zero_grads was called)
 };
 
 void tpr__m2_train_free(struct tpr_m2_train *t) {
@@ -210,9 +211,19 @@ tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate) {
   return TPR_OK;
 }
 
-void tpr_m2_train_zero_grads(tpr_m2_session *s) {
-  struct tpr_m2_train *t = s->train;
-  for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
+// The first sequence of a step writes the accumulators instead of adding to
+// them, so clearing them is free (no pass over every gradient).
+void tpr_m2_train_zero_grads(tpr_m2_session *s) { s->train->fresh = true; }
+
+// grad (+)= w * g, n elements, over the OpenMP threads.
+static void accumulate(float *grad, const float *g, int64_t n, float w, bool first) {
+  if (first) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t j = 0; j < n; j++) grad[j] = w * g[j];
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t j = 0; j < n; j++) grad[j] += w * g[j];
+  }
 }
 
 static tpr_status read_scalar(tpr_exec *e, const char *name, double *out) {
@@ -265,9 +276,9 @@ tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const
     snprintf(name, sizeof name, "%s%s", TPR_M2_GRAD_PREFIX, p->name);
     const tpr_tensor *g;
     TPR_CHECK(tpr_exec_output(t->exec, name, &g));
-    const float *gd = tpr_tensor_data(g);
-    for (int64_t j = 0; j < p->numel; j++) p->grad[j] += w * gd[j];
+    accumulate(p->grad, tpr_tensor_data(g), p->numel, w, t->fresh);
   }
+  t->fresh = false;
   return TPR_OK;
 }
 
@@ -290,6 +301,8 @@ static tpr_status fold(tpr_m2_session *s, struct tpr_m2_train *t) {
 
 tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s) {
   struct tpr_m2_train *t = s->train;
+  if (t->fresh)  // no sequence ran this step: the gradient is zero
+    for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
   TPR_CHECK(fold(s, t));
   const tpr_shard_plan *pl = &s->plan;
   // Dense params: each replica has d L_d / dW; the mean over replicas.

@@ -74,7 +74,8 @@ tpr_status tpr_grad_axis_rank(const tpr_grad_ctx *g, tpr_mesh_axis axis, tpr_val
 // element offset `*offset` with like's shape; *offset advances past it.
 tpr_status tpr_grad_unpack(tpr_grad_ctx *g, tpr_value_id packed, int64_t *offset, tpr_value_id like,
                            tpr_value_id *out);
-// v itself when contiguous, else a contiguous copy.
+// v itself when its strides are contiguous (at any offset), else a
+// contiguous copy.
 tpr_status tpr_grad_contiguous(tpr_grad_ctx *g, tpr_value_id v, tpr_value_id *out);
 
 // Builders of the training ops (ops.h gives the semantics).
