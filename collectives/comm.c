@@ -295,3 +295,14 @@ tpr_status tpr_comm_split(tpr_comm_t parent, int color, int key, const char *nam
   }
   return rc;
 }
+
+tpr_status tpr_comm_agree(tpr_comm_t c, tpr_status rc) {
+  int64_t failed = rc != TPR_OK;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
+  tpr_status crc = tpr_comm_all_reduce(c, &failed, &failed, 1, TPR_I64, TPR_MAX);
+  if (crc != TPR_OK) return crc;
+  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
+  if (failed) return TPR_FAIL(TPR_ERR_INVALID_ARG, "another rank failed (see its message)");
+  return TPR_OK;
+}

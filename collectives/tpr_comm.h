@@ -152,4 +152,10 @@ tpr_status tpr__comm_new(const tpr_comm_vtable *vt, void *ctx, int rank, int siz
 // The backend context behind c (nccl bootstraps over mpi's).
 void *tpr__comm_ctx(tpr_comm_t c);
 
+// Agrees on a phase's outcome, collectively over c: every rank returns an
+// error when any rank's rc was one (its own message, or one saying another
+// rank failed), so a rank that fails alone never leaves the others waiting
+// in the next collective.
+tpr_status tpr_comm_agree(tpr_comm_t c, tpr_status rc);
+
 #endif

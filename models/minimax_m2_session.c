@@ -220,19 +220,6 @@ static tpr_status open_session(tpr_m2_session *s) {
   return load_weights(s);
 }
 
-// Agrees on a phase's outcome: a rank that failed alone (a tensor missing
-// from its shard, say) must not leave the others waiting in the next
-// collective. Every rank returns an error if any failed.
-tpr_status tpr__m2_agree(tpr_comm_t world, tpr_status rc) {
-  int64_t failed = rc != TPR_OK;
-  char msg[1024];
-  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
-  tpr_status crc = tpr_comm_all_reduce(world, &failed, &failed, 1, TPR_I64, TPR_MAX);
-  if (crc != TPR_OK) return crc;
-  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
-  if (failed) return TPR_FAIL(TPR_ERR_INVALID_ARG, "another rank failed to open the model (see its message)");
-  return TPR_OK;
-}
 
 tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, tpr_backend *be,
                                tpr_m2_session **out) {
@@ -246,10 +233,10 @@ tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, t
   s->be = be;
   s->world = world;
   m2_program *decode;
-  tpr_status rc = tpr__m2_agree(world, open_session(s));
+  tpr_status rc = tpr_comm_agree(world, open_session(s));
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
-  if (rc == TPR_OK && !o->training) rc = tpr__m2_agree(world, program_for(s, 1, &decode));
+  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, program_for(s, 1, &decode));
   if (rc != TPR_OK) {
     tpr_m2_session_close(s);
     return rc;

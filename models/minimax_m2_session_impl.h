@@ -41,9 +41,6 @@ struct tpr_m2_session {
   struct tpr_m2_train *train;          // training state (minimax_m2_train.c), NULL for inference
 };
 
-// Every rank returns an error if any rank's rc is one (a rank that failed
-// alone must not leave the others waiting in the next collective).
-tpr_status tpr__m2_agree(tpr_comm_t world, tpr_status rc);
 // Binds weights, stacked experts, caches (inference) and the rank tensor.
 tpr_status tpr__m2_bind_params(tpr_m2_session *s, tpr_exec *e);
 // Builds (or receives from rank 0) a program and checks its hash on every rank.

@@ -174,7 +174,7 @@ static tpr_status start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
 }
 
 tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
-  return tpr__m2_agree(s->world, start(s, o));
+  return tpr_comm_agree(s->world, start(s, o));
 }
 
 void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run) {

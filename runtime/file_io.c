@@ -48,8 +48,7 @@ tpr_status tpr_file_write(const char *path, const uint8_t *bytes, size_t len) {
   return TPR_OK;
 }
 
-// Joins dir and name with one '/'; malloc'ed (NULL when out of memory).
-static char *join(const char *dir, const char *name) {
+char *tpr_path_join(const char *dir, const char *name) {
   size_t n = strlen(dir) + strlen(name) + 2;
   char *p = malloc(n);
   if (p) snprintf(p, n, "%s/%s", dir, name);
@@ -93,7 +92,7 @@ bool tpr_dir_remove_flat(const char *dir, bool (*only)(const char *name)) {
   struct dirent *e;
   while ((e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || (only && !only(e->d_name))) continue;
-    char *p = join(dir, e->d_name);
+    char *p = tpr_path_join(dir, e->d_name);
     if (p) unlink(p);
     free(p);
   }

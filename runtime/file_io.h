@@ -14,6 +14,8 @@ tpr_status tpr_file_write(const char *path, const uint8_t *bytes, size_t len);
 
 #include <stdbool.h>
 
+// "dir/name", malloc'ed (NULL when out of memory).
+char *tpr_path_join(const char *dir, const char *name);
 // Creates path (which must not exist) holding bytes, fsynced.
 tpr_status tpr_file_create_synced(const char *path, const void *bytes, size_t len);
 // fsyncs a directory (file systems that cannot are let be).

@@ -53,7 +53,7 @@ static tpr_status write_file(gen *g, const char *dir, const char *name, int64_t 
   int64_t m = to - from;
   tpr_st_write_entry *e = calloc((size_t)(m ? m : 1), sizeof *e);
   void **bufs = calloc((size_t)(m ? m : 1), sizeof *bufs);
-  char *path = tpr__path_join(dir, name);
+  char *path = tpr_path_join(dir, name);
   tpr_status rc = e && bufs && path ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory");
   for (int64_t i = 0; rc == TPR_OK && i < m; i++) {
     const tpr_load_item *it = &g->items[from + i];
@@ -70,7 +70,7 @@ static tpr_status write_file(gen *g, const char *dir, const char *name, int64_t 
 }
 
 static tpr_status write_text(const char *dir, const char *name, const char *text, size_t len) {
-  char *path = tpr__path_join(dir, name);
+  char *path = tpr_path_join(dir, name);
   if (!path) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
   tpr_status rc = tpr_file_write(path, (const uint8_t *)text, len);
   free(path);

@@ -25,7 +25,7 @@ static bool converted_file(const char *name) {
 }
 
 static bool is_converted(const char *dir) {
-  char *m = tpr__path_join(dir, "manifest.pb");
+  char *m = tpr_path_join(dir, "manifest.pb");
   struct stat st;
   bool yes = m && stat(m, &st) == 0;
   free(m);
@@ -102,7 +102,7 @@ static tpr_status convert_rank(const char *src, const tpr_shard_plan *p, int ran
   tpr_loader *l = NULL;
   tpr_rank_weights w = {0};
   tpr_st_write_entry *e = NULL;
-  char *path = tpr__path_join(tmp, file);
+  char *path = tpr_path_join(tmp, file);
   tpr_status rc = TPR_OK;
   s->rank = rank;
   if (!path || !(s->file = strdup(file))) {
@@ -180,8 +180,8 @@ static tpr_status write_manifest(const char *src, const tpr_shard_plan *p, const
   int64_t *layers = malloc((size_t)(c->num_layers + 1) * sizeof *layers);
   uint8_t *cfg = NULL, *bytes = NULL;
   size_t cfg_len = 0;
-  char *cfg_path = tpr__path_join(src, "config.json"), *out_cfg = tpr__path_join(tmp, "config.json");
-  char *man_path = tpr__path_join(tmp, "manifest.pb");
+  char *cfg_path = tpr_path_join(src, "config.json"), *out_cfg = tpr_path_join(tmp, "config.json");
+  char *man_path = tpr_path_join(tmp, "manifest.pb");
   tpr_status rc = TPR_OK;
   if (!sp || !layers || !cfg_path || !out_cfg || !man_path) {
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");

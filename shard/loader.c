@@ -56,7 +56,7 @@ static tpr_status fp8_block(tpr_loader *l, const char *json, size_t len, const c
 
 static tpr_status open_hf(tpr_loader *l) {
   TPR_CHECK(refuse_partial_convert(l->dir));
-  char *cfg = tpr__path_join(l->dir, "config.json");
+  char *cfg = tpr_path_join(l->dir, "config.json");
   if (!cfg) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
   uint8_t *text = NULL;
   size_t len = 0;
@@ -91,7 +91,7 @@ tpr_status tpr_loader_open(const char *dir, const tpr_shard_plan *plan, int rank
   l->plan = plan;
   tpr_status rc;
   TPR_CHECK_GOTO(tpr_mesh_init(plan->world, rank, plan->tp, plan->ep, plan->etp, &l->mesh), rc, fail);
-  char *man = tpr__path_join(dir, "manifest.pb");
+  char *man = tpr_path_join(dir, "manifest.pb");
   if (!man) {
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
     goto fail;

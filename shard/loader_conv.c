@@ -18,7 +18,7 @@
 typedef TprManifest__Manifest manifest;
 
 static tpr_status read_manifest(const char *dir, manifest **out) {
-  char *path = tpr__path_join(dir, "manifest.pb");
+  char *path = tpr_path_join(dir, "manifest.pb");
   if (!path) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
   uint8_t *bytes = NULL;
   size_t len = 0;
@@ -168,7 +168,7 @@ tpr_status tpr__conv_open(tpr_loader *l) {
     rc = TPR_FAIL(TPR_ERR_FORMAT, "%s/manifest.pb has no shard %s for rank %d", l->dir, want, l->mesh.world_rank);
     goto done;
   }
-  if (!(l->rank_path = tpr__path_join(l->dir, want))) {
+  if (!(l->rank_path = tpr_path_join(l->dir, want))) {
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
     goto done;
   }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 
+#include "runtime/file_io.h"  // tpr_path_join
 #include "shard/loader.h"
 #include "shard/safetensors.h"
 
@@ -52,8 +53,5 @@ tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it);
 // A converted directory (loader_conv.c): manifest checks at open, verified reads.
 tpr_status tpr__conv_open(tpr_loader *l);
 tpr_status tpr__conv_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, void *dst, uint64_t *bytes_read);
-
-// "a/b" (malloc'ed; NULL when out of memory).
-char *tpr__path_join(const char *dir, const char *name);
 
 #endif

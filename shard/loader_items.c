@@ -10,13 +10,6 @@
 
 #include "shard/loader_impl.h"
 
-char *tpr__path_join(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
-
 void tpr_loader_rank_file(int rank, int world, char *buf, size_t n) {
   snprintf(buf, n, "rank-%05d-of-%05d.safetensors", rank, world);
 }

@@ -116,3 +116,12 @@ double tt_grad_check(const tt_grad_case *c) {
   tpr_program_free(g.p);
   return worst;
 }
+
+void tt_grad_expect(const tt_grad_case *c, double bound) {
+  double nmse = tt_grad_check(c);
+  if (!(nmse <= bound)) fail_msg("%s: gradient NMSE %.3e above %.0e", c->name, nmse, bound);
+}
+
+void tt_grad_free_inputs(tt_grad_case *c) {
+  for (int i = 0; i < c->n_in; i++) tpr_tensor_free((tpr_tensor *)c->in[i]);
+}

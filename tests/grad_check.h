@@ -31,4 +31,9 @@ typedef struct tt_grad_case {
 // elements) over the checked inputs, printing one line per input.
 double tt_grad_check(const tt_grad_case *c);
 
+// Fails the test when tt_grad_check's NMSE is above bound.
+void tt_grad_expect(const tt_grad_case *c, double bound);
+// Frees the case's input tensors.
+void tt_grad_free_inputs(tt_grad_case *c);
+
 #endif

@@ -13,14 +13,9 @@
 
 static tpr_tensor *rnd(int nd, const int64_t *shape) { return tt_random_f32(tt_cpu(), nd, shape, NULL); }
 
-static void check_case(tt_grad_case *c) {
-  double nmse = tt_grad_check(c);
-  if (!(nmse <= NMSE_BOUND)) fail_msg("%s: gradient NMSE %.3e above %.0e", c->name, nmse, NMSE_BOUND);
-}
+static void check_case(tt_grad_case *c) { tt_grad_expect(c, NMSE_BOUND); }
 
-static void free_inputs(tt_grad_case *c) {
-  for (int i = 0; i < c->n_in; i++) tpr_tensor_free((tpr_tensor *)c->in[i]);
-}
+static void free_inputs(tt_grad_case *c) { tt_grad_free_inputs(c); }
 
 static void test_matmul_all_transposes(void **state) {
   for (int ta = 0; ta < 2; ta++)

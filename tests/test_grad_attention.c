@@ -30,14 +30,9 @@ static tpr_tensor *positions(tpr_dtype dt, int64_t T) {
   return tt_from_host(dt, 1, (const int64_t[]){T}, dt == TPR_I32 ? (const void *)p32 : (const void *)p64);
 }
 
-static void check_case(tt_grad_case *c) {
-  double nmse = tt_grad_check(c);
-  if (!(nmse <= NMSE_BOUND)) fail_msg("%s: gradient NMSE %.3e above %.0e", c->name, nmse, NMSE_BOUND);
-}
+static void check_case(tt_grad_case *c) { tt_grad_expect(c, NMSE_BOUND); }
 
-static void free_inputs(tt_grad_case *c) {
-  for (int i = 0; i < c->n_in; i++) tpr_tensor_free((tpr_tensor *)c->in[i]);
-}
+static void free_inputs(tt_grad_case *c) { tt_grad_free_inputs(c); }
 
 // Runs one op eagerly into a new tensor of `out_shape` poisoned with NaN
 // first, so every element the kernel should write is checked.

@@ -34,14 +34,9 @@ static tpr_tensor *ids_from(tpr_dtype dt, int nd, const int64_t *shape, const in
   return tt_from_host(dt, nd, shape, v32);
 }
 
-static void check_case(tt_grad_case *c) {
-  double nmse = tt_grad_check(c);
-  if (!(nmse <= NMSE_BOUND)) fail_msg("%s: gradient NMSE %.3e above %.0e", c->name, nmse, NMSE_BOUND);
-}
+static void check_case(tt_grad_case *c) { tt_grad_expect(c, NMSE_BOUND); }
 
-static void free_inputs(tt_grad_case *c) {
-  for (int i = 0; i < c->n_in; i++) tpr_tensor_free((tpr_tensor *)c->in[i]);
-}
+static void free_inputs(tt_grad_case *c) { tt_grad_free_inputs(c); }
 
 static float g_eps;  // eps of the rms_norm graphs below
 

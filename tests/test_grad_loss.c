@@ -22,10 +22,7 @@
 #define NMSE_BOUND 1e-5
 #define VALUE_REL 1e-6
 
-static void check_case(tt_grad_case *c) {
-  double nmse = tt_grad_check(c);
-  if (!(nmse <= NMSE_BOUND)) fail_msg("%s: gradient NMSE %.3e above %.0e", c->name, nmse, NMSE_BOUND);
-}
+static void check_case(tt_grad_case *c) { tt_grad_expect(c, NMSE_BOUND); }
 
 // A negative control: the same case with the analytic gradient scaled must fail.
 static void check_control(tt_grad_case *c, double corrupt) {
@@ -36,9 +33,7 @@ static void check_control(tt_grad_case *c, double corrupt) {
   assert_true(nmse > 1e-2);
 }
 
-static void free_inputs(tt_grad_case *c) {
-  for (int i = 0; i < c->n_in; i++) tpr_tensor_free((tpr_tensor *)c->in[i]);
-}
+static void free_inputs(tt_grad_case *c) { tt_grad_free_inputs(c); }
 
 static tpr_tensor *scalar_i32(int32_t v) { return tt_from_host(TPR_I32, 1, (const int64_t[]){1}, &v); }
 

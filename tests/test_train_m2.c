@@ -57,22 +57,26 @@ static double meta_num(const char *key, int index) {
 
 // One `tpr train` run of a `steps`-step schedule; returns the per-step JSON
 // reports (an array of `lines` entries: steps, unless the run stops early).
+// Appends the fixture's hyperparameters (a `steps`-step schedule) to args.
+static void add_hparams(const char **args, int *n, int steps) {
+  static char v[7][32];
+  snprintf(v[0], sizeof v[0], "%d", steps);
+  snprintf(v[1], sizeof v[1], "%.17g", meta_num("lr", -1));
+  snprintf(v[2], sizeof v[2], "%d", (int)meta_num("warmup", -1));
+  snprintf(v[3], sizeof v[3], "%.17g", meta_num("min_lr", -1));
+  snprintf(v[4], sizeof v[4], "%.17g", meta_num("weight_decay", -1));
+  snprintf(v[5], sizeof v[5], "%.17g", meta_num("clip", -1));
+  snprintf(v[6], sizeof v[6], "%.17g", meta_num("aux_coef", -1));
+  const char *flags[7] = {"--steps", "--lr", "--warmup", "--min-lr", "--weight-decay", "--clip", "--aux-coef"};
+  for (int i = 0; i < 7; i++) args[(*n)++] = flags[i], args[(*n)++] = v[i];
+}
+
 static cJSON *train_n(int np, const char *const *mesh, int steps, int lines, const char *const *extra,
                       run_result *failed) {
   const char *args[64] = {"train", "--model", MODEL, "--data", FIX "/tokens.npy", "--data-order", "sequential",
                           "--seq-len", "16", "--json"};
   int n = 10;
-  char st[16], lr[32], wu[16], mlr[32], wd[32], clip[32], aux[32];
-  snprintf(st, sizeof st, "%d", steps);
-  snprintf(lr, sizeof lr, "%.17g", meta_num("lr", -1));
-  snprintf(wu, sizeof wu, "%d", (int)meta_num("warmup", -1));
-  snprintf(mlr, sizeof mlr, "%.17g", meta_num("min_lr", -1));
-  snprintf(wd, sizeof wd, "%.17g", meta_num("weight_decay", -1));
-  snprintf(clip, sizeof clip, "%.17g", meta_num("clip", -1));
-  snprintf(aux, sizeof aux, "%.17g", meta_num("aux_coef", -1));
-  const char *hp[] = {"--steps", st, "--lr", lr, "--warmup", wu, "--min-lr", mlr, "--weight-decay", wd, "--clip", clip,
-                      "--aux-coef", aux, NULL};
-  for (int i = 0; hp[i]; i++) args[n++] = hp[i];
+  add_hparams(args, &n, steps);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
   for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
   run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = 240});
@@ -253,17 +257,7 @@ static void test_resume_bit_identical(void **state) {
   const char *args[64] = {"train", "--resume", half, "--data", FIX "/tokens.npy", "--data-order", "sequential",
                           "--seq-len", "16", "--save", rest, "--json", "--tp", "2", "--grad-accum", "2"};
   int n = 16;
-  char st[16], lr[32], wu[16], mlr[32], wd[32], clip[32], aux[32];
-  snprintf(st, sizeof st, "%d", total);
-  snprintf(lr, sizeof lr, "%.17g", meta_num("lr", -1));
-  snprintf(wu, sizeof wu, "%d", (int)meta_num("warmup", -1));
-  snprintf(mlr, sizeof mlr, "%.17g", meta_num("min_lr", -1));
-  snprintf(wd, sizeof wd, "%.17g", meta_num("weight_decay", -1));
-  snprintf(clip, sizeof clip, "%.17g", meta_num("clip", -1));
-  snprintf(aux, sizeof aux, "%.17g", meta_num("aux_coef", -1));
-  const char *hp[] = {"--steps", st, "--lr", lr, "--warmup", wu, "--min-lr", mlr, "--weight-decay", wd, "--clip", clip,
-                      "--aux-coef", aux, NULL};
-  for (int i = 0; hp[i]; i++) args[n++] = hp[i];
+  add_hparams(args, &n, total);
   run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 2, .timeout_s = 240});
   if (r.code != 0) fail_msg("resume failed: %s", r.err);
   tt_run_done(&r);

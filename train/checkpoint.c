@@ -53,24 +53,6 @@ tpr_status tpr_train_write_full(tpr_m2_session *s, bool grads, const char *path)
   return rc;
 }
 
-// Every rank fails when one does.
-static tpr_status agree(tpr_comm_t world, tpr_status rc) {
-  int64_t failed = rc != TPR_OK;
-  char msg[1024];
-  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
-  tpr_status crc = tpr_comm_all_reduce(world, &failed, &failed, 1, TPR_I64, TPR_MAX);
-  if (crc != TPR_OK) return crc;
-  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
-  if (failed) return TPR_FAIL(TPR_ERR_IO, "another rank failed to write the checkpoint (see its message)");
-  return TPR_OK;
-}
-
-static char *path_of(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
 
 static void rank_file(const tpr_mesh *m, char *buf, size_t n) {
   snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", m->world_rank, m->world_size);
@@ -84,7 +66,7 @@ static bool our_file(const char *name) {
 }
 
 static bool is_checkpoint(const char *dir) {
-  char *p = path_of(dir, "trainer_state.json");
+  char *p = tpr_path_join(dir, "trainer_state.json");
   struct stat st;
   bool yes = p && stat(p, &st) == 0;
   free(p);
@@ -107,7 +89,7 @@ static tpr_status write_state(const char *tmp, const tpr_m2_session *s, int64_t 
   cJSON_AddNumberToObject(j, "seed", (double)o->seed);
   cJSON_AddStringToObject(j, "data", o->data ? o->data : "");
   cJSON_AddStringToObject(j, "data_order", o->data_sequential ? "sequential" : "random");
-  char *text = cJSON_Print(j), *path = path_of(tmp, "trainer_state.json");
+  char *text = cJSON_Print(j), *path = tpr_path_join(tmp, "trainer_state.json");
   cJSON_Delete(j);
   tpr_status rc = text && path ? tpr_file_create_synced(path, text, strlen(text)) : TPR_FAIL(TPR_ERR_OOM, "state");
   free(text), free(path);
@@ -115,7 +97,7 @@ static tpr_status write_state(const char *tmp, const tpr_m2_session *s, int64_t 
 }
 
 static tpr_status copy_config(const tpr_m2_session *s, const char *tmp) {
-  char *src = path_of(tpr_m2_session_model_dir(s), "config.json"), *dst = path_of(tmp, "config.json");
+  char *src = tpr_path_join(tpr_m2_session_model_dir(s), "config.json"), *dst = tpr_path_join(tmp, "config.json");
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = src && dst ? tpr_file_read(src, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "config");
@@ -143,7 +125,7 @@ static tpr_status write_moments(const tpr_m2_session *s, const char *tmp, int64_
   rank_file(tpr_m2_session_mesh(s), file, sizeof file);
   snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)step);
   const char *meta[] = {"step", stepbuf, NULL};
-  char *path = rc == TPR_OK ? path_of(tmp, file) : NULL;
+  char *path = rc == TPR_OK ? tpr_path_join(tmp, file) : NULL;
   if (rc == TPR_OK) rc = path ? tpr_st_write(path, e, 2 * n, meta) : TPR_FAIL(TPR_ERR_OOM, "path");
   free(path), free(e), free(names), free(shapes);
   return rc;
@@ -161,20 +143,20 @@ tpr_status tpr_train_checkpoint_save(tpr_m2_session *s, tpr_comm_t world, const 
     if (is_checkpoint(tmp) || access(tmp, F_OK) == 0) tpr_dir_remove_flat(tmp, our_file);
     if (mkdir(tmp, 0755) != 0) rc = TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
   }
-  rc = agree(world, rc);
+  rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK) {
     tpr_status mine = write_moments(s, tmp, step, adam);
-    rc = agree(world, mine);
+    rc = tpr_comm_agree(world, mine);
   }
   if (rc == TPR_OK) {
-    char *model = path_of(tmp, "model.safetensors");
+    char *model = tpr_path_join(tmp, "model.safetensors");
     tpr_status mine = model ? tpr_train_write_full(s, false, model) : TPR_FAIL(TPR_ERR_OOM, "path");
     if (mine == TPR_OK && root) mine = copy_config(s, tmp);
     if (mine == TPR_OK && root) mine = write_state(tmp, s, step, o);  // written last: it marks a whole checkpoint
     if (mine == TPR_OK && root) mine = tpr_dir_sync(tmp);
     if (mine == TPR_OK && root) mine = tpr_dir_publish(tmp, dir, true, is_checkpoint, our_file, "train --save");
     free(model);
-    rc = agree(world, mine);
+    rc = tpr_comm_agree(world, mine);
   }
   if (rc != TPR_OK && root) tpr_dir_remove_flat(tmp, our_file);
   free(tmp);
@@ -182,7 +164,7 @@ tpr_status tpr_train_checkpoint_save(tpr_m2_session *s, tpr_comm_t world, const 
 }
 
 static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step) {
-  char *path = path_of(dir, "trainer_state.json");
+  char *path = tpr_path_join(dir, "trainer_state.json");
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = path ? tpr_file_read(path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
@@ -212,7 +194,7 @@ tpr_status tpr_train_checkpoint_load(tpr_m2_session *s, const char *dir, tpr_ada
   TPR_CHECK(read_state(dir, tpr_m2_session_plan(s), step));
   char file[64];
   rank_file(tpr_m2_session_mesh(s), file, sizeof file);
-  char *path = path_of(dir, file);
+  char *path = tpr_path_join(dir, file);
   tpr_st_set *set = NULL;
   tpr_status rc = path ? tpr_st_open(path, &set) : TPR_FAIL(TPR_ERR_OOM, "path");
   const char *st = rc == TPR_OK ? tpr_st_metadata(set, "step") : NULL;

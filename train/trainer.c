@@ -20,18 +20,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Every rank fails when one does (a rank failing alone must not leave the
-// others in the next collective).
-static tpr_status agree(tpr_comm_t world, tpr_status rc) {
-  int64_t failed = rc != TPR_OK;
-  char msg[1024];
-  snprintf(msg, sizeof msg, "%s", rc != TPR_OK ? tpr_last_error() : "");
-  tpr_status crc = tpr_comm_all_reduce(world, &failed, &failed, 1, TPR_I64, TPR_MAX);
-  if (crc != TPR_OK) return crc;
-  if (rc != TPR_OK) return TPR_FAIL(rc, "%s", msg);
-  if (failed) return TPR_FAIL(TPR_ERR_INVALID_ARG, "another rank failed (see its message)");
-  return TPR_OK;
-}
 
 typedef struct loop {
   tpr_m2_session *s;
@@ -76,9 +64,9 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   double t0 = now_s();
   tpr_m2_train_zero_grads(l->s);
   tpr_m2_losses losses;
-  TPR_CHECK(agree(l->world, forward_backward(l, step, &losses)));
+  TPR_CHECK(tpr_comm_agree(l->world, forward_backward(l, step, &losses)));
   TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
-  if (step == 0 && o->dump_grads) TPR_CHECK(agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
+  if (step == 0 && o->dump_grads) TPR_CHECK(tpr_comm_agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
   double sumsq, norm;
   float coef = 1.0f;
   TPR_CHECK(tpr_m2_train_grad_sumsq(l->s, &sumsq));
@@ -154,8 +142,8 @@ tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_op
                         .seed = o->seed};
   if (rc == TPR_OK) rc = tpr_npy_open(o->data, &l.tokens);
   if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_m2_session_config(s)->vocab_size, &l.data);
-  rc = agree(world, rc);
-  if (rc == TPR_OK && o->resume_dir) rc = agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
+  rc = tpr_comm_agree(world, rc);
+  if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
   int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
   for (int64_t step = first; rc == TPR_OK && step < last; step++) {
     tpr_train_step_report r = {0};

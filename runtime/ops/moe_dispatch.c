@@ -262,18 +262,21 @@ TPR_CPU_KERNEL(moe_permute) {
   return TPR_OK;
 }
 
-// y (R, H) in moe_permute's order, gates (N, E); out (N, H) = the gated sum
-// per token, added in ascending expert order from 0 as moe_experts does.
-TPR_CPU_KERNEL(moe_unpermute) {
-  const tpr_tensor *y = in[0], *g = in[1];
+// rows (R, H) in moe_permute's order for gates (N, E); out (N, H): for each
+// token the sum of its rows, each times its gate when `weighted`, added in
+// f32 from 0 in ascending expert order (moe_experts' order). Rows past the
+// counted ones are never read. moe_unpermute is the weighted sum;
+// moe_permute's backward the plain one (the rows that copied x[t]).
+static tpr_status sum_rows(const char *op, const tpr_tensor *y, const tpr_tensor *g, int n_in, bool weighted,
+                           tpr_tensor *out) {
   if (n_in != 2 || y->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[0] != g->shape[0] ||
-      out->shape[1] != y->shape[1])
-    return TPR_FAIL(TPR_ERR_SHAPE, "moe_unpermute (cpu): y, gates and out shapes do not fit");
+      out->shape[1] != y->shape[1] || y->dtype != TPR_F32 || g->dtype != TPR_F32 || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): rows, gates and out shapes do not fit", op);
   const int64_t N = g->shape[0], E = g->shape[1], R = y->shape[0], H = y->shape[1];
   const int64_t total = count_assignments(g);
   if (total > R)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_unpermute: %lld assignments (nonzero gates) need more rows than y's "
-                    "R = %lld", (long long)total, (long long)R);
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld assignments (nonzero gates) need more rows than R = %lld", op,
+                    (long long)total, (long long)R);
   const float *gd = tpr_tensor_data(g), *yd = tpr_tensor_data(y);
   const int64_t ys0 = y->stride[0], ys1 = y->stride[1];
   float *o = tpr_tensor_data(out);
@@ -283,40 +286,18 @@ TPR_CPU_KERNEL(moe_unpermute) {
     for (int64_t t = 0; t < N; t++) {
       const float gate = gate_at(g, gd, t, e);
       if (gate == 0.0f) continue;
-      const float *yr = yd + (row++) * ys0;
+      const float *yr = yd + (row++) * ys0, w = weighted ? gate : 1.0f;
       float *orow = o + t * H;
-      for (int64_t j = 0; j < H; j++) orow[j] += gate * yr[j * ys1];
+      if (weighted)
+        for (int64_t j = 0; j < H; j++) orow[j] += w * yr[j * ys1];
+      else
+        for (int64_t j = 0; j < H; j++) orow[j] += yr[j * ys1];
     }
   return TPR_OK;
 }
 
-// dy (R, H), gates (N, E); out (N, H): out[t] = the sum of the rows
-// moe_permute copied from x[t], added in f32 from 0 in ascending expert
-// order. Rows past the counted ones are never read.
-TPR_CPU_KERNEL(moe_permute_bwd) {
-  const tpr_tensor *dy = in[0], *g = in[1];
-  if (n_in != 2 || dy->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[0] != g->shape[0] ||
-      out->shape[1] != dy->shape[1] || dy->dtype != TPR_F32 || g->dtype != TPR_F32 || out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_SHAPE, "moe_permute_bwd (cpu): dy, gates and out shapes do not fit");
-  const int64_t N = g->shape[0], E = g->shape[1], R = dy->shape[0], H = dy->shape[1];
-  const int64_t total = count_assignments(g);
-  if (total > R)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_permute_bwd: %lld assignments (nonzero gates) need more rows than "
-                    "dy's R = %lld", (long long)total, (long long)R);
-  const float *gd = tpr_tensor_data(g), *dd = tpr_tensor_data(dy);
-  const int64_t ds0 = dy->stride[0], ds1 = dy->stride[1];
-  float *o = tpr_tensor_data(out);
-  memset(o, 0, (size_t)(N * H) * sizeof *o);
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t t = 0; t < N; t++) {
-      if (gate_at(g, gd, t, e) == 0.0f) continue;
-      const float *dr = dd + (row++) * ds0;
-      float *orow = o + t * H;
-      for (int64_t j = 0; j < H; j++) orow[j] += dr[j * ds1];
-    }
-  return TPR_OK;
-}
+TPR_CPU_KERNEL(moe_unpermute) { return sum_rows("moe_unpermute", in[0], in[1], n_in, true, out); }
+TPR_CPU_KERNEL(moe_permute_bwd) { return sum_rows("moe_permute_bwd", in[0], in[1], n_in, false, out); }
 
 // y (R, H), gates (N, E), dout (N, H); out packed (dy (R*H) | dgates (N*E)):
 // dy[row(t, e)] = gates[t, e] * dout[t] (uncounted rows 0), dgates[t, e] =
