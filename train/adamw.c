@@ -75,16 +75,16 @@ void tpr_adamw_state_free(tpr_adamw_state *st) {
 }
 
 typedef struct adamw_coefs {
-  float decay, w1, b2, c2, neg_step_size, bc2_sqrt, eps;
+  float decay, w1, b2, c2, neg_step_size, bc2_sqrt, eps, gscale;
 } adamw_coefs;
 
-// The element loop, one rounding per statement as above. p * 1.0f is exact,
-// so an undecayed tensor takes the same path. Split over the OpenMP threads
+// The element loop, one rounding per statement as above. p * 1.0f and
+// g * 1.0f are exact, so an undecayed or unclipped tensor takes the same path. Split over the OpenMP threads
 // (each element is independent, so the result does not depend on them).
 #define ADAMW_LOOP                                                  \
   _Pragma("omp parallel for simd schedule(static)")                 \
   for (int64_t i = 0; i < n; i++) {                                 \
-    float p = param[i] * c->decay, g = grad[i];                     \
+    float p = param[i] * c->decay, g = grad[i] * c->gscale;         \
     m[i] = fmaf(c->w1, g - m[i], m[i]);                             \
     float vs = v[i] * c->b2;                                        \
     v[i] = fmaf(c->c2 * g, g, vs);                                  \
@@ -119,6 +119,12 @@ static void update_fn(float *param, const float *grad, float *m, float *v, int64
 
 tpr_status tpr_adamw_step(float *param, const float *grad, tpr_adamw_state *st, int64_t n,
                           const tpr_adamw_hparams *h, int64_t step, float lr, float weight_decay) {
+  return tpr_adamw_step_scaled(param, grad, st, n, h, step, lr, weight_decay, 1.0f);
+}
+
+tpr_status tpr_adamw_step_scaled(float *param, const float *grad, tpr_adamw_state *st, int64_t n,
+                                 const tpr_adamw_hparams *h, int64_t step, float lr, float weight_decay,
+                                 float grad_scale) {
   if (!st || st->n != n || (n > 0 && (!st->m || !st->v || !param || !grad)))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "adamw: state holds %lld elements, tensor has %lld",
                     st ? (long long)st->n : -1LL, (long long)n);
@@ -143,7 +149,7 @@ tpr_status tpr_adamw_step(float *param, const float *grad, tpr_adamw_state *st, 
   const float eps = (float)h->eps;
 
   adamw_coefs c = {.decay = weight_decay != 0 ? decay : 1.0f, .w1 = w1, .b2 = b2, .c2 = c2,
-                   .neg_step_size = neg_step_size, .bc2_sqrt = bc2_sqrt, .eps = eps};
+                   .neg_step_size = neg_step_size, .bc2_sqrt = bc2_sqrt, .eps = eps, .gscale = grad_scale};
   update_fn(param, grad, st->m, st->v, n, &c);
   return TPR_OK;
 }

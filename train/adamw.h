@@ -36,6 +36,12 @@ void tpr_adamw_state_free(tpr_adamw_state *st);
 // or hyperparameters outside torch's accepted ranges.
 tpr_status tpr_adamw_step(float *param, const float *grad, tpr_adamw_state *st, int64_t n,
                           const tpr_adamw_hparams *h, int64_t step, float lr, float weight_decay);
+// The same step on the gradient grad * grad_scale, each product rounded to
+// f32 as torch's clip_grad_norm_ leaves it in the gradient before its step
+// (so the result is identical to scaling first), without a pass of its own.
+tpr_status tpr_adamw_step_scaled(float *param, const float *grad, tpr_adamw_state *st, int64_t n,
+                                 const tpr_adamw_hparams *h, int64_t step, float lr, float weight_decay,
+                                 float grad_scale);
 
 // Whether a parameter gets weight decay: only matrices and higher (ndim >=
 // 2: projections, experts, embeddings); norm gains and biases (ndim 1) get

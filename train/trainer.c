@@ -83,9 +83,8 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   tpr_adamw_hparams h = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps};
   for (int i = 0; i < l->n_params; i++) {
     const tpr_m2_param *p = tpr_m2_train_param(l->s, i);
-    if (coef != 1.0f) tpr_clip_scale(p->grad, p->numel, coef);
-    tpr_adamw_step(p->data, p->grad, &l->adam[i], p->numel, &h, step + 1, lr,
-                   p->decay ? (float)o->weight_decay : 0.0f);
+    TPR_CHECK(tpr_adamw_step_scaled(p->data, p->grad, &l->adam[i], p->numel, &h, step + 1, lr,
+                                    p->decay ? (float)o->weight_decay : 0.0f, coef));
   }
   if (o->bias_update_rate > 0) TPR_CHECK(tpr_m2_train_update_bias(l->s, o->bias_update_rate));
   TPR_CHECK(mean_losses(l, &losses));
