@@ -30,10 +30,11 @@ static void print_profile(const tpr_m2_session *s, const tpr_train_summary *sum,
   for (int k = 0; k < TPR_OP_KIND_COUNT; k++) total += sec[k];
   double gemm = sec[TPR_OP_MATMUL] > 0 ? flops * (double)runs / sec[TPR_OP_MATMUL] * 1e-9 : 0;
   if (json) {
-    printf("{\"summary\":{\"steps_timed\":%lld,\"ms_per_step\":%.6g,\"tokens_per_s\":%.6g,\"program_s\":%.6g,"
+    printf("{\"summary\":{\"steps_timed\":%lld,\"ms_per_step\":%.6g,\"tokens_per_s\":%.6g,\"fwd_bwd_ms\":%.6g,"
+           "\"grad_sync_ms\":%.6g,\"optimizer_ms\":%.6g,\"program_s\":%.6g,"
            "\"gemm_gflops\":%.6g,\"sgemm_gflops\":%.6g,\"gemm_efficiency\":%.6g,\"ops\":{",
-           (long long)sum->steps_timed, sum->ms_per_step, sum->tokens_per_s, total, gemm, sgemm,
-           sgemm > 0 ? gemm / sgemm : 0);
+           (long long)sum->steps_timed, sum->ms_per_step, sum->tokens_per_s, sum->ms_fwd_bwd, sum->ms_grad_sync,
+           sum->ms_optimizer, total, gemm, sgemm, sgemm > 0 ? gemm / sgemm : 0);
     for (int k = 0, first = 1; k < TPR_OP_KIND_COUNT; k++)
       if (sec[k] > 0) printf("%s\"%s\":%.6g", first ? "" : ",", tpr_op_name((tpr_op_kind)k), sec[k]), first = 0;
     printf("}}}\n");
@@ -46,7 +47,8 @@ static void print_profile(const tpr_m2_session *s, const tpr_train_summary *sum,
       printf("  %-28s %10.3f %6.1f%%\n", tpr_op_name((tpr_op_kind)k), sec[k], 100 * sec[k] / total);
   printf("  GEMMs %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s measured in this run\n", gemm,
          sgemm > 0 ? 100 * gemm / sgemm : 0, sgemm);
-  printf("  %lld timed steps: %.1f ms/step, %.1f tokens/s\n", (long long)sum->steps_timed, sum->ms_per_step,
+  printf("  %lld timed steps: %.1f ms/step (forward+backward %.1f, gradient sync %.1f, optimizer %.1f), %.1f tokens/s\n",
+         (long long)sum->steps_timed, sum->ms_per_step, sum->ms_fwd_bwd, sum->ms_grad_sync, sum->ms_optimizer,
          sum->tokens_per_s);
 }
 

@@ -81,17 +81,20 @@ typedef struct adamw_coefs {
 // The element loop, one rounding per statement as above. p * 1.0f and
 // g * 1.0f are exact, so an undecayed or unclipped tensor takes the same path. Split over the OpenMP threads
 // (each element is independent, so the result does not depend on them).
-#define ADAMW_LOOP                                                  \
-  _Pragma("omp parallel for simd schedule(static)")                 \
-  for (int64_t i = 0; i < n; i++) {                                 \
-    float p = param[i] * c->decay, g = grad[i] * c->gscale;         \
-    m[i] = fmaf(c->w1, g - m[i], m[i]);                             \
-    float vs = v[i] * c->b2;                                        \
-    v[i] = fmaf(c->c2 * g, g, vs);                                  \
-    float denom = sqrtf(v[i]) / c->bc2_sqrt;                        \
-    denom = denom + c->eps;                                         \
-    float num = c->neg_step_size * m[i];                            \
-    param[i] = p + num / denom;                                     \
+#define ADAMW_LOOP                                                                  \
+  const float decay = c->decay, w1 = c->w1, b2 = c->b2, c2 = c->c2, nss = c->neg_step_size; \
+  const float bc2s = c->bc2_sqrt, eps = c->eps, gscale = c->gscale;                 \
+  _Pragma("omp parallel for simd schedule(static)")                                 \
+  for (int64_t i = 0; i < n; i++) {                                                 \
+    float p = param[i] * decay, g = grad[i] * gscale;                               \
+    float mi = fmaf(w1, g - m[i], m[i]);                                            \
+    float vs = v[i] * b2;                                                           \
+    float vi = fmaf(c2 * g, g, vs);                                                 \
+    float denom = sqrtf(vi) / bc2s;                                                 \
+    denom = denom + eps;                                                            \
+    float num = nss * mi;                                                           \
+    m[i] = mi, v[i] = vi;                                                           \
+    param[i] = p + num / denom;                                                     \
   }
 
 static void update_portable(float *restrict param, const float *restrict grad, float *restrict m, float *restrict v,
@@ -99,7 +102,9 @@ static void update_portable(float *restrict param, const float *restrict grad, f
   ADAMW_LOOP
 }
 
-// With hardware FMA fmaf is one instruction and the loop vectorizes; the
+// With hardware FMA fmaf is one instruction and the loop vectorizes (this
+// file is built with -fno-math-errno: sqrtf of v >= 0 never sets errno, and
+// vsqrtps is as exact as sqrtf); the
 // arithmetic is the same IEEE operations, so the results are identical.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx2,fma"))) static void update_fma(float *restrict param, const float *restrict grad,

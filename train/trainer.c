@@ -65,6 +65,7 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   tpr_m2_train_zero_grads(l->s);
   tpr_m2_losses losses;
   TPR_CHECK(tpr_comm_agree(l->world, forward_backward(l, step, &losses)));
+  double t1 = now_s();
   TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
   if (step == 0 && o->dump_grads) TPR_CHECK(tpr_comm_agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
   double sumsq, norm;
@@ -78,6 +79,7 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: step %lld: the gradient norm is %g (a NaN or Inf gradient)",
                     (long long)step, norm);
   }
+  double t2 = now_s();
   tpr_lr_schedule sch = {.lr_max = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .total = o->steps};
   float lr = tpr_lr_at(&sch, step);
   tpr_adamw_hparams h = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps};
@@ -91,15 +93,18 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   double dt = now_s() - t0;
   int64_t tokens = o->seq_len * o->micro_batch * o->grad_accum * tpr_m2_session_plan(l->s)->dp;
   *r = (tpr_train_step_report){.step = step, .loss = losses.loss, .ce = losses.ce, .aux = losses.aux,
-                               .grad_norm = norm, .lr = lr, .tokens_per_s = (double)tokens / dt, .ms = 1e3 * dt};
+                               .grad_norm = norm, .lr = lr, .tokens_per_s = (double)tokens / dt, .ms = 1e3 * dt,
+                               .ms_fwd_bwd = 1e3 * (t1 - t0), .ms_grad_sync = 1e3 * (t2 - t1),
+                               .ms_optimizer = 1e3 * (now_s() - t2)};
   return TPR_OK;
 }
 
 static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE *out) {
   if (o->json) {
     fprintf(out, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,"
-                 "\"tokens_per_s\":%.2f,\"ms\":%.3f}\n",
-            (long long)r->step, r->loss, r->ce, r->aux, r->grad_norm, r->lr, r->tokens_per_s, r->ms);
+                 "\"tokens_per_s\":%.2f,\"ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"grad_sync_ms\":%.3f,\"optimizer_ms\":%.3f}\n",
+            (long long)r->step, r->loss, r->ce, r->aux, r->grad_norm, r->lr, r->tokens_per_s, r->ms, r->ms_fwd_bwd,
+            r->ms_grad_sync, r->ms_optimizer);
   } else {
     fprintf(out, "step %5lld/%lld  loss %.6f  ce %.6f  aux %.6f  |g| %.4f  lr %.3e  %.0f tok/s  %.1f ms\n",
             (long long)r->step + 1, (long long)o->steps, r->loss, r->ce, r->aux, r->grad_norm, r->lr,
@@ -110,8 +115,11 @@ static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE
 
 static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, int64_t first) {
   if (r->step == first + 1 && sum->steps_timed == 1) *sum = (tpr_train_summary){0};  // drop the first step
-  double total = sum->ms_per_step * (double)sum->steps_timed + r->ms;
-  double tokens = sum->tokens_per_s * sum->ms_per_step * 1e-3 * (double)sum->steps_timed + r->tokens_per_s * r->ms * 1e-3;
+  double k = (double)sum->steps_timed, total = sum->ms_per_step * k + r->ms;
+  double tokens = sum->tokens_per_s * sum->ms_per_step * 1e-3 * k + r->tokens_per_s * r->ms * 1e-3;
+  sum->ms_fwd_bwd = (sum->ms_fwd_bwd * k + r->ms_fwd_bwd) / (k + 1);
+  sum->ms_grad_sync = (sum->ms_grad_sync * k + r->ms_grad_sync) / (k + 1);
+  sum->ms_optimizer = (sum->ms_optimizer * k + r->ms_optimizer) / (k + 1);
   sum->steps_timed++;
   sum->ms_per_step = total / (double)sum->steps_timed;
   sum->tokens_per_s = tokens / (total * 1e-3);

@@ -33,6 +33,10 @@ typedef struct tpr_train_opts {
 typedef struct tpr_train_step_report {
   int64_t step;
   double loss, ce, aux, grad_norm, lr, tokens_per_s, ms;
+  // Where the step's time went: forward + backward of its sequences (with
+  // the gradient accumulation), the gradient fold / dp reduction / norm,
+  // and the optimizer (AdamW with clipping, the bias update).
+  double ms_fwd_bwd, ms_grad_sync, ms_optimizer;
 } tpr_train_step_report;
 
 // What a run measured: the steps after its first (which pays for first
@@ -40,6 +44,7 @@ typedef struct tpr_train_step_report {
 typedef struct tpr_train_summary {
   int64_t steps_timed;
   double ms_per_step, tokens_per_s;  // tokens of the whole world per second
+  double ms_fwd_bwd, ms_grad_sync, ms_optimizer;  // means per step, as in the reports
   double last_loss;
 } tpr_train_summary;
 
