@@ -284,21 +284,31 @@ static inline float dsilu(float g) {
 }
 
 // dw13e (2F, H) and dw2e (H, F) contiguous are overwritten; s->dxe (n, H)
-// gets the rows' input cotangent; with want_y, s->y the expert's
-// (unweighted) output rows for the gate's gradient.
-static void expert_bwd(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, bool want_y,
-                       const ffn_scratch *s, float *dw13e, float *dw2e) {
+// gets the rows' input cotangent. s->dy (n, H) holds the cotangent of the
+// expert's unweighted output rows y = w2 a; the rows' combine weights are
+// gate[n] (NULL: 1). With dgate, dgate[i] = dy_i . y_i, the gate's gradient,
+// computed as (w2^T dy_i) . a_i: that product is needed for da anyway, so y
+// is never recomputed. The gate then enters as da = gate * (w2^T dy) and
+// dw2 = dy^T (gate * a).
+static void expert_bwd(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, const float *gate,
+                       float *dgate, const ffn_scratch *s, float *dw13e, float *dw2e) {
   const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
   expert_up(w13, e, n, s);
-  if (want_y) expert_down(w2, e, n, s);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)H, (blasint)F, (blasint)n, 1.0f, s->dy, (blasint)H,
-              s->act, (blasint)F, 0.0f, dw2e, (blasint)F);
   operand l2, l13;
   const float *w2e = weight(w2, e, s->wbuf, &l2);
-  // da (n, F) into dgu's first F columns, then both halves in place.
+  // u = w2^T dy (n, F) into dgu's first F columns.
   cblas_sgemm(CblasRowMajor, CblasNoTrans, untransposed(&l2), (blasint)n, (blasint)F, (blasint)H, 1.0f, s->dy,
               (blasint)H, w2e, (blasint)l2.ld, 0.0f, s->dgu, (blasint)F2);
-  for (int64_t i = 0; i < n; i++)
+  for (int64_t i = 0; dgate && i < n; i++) {
+    double dot = 0;
+    for (int64_t f = 0; f < F; f++) dot += (double)s->dgu[i * F2 + f] * (double)s->act[i * F + f];
+    dgate[i] = (float)dot;
+  }
+  for (int64_t i = 0; gate && i < n; i++)
+    for (int64_t f = 0; f < F; f++) s->dgu[i * F2 + f] *= gate[i], s->act[i * F + f] *= gate[i];
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)H, (blasint)F, (blasint)n, 1.0f, s->dy, (blasint)H,
+              s->act, (blasint)F, 0.0f, dw2e, (blasint)F);
+  for (int64_t i = 0; i < n; i++)  // da -> [dh1 | dh3] in place
     for (int64_t f = 0; f < F; f++) {
       const float da = s->dgu[i * F2 + f], h1 = s->gu[i * F2 + f], h3 = s->gu[i * F2 + F + f];
       s->dgu[i * F2 + F + f] = da * silu(h1);
@@ -348,24 +358,23 @@ TPR_CPU_KERNEL(moe_experts_bwd) {
     free(idx), free(s.xe);
     return TPR_FAIL(TPR_ERR_OOM, "moe_experts_bwd (cpu): scratch for %lld tokens", (long long)T);
   }
-  const float *gd = tpr_tensor_data(g), *dd = tpr_tensor_data(dy);
-  const int64_t gs0 = g->stride[0], gs1 = g->stride[1], ds0 = dy->stride[0], ds1 = dy->stride[1];
+  const float *gd = tpr_tensor_data(g);
+  const int64_t gs0 = g->stride[0], gs1 = g->stride[1];
   for (int64_t e = 0; e < E; e++) {
     int64_t n = 0;
     for (int64_t t = 0; t < T; t++)
       if (gd[t * gs0 + e * gs1] != 0.0f) idx[n++] = t;
     if (n == 0) continue;
+    float *gate = s.y, *dgate = s.y + n;  // (n) each: s.y is free in the backward
     for (int64_t i = 0; i < n; i++) {
-      const float gate = gd[idx[i] * gs0 + e * gs1];
+      gate[i] = gd[idx[i] * gs0 + e * gs1];
       load_row(s.xe + i * H, x, idx[i]);
-      for (int64_t j = 0; j < H; j++) s.dy[i * H + j] = gate * dd[idx[i] * ds0 + j * ds1];
+      load_row(s.dy + i * H, dy, idx[i]);
     }
-    expert_bwd(w13, w2, e, n, true, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    expert_bwd(w13, w2, e, n, gate, dgate, &s, dw13 + e * F2 * H, dw2 + e * H * F);
     for (int64_t i = 0; i < n; i++) {
       const int64_t t = idx[i];
-      double dot = 0;
-      for (int64_t j = 0; j < H; j++) dot += (double)dd[t * ds0 + j * ds1] * (double)s.y[i * H + j];
-      dg[t * E + e] = (float)dot;
+      dg[t * E + e] = dgate[i];
       for (int64_t j = 0; j < H; j++) dx[t * H + j] += s.dxe[i * H + j];
     }
   }
@@ -406,7 +415,7 @@ TPR_CPU_KERNEL(moe_grouped_ffn_bwd) {
         load_row(s.dy + n * H, dy, r);
       }
     if (n == 0) continue;
-    expert_bwd(w13, w2, e, n, false, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    expert_bwd(w13, w2, e, n, NULL, NULL, &s, dw13 + e * F2 * H, dw2 + e * H * F);
     n = 0;
     for (int64_t src = 0; src < nsrc; src++)
       for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++)
