@@ -21,9 +21,11 @@ static const char *usage =
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--save DIR [--save-every N]] [--resume DIR] [--json]";
 
-// --profile: where the time of the run's program went, by op kind, and the
+// The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
+// with --profile also where the program's time went by op kind and the
 // GEMMs' rate against sgemm measured on this rank in the same run.
-static void print_profile(const tpr_m2_session *s, const tpr_train_summary *sum, double sgemm, bool json) {
+static void print_summary(const tpr_m2_session *s, const tpr_train_summary *sum, const int64_t *rss, int world,
+                          bool profile, double sgemm, bool json) {
   double sec[TPR_OP_KIND_COUNT], flops, total = 0;
   int64_t runs;
   tpr_m2_train_profile(s, sec, &runs, &flops);
@@ -31,25 +33,36 @@ static void print_profile(const tpr_m2_session *s, const tpr_train_summary *sum,
   double gemm = sec[TPR_OP_MATMUL] > 0 ? flops * (double)runs / sec[TPR_OP_MATMUL] * 1e-9 : 0;
   if (json) {
     printf("{\"summary\":{\"steps_timed\":%lld,\"ms_per_step\":%.6g,\"tokens_per_s\":%.6g,\"fwd_bwd_ms\":%.6g,"
-           "\"grad_sync_ms\":%.6g,\"optimizer_ms\":%.6g,\"program_s\":%.6g,"
-           "\"gemm_gflops\":%.6g,\"sgemm_gflops\":%.6g,\"gemm_efficiency\":%.6g,\"ops\":{",
+           "\"grad_sync_ms\":%.6g,\"optimizer_ms\":%.6g,\"peak_rss_bytes\":[",
            (long long)sum->steps_timed, sum->ms_per_step, sum->tokens_per_s, sum->ms_fwd_bwd, sum->ms_grad_sync,
-           sum->ms_optimizer, total, gemm, sgemm, sgemm > 0 ? gemm / sgemm : 0);
-    for (int k = 0, first = 1; k < TPR_OP_KIND_COUNT; k++)
-      if (sec[k] > 0) printf("%s\"%s\":%.6g", first ? "" : ",", tpr_op_name((tpr_op_kind)k), sec[k]), first = 0;
-    printf("}}}\n");
+           sum->ms_optimizer);
+    for (int r = 0; r < world; r++) printf("%s%lld", r ? "," : "", (long long)rss[r]);
+    printf("]");
+    if (profile) {
+      printf(",\"program_s\":%.6g,\"gemm_gflops\":%.6g,\"sgemm_gflops\":%.6g,\"gemm_efficiency\":%.6g,\"ops\":{",
+             total, gemm, sgemm, sgemm > 0 ? gemm / sgemm : 0);
+      for (int k = 0, first = 1; k < TPR_OP_KIND_COUNT; k++)
+        if (sec[k] > 0) printf("%s\"%s\":%.6g", first ? "" : ",", tpr_op_name((tpr_op_kind)k), sec[k]), first = 0;
+      printf("}");
+    }
+    printf("}}\n");
     return;
   }
-  printf("\nprofile (rank 0, %lld sequence runs, program time %.3f s)\n  %-28s %10s %7s\n", (long long)runs, total,
-         "op", "seconds", "share");
-  for (int k = 0; k < TPR_OP_KIND_COUNT; k++)
-    if (sec[k] > 0.005 * total)
-      printf("  %-28s %10.3f %6.1f%%\n", tpr_op_name((tpr_op_kind)k), sec[k], 100 * sec[k] / total);
-  printf("  GEMMs %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s measured in this run\n", gemm,
-         sgemm > 0 ? 100 * gemm / sgemm : 0, sgemm);
-  printf("  %lld timed steps: %.1f ms/step (forward+backward %.1f, gradient sync %.1f, optimizer %.1f), %.1f tokens/s\n",
-         (long long)sum->steps_timed, sum->ms_per_step, sum->ms_fwd_bwd, sum->ms_grad_sync, sum->ms_optimizer,
-         sum->tokens_per_s);
+  if (profile) {
+    printf("\nprofile (rank 0, %lld sequence runs, program time %.3f s)\n  %-28s %10s %7s\n", (long long)runs, total,
+           "op", "seconds", "share");
+    for (int k = 0; k < TPR_OP_KIND_COUNT; k++)
+      if (sec[k] > 0.005 * total)
+        printf("  %-28s %10.3f %6.1f%%\n", tpr_op_name((tpr_op_kind)k), sec[k], 100 * sec[k] / total);
+    printf("  GEMMs %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s measured in this run\n", gemm,
+           sgemm > 0 ? 100 * gemm / sgemm : 0, sgemm);
+  }
+  printf("%lld timed steps: %.1f ms/step (forward+backward %.1f, gradient sync %.1f, optimizer %.1f), %.1f tokens/s\n"
+         "peak RSS per rank:", (long long)sum->steps_timed, sum->ms_per_step, sum->ms_fwd_bwd, sum->ms_grad_sync,
+         sum->ms_optimizer, sum->tokens_per_s);
+  char buf[32];
+  for (int r = 0; r < world; r++) printf(" %s", tpr_cli_bytes((uint64_t)rss[r], buf, sizeof buf));
+  printf("\n");
 }
 
 static int usage_error(const char *msg) {
@@ -167,7 +180,11 @@ int tpr_cmd_train(int argc, char **argv) {
            (long long)o.seq_len, (long long)o.micro_batch, (long long)o.grad_accum);
   }
   if (rc == TPR_OK) rc = tpr_train_run(s, w.host, &o, stdout, &sum);
-  if (rc == TPR_OK && profile && w.rank == 0) print_profile(s, &sum, sgemm, o.json);
+  int64_t *rss = calloc((size_t)w.size, sizeof *rss);
+  if (rc == TPR_OK && !rss) rc = TPR_FAIL(TPR_ERR_OOM, "peak RSS");
+  if (rc == TPR_OK) rc = tpr_world_peak_rss(&w, rss);
+  if (rc == TPR_OK && w.rank == 0) print_summary(s, &sum, rss, w.size, profile, sgemm, o.json);
+  free(rss);
   tpr_m2_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
   if (rc != TPR_OK) return tpr_world_fail(&w, "train");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 bool tpr_world_launched(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID");
@@ -121,4 +122,11 @@ int tpr_world_fail(tpr_world *w, const char *command) {
   if (world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
   tpr_world_finish(w);
   return 1;
+}
+
+tpr_status tpr_world_peak_rss(tpr_world *w, int64_t *per_rank) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  int64_t mine = (int64_t)ru.ru_maxrss * 1024;  // KiB on Linux
+  return tpr_comm_all_gather(w->host, &mine, per_rank, 1, TPR_I64);
 }

@@ -43,6 +43,10 @@ bool tpr_world_launched(void);
 tpr_status tpr_world_init(int *argc, char ***argv, const tpr_world_opts *opts, tpr_world *w);
 void tpr_world_finish(tpr_world *w);
 
+// Collective: every rank's peak resident memory so far (getrusage), in
+// bytes, into per_rank (world size entries) on every rank.
+tpr_status tpr_world_peak_rss(tpr_world *w, int64_t *per_rank);
+
 // Ends a failed command: prints the error on this rank; under MPI with more
 // than one rank it aborts the job so no peer waits forever in a collective.
 int tpr_world_fail(tpr_world *w, const char *command);
