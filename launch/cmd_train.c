@@ -16,7 +16,7 @@
 #include "train/trainer.h"
 
 static const char *usage =
-    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init) --data TOKENS.npy\n"
+    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data TOKENS.npy\n"
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--save DIR [--save-every N]] [--resume DIR] [--json]";

@@ -19,8 +19,7 @@ static bool trained(const tpr_program *p, tpr_value_id v) {
   return d.dtype == TPR_F32 && !strstr(name, "e_score_correction_bias");
 }
 
-static tpr_status backward(tpr_program *p, const tpr_shard_plan *plan, tpr_value_id rank, tpr_value_id rank_tp,
-                           tpr_value_id loss) {
+static tpr_status backward(tpr_program *p, tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id loss) {
   int nv = tpr_program_num_values(p), n = 0;
   tpr_value_id *wrt = malloc((size_t)nv * sizeof *wrt), *grads = malloc((size_t)nv * sizeof *grads);
   tpr_status rc = wrt && grads ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: backward lists");
@@ -46,7 +45,6 @@ static tpr_status backward(tpr_program *p, const tpr_shard_plan *plan, tpr_value
   }
   free(wrt);
   free(grads);
-  (void)plan;
   return rc;
 }
 
@@ -57,7 +55,8 @@ tpr_status tpr__m2_build_loss(tpr_program *p, const tpr_shard_plan *plan, const 
   int tp = plan->tp;
   tpr_value_id targets, logits, ce, aux, scaled, loss;
   TPR_CHECK(tpr_program_input(p, "targets", TPR_I32, 1, (const int64_t[]){o->tokens}, &targets));
-  if (tp > 1 && !(o->skip_grad_marks & TPR_M2_MARKS_COLUMN)) TPR_CHECK(tpr_pb_grad_all_reduce(p, x, TPR_AXIS_TP, tp, &x));  // vocab-parallel head
+  if (tp > 1 && !(o->skip_grad_marks & TPR_M2_MARKS_COLUMN))  // the vocab-parallel head is rank-local
+    TPR_CHECK(tpr_pb_grad_all_reduce(p, x, TPR_AXIS_TP, tp, &x));
   TPR_CHECK(tpr_pb_matmul(p, x, head, false, true, &logits));  // (T, V'/tp)
   TPR_CHECK(tpr_build_vocab_parallel_xent(p, logits, targets, rank_tp, cfg->vocab_size, TPR_AXIS_TP, tp, &ce));
   TPR_CHECK(tpr_build_moe_aux_loss(p, router_logits, (int)cfg->num_layers, (int)cfg->experts_per_tok, &aux));
@@ -66,5 +65,5 @@ tpr_status tpr__m2_build_loss(tpr_program *p, const tpr_shard_plan *plan, const 
   TPR_CHECK(tpr_program_output(p, loss, "loss"));
   TPR_CHECK(tpr_program_output(p, ce, "ce"));
   TPR_CHECK(tpr_program_output(p, aux, "aux"));
-  return backward(p, plan, rank, rank_tp, loss);
+  return backward(p, rank, rank_tp, loss);
 }

@@ -130,6 +130,30 @@ static void load_row(float *dst, const tpr_tensor *x, int64_t r) {
                     sizeof(float));
 }
 
+// The rows of local expert e in a dispatched buffer: block src holds
+// cnt[src*Er + e] of them from start[src*Er + e], for src ascending.
+typedef struct expert_rows {
+  const int64_t *start, *cnt;
+  int64_t nsrc, Er;
+} expert_rows;
+
+// Copies expert e's rows of x (R, H) into dst (n, H), contiguous; returns n.
+static int64_t gather_expert_rows(const expert_rows *g, int64_t e, const tpr_tensor *x, float *dst) {
+  int64_t n = 0, H = x->shape[1];
+  for (int64_t src = 0; src < g->nsrc; src++)
+    for (int64_t r = g->start[src * g->Er + e]; r < g->start[src * g->Er + e] + g->cnt[src * g->Er + e]; r++)
+      load_row(dst + (n++) * H, x, r);
+  return n;
+}
+
+// The inverse: rows (n, H) back to expert e's places in out (R, H).
+static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *rows, int64_t H, float *out) {
+  int64_t n = 0;
+  for (int64_t src = 0; src < g->nsrc; src++)
+    for (int64_t r = g->start[src * g->Er + e]; r < g->start[src * g->Er + e] + g->cnt[src * g->Er + e]; r++)
+      memcpy(out + r * H, rows + (n++) * H, (size_t)H * sizeof *out);
+}
+
 // x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F); out (T, H) contiguous.
 TPR_CPU_KERNEL(moe_experts) {
   if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_experts (cpu): expected 4 inputs, got %d", n_in);
@@ -246,17 +270,12 @@ TPR_CPU_KERNEL(moe_grouped_ffn) {
   }
   if ((rc = check_blas_range("moe_grouped_ffn", most, F2, H, w13, w2)) != TPR_OK) goto done;
   if ((rc = scratch_new("moe_grouped_ffn", most, H, F, false, &s)) != TPR_OK) goto done;
+  const expert_rows rows = {start, cnt, nsrc, Er};
   for (int64_t e = 0; e < Er; e++) {
-    int64_t n = 0;
-    for (int64_t src = 0; src < nsrc; src++)
-      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++)
-        load_row(s.xe + (n++) * H, x, r);
+    int64_t n = gather_expert_rows(&rows, e, x, s.xe);
     if (n == 0) continue;
     expert_ffn(w13, w2, e, n, &s);
-    n = 0;
-    for (int64_t src = 0; src < nsrc; src++)
-      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++)
-        memcpy(o + r * H, s.y + (n++) * H, (size_t)H * sizeof *o);
+    scatter_expert_rows(&rows, e, s.y, H, o);
   }
 done:
   free(start), free(s.xe);
@@ -407,19 +426,13 @@ TPR_CPU_KERNEL(moe_grouped_ffn_bwd) {
   if (total == 0 || H == 0 || F == 0) goto done;
   if ((rc = check_blas_range("moe_grouped_ffn_bwd", most, F2, H, w13, w2)) != TPR_OK) goto done;
   if ((rc = scratch_new("moe_grouped_ffn_bwd", most, H, F, true, &s)) != TPR_OK) goto done;
+  const expert_rows rows = {start, cnt, nsrc, Er};
   for (int64_t e = 0; e < Er; e++) {
-    int64_t n = 0;
-    for (int64_t src = 0; src < nsrc; src++)
-      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++, n++) {
-        load_row(s.xe + n * H, x, r);
-        load_row(s.dy + n * H, dy, r);
-      }
+    int64_t n = gather_expert_rows(&rows, e, x, s.xe);
     if (n == 0) continue;
+    gather_expert_rows(&rows, e, dy, s.dy);
     expert_bwd(w13, w2, e, n, NULL, NULL, &s, dw13 + e * F2 * H, dw2 + e * H * F);
-    n = 0;
-    for (int64_t src = 0; src < nsrc; src++)
-      for (int64_t r = start[src * Er + e]; r < start[src * Er + e] + cnt[src * Er + e]; r++)
-        memcpy(dx + r * H, s.dxe + (n++) * H, (size_t)H * sizeof *dx);
+    scatter_expert_rows(&rows, e, s.dxe, H, dx);
   }
 done:
   free(start), free(s.xe);
