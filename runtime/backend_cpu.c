@@ -109,6 +109,8 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_MOE_AUX_LOSS] = tpr__cpu_moe_aux_loss,
             [TPR_OP_MOE_AUX_LOSS_BWD] = tpr__cpu_moe_aux_loss_bwd,
 
+            // -- paged attention
+
         },
 };
 

@@ -236,6 +236,7 @@ static tpr_backend_vtable make_vtable(void) {
   vt.kernels[TPR_OP_CACHE_WRITE] = tpr__cuda_cache_write;
   vt.kernels[TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cuda_router_sigmoid_topk;
   vt.kernels[TPR_OP_MOE_EXPERTS] = tpr__cuda_moe_experts;
+  // -- paged attention
   return vt;
 }
 

@@ -105,6 +105,26 @@ tpr_status tpr_pb_all_to_allv(tpr_program *p, tpr_value_id x, tpr_value_id send_
 tpr_status tpr_pb_moe_grouped_ffn(tpr_program *p, tpr_value_id x, tpr_value_id counts, tpr_value_id w13,
                                   tpr_value_id w2, tpr_value_id *out);
 tpr_status tpr_pb_moe_unpermute(tpr_program *p, tpr_value_id y, tpr_value_id gates, tpr_value_id *out);
+// Paged KV cache (engine/). A pool (NB, bs, Hkv, D) holds NB blocks of bs
+// token rows; pool row r is block r / bs, offset r % bs.
+// paged_cache_write: token t of new_rows (T, Hkv, D) goes to pool row
+// slot_mapping[t] (T) i32, IN PLACE; slot_mapping[t] < 0 (a padded token)
+// writes nothing; a row >= NB*bs is TPR_ERR_INVALID_ARG and nothing is
+// written. Out (1) i32, a token nothing reads: append it BEFORE the
+// paged_attention that reads the rows (program order, as cache_write).
+// paged_attention: q (T, Hq, D); token t of sequence s = seq[t] (T) i32
+// attends the keys/values at its sequence's positions 0..positions[t]
+// (causal), position j living in pool row block_tables[s][j / bs] * bs +
+// j % bs (block_tables (B, MB) i32). Query head h reads KV head h / (Hq/Hkv).
+// Numerics as tpr_attention: (q . k) * scale, softmax in f32 with the row max
+// subtracted and the sum's reciprocal multiplied in, then p @ v. seq[t] < 0
+// (a padded token): out row t is 0. seq[t] >= B, positions[t] outside
+// [0, MB*bs), or a block id read outside [0, NB): TPR_ERR_INVALID_ARG.
+tpr_status tpr_pb_paged_cache_write(tpr_program *p, tpr_value_id pool, tpr_value_id new_rows,
+                                    tpr_value_id slot_mapping, tpr_value_id *out);
+tpr_status tpr_pb_paged_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
+                                  tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions, float scale,
+                                  tpr_value_id *out);
 
 // The op of node n (0 <= n < tpr_program_num_nodes), for reports.
 tpr_op_kind tpr_program_node_op(const tpr_program *p, int n);

@@ -79,5 +79,7 @@ TPR_CPU_KERNEL(moe_aux_stats_bwd);  // moe_aux.c
 TPR_CPU_KERNEL(moe_aux_loss);       // moe_aux.c
 TPR_CPU_KERNEL(moe_aux_loss_bwd);   // moe_aux.c
 
+// -- paged attention
+
 
 #endif

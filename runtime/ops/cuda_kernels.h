@@ -59,6 +59,7 @@ TPR_CUDA_KERNEL(attention);            // attention.cu: one block per (query, he
 TPR_CUDA_KERNEL(cache_write);          // attention.cu: writes its input 0 in place
 TPR_CUDA_KERNEL(router_sigmoid_topk);  // router.cu
 TPR_CUDA_KERNEL(moe_experts);          // moe.cu: grouped cuBLAS sgemm per expert
+// -- paged attention
 
 // ---- host helpers (backend_cuda.cu unless noted) ----------------------------
 

@@ -77,4 +77,6 @@ TPR__OP_RULE(moe_aux_stats_bwd);  // logits (T, E), dstats (2, E) -> (T, E)
 TPR__OP_RULE(moe_aux_loss);       // stats (2, E) -> (1)
 TPR__OP_RULE(moe_aux_loss_bwd);   // stats (2, E), dloss (1) -> (2, E)
 
+// -- paged attention
+
 #endif

@@ -482,6 +482,8 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MOE_AUX_LOSS] = {"moe_aux_loss", 1, false, tpr__infer_moe_aux_loss},
     [TPR_OP_MOE_AUX_LOSS_BWD] = {"moe_aux_loss_bwd", 2, false, tpr__infer_moe_aux_loss_bwd},
 
+    // -- paged attention
+
 };
 
 // Kinds are numbered ahead of their rules while an op family is being added:

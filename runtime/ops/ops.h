@@ -98,6 +98,13 @@ typedef enum tpr_op_kind {
   TPR_OP_MOE_AUX_STATS_BWD = 60,  // in (logits, dstats (2, E)); i[0] k; out dlogits (T, E) via p only
   TPR_OP_MOE_AUX_LOSS = 61,     // in (stats (2, E) summed over layers); i[0] rows N; out (1) E*sum c*s/N^2
   TPR_OP_MOE_AUX_LOSS_BWD = 62,  // in (stats, dloss (1)); i[0] N; out (2, E) = dloss*E/N^2 * [s; c]
+  // Batched inference (engine/): one pool of KV blocks shared by many
+  // sequences, a block table per sequence (vLLM's PagedAttention layout);
+  // exact semantics at tpr_pb_paged_cache_write / tpr_pb_paged_attention.
+  TPR_OP_PAGED_CACHE_WRITE = 63,  // in (pool (NB, bs, Hkv, D), new (T, Hkv, D), slot_mapping (T) i32);
+                                  // writes pool IN PLACE; out (1) i32
+  TPR_OP_PAGED_ATTENTION = 64,    // in (q (T, Hq, D), k_pool, v_pool (NB, bs, Hkv, D), block_tables (B, MB) i32,
+                                  // seq (T) i32, positions (T) i32); f[0] scale; out (T, Hq, D)
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
