@@ -66,9 +66,9 @@ typedef struct bench_result {
   int64_t prefill_tokens, decode_tokens;
 } bench_result;
 
-static tpr_status run_workload(tpr_m2_session *s, int64_t batch, int64_t P, int64_t G, uint64_t seed,
+static tpr_status run_workload(tpr_session *s, int64_t batch, int64_t P, int64_t G, uint64_t seed,
                                bench_result *r) {
-  int64_t V = tpr_m2_session_config(s)->vocab_size;
+  int64_t V = tpr_session_config(s)->vocab_size;
   int32_t *tok = malloc((size_t)(P + G) * sizeof *tok);
   float *logits = malloc((size_t)(P * V) * sizeof *logits);
   tpr_status rc = tok && logits ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "bench buffers");
@@ -76,7 +76,7 @@ static tpr_status run_workload(tpr_m2_session *s, int64_t batch, int64_t P, int6
   for (int64_t b = 0; rc == TPR_OK && b < batch; b++) {
     for (int64_t t = 0; t < P; t++) tok[t] = (int32_t)(tpr_rng_next(&rng) % (uint64_t)V);
     double t0 = tpr_cli_now();
-    rc = tpr_m2_session_forward(s, tok, P, 0, logits);
+    rc = tpr_session_forward(s, tok, P, 0, logits);
     r->prefill_s += tpr_cli_now() - t0;
     r->prefill_tokens += P;
     t0 = tpr_cli_now();
@@ -86,7 +86,7 @@ static tpr_status run_workload(tpr_m2_session *s, int64_t batch, int64_t P, int6
       for (int64_t v = 1; v < V; v++)
         if (row[v] > row[best]) best = v;
       tok[P + g] = (int32_t)best;
-      rc = tpr_m2_session_forward(s, &tok[P + g], 1, P + g, logits);
+      rc = tpr_session_forward(s, &tok[P + g], 1, P + g, logits);
     }
     r->decode_s += tpr_cli_now() - t0;
     r->decode_tokens += G;
@@ -193,7 +193,7 @@ int tpr_bench_model(int argc, char **argv) {
     return 2;
   }
   tpr_world w;
-  tpr_m2_session *s = NULL;
+  tpr_session *s = NULL;
   char dir[256];
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
@@ -215,16 +215,16 @@ int tpr_bench_model(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_comm_all_gather(w.host, &mine, rss, 1, TPR_I64);
   if (rc == TPR_OK && w.rank == 0) {
     tpr_shard_plan plan;
-    tpr_model_config cfg = *tpr_m2_session_config(s);
+    tpr_model_config cfg = *tpr_session_config(s);
     rc = tpr_shard_plan_build(&cfg, w.size, 1, w.size, 1, TPR_F32, &plan);
-    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_m2_session_stats(s)->load_s, rss, json);
+    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s, rss, json);
     if (rc == TPR_OK) tpr_shard_plan_free(&plan);
   }
   free(rss);
-  tpr_m2_session_close(s);  // unmaps the checkpoint before it is removed
+  tpr_session_close(s);  // unmaps the checkpoint before it is removed
   s = NULL;
   if (model == dir && w.rank == 0) remove_flat_dir(dir);
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   if (rc != TPR_OK) return tpr_world_fail(&w, "bench model");
   tpr_world_finish(&w);
   return 0;

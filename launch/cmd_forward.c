@@ -77,22 +77,22 @@ int tpr_cmd_forward(int argc, char **argv) {
     }
   }
   tpr_world w;
-  tpr_m2_session *s = NULL;
+  tpr_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, T, &dbg, &s);
-  const tpr_shard_plan *pl = rc == TPR_OK ? tpr_m2_session_plan(s) : NULL;
+  const tpr_shard_plan *pl = rc == TPR_OK ? tpr_session_plan(s) : NULL;
   if (rc == TPR_OK && lists.n != 1 && lists.n != pl->dp)
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--tokens given %d times: give one list, or one per replica (dp = %d)",
                   lists.n, pl->dp);
   if (rc != TPR_OK) {
     for (int i = 0; i < lists.n; i++) free(tokens[i]);
-    tpr_m2_session_close(s);
+    tpr_session_close(s);
     return tpr_world_fail(&w, "forward");
   }
-  int64_t V = tpr_m2_session_config(s)->vocab_size, replicas = lists.n, replica = w.rank / pl->tp;
+  int64_t V = tpr_session_config(s)->vocab_size, replicas = lists.n, replica = w.rank / pl->tp;
   float *logits = malloc((size_t)(replicas * T * V) * sizeof *logits);
   double t0 = tpr_cli_now();
-  rc = logits ? tpr_m2_session_forward(s, tokens[replicas > 1 ? replica : 0], T, 0,
+  rc = logits ? tpr_session_forward(s, tokens[replicas > 1 ? replica : 0], T, 0,
                                        logits + (replicas > 1 ? replica : 0) * T * V)
               : TPR_FAIL(TPR_ERR_OOM, "logits");
   double secs = tpr_cli_now() - t0;
@@ -104,21 +104,21 @@ int tpr_cmd_forward(int argc, char **argv) {
              "\"moe_dispatch\":\"%s\",\"replicas\":%lld,\"tokens\":%lld,\"vocab\":%lld,\"out\":\"%s\","
              "\"load_s\":%.4f,\"forward_s\":%.4f,\"program_hash\":\"%016llx\"}\n",
              w.size, pl->tp, pl->dp, pl->ep, pl->etp, mesh.moe_dispatch, (long long)replicas, (long long)T,
-             (long long)V, out, tpr_m2_session_stats(s)->load_s, secs,
-             (unsigned long long)tpr_m2_session_stats(s)->program_hash);
+             (long long)V, out, tpr_session_stats(s)->load_s, secs,
+             (unsigned long long)tpr_session_stats(s)->program_hash);
     else
       printf("tpr forward: %lld tokens x %lld replicas, tp %d dp %d ep %d etp %d: logits (%lld, %lld) f32 -> %s "
              "(load %.3f s, forward %.3f s)\n",
              (long long)T, (long long)replicas, pl->tp, pl->dp, pl->ep, pl->etp, (long long)T, (long long)V, out,
-             tpr_m2_session_stats(s)->load_s, secs);
+             tpr_session_stats(s)->load_s, secs);
   }
   for (int i = 0; i < lists.n; i++) free(tokens[i]);
   free(logits);
   if (rc != TPR_OK) {
-    tpr_m2_session_close(s);
+    tpr_session_close(s);
     return tpr_world_fail(&w, "forward");
   }
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   tpr_world_finish(&w);
   return 0;
 }

@@ -18,20 +18,20 @@ typedef struct run_totals {
 } run_totals;
 
 // Generates n_new tokens after prompt (len) into out.
-static tpr_status generate(tpr_m2_session *s, const int32_t *prompt, int64_t len, int64_t n_new,
+static tpr_status generate(tpr_session *s, const int32_t *prompt, int64_t len, int64_t n_new,
                            const tpr_sampling *smp, tpr_rng *rng, int32_t *out, run_totals *tot) {
-  int64_t V = tpr_m2_session_config(s)->vocab_size;
+  int64_t V = tpr_session_config(s)->vocab_size;
   float *logits = malloc((size_t)(len * V) * sizeof *logits);
   void *scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
   tpr_status rc = logits && scratch ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "logits");
   double t0 = tpr_cli_now();
-  if (rc == TPR_OK) rc = tpr_m2_session_forward(s, prompt, len, 0, logits);
+  if (rc == TPR_OK) rc = tpr_session_forward(s, prompt, len, 0, logits);
   tot->prefill_s += tpr_cli_now() - t0;
   tot->prompt_tokens += len;
   if (rc == TPR_OK && n_new > 0) out[0] = (int32_t)tpr_sample(logits + (len - 1) * V, V, smp, rng, scratch);
   t0 = tpr_cli_now();
   for (int64_t i = 1; rc == TPR_OK && i < n_new; i++) {
-    rc = tpr_m2_session_forward(s, &out[i - 1], 1, len + i - 1, logits);
+    rc = tpr_session_forward(s, &out[i - 1], 1, len + i - 1, logits);
     if (rc == TPR_OK) out[i] = (int32_t)tpr_sample(logits, V, smp, rng, scratch);
   }
   tot->decode_s += tpr_cli_now() - t0;
@@ -102,7 +102,7 @@ int tpr_cmd_run(int argc, char **argv) {
     return 2;
   }
   tpr_world w;
-  tpr_m2_session *s = NULL;
+  tpr_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, max_seq, &dbg, &s);
   run_totals tot = {0};
@@ -111,10 +111,10 @@ int tpr_cmd_run(int argc, char **argv) {
   for (int i = 0; rc == TPR_OK && i < prompts.n; i++)
     rc = generate(s, ids[i], lens[i], max_new, &smp, &rng, gen + i * max_new, &tot);
   tpr_moe_stats ms = {0};
-  if (rc == TPR_OK && mesh.moe_stats) rc = tpr_m2_session_moe_stats(s, &ms);  // collective
+  if (rc == TPR_OK && mesh.moe_stats) rc = tpr_session_moe_stats(s, &ms);  // collective
   if (rc == TPR_OK && w.rank == 0) {
-    const tpr_m2_stats *st = tpr_m2_session_stats(s);
-    const tpr_shard_plan *pl = tpr_m2_session_plan(s);
+    const tpr_session_info *st = tpr_session_stats(s);
+    const tpr_shard_plan *pl = tpr_session_plan(s);
     double pre = tot.prefill_s > 0 ? (double)tot.prompt_tokens / tot.prefill_s : 0;
     double dec = tot.decode_s > 0 ? (double)tot.generated / tot.decode_s : 0;
     if (json) {
@@ -154,10 +154,10 @@ int tpr_cmd_run(int argc, char **argv) {
   free(gen);
   tpr_moe_stats_free(&ms);
   if (rc != TPR_OK) {
-    tpr_m2_session_close(s);
+    tpr_session_close(s);
     return tpr_world_fail(&w, "run");
   }
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   tpr_world_finish(&w);
   return 0;
 }

@@ -24,7 +24,7 @@ static const char *usage =
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
 // GEMMs' rate against sgemm measured on this rank in the same run.
-static void print_summary(const tpr_m2_session *s, const tpr_train_summary *sum, const int64_t *rss, int world,
+static void print_summary(const tpr_session *s, const tpr_train_summary *sum, const int64_t *rss, int world,
                           bool profile, double sgemm, bool json) {
   double sec[TPR_OP_KIND_COUNT], flops, total = 0;
   int64_t runs;
@@ -157,24 +157,24 @@ int tpr_cmd_train(int argc, char **argv) {
   o.seed = (uint64_t)seed;
   o.dump_grads = dump;
   tpr_world w;
-  tpr_m2_session *s = NULL;
+  tpr_session *s = NULL;
   char init_dir[512] = "";
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
-  tpr_m2_session_opts so;
+  tpr_session_opts so;
   if (rc == TPR_OK) rc = tpr_cli_session_opts(&w, dir, &mesh, o.seq_len, &dbg, &so);
   if (rc == TPR_OK) {
     so.training = true;
     so.skip_grad_marks = skip;
-    rc = tpr_m2_session_open(&so, w.host, w.be, &s);
+    rc = tpr_session_open(&so, w.host, w.be, &s);
   }
   tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile};
   double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
   tpr_train_summary sum = {0};
   if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);
   if (rc == TPR_OK && w.rank == 0 && !o.json) {
-    const tpr_shard_plan *pl = tpr_m2_session_plan(s);
+    const tpr_shard_plan *pl = tpr_session_plan(s);
     printf("train: world %d (tp %d dp %d ep %d etp %d), %d trained tensors on rank 0, seq %lld x %lld x %lld "
            "per replica per step\n", w.size, pl->tp, pl->dp, pl->ep, pl->etp, tpr_m2_train_num_params(s),
            (long long)o.seq_len, (long long)o.micro_batch, (long long)o.grad_accum);
@@ -185,7 +185,7 @@ int tpr_cmd_train(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_world_peak_rss(&w, rss);
   if (rc == TPR_OK && w.rank == 0) print_summary(s, &sum, rss, w.size, profile, sgemm, o.json);
   free(rss);
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
   if (rc != TPR_OK) return tpr_world_fail(&w, "train");
   tpr_world_finish(&w);

@@ -31,7 +31,7 @@ tpr_status tpr_cli_token_list(const char *flag, const char *text, int32_t **ids,
 }
 
 tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
-                                const tpr_model_debug *d, tpr_m2_session_opts *out) {
+                                const tpr_model_debug *d, tpr_session_opts *out) {
   const int64_t sizes[4] = {m->tp, m->dp, m->ep, m->etp};
   const char *names[4] = {"--tp", "--dp", "--ep", "--etp"};
   for (int i = 0; i < 4; i++)
@@ -43,7 +43,7 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
                       .seed = (uint64_t)m->reroute_seed};
   if (!tpr_moe_dispatch_parse(m->moe_dispatch, &moe.dispatch))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-dispatch %s: expected auto, alltoall or allreduce", m->moe_dispatch);
-  *out = (tpr_m2_session_opts){.model_dir = model,
+  *out = (tpr_session_opts){.model_dir = model,
                            .max_seq = max_seq,
                            .tp = (int)m->tp,
                            .dp = (int)m->dp,
@@ -58,8 +58,8 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
 }
 
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
-                              const tpr_model_debug *d, tpr_m2_session **out) {
-  tpr_m2_session_opts o;
+                              const tpr_model_debug *d, tpr_session **out) {
+  tpr_session_opts o;
   TPR_CHECK(tpr_cli_session_opts(w, model, m, max_seq, d, &o));
-  return tpr_m2_session_open(&o, w->host, w->be, out);
+  return tpr_session_open(&o, w->host, w->be, out);
 }

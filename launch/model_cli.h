@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "launch/world.h"
-#include "models/minimax_m2_session.h"
+#include "engine/session.h"
 
 // "1,2,3" -> ids (malloc'ed, *n entries). Empty lists, non-numbers, negative
 // ids and ids beyond int32 are TPR_ERR_INVALID_ARG naming the flag and item.
@@ -30,7 +30,7 @@ typedef struct tpr_model_debug {
 
 // The mesh and MoE flags of run, forward and bench model.
 typedef struct tpr_model_mesh {
-  int64_t tp, dp, ep, etp;      // 0: defaults (see tpr_m2_session_opts)
+  int64_t tp, dp, ep, etp;      // 0: defaults (see tpr_session_opts)
   const char *moe_dispatch;     // auto | alltoall | allreduce
   double capacity_factor;       // 0: dropless
   bool reroute_dropped;
@@ -54,11 +54,11 @@ typedef struct tpr_model_mesh {
 // The session options the flags give (sizes checked against the world; an
 // unknown --moe-dispatch is TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
-                                const tpr_model_debug *d, tpr_m2_session_opts *out);
+                                const tpr_model_debug *d, tpr_session_opts *out);
 
 // Opens the model on every rank with the given mesh (sizes that do not fit
 // the world, or an unknown --moe-dispatch, are TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
-                              const tpr_model_debug *d, tpr_m2_session **out);
+                              const tpr_model_debug *d, tpr_session **out);
 
 #endif

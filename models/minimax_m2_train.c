@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "models/minimax_m2_impl.h"
-#include "models/minimax_m2_session_impl.h"
+#include "engine/session_impl.h"
 #include "shard/unshard.h"
 
 // A checkpoint tensor inside a param's buffer: plan kind, layer, local
@@ -56,8 +56,8 @@ void tpr__m2_train_free(struct tpr_m2_train *t) {
   free(t);
 }
 
-int tpr_m2_train_num_params(const tpr_m2_session *s) { return s->train ? s->train->n_trained : 0; }
-const tpr_m2_param *tpr_m2_train_param(const tpr_m2_session *s, int i) { return &s->train->params[i].pub; }
+int tpr_m2_train_num_params(const tpr_session *s) { return s->train ? s->train->n_trained : 0; }
+const tpr_m2_param *tpr_m2_train_param(const tpr_session *s, int i) { return &s->train->params[i].pub; }
 
 static int64_t kind_numel(const tpr_shard_tensor *k) {
   return k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
@@ -83,7 +83,7 @@ static int find_kind(const tpr_shard_plan *p, const char *suffix) {
 
 // The params in a fixed order (the same on every rank): trained weights
 // items, the stacked experts, then the untrained routing biases.
-static tpr_status list_params(tpr_m2_session *s, struct tpr_m2_train *t) {
+static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
   const tpr_shard_plan *pl = &s->plan;
   int64_t layers = s->cfg.num_layers, Er = pl->experts_per_rank, Fr = pl->expert_inter_per_rank, H = s->cfg.hidden_size;
   t->params = calloc((size_t)(s->weights.n + 2 * layers), sizeof *t->params);
@@ -122,7 +122,7 @@ static tpr_status list_params(tpr_m2_session *s, struct tpr_m2_train *t) {
   return TPR_OK;
 }
 
-static tpr_status build(tpr_m2_session *s, struct tpr_m2_train *t) {
+static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
   int64_t T = t->o.seq_len;
   tpr_m2_build_opts bo = {.tokens = T,
                           .max_seq = T,
@@ -131,11 +131,11 @@ static tpr_status build(tpr_m2_session *s, struct tpr_m2_train *t) {
                           .training = true,
                           .aux_coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef,
                           .skip_grad_marks = s->o.skip_grad_marks};
-  TPR_CHECK(tpr__m2_make_program(s, &bo, &t->program));
+  TPR_CHECK(tpr__session_make_program(s, &bo, &t->program));
   TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
   tpr_exec_set_collectives(t->exec, &s->hook);
   if (t->o.profile) TPR_CHECK(tpr_exec_set_profiling(t->exec, true));
-  TPR_CHECK(tpr__m2_bind_params(s, t->exec));
+  TPR_CHECK(tpr__session_bind_params(s, t->exec));
   tpr_tensor **ins[] = {&t->tokens, &t->targets, &t->positions};
   const char *names[] = {"tokens", "targets", "positions"};
   for (int i = 0; i < 3; i++) {
@@ -150,7 +150,7 @@ static tpr_status build(tpr_m2_session *s, struct tpr_m2_train *t) {
   return tpr_tensor_from_host(t->start, &zero, sizeof zero);
 }
 
-static tpr_status start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
+static tpr_status start(tpr_session *s, const tpr_m2_train_opts *o) {
   if (!s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: the session was not opened for training");
   if (!s->be->vt->host_addressable)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: runs on the CPU backend (backend %s has no backward kernels yet)",
@@ -173,11 +173,11 @@ static tpr_status start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
   return TPR_OK;
 }
 
-tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o) {
+tpr_status tpr_m2_train_start(tpr_session *s, const tpr_m2_train_opts *o) {
   return tpr_comm_agree(s->world, start(s, o));
 }
 
-void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run) {
+void tpr_m2_train_profile(const tpr_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run) {
   const struct tpr_m2_train *t = s->train;
   const double *node = tpr_exec_node_seconds(t->exec);
   memset(seconds, 0, TPR_OP_KIND_COUNT * sizeof *seconds);
@@ -190,7 +190,7 @@ void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *run
   }
 }
 
-tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate) {
+tpr_status tpr_m2_train_update_bias(tpr_session *s, double rate) {
   struct tpr_m2_train *t = s->train;
   int64_t layers = s->cfg.num_layers, E = s->cfg.num_experts, n = layers * E;
   // Every tp rank of a replica routed the same tokens: sum the world, divide by tp.
@@ -213,7 +213,7 @@ tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate) {
 
 // The first sequence of a step writes the accumulators instead of adding to
 // them, so clearing them is free (no pass over every gradient).
-void tpr_m2_train_zero_grads(tpr_m2_session *s) { s->train->fresh = true; }
+void tpr_m2_train_zero_grads(tpr_session *s) { s->train->fresh = true; }
 
 // grad (+)= w * g, n elements, over the OpenMP threads.
 static void accumulate(float *grad, const float *g, int64_t n, float w, bool first) {
@@ -244,7 +244,7 @@ static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targe
   return TPR_OK;
 }
 
-tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const int32_t *targets, double weight,
+tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, double weight,
                                  tpr_m2_losses *out) {
   struct tpr_m2_train *t = s->train;
   if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
@@ -282,7 +282,7 @@ tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const
   return TPR_OK;
 }
 
-static tpr_status fold(tpr_m2_session *s, struct tpr_m2_train *t) {
+static tpr_status fold(tpr_session *s, struct tpr_m2_train *t) {
   const tpr_shard_plan *pl = &s->plan;
   for (int i = 0; i < t->n_trained; i++)
     for (int j = 0; j < t->params[i].n_pieces; j++) {
@@ -299,7 +299,7 @@ static tpr_status fold(tpr_m2_session *s, struct tpr_m2_train *t) {
   return TPR_OK;
 }
 
-tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s) {
+tpr_status tpr_m2_train_reduce_grads(tpr_session *s) {
   struct tpr_m2_train *t = s->train;
   if (t->fresh)  // no sequence ran this step: the gradient is zero
     for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
@@ -326,7 +326,7 @@ tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s) {
   return TPR_OK;
 }
 
-tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out) {
+tpr_status tpr_m2_train_grad_sumsq(tpr_session *s, double *out) {
   struct tpr_m2_train *t = s->train;
   double sum = 0;
   for (int i = 0; i < t->n_trained; i++)
@@ -355,7 +355,7 @@ tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out) {
 
 // One piece gathered from every rank; on rank 0 each checkpoint tensor it
 // covers (one, or one per ep group for experts) is assembled and handed on.
-static tpr_status export_piece(tpr_m2_session *s, const piece *pc, const float *mine, tpr_m2_export_fn fn,
+static tpr_status export_piece(tpr_session *s, const piece *pc, const float *mine, tpr_m2_export_fn fn,
                                void *ctx) {
   struct tpr_m2_train *t = s->train;
   const tpr_shard_plan *pl = &s->plan;
@@ -384,7 +384,7 @@ static tpr_status export_piece(tpr_m2_session *s, const piece *pc, const float *
   return rc;
 }
 
-tpr_status tpr_m2_train_export(tpr_m2_session *s, bool grads, tpr_m2_export_fn fn, void *ctx) {
+tpr_status tpr_m2_train_export(tpr_session *s, bool grads, tpr_m2_export_fn fn, void *ctx) {
   struct tpr_m2_train *t = s->train;
   if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
   int n = grads ? t->n_trained : t->n_params;

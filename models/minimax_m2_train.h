@@ -11,7 +11,7 @@
 #ifndef TPR_MINIMAX_M2_TRAIN_H
 #define TPR_MINIMAX_M2_TRAIN_H
 
-#include "models/minimax_m2_session.h"
+#include "engine/session.h"
 
 typedef struct tpr_m2_train_opts {
   int64_t seq_len;  // tokens per sequence (the program's T)
@@ -32,34 +32,34 @@ typedef struct tpr_m2_losses {
   double loss, ce, aux;  // of one sequence (identical on every rank of a tp group)
 } tpr_m2_losses;
 
-tpr_status tpr_m2_train_start(tpr_m2_session *s, const tpr_m2_train_opts *o);
-int tpr_m2_train_num_params(const tpr_m2_session *s);
-const tpr_m2_param *tpr_m2_train_param(const tpr_m2_session *s, int i);
-void tpr_m2_train_zero_grads(tpr_m2_session *s);
+tpr_status tpr_m2_train_start(tpr_session *s, const tpr_m2_train_opts *o);
+int tpr_m2_train_num_params(const tpr_session *s);
+const tpr_m2_param *tpr_m2_train_param(const tpr_session *s, int i);
+void tpr_m2_train_zero_grads(tpr_session *s);
 
 // Forward + backward of one sequence: inputs and targets (seq_len) i32
 // (targets -100 are ignored); grad += weight * d loss / d param.
 // Token ids outside the vocabulary: TPR_ERR_INVALID_ARG naming the position.
-tpr_status tpr_m2_train_sequence(tpr_m2_session *s, const int32_t *inputs, const int32_t *targets, double weight,
+tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, double weight,
                                  tpr_m2_losses *out);
 
 // Collective. Folds copies of replicated heads (sum) and zeroes padding,
 // then averages over the dp replicas (experts: sums over edp, divided by dp).
-tpr_status tpr_m2_train_reduce_grads(tpr_m2_session *s);
+tpr_status tpr_m2_train_reduce_grads(tpr_session *s);
 // Collective: the gradient's global sum of squares (the norm squared), each
 // checkpoint element counted once; the same double on every rank.
-tpr_status tpr_m2_train_grad_sumsq(tpr_m2_session *s, double *out);
+tpr_status tpr_m2_train_grad_sumsq(tpr_session *s, double *out);
 
 // Aux-loss-free balancing (DeepSeek-V3's rule, which MiniMax-M2's routing
 // bias exists for), collective: with load_e the tokens routed to expert e
 // in the sequences run since the last call (all replicas), every layer's
 // e_score_correction_bias moves by rate * sign(mean_e load_e - load_e),
 // identically on every rank; the counts are then cleared.
-tpr_status tpr_m2_train_update_bias(tpr_m2_session *s, double rate);
+tpr_status tpr_m2_train_update_bias(tpr_session *s, double rate);
 
 // With opts.profile: seconds spent in each op kind over all runs so far
 // (seconds[TPR_OP_KIND_COUNT]), the runs, and the matmul FLOPs of one run.
-void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run);
+void tpr_m2_train_profile(const tpr_session *s, double *seconds, int64_t *runs, double *gemm_flops_per_run);
 
 // Collective: every trained checkpoint tensor reassembled from the ranks'
 // slices (padding removed, experts split back into w1/w3/w2), handed to
@@ -67,6 +67,6 @@ void tpr_m2_train_profile(const tpr_m2_session *s, double *seconds, int64_t *run
 // accumulators instead of the weights.
 typedef tpr_status (*tpr_m2_export_fn)(void *ctx, const char *name, int ndim, const int64_t *shape,
                                        const float *data);
-tpr_status tpr_m2_train_export(tpr_m2_session *s, bool grads, tpr_m2_export_fn fn, void *ctx);
+tpr_status tpr_m2_train_export(tpr_session *s, bool grads, tpr_m2_export_fn fn, void *ctx);
 
 #endif

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "collectives/tpr_comm.h"
-#include "models/minimax_m2_session.h"
+#include "engine/session.h"
 #include "m2_ref.h"
 
 #define FIX M2_FIX
@@ -155,11 +155,11 @@ static void test_greedy(void **state) {
   if (bad) fail_msg("%d greedy check(s) failed (above)", bad);
 }
 
-static tpr_m2_session *open_session(tpr_comm_t self, int64_t max_seq) {
-  tpr_m2_session_opts o = {.model_dir = FIX, .max_seq = max_seq, .force_tp_rank = -1};
-  tpr_m2_session *s = NULL;
-  TT_OK(tpr_m2_session_open(&o, self, tt_cpu(), &s));
-  assert_int_equal(tpr_m2_session_config(s)->vocab_size, V);
+static tpr_session *open_session(tpr_comm_t self, int64_t max_seq) {
+  tpr_session_opts o = {.model_dir = FIX, .max_seq = max_seq, .force_tp_rank = -1};
+  tpr_session *s = NULL;
+  TT_OK(tpr_session_open(&o, self, tt_cpu(), &s));
+  assert_int_equal(tpr_session_config(s)->vocab_size, V);
   return s;
 }
 
@@ -169,19 +169,19 @@ static tpr_m2_session *open_session(tpr_comm_t self, int64_t max_seq) {
 static void test_kv_cache(void **state) {
   tpr_comm_t self;
   TT_OK(tpr_comm_init_self(&self));
-  tpr_m2_session *s = open_session(self, 16);
+  tpr_session *s = open_session(self, 16);
   static float full[TA * V], again[TA * V], step[TA * V];
-  TT_OK(tpr_m2_session_forward(s, ref.a, TA, 0, full));
+  TT_OK(tpr_session_forward(s, ref.a, TA, 0, full));
   double e = m2_rel_err(full, ref.logits_a, TA * V);
   printf("kv: full forward (T 11) vs transformers: %.3g\n", e);
   assert_true(e <= PARITY_BOUND);
 
   const int P = 6;
-  TT_OK(tpr_m2_session_forward(s, ref.a, P, 0, step));
+  TT_OK(tpr_session_forward(s, ref.a, P, 0, step));
   double worst = m2_rel_err(step, full, (size_t)P * V);
   printf("kv: prefill (T %d) rows vs full forward: %.3g\n", P, worst);
   for (int t = P; t < TA; t++) {
-    TT_OK(tpr_m2_session_forward(s, &ref.a[t], 1, t, step));
+    TT_OK(tpr_session_forward(s, &ref.a[t], 1, t, step));
     double et = m2_rel_err(step, full + t * V, V);
     printf("kv: decode position %d vs full forward row: %.3g\n", t, et);
     if (et > worst) worst = et;
@@ -190,10 +190,10 @@ static void test_kv_cache(void **state) {
   if (!(worst <= KV_BOUND)) fail_msg("cached decode differs from the full forward: %.3g > %.0e", worst, KV_BOUND);
 
   // Negative control: every decode token at start 0 (as if the cache were ignored).
-  TT_OK(tpr_m2_session_forward(s, ref.a, P, 0, step));
+  TT_OK(tpr_session_forward(s, ref.a, P, 0, step));
   double least = INFINITY;
   for (int t = P; t < TA; t++) {
-    TT_OK(tpr_m2_session_forward(s, &ref.a[t], 1, 0, step));
+    TT_OK(tpr_session_forward(s, &ref.a[t], 1, 0, step));
     double et = m2_rel_err(step, full + t * V, V);
     if (et < least) least = et;
   }
@@ -201,26 +201,26 @@ static void test_kv_cache(void **state) {
   if (!(least > 1e-2)) fail_msg("decoding at position 0 was not told apart from the right position: %.3g", least);
 
   // Errors leave the session usable, and a rerun is bitwise the same.
-  assert_int_equal(tpr_m2_session_forward(s, ref.a, TA, 6, step), TPR_ERR_INVALID_ARG);  // 6 + 11 > 16 rows
+  assert_int_equal(tpr_session_forward(s, ref.a, TA, 6, step), TPR_ERR_INVALID_ARG);  // 6 + 11 > 16 rows
   int32_t bad[2] = {1, V};
-  assert_int_equal(tpr_m2_session_forward(s, bad, 2, 0, step), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_session_forward(s, bad, 2, 0, step), TPR_ERR_INVALID_ARG);
   if (!strstr(tpr_last_error(), "vocabulary")) fail_msg("token %d: '%s'", V, tpr_last_error());
-  TT_OK(tpr_m2_session_forward(s, ref.a, TA, 0, again));
+  TT_OK(tpr_session_forward(s, ref.a, TA, 0, again));
   assert_memory_equal(again, full, sizeof full);
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
 
   // transformers' greedy_logits_a: prefill prompt a, then feed greedy_a.
   s = open_session(self, TA + NG);
-  TT_OK(tpr_m2_session_forward(s, ref.a, TA, 0, full));
+  TT_OK(tpr_session_forward(s, ref.a, TA, 0, full));
   worst = m2_rel_err(full + (TA - 1) * V, ref.greedy_logits_a, V);
   for (int i = 1; i < NG; i++) {
-    TT_OK(tpr_m2_session_forward(s, &ref.greedy_a[i - 1], 1, TA + i - 1, step));
+    TT_OK(tpr_session_forward(s, &ref.greedy_a[i - 1], 1, TA + i - 1, step));
     double ei = m2_rel_err(step, ref.greedy_logits_a + i * V, V);
     if (ei > worst) worst = ei;
   }
   printf("kv: decode of greedy_a vs transformers' greedy_logits_a: %.3g (bound %.0e)\n", worst, PARITY_BOUND);
   if (!(worst <= PARITY_BOUND)) fail_msg("decode logits differ from transformers': %.3g", worst);
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   tpr_comm_free(self);
 }
 
@@ -234,24 +234,24 @@ static void test_program_cache(void **state) {
   memcpy(seq + TA, ref.greedy_a, sizeof ref.greedy_a);
   tpr_comm_t self;
   TT_OK(tpr_comm_init_self(&self));
-  tpr_m2_session *s = open_session(self, N);
+  tpr_session *s = open_session(self, N);
   static float full[N * V], part[N * V];
-  TT_OK(tpr_m2_session_forward(s, seq, N, 0, full));
+  TT_OK(tpr_session_forward(s, seq, N, 0, full));
   double worst = 0;
   for (int T = 1; T < N; T++) {
-    TT_OK(tpr_m2_session_forward(s, seq, T, 0, part));
+    TT_OK(tpr_session_forward(s, seq, T, 0, part));
     double e = m2_rel_err(part, full, (size_t)T * V);
     if (e > worst) worst = e;
   }
   printf("program cache: prefixes T = 1..%d vs the T = %d forward: worst %.3g (bound %.0e)\n", N - 1, N, worst,
          KV_BOUND);
   if (!(worst <= KV_BOUND)) fail_msg("a prefix differs from the full forward: %.3g", worst);
-  TT_OK(tpr_m2_session_forward(s, seq, N, 0, part));  // T = 19 was evicted: rebuilt
+  TT_OK(tpr_session_forward(s, seq, N, 0, part));  // T = 19 was evicted: rebuilt
   assert_memory_equal(part, full, sizeof full);
   double e = m2_rel_err(full, ref.logits_a, TA * V);
   printf("program cache: T = %d rows 0..%d vs transformers' logits_a: %.3g\n", N, TA - 1, e);
   assert_true(e <= PARITY_BOUND);
-  tpr_m2_session_close(s);
+  tpr_session_close(s);
   tpr_comm_free(self);
 }
 

@@ -45,10 +45,10 @@ static void collect_free(collect *c) {
   free(c->e);
 }
 
-tpr_status tpr_train_write_full(tpr_m2_session *s, bool grads, const char *path) {
+tpr_status tpr_train_write_full(tpr_session *s, bool grads, const char *path) {
   collect c = {0};
   tpr_status rc = tpr_m2_train_export(s, grads, collect_add, &c);
-  if (rc == TPR_OK && tpr_m2_session_mesh(s)->world_rank == 0) rc = tpr_st_write(path, c.e, c.n, NULL);
+  if (rc == TPR_OK && tpr_session_mesh(s)->world_rank == 0) rc = tpr_st_write(path, c.e, c.n, NULL);
   collect_free(&c);
   return rc;
 }
@@ -73,8 +73,8 @@ static bool is_checkpoint(const char *dir) {
   return yes;
 }
 
-static tpr_status write_state(const char *tmp, const tpr_m2_session *s, int64_t step, const tpr_train_opts *o) {
-  const tpr_shard_plan *pl = tpr_m2_session_plan(s);
+static tpr_status write_state(const char *tmp, const tpr_session *s, int64_t step, const tpr_train_opts *o) {
+  const tpr_shard_plan *pl = tpr_session_plan(s);
   cJSON *j = cJSON_CreateObject();
   if (!j) return TPR_FAIL(TPR_ERR_OOM, "trainer state");
   cJSON_AddNumberToObject(j, "step", (double)step);
@@ -96,8 +96,8 @@ static tpr_status write_state(const char *tmp, const tpr_m2_session *s, int64_t 
   return rc;
 }
 
-static tpr_status copy_config(const tpr_m2_session *s, const char *tmp) {
-  char *src = tpr_path_join(tpr_m2_session_model_dir(s), "config.json"), *dst = tpr_path_join(tmp, "config.json");
+static tpr_status copy_config(const tpr_session *s, const char *tmp) {
+  char *src = tpr_path_join(tpr_session_model_dir(s), "config.json"), *dst = tpr_path_join(tmp, "config.json");
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = src && dst ? tpr_file_read(src, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "config");
@@ -107,7 +107,7 @@ static tpr_status copy_config(const tpr_m2_session *s, const char *tmp) {
 }
 
 // This rank's moments under "<param>.exp_avg" / ".exp_avg_sq".
-static tpr_status write_moments(const tpr_m2_session *s, const char *tmp, int64_t step, const tpr_adamw_state *adam) {
+static tpr_status write_moments(const tpr_session *s, const char *tmp, int64_t step, const tpr_adamw_state *adam) {
   int n = tpr_m2_train_num_params(s);
   tpr_st_write_entry *e = calloc((size_t)(2 * n + 1), sizeof *e);
   char (*names)[192] = calloc((size_t)(2 * n + 1), sizeof *names);
@@ -122,7 +122,7 @@ static tpr_status write_moments(const tpr_m2_session *s, const char *tmp, int64_
     }
   }
   char file[64], stepbuf[32];
-  rank_file(tpr_m2_session_mesh(s), file, sizeof file);
+  rank_file(tpr_session_mesh(s), file, sizeof file);
   snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)step);
   const char *meta[] = {"step", stepbuf, NULL};
   char *path = rc == TPR_OK ? tpr_path_join(tmp, file) : NULL;
@@ -131,9 +131,9 @@ static tpr_status write_moments(const tpr_m2_session *s, const char *tmp, int64_
   return rc;
 }
 
-tpr_status tpr_train_checkpoint_save(tpr_m2_session *s, tpr_comm_t world, const char *dir, int64_t step,
+tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const char *dir, int64_t step,
                                      const tpr_train_opts *o, const tpr_adamw_state *adam) {
-  bool root = tpr_m2_session_mesh(s)->world_rank == 0;
+  bool root = tpr_session_mesh(s)->world_rank == 0;
   size_t n = strlen(dir) + 8;
   char *tmp = malloc(n);
   if (!tmp) return TPR_FAIL(TPR_ERR_OOM, "checkpoint");
@@ -190,10 +190,10 @@ static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t 
   return rc;
 }
 
-tpr_status tpr_train_checkpoint_load(tpr_m2_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
-  TPR_CHECK(read_state(dir, tpr_m2_session_plan(s), step));
+tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
+  TPR_CHECK(read_state(dir, tpr_session_plan(s), step));
   char file[64];
-  rank_file(tpr_m2_session_mesh(s), file, sizeof file);
+  rank_file(tpr_session_mesh(s), file, sizeof file);
   char *path = tpr_path_join(dir, file);
   tpr_st_set *set = NULL;
   tpr_status rc = path ? tpr_st_open(path, &set) : TPR_FAIL(TPR_ERR_OOM, "path");

@@ -22,7 +22,7 @@ static double now_s(void) {
 
 
 typedef struct loop {
-  tpr_m2_session *s;
+  tpr_session *s;
   tpr_comm_t world;
   const tpr_train_opts *o;
   tpr_npy *tokens;
@@ -91,7 +91,7 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   if (o->bias_update_rate > 0) TPR_CHECK(tpr_m2_train_update_bias(l->s, o->bias_update_rate));
   TPR_CHECK(mean_losses(l, &losses));
   double dt = now_s() - t0;
-  int64_t tokens = o->seq_len * o->micro_batch * o->grad_accum * tpr_m2_session_plan(l->s)->dp;
+  int64_t tokens = o->seq_len * o->micro_batch * o->grad_accum * tpr_session_plan(l->s)->dp;
   *r = (tpr_train_step_report){.step = step, .loss = losses.loss, .ce = losses.ce, .aux = losses.aux,
                                .grad_norm = norm, .lr = lr, .tokens_per_s = (double)tokens / dt, .ms = 1e3 * dt,
                                .ms_fwd_bwd = 1e3 * (t1 - t0), .ms_grad_sync = 1e3 * (t2 - t1),
@@ -126,12 +126,12 @@ static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, in
   sum->last_loss = r->loss;
 }
 
-tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
                          tpr_train_summary *summary) {
   tpr_train_summary local = {0};
   if (!summary) summary = &local;
   *summary = (tpr_train_summary){0};
-  loop l = {.s = s, .world = world, .o = o, .mesh = tpr_m2_session_mesh(s)};
+  loop l = {.s = s, .world = world, .o = o, .mesh = tpr_session_mesh(s)};
   l.n_params = tpr_m2_train_num_params(s);
   int64_t first = 0;
   tpr_status rc = TPR_OK;
@@ -144,11 +144,11 @@ tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_op
   tpr_data_config dc = {.seq_len = o->seq_len,
                         .micro_batch = (int)o->micro_batch,
                         .accum = (int)o->grad_accum,
-                        .dp = tpr_m2_session_plan(s)->dp,
+                        .dp = tpr_session_plan(s)->dp,
                         .order = o->data_sequential ? TPR_DATA_SEQUENTIAL : TPR_DATA_RANDOM,
                         .seed = o->seed};
   if (rc == TPR_OK) rc = tpr_npy_open(o->data, &l.tokens);
-  if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_m2_session_config(s)->vocab_size, &l.data);
+  if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_session_config(s)->vocab_size, &l.data);
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
   int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;

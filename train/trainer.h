@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "models/minimax_m2_session.h"
+#include "engine/session.h"
 
 typedef struct tpr_train_opts {
   const char *data;         // .npy token file
@@ -50,7 +50,7 @@ typedef struct tpr_train_summary {
 
 // Runs steps [first, opts.steps) on an open training session; reports go to
 // out (rank 0). first > 0 when resuming. summary may be NULL.
-tpr_status tpr_train_run(tpr_m2_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
                          tpr_train_summary *summary);
 
 #endif

@@ -3,8 +3,8 @@
 // token count T (built on first use: a prompt length, or 1 for decode).
 // Every rank of the world must make the same calls in the same order (each
 // forward runs collectives).
-#ifndef TPR_MINIMAX_M2_SESSION_H
-#define TPR_MINIMAX_M2_SESSION_H
+#ifndef TPR_ENGINE_SESSION_H
+#define TPR_ENGINE_SESSION_H
 
 #include <stdbool.h>
 
@@ -14,14 +14,14 @@
 #include "shard/mesh.h"
 #include "shard/model_config.h"
 
-typedef struct tpr_m2_session_opts {
+typedef struct tpr_session_opts {
   const char *model_dir;   // HF checkpoint or converted directory
   int64_t max_seq;         // KV cache rows: the longest prompt + generation
   // The mesh (shard/mesh.h); 0 picks: dp 1, tp = world / dp, ep 1,
   // etp = world / ep. world = dp*tp = edp*ep*etp.
   int tp, dp, ep, etp;
   tpr_moe_opts moe;        // dispatcher and capacity mode
-  bool moe_stats;          // count routing statistics (tpr_m2_session_moe_stats)
+  bool moe_stats;          // count routing statistics (tpr_session_moe_stats)
   // Rank 0 builds each program and sends its bytes to the others ("compile
   // once, run on every rank"); otherwise every rank builds its own and the
   // hashes are compared.
@@ -33,29 +33,29 @@ typedef struct tpr_m2_session_opts {
   bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
   int skip_grad_marks;     // training without some grad_all_reduce marks (tpr_m2_build_opts)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
-} tpr_m2_session_opts;
+} tpr_session_opts;
 
-typedef struct tpr_m2_session tpr_m2_session;
+typedef struct tpr_session tpr_session;
 
-typedef struct tpr_m2_stats {
+typedef struct tpr_session_info {
   double load_s;             // config, plan, weights, caches
   uint64_t weight_bytes;     // this rank's weights as held (f32)
   uint64_t bytes_read;       // checkpoint bytes this rank read
   uint64_t program_hash;     // of the last program built
-} tpr_m2_stats;
+} tpr_session_info;
 
 // Collective over `world` (a host-buffer communicator of every rank). Errors (bad checkpoint, heads or experts that cannot be laid
 // out on the mesh, ...) are returned on every rank.
-tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, tpr_backend *be,
-                               tpr_m2_session **out);
-void tpr_m2_session_close(tpr_m2_session *s);
+tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_backend *be,
+                               tpr_session **out);
+void tpr_session_close(tpr_session *s);
 
-const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s);
-const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s);
-const tpr_mesh *tpr_m2_session_mesh(const tpr_m2_session *s);
-const char *tpr_m2_session_model_dir(const tpr_m2_session *s);
-const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s);
-int64_t tpr_m2_session_max_seq(const tpr_m2_session *s);
+const tpr_model_config *tpr_session_config(const tpr_session *s);
+const tpr_shard_plan *tpr_session_plan(const tpr_session *s);
+const tpr_mesh *tpr_session_mesh(const tpr_session *s);
+const char *tpr_session_model_dir(const tpr_session *s);
+const tpr_session_info *tpr_session_stats(const tpr_session *s);
+int64_t tpr_session_max_seq(const tpr_session *s);
 
 // Runs tokens (T) at positions start..start+T-1; the caches must hold the
 // sequence's positions < start (start 0 begins a new sequence). logits
@@ -63,12 +63,12 @@ int64_t tpr_m2_session_max_seq(const tpr_m2_session *s);
 // a tp group (dp replicas may be given different tokens; every rank must
 // give the same T and start).
 // Token ids outside [0, vocab) or start + T > max_seq: TPR_ERR_INVALID_ARG.
-tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
+tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
                                   float *logits);
 
 // Collective: the routing statistics of every forward so far, summed over
 // the dp replicas, into *out (the caller frees it with tpr_moe_stats_free).
 // Needs opts.moe_stats.
-tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out);
+tpr_status tpr_session_moe_stats(tpr_session *s, tpr_moe_stats *out);
 
 #endif

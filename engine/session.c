@@ -1,4 +1,4 @@
-#include "minimax_m2_session.h"
+#include "engine/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "models/minimax_m2.h"
-#include "models/minimax_m2_session_impl.h"
+#include "engine/session_impl.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
@@ -16,16 +16,16 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-const tpr_model_config *tpr_m2_session_config(const tpr_m2_session *s) { return &s->cfg; }
-const tpr_m2_stats *tpr_m2_session_stats(const tpr_m2_session *s) { return &s->stats; }
-const tpr_shard_plan *tpr_m2_session_plan(const tpr_m2_session *s) { return &s->plan; }
-const tpr_mesh *tpr_m2_session_mesh(const tpr_m2_session *s) { return &s->mesh; }
-const char *tpr_m2_session_model_dir(const tpr_m2_session *s) { return s->o.model_dir; }
-int64_t tpr_m2_session_max_seq(const tpr_m2_session *s) { return s->o.max_seq; }
+const tpr_model_config *tpr_session_config(const tpr_session *s) { return &s->cfg; }
+const tpr_session_info *tpr_session_stats(const tpr_session *s) { return &s->stats; }
+const tpr_shard_plan *tpr_session_plan(const tpr_session *s) { return &s->plan; }
+const tpr_mesh *tpr_session_mesh(const tpr_session *s) { return &s->mesh; }
+const char *tpr_session_model_dir(const tpr_session *s) { return s->o.model_dir; }
+int64_t tpr_session_max_seq(const tpr_session *s) { return s->o.max_seq; }
 
 // Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r),
 // built in host memory and copied to the backend.
-static tpr_status stack_experts(tpr_m2_session *s, int64_t L) {
+static tpr_status stack_experts(tpr_session *s, int64_t L) {
   const tpr_shard_plan *p = &s->plan;
   int64_t Er = p->experts_per_rank, Fr = p->expert_inter_per_rank, H = s->cfg.hidden_size;
   int k1 = -1, k3 = -1, k2 = -1;
@@ -61,14 +61,14 @@ static tpr_status stack_experts(tpr_m2_session *s, int64_t L) {
 
 // A weight slice as a tensor on the backend: the loaded host bytes wrapped
 // in place on the CPU, copied to a device otherwise.
-static tpr_status weight_tensor(tpr_m2_session *s, const tpr_shard_tensor *t, const void *host, tpr_tensor **out) {
+static tpr_status weight_tensor(tpr_session *s, const tpr_shard_tensor *t, const void *host, tpr_tensor **out) {
   if (s->be->vt->host_addressable)
     return tpr_tensor_wrap(s->be, TPR_F32, t->ndim, t->rank_shape, (void *)host, out);
   TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, t->ndim, t->rank_shape, out));
   return tpr_tensor_from_host(*out, host, (size_t)tpr_tensor_numel(*out) * sizeof(float));
 }
 
-static tpr_status load_weights(tpr_m2_session *s) {
+static tpr_status load_weights(tpr_session *s) {
   TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
   TPR_CHECK(tpr_loader_load_all(s->loader, TPR_F32, &s->weights));
   s->stats.weight_bytes = s->weights.bytes_held;
@@ -96,7 +96,7 @@ static tpr_status load_weights(tpr_m2_session *s) {
   return TPR_OK;
 }
 
-tpr_status tpr__m2_bind_params(tpr_m2_session *s, tpr_exec *e) {
+tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
   char name[160];
   for (int64_t i = 0; i < s->weights.n; i++)
     if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
@@ -115,7 +115,7 @@ tpr_status tpr__m2_bind_params(tpr_m2_session *s, tpr_exec *e) {
 }
 
 // Rank 0 builds and serializes; everyone receives the bytes and deserializes.
-static tpr_status receive_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
+static tpr_status receive_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = TPR_OK;
@@ -135,7 +135,7 @@ static tpr_status receive_program(tpr_m2_session *s, const tpr_m2_build_opts *bo
   return rc;
 }
 
-tpr_status tpr__m2_make_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
+tpr_status tpr__session_make_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
   *out = NULL;
   if (s->o.broadcast_program)
     TPR_CHECK(receive_program(s, bo, out));
@@ -144,21 +144,21 @@ tpr_status tpr__m2_make_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, 
   return tpr_comm_check_program(s->world, *out, &s->stats.program_hash);
 }
 
-static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
+static tpr_status program_for(tpr_session *s, int64_t T, step_program **out) {
   for (int i = 0; i < s->n_programs; i++)
     if (s->programs[i].T == T) {
       *out = &s->programs[i];
       return TPR_OK;
     }
   if (s->n_programs == MAX_PROGRAMS) {  // forget the oldest prompt length (never decode's, built early)
-    m2_program *old = &s->programs[1];
+    step_program *old = &s->programs[1];
     tpr_exec_free(old->exec);
     tpr_program_free(old->program);
     tpr_tensor_free(old->tokens), tpr_tensor_free(old->positions), tpr_tensor_free(old->start);
     memmove(old, old + 1, (size_t)(MAX_PROGRAMS - 2) * sizeof *old);
     s->n_programs--;
   }
-  m2_program *m = &s->programs[s->n_programs];
+  step_program *m = &s->programs[s->n_programs];
   memset(m, 0, sizeof *m);
   m->T = T;
   tpr_m2_build_opts bo = {.tokens = T,
@@ -166,12 +166,12 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
                           .per_rank_qk_norm = s->o.per_rank_qk_norm,
                           .moe = s->o.moe,
                           .moe_stats = s->o.moe_stats};
-  tpr_status rc = tpr__m2_make_program(s, &bo, &m->program);
+  tpr_status rc = tpr__session_make_program(s, &bo, &m->program);
   if (m->program) s->n_programs++;  // owned from here: close frees it
   TPR_CHECK(rc);
   TPR_CHECK(tpr_exec_new(m->program, s->be, &m->exec));
   tpr_exec_set_collectives(m->exec, &s->hook);
-  TPR_CHECK(tpr__m2_bind_params(s, m->exec));
+  TPR_CHECK(tpr__session_bind_params(s, m->exec));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->tokens));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->positions));
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){1}, &m->start));
@@ -182,8 +182,8 @@ static tpr_status program_for(tpr_m2_session *s, int64_t T, m2_program **out) {
   return TPR_OK;
 }
 
-// Fills in the mesh sizes left at 0 (see tpr_m2_session_opts).
-static tpr_status resolve_mesh(tpr_m2_session_opts *o, int world) {
+// Fills in the mesh sizes left at 0 (see tpr_session_opts).
+static tpr_status resolve_mesh(tpr_session_opts *o, int world) {
   if (o->tp < 0 || o->dp < 0 || o->ep < 0 || o->etp < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "mesh sizes must be positive (tp %d, dp %d, ep %d, etp %d)", o->tp, o->dp,
                     o->ep, o->etp);
@@ -199,9 +199,9 @@ static tpr_status resolve_mesh(tpr_m2_session_opts *o, int world) {
   return TPR_OK;
 }
 
-static tpr_status open_session(tpr_m2_session *s) {
+static tpr_status open_session(tpr_session *s) {
   int world = tpr_comm_size(s->world), rank = tpr_comm_rank(s->world);
-  tpr_m2_session_opts *o = &s->o;
+  tpr_session_opts *o = &s->o;
   TPR_CHECK(tpr_model_config_load(o->model_dir, &s->cfg));
   TPR_CHECK(resolve_mesh(o, world));
   TPR_CHECK(tpr_shard_plan_build(&s->cfg, o->tp, o->ep, o->etp, o->dp, TPR_F32, &s->plan));
@@ -221,24 +221,24 @@ static tpr_status open_session(tpr_m2_session *s) {
 }
 
 
-tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, tpr_backend *be,
-                               tpr_m2_session **out) {
+tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_backend *be,
+                               tpr_session **out) {
   *out = NULL;
   if (!o->model_dir) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: no model directory");
   if (o->max_seq < 1 && !o->training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: max_seq %lld", (long long)o->max_seq);
-  tpr_m2_session *s = calloc(1, sizeof *s);
+  tpr_session *s = calloc(1, sizeof *s);
   if (!s) return TPR_FAIL(TPR_ERR_OOM, "session");
   double t0 = now_s();
   s->o = *o;
   s->be = be;
   s->world = world;
-  m2_program *decode;
+  step_program *decode;
   tpr_status rc = tpr_comm_agree(world, open_session(s));
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
   if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, program_for(s, 1, &decode));
   if (rc != TPR_OK) {
-    tpr_m2_session_close(s);
+    tpr_session_close(s);
     return rc;
   }
   s->stats.load_s = now_s() - t0;
@@ -246,11 +246,11 @@ tpr_status tpr_m2_session_open(const tpr_m2_session_opts *o, tpr_comm_t world, t
   return TPR_OK;
 }
 
-void tpr_m2_session_close(tpr_m2_session *s) {
+void tpr_session_close(tpr_session *s) {
   if (!s) return;
   tpr__m2_train_free(s->train);
   for (int i = 0; i < s->n_programs; i++) {
-    m2_program *m = &s->programs[i];
+    step_program *m = &s->programs[i];
     tpr_exec_free(m->exec);
     tpr_program_free(m->program);
     tpr_tensor_free(m->tokens), tpr_tensor_free(m->positions), tpr_tensor_free(m->start);
@@ -272,7 +272,7 @@ void tpr_m2_session_close(tpr_m2_session *s) {
 }
 
 // Adds this run's gates of every layer to the statistics.
-static tpr_status count_routing(tpr_m2_session *s, m2_program *m, int64_t T) {
+static tpr_status count_routing(tpr_session *s, step_program *m, int64_t T) {
   const int64_t E = s->cfg.num_experts;
   float *g = realloc(s->gates_host, (size_t)(2 * T * E) * sizeof *g);
   if (!g) return TPR_FAIL(TPR_ERR_OOM, "moe stats staging");
@@ -294,7 +294,7 @@ static tpr_status count_routing(tpr_m2_session *s, m2_program *m, int64_t T) {
   return TPR_OK;
 }
 
-tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out) {
+tpr_status tpr_session_moe_stats(tpr_session *s, tpr_moe_stats *out) {
   memset(out, 0, sizeof *out);
   if (!s->o.moe_stats) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe stats: the session was opened without moe_stats");
   const tpr_moe_stats *a = &s->moe_stats;
@@ -311,7 +311,7 @@ tpr_status tpr_m2_session_moe_stats(tpr_m2_session *s, tpr_moe_stats *out) {
   return rc;
 }
 
-tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int64_t T, int64_t start,
+tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
                                   float *logits) {
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: the session was opened for training");
   int64_t V = s->cfg.vocab_size, Vp = s->plan.vocab_padded;
@@ -323,7 +323,7 @@ tpr_status tpr_m2_session_forward(tpr_m2_session *s, const int32_t *tokens, int6
     if (tokens[t] < 0 || tokens[t] >= V)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
                       tokens[t], (long long)t, (long long)V);
-  m2_program *m;
+  step_program *m;
   TPR_CHECK(program_for(s, T, &m));
   int32_t *pos = malloc((size_t)T * sizeof *pos), st = (int32_t)start;
   if (!pos) return TPR_FAIL(TPR_ERR_OOM, "positions");

@@ -1,23 +1,23 @@
 // Internals of the MiniMax-M2 session shared by its inference
-// (minimax_m2_session.c) and training (minimax_m2_train.c) files.
-#ifndef TPR_MINIMAX_M2_SESSION_IMPL_H
-#define TPR_MINIMAX_M2_SESSION_IMPL_H
+// (engine/session.c) and training (minimax_m2_train.c) files.
+#ifndef TPR_ENGINE_SESSION_IMPL_H
+#define TPR_ENGINE_SESSION_IMPL_H
 
-#include "models/minimax_m2_session.h"
+#include "engine/session.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
 #define MAX_PROGRAMS 16  // distinct token counts kept built (prompt lengths + decode)
 
-typedef struct m2_program {
+typedef struct step_program {
   int64_t T;
   tpr_program *program;
   tpr_exec *exec;
   tpr_tensor *tokens, *positions, *start;  // (T) (T) (1) i32 inputs
-} m2_program;
+} step_program;
 
-struct tpr_m2_session {
-  tpr_m2_session_opts o;
+struct tpr_session {
+  tpr_session_opts o;
   tpr_backend *be;
   tpr_comm_t world;
   tpr_model_config cfg;
@@ -31,20 +31,20 @@ struct tpr_m2_session {
   tpr_mesh_comms comms;
   tpr_exec_collectives hook;
   tpr_tensor *rank;
-  m2_program programs[MAX_PROGRAMS];
+  step_program programs[MAX_PROGRAMS];
   int n_programs;
   float *logits_t;                     // (V', T) staging of the gathered logits
   int64_t logits_cap;
   tpr_moe_stats moe_stats;             // this replica's counts (when opts.moe_stats)
   float *gates_host;                   // (2, T, E) staging of one layer's gates
-  tpr_m2_stats stats;
+  tpr_session_info stats;
   struct tpr_m2_train *train;          // training state (minimax_m2_train.c), NULL for inference
 };
 
 // Binds weights, stacked experts, caches (inference) and the rank tensor.
-tpr_status tpr__m2_bind_params(tpr_m2_session *s, tpr_exec *e);
+tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e);
 // Builds (or receives from rank 0) a program and checks its hash on every rank.
-tpr_status tpr__m2_make_program(tpr_m2_session *s, const tpr_m2_build_opts *bo, tpr_program **out);
+tpr_status tpr__session_make_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out);
 void tpr__m2_train_free(struct tpr_m2_train *t);
 
 #endif
