@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "models/minimax_m2.h"
+#include "engine/family.h"
 #include "engine/session_impl.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
@@ -22,6 +23,7 @@ const tpr_shard_plan *tpr_session_plan(const tpr_session *s) { return &s->plan; 
 const tpr_mesh *tpr_session_mesh(const tpr_session *s) { return &s->mesh; }
 const char *tpr_session_model_dir(const tpr_session *s) { return s->o.model_dir; }
 int64_t tpr_session_max_seq(const tpr_session *s) { return s->o.max_seq; }
+tpr_session_pool tpr_session_pool_info(const tpr_session *s) { return s->pool; }
 
 // Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r),
 // built in host memory and copied to the backend.
@@ -31,11 +33,11 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
   int k1 = -1, k3 = -1, k2 = -1;
   for (int i = 0; i < p->n_tensors; i++) {
     const char *n = p->tensors[i].name;
-    if (strstr(n, ".w1.weight")) k1 = i;
-    if (strstr(n, ".w3.weight")) k3 = i;
-    if (strstr(n, ".w2.weight")) k2 = i;
+    if (strstr(n, s->family->expert_gate)) k1 = i;
+    if (strstr(n, s->family->expert_up)) k3 = i;
+    if (strstr(n, s->family->expert_down)) k2 = i;
   }
-  if (k1 < 0 || k3 < 0 || k2 < 0) return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: plan without expert weights");
+  if (k1 < 0 || k3 < 0 || k2 < 0) return TPR_FAIL(TPR_ERR_INTERNAL, "%s: plan without expert weights", s->family->name);
   size_t blk = (size_t)(Fr * H) * sizeof(float);
   char *h13 = malloc((size_t)Er * 2 * blk + 1), *h2 = malloc((size_t)Er * blk + 1);
   tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: expert staging");
@@ -76,22 +78,49 @@ static tpr_status load_weights(tpr_session *s) {
   int64_t n = s->weights.n, layers = s->cfg.num_layers;
   s->item_tensors = calloc((size_t)n, sizeof *s->item_tensors);
   s->experts = calloc((size_t)(2 * layers), sizeof *s->experts);
-  s->caches = calloc((size_t)(2 * layers), sizeof *s->caches);
-  if (!s->item_tensors || !s->experts || !s->caches) return TPR_FAIL(TPR_ERR_OOM, "minimax_m2: weight handles");
+  s->pools = calloc((size_t)(2 * layers), sizeof *s->pools);
+  if (!s->item_tensors || !s->experts || !s->pools) return TPR_FAIL(TPR_ERR_OOM, "session: weight handles");
   for (int64_t i = 0; i < n; i++) {
     const tpr_load_item *it = &s->weights.items[i];
     if (it->local_expert >= 0) continue;  // stacked per layer below
     const tpr_shard_tensor *t = &s->plan.tensors[it->kind];
     TPR_CHECK(weight_tensor(s, t, tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
   }
-  const tpr_attn_plan *a = &s->plan.attn;
-  for (int64_t L = 0; L < layers; L++) {
-    TPR_CHECK(stack_experts(s, L));
-    for (int kv = 0; kv < 2 && !s->o.training; kv++) {
-      TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){s->o.max_seq, a->kv_per_rank, s->cfg.head_dim},
-                               &s->caches[2 * L + kv]));
-      TPR_CHECK(tpr_tensor_fill_zero(s->caches[2 * L + kv]));
-    }
+  for (int64_t L = 0; L < layers; L++) TPR_CHECK(stack_experts(s, L));
+  return TPR_OK;
+}
+
+// Bytes of one KV block over every layer, K and V, on this rank.
+static uint64_t block_bytes(const tpr_session *s) {
+  return 2u * (uint64_t)s->cfg.num_layers * (uint64_t)s->pool.block_size * (uint64_t)s->plan.attn.kv_per_rank *
+         (uint64_t)s->cfg.head_dim * sizeof(float);
+}
+
+// Sizes the pool (the smallest block count any rank affords: collective) and
+// allocates it, zero-filled so that no row ever holds garbage.
+static tpr_status alloc_pool(tpr_session *s) {
+  const tpr_session_opts *o = &s->o;
+  tpr_session_pool *p = &s->pool;
+  uint64_t per_block = block_bytes(s);
+  int64_t blocks = o->max_batch * p->max_blocks;
+  if (o->kv_cache_bytes > 0) {
+    blocks = (int64_t)((uint64_t)o->kv_cache_bytes / per_block);
+  } else if (o->kv_cache_fraction > 0) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double avail = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    blocks = (int64_t)(o->kv_cache_fraction * avail / (double)per_block);
+  }
+  TPR_CHECK(tpr_comm_all_reduce(s->world, &blocks, &blocks, 1, TPR_I64, TPR_MIN));
+  if (blocks < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "the KV pool holds no block: a block takes %llu bytes on this rank "
+                    "(%lld tokens x %d layers x K,V)", (unsigned long long)per_block, (long long)p->block_size,
+                    (int)s->cfg.num_layers);
+  p->blocks = blocks;
+  p->bytes = (uint64_t)blocks * per_block;
+  const int64_t shape[4] = {blocks, p->block_size, s->plan.attn.kv_per_rank, s->cfg.head_dim};
+  for (int64_t i = 0; i < 2 * s->cfg.num_layers; i++) {
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, shape, &s->pools[i]));
+    TPR_CHECK(tpr_tensor_fill_zero(s->pools[i]));
   }
   return TPR_OK;
 }
@@ -101,27 +130,27 @@ tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
   for (int64_t i = 0; i < s->weights.n; i++)
     if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
-    tpr_m2_expert_name(L, "w13", name, sizeof name);
+    tpr_family_expert_name(L, "w13", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
-    tpr_m2_expert_name(L, "w2", name, sizeof name);
+    tpr_family_expert_name(L, "w2", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
-    if (s->o.training) continue;  // training programs hold no caches
-    tpr_m2_cache_name(L, "k", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->caches[2 * L]));
-    tpr_m2_cache_name(L, "v", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->caches[2 * L + 1]));
+    if (s->o.training) continue;  // training programs hold no KV pool
+    tpr_family_pool_name(L, "k", name, sizeof name);
+    TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));
+    tpr_family_pool_name(L, "v", name, sizeof name);
+    TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L + 1]));
   }
   return tpr_exec_bind(e, "rank", s->rank);
 }
 
 // Rank 0 builds and serializes; everyone receives the bytes and deserializes.
-static tpr_status receive_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
+static tpr_status receive_program(tpr_session *s, tpr__build_fn build, const void *opts, tpr_program **out) {
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = TPR_OK;
   if (tpr_comm_rank(s->world) == 0) {
     tpr_program *p = NULL;
-    rc = tpr_m2_build(&s->plan, bo, &p);
+    rc = build(&s->plan, opts, &p);
     if (rc == TPR_OK) rc = tpr_program_serialize(p, &bytes, &len);
     tpr_program_free(p);
   }
@@ -135,49 +164,67 @@ static tpr_status receive_program(tpr_session *s, const tpr_m2_build_opts *bo, t
   return rc;
 }
 
-tpr_status tpr__session_make_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out) {
+tpr_status tpr__session_make_program(tpr_session *s, tpr__build_fn build, const void *opts, tpr_program **out) {
   *out = NULL;
   if (s->o.broadcast_program)
-    TPR_CHECK(receive_program(s, bo, out));
+    TPR_CHECK(receive_program(s, build, opts, out));
   else
-    TPR_CHECK(tpr_m2_build(&s->plan, bo, out));
+    TPR_CHECK(build(&s->plan, opts, out));
   return tpr_comm_check_program(s->world, *out, &s->stats.program_hash);
 }
 
-static tpr_status program_for(tpr_session *s, int64_t T, step_program **out) {
+static tpr_status build_step(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  const tpr_step_build_opts *o = opts;
+  const tpr_family *f;
+  TPR_CHECK(tpr_family_find(plan->config.family, &f));
+  return f->build_step(plan, o, out);
+}
+
+static void free_program(step_program *m) {
+  tpr_exec_free(m->exec);
+  tpr_program_free(m->program);
+  for (int i = 0; i < STEP_INPUTS; i++) tpr_tensor_free(m->in[i]);
+}
+
+static const char *const step_input_names[STEP_INPUTS] = {"tokens", "positions", "slot_mapping", "seq",
+                                                          "block_tables", "sample_rows"};
+
+// The program of step shape (T, N), built on first use. Collective.
+static tpr_status program_for(tpr_session *s, int64_t T, int64_t N, step_program **out) {
   for (int i = 0; i < s->n_programs; i++)
-    if (s->programs[i].T == T) {
+    if (s->programs[i].T == T && s->programs[i].N == N) {
       *out = &s->programs[i];
       return TPR_OK;
     }
-  if (s->n_programs == MAX_PROGRAMS) {  // forget the oldest prompt length (never decode's, built early)
-    step_program *old = &s->programs[1];
-    tpr_exec_free(old->exec);
-    tpr_program_free(old->program);
-    tpr_tensor_free(old->tokens), tpr_tensor_free(old->positions), tpr_tensor_free(old->start);
-    memmove(old, old + 1, (size_t)(MAX_PROGRAMS - 2) * sizeof *old);
+  if (s->n_programs == MAX_PROGRAMS) {  // forget the oldest shape (never decode's, built first)
+    free_program(&s->programs[1]);
+    memmove(&s->programs[1], &s->programs[2], (size_t)(MAX_PROGRAMS - 2) * sizeof s->programs[0]);
     s->n_programs--;
   }
   step_program *m = &s->programs[s->n_programs];
   memset(m, 0, sizeof *m);
-  m->T = T;
-  tpr_m2_build_opts bo = {.tokens = T,
-                          .max_seq = s->o.max_seq,
-                          .per_rank_qk_norm = s->o.per_rank_qk_norm,
-                          .moe = s->o.moe,
-                          .moe_stats = s->o.moe_stats};
-  tpr_status rc = tpr__session_make_program(s, &bo, &m->program);
+  m->T = T, m->N = N;
+  const tpr_session_pool *pl = &s->pool;
+  tpr_step_build_opts bo = {.shape = {.tokens = T,
+                                      .samples = N,
+                                      .batch = pl->batch,
+                                      .max_blocks = pl->max_blocks,
+                                      .pool_blocks = pl->blocks,
+                                      .block_size = pl->block_size},
+                            .moe = s->o.moe,
+                            .moe_stats = s->o.moe_stats,
+                            .per_rank_qk_norm = s->o.per_rank_qk_norm};
+  tpr_status rc = tpr__session_make_program(s, build_step, &bo, &m->program);
   if (m->program) s->n_programs++;  // owned from here: close frees it
   TPR_CHECK(rc);
   TPR_CHECK(tpr_exec_new(m->program, s->be, &m->exec));
   tpr_exec_set_collectives(m->exec, &s->hook);
   TPR_CHECK(tpr__session_bind_params(s, m->exec));
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->tokens));
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->positions));
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){1}, &m->start));
-  TPR_CHECK(tpr_exec_bind(m->exec, "tokens", m->tokens));
-  TPR_CHECK(tpr_exec_bind(m->exec, "positions", m->positions));
-  TPR_CHECK(tpr_exec_bind(m->exec, "start", m->start));
+  for (int i = 0; i < STEP_INPUTS; i++) {
+    int64_t shape[2] = {i == STEP_BLOCKS ? pl->batch : i == STEP_SAMPLES ? N : T, pl->max_blocks};
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, i == STEP_BLOCKS ? 2 : 1, shape, &m->in[i]));
+    TPR_CHECK(tpr_exec_bind(m->exec, step_input_names[i], m->in[i]));
+  }
   *out = m;
   return TPR_OK;
 }
@@ -217,15 +264,26 @@ static tpr_status open_session(tpr_session *s) {
   TPR_CHECK(tpr_mesh_rank_tensor(&claimed, s->be, &s->rank));
   if (o->moe_stats)
     TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
-  return load_weights(s);
+  TPR_CHECK(tpr_family_find(s->cfg.family, &s->family));
+  TPR_CHECK(load_weights(s));
+  if (o->training) return TPR_OK;
+  s->pool.batch = o->max_batch > 0 ? o->max_batch : 1;
+  s->pool.block_size = o->block_size > 0 ? o->block_size : 16;
+  s->pool.max_blocks = (o->max_seq + s->pool.block_size - 1) / s->pool.block_size;
+  return TPR_OK;
 }
 
 
 tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_backend *be,
                                tpr_session **out) {
   *out = NULL;
-  if (!o->model_dir) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: no model directory");
-  if (o->max_seq < 1 && !o->training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: max_seq %lld", (long long)o->max_seq);
+  if (!o->model_dir) return TPR_FAIL(TPR_ERR_INVALID_ARG, "session: no model directory");
+  if (!o->training && (o->max_seq < 1 || o->max_batch < 0 || o->block_size < 0 || o->kv_cache_bytes < 0 ||
+                       !(o->kv_cache_fraction >= 0 && o->kv_cache_fraction < 1)))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "session: max_seq %lld, max_batch %lld, block_size %lld, kv_cache_bytes %lld, "
+                    "kv_cache_fraction %g (need max_seq >= 1, the others >= 0, a fraction below 1)",
+                    (long long)o->max_seq, (long long)o->max_batch, (long long)o->block_size,
+                    (long long)o->kv_cache_bytes, o->kv_cache_fraction);
   tpr_session *s = calloc(1, sizeof *s);
   if (!s) return TPR_FAIL(TPR_ERR_OOM, "session");
   double t0 = now_s();
@@ -234,9 +292,10 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
   s->world = world;
   step_program *decode;
   tpr_status rc = tpr_comm_agree(world, open_session(s));
+  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, alloc_pool(s));  // collective inside
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
-  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, program_for(s, 1, &decode));
+  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, program_for(s, 1, 1, &decode));
   if (rc != TPR_OK) {
     tpr_session_close(s);
     return rc;
@@ -249,19 +308,14 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
 void tpr_session_close(tpr_session *s) {
   if (!s) return;
   tpr__m2_train_free(s->train);
-  for (int i = 0; i < s->n_programs; i++) {
-    step_program *m = &s->programs[i];
-    tpr_exec_free(m->exec);
-    tpr_program_free(m->program);
-    tpr_tensor_free(m->tokens), tpr_tensor_free(m->positions), tpr_tensor_free(m->start);
-  }
+  for (int i = 0; i < s->n_programs; i++) free_program(&s->programs[i]);
   int64_t layers = s->cfg.num_layers;
   for (int64_t i = 0; s->item_tensors && i < s->weights.n; i++) tpr_tensor_free(s->item_tensors[i]);
   for (int64_t i = 0; i < 2 * layers; i++) {
     if (s->experts) tpr_tensor_free(s->experts[i]);
-    if (s->caches) tpr_tensor_free(s->caches[i]);
+    if (s->pools) tpr_tensor_free(s->pools[i]);
   }
-  free(s->item_tensors), free(s->experts), free(s->caches), free(s->logits_t), free(s->gates_host);
+  free(s->item_tensors), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
   tpr_moe_stats_free(&s->moe_stats);
   tpr_tensor_free(s->rank);
   tpr_rank_weights_free(&s->weights);
@@ -272,7 +326,9 @@ void tpr_session_close(tpr_session *s) {
 }
 
 // Adds this run's gates of every layer to the statistics.
-static tpr_status count_routing(tpr_session *s, step_program *m, int64_t T) {
+// Adds the routing of the step's n real tokens (rows past them are padding).
+static tpr_status count_routing(tpr_session *s, step_program *m, int64_t n) {
+  const int64_t T = m->T;
   const int64_t E = s->cfg.num_experts;
   float *g = realloc(s->gates_host, (size_t)(2 * T * E) * sizeof *g);
   if (!g) return TPR_FAIL(TPR_ERR_OOM, "moe stats staging");
@@ -289,7 +345,7 @@ static tpr_status count_routing(tpr_session *s, step_program *m, int64_t T) {
       TPR_CHECK(tpr_exec_output(m->exec, name, &router));
       TPR_CHECK(tpr_tensor_to_host(router, g + T * E, (size_t)(T * E) * sizeof *g));
     }
-    tpr_moe_stats_add(&s->moe_stats, L, capacity ? g + T * E : NULL, g, T);
+    tpr_moe_stats_add(&s->moe_stats, L, capacity ? g + T * E : NULL, g, n);
   }
   return TPR_OK;
 }
@@ -311,41 +367,105 @@ tpr_status tpr_session_moe_stats(tpr_session *s, tpr_moe_stats *out) {
   return rc;
 }
 
-tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
-                                  float *logits) {
+// Every index of a step checked on the host before anything runs.
+static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
+  const tpr_session_pool *p = &s->pool;
+  const int64_t V = s->cfg.vocab_size, rows = p->blocks * p->block_size, span = p->max_blocks * p->block_size;
+  if (st->n_tokens < 0 || st->n_tokens > st->T || st->n_samples < 0 || st->n_samples > st->N || st->N < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: %lld tokens in a program of %lld rows, %lld samples of %lld",
+                    (long long)st->n_tokens, (long long)st->T, (long long)st->n_samples, (long long)st->N);
+  for (int64_t t = 0; t < st->n_tokens; t++) {
+    if (st->tokens[t] < 0 || st->tokens[t] >= V)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "token id %d at row %lld is outside the vocabulary [0, %lld)",
+                      st->tokens[t], (long long)t, (long long)V);
+    if (st->positions[t] < 0 || st->positions[t] >= span)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "position %d at row %lld is outside a sequence's %lld rows (max_seq)",
+                      st->positions[t], (long long)t, (long long)span);
+    if (st->slots[t] < 0 || st->slots[t] >= rows || st->seq[t] < 0 || st->seq[t] >= p->batch)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: pool row %d of [0, %lld) or sequence %d of [0, %lld)",
+                      (long long)t, st->slots[t], (long long)rows, st->seq[t], (long long)p->batch);
+  }
+  for (int64_t i = 0; i < p->batch * p->max_blocks; i++)
+    if (st->block_tables[i] < 0 || st->block_tables[i] >= p->blocks)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "block table entry %lld is block %d of a pool of %lld", (long long)i,
+                      st->block_tables[i], (long long)p->blocks);
+  for (int64_t i = 0; i < st->n_samples; i++)
+    if (st->sample_rows[i] < 0 || st->sample_rows[i] >= st->n_tokens)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "sample row %d is not one of the %lld tokens", st->sample_rows[i],
+                      (long long)st->n_tokens);
+  return TPR_OK;
+}
+
+// The step's inputs, padded to the program's shape, onto the backend.
+static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *st) {
+  const int64_t T = m->T, N = m->N, BM = s->pool.batch * s->pool.max_blocks, n = st->n_tokens;
+  int64_t need = 4 * T + BM + N;
+  if (need > s->host_in_cap) {
+    free(s->host_in);
+    s->host_in_cap = 0;
+    if (!(s->host_in = malloc((size_t)need * sizeof *s->host_in))) return TPR_FAIL(TPR_ERR_OOM, "step inputs");
+    s->host_in_cap = need;
+  }
+  int32_t *tok = s->host_in, *pos = tok + T, *slot = pos + T, *seq = slot + T, *bt = seq + T, *rows = bt + BM;
+  memcpy(tok, st->tokens, (size_t)n * sizeof *tok);
+  memcpy(pos, st->positions, (size_t)n * sizeof *pos);
+  memcpy(slot, st->slots, (size_t)n * sizeof *slot);
+  memcpy(seq, st->seq, (size_t)n * sizeof *seq);
+  for (int64_t t = n; t < T; t++) tok[t] = 0, pos[t] = 0, slot[t] = -1, seq[t] = -1;  // padding: attends nothing
+  memcpy(bt, st->block_tables, (size_t)BM * sizeof *bt);
+  memcpy(rows, st->sample_rows, (size_t)st->n_samples * sizeof *rows);
+  for (int64_t i = st->n_samples; i < N; i++) rows[i] = 0;  // unused logits rows
+  const int32_t *src[STEP_INPUTS] = {tok, pos, slot, seq, bt, rows};
+  for (int i = 0; i < STEP_INPUTS; i++)
+    TPR_CHECK(tpr_tensor_from_host(m->in[i], src[i], (size_t)tpr_tensor_numel(m->in[i]) * sizeof(int32_t)));
+  return TPR_OK;
+}
+
+tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits) {
+  if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: the session was opened for training");
+  TPR_CHECK(check_step(s, st));
+  step_program *m;
+  TPR_CHECK(program_for(s, st->T, st->N, &m));
+  TPR_CHECK(upload_step(s, m, st));
+  TPR_CHECK(tpr_exec_run(m->exec));
+  if (s->o.moe_stats) TPR_CHECK(count_routing(s, m, st->n_tokens));
+  if (!logits || st->n_samples == 0) return TPR_OK;
+  const int64_t V = s->cfg.vocab_size, Vp = s->plan.vocab_padded, N = m->N;
+  const tpr_tensor *out;
+  TPR_CHECK(tpr_exec_output(m->exec, "logits_t", &out));  // (V', N)
+  if (Vp * N > s->logits_cap) {
+    free(s->logits_t);
+    s->logits_cap = 0;
+    if (!(s->logits_t = malloc((size_t)(Vp * N) * sizeof *s->logits_t))) return TPR_FAIL(TPR_ERR_OOM, "logits");
+    s->logits_cap = Vp * N;
+  }
+  TPR_CHECK(tpr_tensor_to_host(out, s->logits_t, (size_t)(Vp * N) * sizeof *s->logits_t));
+  for (int64_t i = 0; i < st->n_samples; i++)
+    for (int64_t v = 0; v < V; v++) logits[i * V + v] = s->logits_t[v * N + i];
+  return TPR_OK;
+}
+
+tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start, float *logits) {
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: the session was opened for training");
-  int64_t V = s->cfg.vocab_size, Vp = s->plan.vocab_padded;
+  const tpr_session_pool *p = &s->pool;
   if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: no tokens");
   if (start < 0 || start + T > s->o.max_seq)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: positions %lld..%lld do not fit the KV cache of %lld rows",
                     (long long)start, (long long)(start + T - 1), (long long)s->o.max_seq);
-  for (int64_t t = 0; t < T; t++)
-    if (tokens[t] < 0 || tokens[t] >= V)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
-                      tokens[t], (long long)t, (long long)V);
-  step_program *m;
-  TPR_CHECK(program_for(s, T, &m));
-  int32_t *pos = malloc((size_t)T * sizeof *pos), st = (int32_t)start;
-  if (!pos) return TPR_FAIL(TPR_ERR_OOM, "positions");
-  for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(start + t);
-  tpr_status rc = tpr_tensor_from_host(m->tokens, tokens, (size_t)T * sizeof *tokens);
-  if (rc == TPR_OK) rc = tpr_tensor_from_host(m->positions, pos, (size_t)T * sizeof *pos);
-  if (rc == TPR_OK) rc = tpr_tensor_from_host(m->start, &st, sizeof st);
-  free(pos);
-  TPR_CHECK(rc);
-  TPR_CHECK(tpr_exec_run(m->exec));
-  if (s->o.moe_stats) TPR_CHECK(count_routing(s, m, T));
-  if (!logits) return TPR_OK;
-  const tpr_tensor *out;
-  TPR_CHECK(tpr_exec_output(m->exec, "logits_t", &out));  // (V', T)
-  if (Vp * T > s->logits_cap) {
-    free(s->logits_t);
-    s->logits_cap = 0;
-    if (!(s->logits_t = malloc((size_t)(Vp * T) * sizeof *s->logits_t))) return TPR_FAIL(TPR_ERR_OOM, "logits");
-    s->logits_cap = Vp * T;
-  }
-  TPR_CHECK(tpr_tensor_to_host(out, s->logits_t, (size_t)(Vp * T) * sizeof *s->logits_t));
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t v = 0; v < V; v++) logits[t * V + v] = s->logits_t[v * T + t];
-  return TPR_OK;
+  if (p->blocks < p->max_blocks)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: a whole sequence needs %lld KV blocks, the pool holds %lld",
+                    (long long)p->max_blocks, (long long)p->blocks);
+  // Row 0 of the block tables holds blocks 0..MB-1 in order, so position j is
+  // pool row j; the other rows are never read.
+  int64_t BM = p->batch * p->max_blocks;
+  int32_t *buf = malloc((size_t)(4 * T + BM) * sizeof *buf);
+  if (!buf) return TPR_FAIL(TPR_ERR_OOM, "forward inputs");
+  int32_t *pos = buf, *seq = pos + T, *rows = seq + T, *bt = rows + T;
+  for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(start + t), seq[t] = 0, rows[t] = (int32_t)t;
+  for (int64_t i = 0; i < BM; i++) bt[i] = (int32_t)(i % p->max_blocks);
+  tpr_step st = {.T = T, .N = logits ? T : 1, .n_tokens = T, .tokens = tokens, .positions = pos, .slots = pos,
+                 .seq = seq, .block_tables = bt, .n_samples = logits ? T : 0, .sample_rows = rows};
+  tpr_status rc = tpr_session_step(s, &st, logits);
+  free(buf);
+  return rc;
 }

@@ -1,14 +1,16 @@
-// A MiniMax-M2 model loaded on this rank and ready to run: its weight
-// slices, KV caches, the mesh communicators, and one program + exec per
-// token count T (built on first use: a prompt length, or 1 for decode).
+// A model loaded on this rank and ready to run, for every family the engine
+// knows (engine/family.h): its weight slices, the paged KV pool, the mesh
+// communicators, and one program + exec per step shape (built on first use).
 // Every rank of the world must make the same calls in the same order (each
-// forward runs collectives).
+// step runs collectives). The batched engine (engine/engine.h) schedules
+// steps over it; tpr_session_forward runs one sequence directly.
 #ifndef TPR_ENGINE_SESSION_H
 #define TPR_ENGINE_SESSION_H
 
 #include <stdbool.h>
 
 #include "collectives/tpr_comm.h"
+#include "engine/family.h"
 #include "models/layers/moe.h"
 #include "models/moe_stats.h"
 #include "shard/mesh.h"
@@ -16,7 +18,15 @@
 
 typedef struct tpr_session_opts {
   const char *model_dir;   // HF checkpoint or converted directory
-  int64_t max_seq;         // KV cache rows: the longest prompt + generation
+  int64_t max_seq;         // the longest sequence (prompt + generation) a block table holds
+  int64_t max_batch;       // sequences per step: block-table rows (0: 1)
+  int64_t block_size;      // KV token rows per block (0: 16)
+  // The KV pool per rank, all layers: kv_cache_bytes if > 0, else this
+  // fraction of the memory available after loading if > 0, else room for
+  // max_batch sequences of max_seq tokens. Every rank takes the smallest
+  // block count any rank can afford.
+  int64_t kv_cache_bytes;
+  double kv_cache_fraction;
   // The mesh (shard/mesh.h); 0 picks: dp 1, tp = world / dp, ep 1,
   // etp = world / ep. world = dp*tp = edp*ep*etp.
   int tp, dp, ep, etp;
@@ -57,14 +67,43 @@ const char *tpr_session_model_dir(const tpr_session *s);
 const tpr_session_info *tpr_session_stats(const tpr_session *s);
 int64_t tpr_session_max_seq(const tpr_session *s);
 
-// Runs tokens (T) at positions start..start+T-1; the caches must hold the
-// sequence's positions < start (start 0 begins a new sequence). logits
-// (T, vocab) f32 receives every position's logits, the same on every rank of
-// a tp group (dp replicas may be given different tokens; every rank must
-// give the same T and start).
-// Token ids outside [0, vocab) or start + T > max_seq: TPR_ERR_INVALID_ARG.
-tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
-                                  float *logits);
+// The paged KV pool (the same on every rank).
+typedef struct tpr_session_pool {
+  int64_t blocks, block_size;  // NB, bs
+  int64_t max_blocks;          // MB = ceil(max_seq / bs): a block table's length
+  int64_t batch;               // B: block-table rows
+  uint64_t bytes;              // this rank's pool, all layers, K and V
+} tpr_session_pool;
+tpr_session_pool tpr_session_pool_info(const tpr_session *s);
+
+// One step: n_tokens real tokens of up to B sequences (engine/family.h),
+// run by the program of static shape (T, N); rows n_tokens..T-1 are padded
+// (n_tokens may be 0: a replica with nothing to do in a dp step).
+// Collective: every rank gives the same T and N (dp replicas may give
+// different tokens). Token ids outside [0, vocab), positions outside
+// [0, MB*bs), pool rows outside [0, NB*bs), sequence rows outside [0, B),
+// block ids outside [0, NB), sample rows outside [0, n_tokens), n_tokens > T
+// or n_samples > N: TPR_ERR_INVALID_ARG.
+typedef struct tpr_step {
+  int64_t T, N;                          // the program's shape (>= n_tokens, >= n_samples)
+  int64_t n_tokens;
+  const int32_t *tokens, *positions;     // (n_tokens)
+  const int32_t *slots;                  // (n_tokens) pool rows: block * bs + offset
+  const int32_t *seq;                    // (n_tokens) block-table rows
+  const int32_t *block_tables;           // (B * MB) row-major
+  int64_t n_samples;
+  const int32_t *sample_rows;            // (n_samples) token rows whose logits come out
+} tpr_step;
+// logits (n_samples, vocab) f32 (NULL: not copied out).
+tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits);
+
+// One sequence held in blocks 0..MB-1 (block-table row 0): runs tokens (T)
+// at positions start..start+T-1 after the positions < start written by
+// earlier calls (start 0 begins the sequence); logits (T, vocab) receives
+// every position's. Needs a pool of at least MB blocks and no engine using
+// the pool at the same time. Token ids outside [0, vocab) or start + T >
+// max_seq: TPR_ERR_INVALID_ARG.
+tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start, float *logits);
 
 // Collective: the routing statistics of every forward so far, summed over
 // the dp replicas, into *out (the caller frees it with tpr_moe_stats_free).

@@ -7,13 +7,15 @@
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
-#define MAX_PROGRAMS 16  // distinct token counts kept built (prompt lengths + decode)
+#define MAX_PROGRAMS 16  // step shapes kept built (decode's first, never evicted)
+
+enum { STEP_TOKENS, STEP_POSITIONS, STEP_SLOTS, STEP_SEQ, STEP_BLOCKS, STEP_SAMPLES, STEP_INPUTS };
 
 typedef struct step_program {
-  int64_t T;
+  int64_t T, N;
   tpr_program *program;
   tpr_exec *exec;
-  tpr_tensor *tokens, *positions, *start;  // (T) (T) (1) i32 inputs
+  tpr_tensor *in[STEP_INPUTS];  // i32: tokens, positions, slot_mapping, seq (T), block_tables (B, MB), sample_rows (N)
 } step_program;
 
 struct tpr_session {
@@ -26,14 +28,18 @@ struct tpr_session {
   tpr_rank_weights weights;
   tpr_tensor **item_tensors;           // (weights.n) wrapped slices; NULL for expert items
   tpr_tensor **experts;                // (2 * layers) stacked w13, w2 per layer
-  tpr_tensor **caches;                 // (2 * layers) k, v per layer: (S, kv_per_rank, D)
+  const tpr_family *family;
+  tpr_session_pool pool;
+  tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D)
+  int32_t *host_in;                    // staging of a step's inputs: 4*T + B*MB + N entries
+  int64_t host_in_cap;
   tpr_mesh mesh;
   tpr_mesh_comms comms;
   tpr_exec_collectives hook;
   tpr_tensor *rank;
   step_program programs[MAX_PROGRAMS];
   int n_programs;
-  float *logits_t;                     // (V', T) staging of the gathered logits
+  float *logits_t;                     // (V', N) staging of the gathered logits
   int64_t logits_cap;
   tpr_moe_stats moe_stats;             // this replica's counts (when opts.moe_stats)
   float *gates_host;                   // (2, T, E) staging of one layer's gates
@@ -44,7 +50,8 @@ struct tpr_session {
 // Binds weights, stacked experts, caches (inference) and the rank tensor.
 tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e);
 // Builds (or receives from rank 0) a program and checks its hash on every rank.
-tpr_status tpr__session_make_program(tpr_session *s, const tpr_m2_build_opts *bo, tpr_program **out);
+typedef tpr_status (*tpr__build_fn)(const tpr_shard_plan *plan, const void *opts, tpr_program **out);
+tpr_status tpr__session_make_program(tpr_session *s, tpr__build_fn build, const void *opts, tpr_program **out);
 void tpr__m2_train_free(struct tpr_m2_train *t);
 
 #endif

@@ -1,44 +1,65 @@
-// tpr run: generation from a MiniMax-M2 checkpoint. Each prompt is
-// prefilled in one program run, then decoded one token per run with the KV
-// cache; every rank samples the same token from the same all-gathered
-// logits and the same seeded RNG, so no extra collective is needed.
+// tpr run: generation from a checkpoint through the batched engine
+// (engine/engine.h): every prompt is submitted at once, and each step runs
+// decodes and prefill chunks of many sequences in one program over the paged
+// KV cache. Rank 0 plans each step and prints each sequence as it finishes.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "launch/args.h"
 #include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/model_cli.h"
 #include "models/sampling.h"
 
+static void print_ids(const int32_t *ids, int64_t n, bool json);
+
 typedef struct run_totals {
-  int64_t prompt_tokens, generated;
-  double prefill_s, decode_s;
+  int64_t prompt_tokens, generated, steps, preempted;
+  int64_t prefill_tokens, decode_tokens;  // run in steps with prefill work / in pure decode steps
+  double prefill_s, decode_s;             // time of steps with prefill work / of pure decode steps
 } run_totals;
 
-// Generates n_new tokens after prompt (len) into out.
-static tpr_status generate(tpr_session *s, const int32_t *prompt, int64_t len, int64_t n_new,
-                           const tpr_sampling *smp, tpr_rng *rng, int32_t *out, run_totals *tot) {
-  int64_t V = tpr_session_config(s)->vocab_size;
-  float *logits = malloc((size_t)(len * V) * sizeof *logits);
-  void *scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
-  tpr_status rc = logits && scratch ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "logits");
-  double t0 = tpr_cli_now();
-  if (rc == TPR_OK) rc = tpr_session_forward(s, prompt, len, 0, logits);
-  tot->prefill_s += tpr_cli_now() - t0;
-  tot->prompt_tokens += len;
-  if (rc == TPR_OK && n_new > 0) out[0] = (int32_t)tpr_sample(logits + (len - 1) * V, V, smp, rng, scratch);
-  t0 = tpr_cli_now();
-  for (int64_t i = 1; rc == TPR_OK && i < n_new; i++) {
-    rc = tpr_session_forward(s, &out[i - 1], 1, len + i - 1, logits);
-    if (rc == TPR_OK) out[i] = (int32_t)tpr_sample(logits, V, smp, rng, scratch);
+
+// Rank 0: queues every prompt, each with its own sampling stream.
+static tpr_status submit_all(tpr_engine *e, int32_t *const *ids, const int64_t *lens, int n, const tpr_gen_params *g,
+                             run_totals *tot) {
+  for (int i = 0; i < n; i++) {
+    tpr_gen_params gi = *g;
+    gi.sampling.seed = g->sampling.seed + (uint64_t)i;
+    int64_t id;
+    TPR_CHECK(tpr_engine_submit(e, ids[i], lens[i], &gi, &id));
+    tot->prompt_tokens += lens[i];
   }
-  tot->decode_s += tpr_cli_now() - t0;
-  tot->generated += n_new > 0 ? n_new - 1 : 0;  // decode steps (the first token comes from prefill)
-  free(logits);
-  free(scratch);
-  return rc;
+  return TPR_OK;
+}
+
+// Collective: steps until every sequence has finished.
+static tpr_status step_all(tpr_engine *e, int rank, bool json, run_totals *tot) {
+  for (;;) {
+    tpr_engine_step_info info;
+    TPR_CHECK(tpr_engine_step(e, &info));
+    if (info.idle) return TPR_OK;
+    tot->steps++;
+    tot->preempted += info.preempted;
+    tot->generated += info.decode_tokens;
+    if (info.prefill_tokens > 0) {
+      tot->prefill_s += info.seconds;
+      tot->prefill_tokens += info.prefill_tokens;
+    } else {
+      tot->decode_s += info.seconds;
+      tot->decode_tokens += info.decode_tokens;
+    }
+    for (int64_t i = 0; rank == 0 && !json && i < info.n_finished; i++) {
+      tpr_sched_seq_info si;
+      TPR_CHECK(tpr_engine_result(e, info.finished[i], &si));
+      printf("sequence %lld finished at step %lld: ", (long long)info.finished[i], (long long)tot->steps);
+      print_ids(si.tokens + si.prompt_len, si.len - si.prompt_len, false);
+      printf("\n");
+      fflush(stdout);
+    }
+  }
 }
 
 static void print_ids(const int32_t *ids, int64_t n, bool json) {
@@ -48,12 +69,13 @@ static void print_ids(const int32_t *ids, int64_t n, bool json) {
 int tpr_cmd_run(int argc, char **argv) {
   const char *model = NULL;
   tpr_arg_list prompts = {0};
-  int64_t max_new = 16, top_k = 0, seed = 0, max_seq = 0;
+  int64_t max_new = 16, top_k = 0, seed = 0, max_seq = 0, stop_token = -1;
   double temperature = 0, top_p = 1;
   bool json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
+  tpr_model_engine eng = {0};
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
       {"prompt-ids", TPR_ARG_STR_LIST, &prompts, "a prompt's token ids, comma-separated; repeat for a batch"},
@@ -61,8 +83,10 @@ int tpr_cmd_run(int argc, char **argv) {
       {"temperature", TPR_ARG_FLOAT, &temperature, "0 = greedy (default); > 0 samples"},
       {"top-k", TPR_ARG_INT, &top_k, "sample among the k most likely tokens (default 0 = all)"},
       {"top-p", TPR_ARG_FLOAT, &top_p, "sample within the smallest set of mass >= p (default 1 = all)"},
-      {"seed", TPR_ARG_INT, &seed, "sampling seed, the same on every rank (default 0)"},
-      {"max-seq", TPR_ARG_INT, &max_seq, "KV cache rows (default: longest prompt + max-new-tokens)"},
+      {"seed", TPR_ARG_INT, &seed, "sampling seed; prompt i samples with seed + i (default 0)"},
+      {"stop-token", TPR_ARG_INT, &stop_token, "end a sequence when it samples this id (default: none)"},
+      {"max-seq", TPR_ARG_INT, &max_seq, "longest sequence the KV cache holds (default: longest prompt + max-new-tokens)"},
+      TPR_MODEL_ENGINE_ARGS(eng),
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
       {"moe-stats", TPR_ARG_FLAG, &mesh.moe_stats, "print routing statistics per MoE layer (also in --json)"},
       TPR_MODEL_MESH_ARGS(mesh),
@@ -70,7 +94,8 @@ int tpr_cmd_run(int argc, char **argv) {
       TPR_MODEL_DEBUG_ARGS(dbg),
   };
   const char *usage = "usage: [mpirun -np N] tpr run --model DIR --prompt-ids 1,2,3 [--prompt-ids ...] "
-                      "[--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]\n"
+                      "[--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S] [--stop-token ID]\n"
+                      "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N | --kv-cache-fraction F]\n"
                       "       [--tp T --dp D --ep E --etp F] [--moe-dispatch alltoall|allreduce] "
                       "[--capacity-factor F [--reroute-dropped]] [--moe-stats] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
@@ -84,7 +109,7 @@ int tpr_cmd_run(int argc, char **argv) {
     fprintf(stderr, "tpr run: %s\n", max_new < 1 ? "--max-new-tokens must be >= 1" : tpr_last_error());
     return 2;
   }
-  int32_t *ids[TPR_ARG_LIST_MAX] = {0}, *gen = NULL;
+  int32_t *ids[TPR_ARG_LIST_MAX] = {0};
   int64_t lens[TPR_ARG_LIST_MAX] = {0}, longest = 0;
   for (int i = 0; i < prompts.n; i++) {
     if (tpr_cli_token_list("--prompt-ids", prompts.items[i], &ids[i], &lens[i]) != TPR_OK) {
@@ -104,19 +129,33 @@ int tpr_cmd_run(int argc, char **argv) {
   tpr_world w;
   tpr_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
-  if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, max_seq, &dbg, &s);
+  if (!eng.max_batch) eng.max_batch = prompts.n;
+  if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, max_seq, &eng, &dbg, &s);
   run_totals tot = {0};
-  tpr_rng rng = {(uint64_t)seed};
-  if (rc == TPR_OK && !(gen = malloc((size_t)(prompts.n * max_new) * sizeof *gen))) rc = TPR_FAIL(TPR_ERR_OOM, "ids");
-  for (int i = 0; rc == TPR_OK && i < prompts.n; i++)
-    rc = generate(s, ids[i], lens[i], max_new, &smp, &rng, gen + i * max_new, &tot);
+  tpr_engine *e = NULL;
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
+  tpr_gen_params g = {.max_new = max_new, .stop_token = (int32_t)stop_token, .sampling = smp};
+  if (stop_token < -1 || stop_token > INT32_MAX) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--stop-token %lld", (long long)stop_token);
+  if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
+  if (rc == TPR_OK && w.rank == 0 && !json) {
+    tpr_session_pool pool = tpr_session_pool_info(s);
+    printf("KV pool: %lld blocks x %lld tokens = %lld tokens per replica, %.1f MiB per rank; max batch %lld\n",
+           (long long)pool.blocks, (long long)pool.block_size, (long long)(pool.blocks * pool.block_size),
+           (double)pool.bytes / (1 << 20), (long long)pool.batch);
+  }
+  // A rank-0 error (a bad prompt) must reach every rank before the first step.
+  if (rc == TPR_OK)
+    rc = tpr_comm_agree(w.host, w.rank == 0 ? submit_all(e, ids, lens, prompts.n, &g, &tot) : TPR_OK);
+  if (rc == TPR_OK) rc = step_all(e, w.rank, json, &tot);
   tpr_moe_stats ms = {0};
   if (rc == TPR_OK && mesh.moe_stats) rc = tpr_session_moe_stats(s, &ms);  // collective
   if (rc == TPR_OK && w.rank == 0) {
     const tpr_session_info *st = tpr_session_stats(s);
     const tpr_shard_plan *pl = tpr_session_plan(s);
-    double pre = tot.prefill_s > 0 ? (double)tot.prompt_tokens / tot.prefill_s : 0;
-    double dec = tot.decode_s > 0 ? (double)tot.generated / tot.decode_s : 0;
+    double pre = tot.prefill_s > 0 ? (double)tot.prefill_tokens / tot.prefill_s : 0;
+    double dec = tot.decode_s > 0 ? (double)tot.decode_tokens / tot.decode_s : 0;
+    tpr_sched_seq_info si[TPR_ARG_LIST_MAX];
+    for (int i = 0; rc == TPR_OK && i < prompts.n; i++) rc = tpr_engine_result(e, i, &si[i]);
     if (json) {
       printf("{\"command\":\"run\",\"world_size\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,\"prompts\":[",
              w.size, pl->tp, pl->dp, pl->ep, pl->etp);
@@ -124,13 +163,17 @@ int tpr_cmd_run(int argc, char **argv) {
         printf("%s{\"prompt\":[", i ? "," : "");
         print_ids(ids[i], lens[i], true);
         printf("],\"generated\":[");
-        print_ids(gen + i * max_new, max_new, true);
+        print_ids(si[i].tokens + si[i].prompt_len, si[i].len - si[i].prompt_len, true);
         printf("]}");
       }
+      tpr_session_pool pool = tpr_session_pool_info(s);
       printf("],\"load_s\":%.4f,\"prefill_tokens\":%lld,\"prefill_s\":%.4f,\"prefill_tok_s\":%.2f,"
-             "\"decode_tokens\":%lld,\"decode_s\":%.4f,\"decode_tok_s\":%.2f,\"weight_bytes_per_rank\":%llu",
-             st->load_s, (long long)tot.prompt_tokens, tot.prefill_s, pre, (long long)tot.generated, tot.decode_s,
-             dec, (unsigned long long)st->weight_bytes);
+             "\"decode_tokens\":%lld,\"decode_s\":%.4f,\"decode_tok_s\":%.2f,\"weight_bytes_per_rank\":%llu,"
+             "\"steps\":%lld,\"preemptions\":%lld,\"kv_pool_blocks\":%lld,\"kv_block_size\":%lld,"
+             "\"kv_pool_bytes_per_rank\":%llu,\"max_batch\":%lld",
+             st->load_s, (long long)tot.prefill_tokens, tot.prefill_s, pre, (long long)tot.decode_tokens, tot.decode_s,
+             dec, (unsigned long long)st->weight_bytes, (long long)tot.steps, (long long)tot.preempted,
+             (long long)pool.blocks, (long long)pool.block_size, (unsigned long long)pool.bytes, (long long)pool.batch);
       if (mesh.moe_stats) {
         printf(",\"moe_stats\":");
         tpr_moe_stats_json(&ms, stdout);
@@ -141,18 +184,19 @@ int tpr_cmd_run(int argc, char **argv) {
         printf("prompt %d (%lld tokens): ", i, (long long)lens[i]);
         print_ids(ids[i], lens[i], false);
         printf("\n  generated: ");
-        print_ids(gen + i * max_new, max_new, false);
+        print_ids(si[i].tokens + si[i].prompt_len, si[i].len - si[i].prompt_len, false);
         printf("\n");
       }
-      printf("tp %d dp %d ep %d etp %d | load %.3f s | prefill %lld tokens, %.1f tok/s | decode %lld tokens, "
-             "%.1f tok/s\n", pl->tp, pl->dp, pl->ep, pl->etp, st->load_s, (long long)tot.prompt_tokens, pre,
-             (long long)tot.generated, dec);
+      printf("tp %d dp %d ep %d etp %d | load %.3f s | %lld steps, %lld preemptions | prefill steps %lld tokens, "
+             "%.1f tok/s | decode steps %lld tokens, %.1f tok/s\n", pl->tp, pl->dp, pl->ep, pl->etp, st->load_s,
+             (long long)tot.steps, (long long)tot.preempted, (long long)tot.prefill_tokens, pre,
+             (long long)tot.decode_tokens, dec);
       if (mesh.moe_stats) tpr_moe_stats_print(&ms, stdout);
     }
   }
   for (int i = 0; i < prompts.n; i++) free(ids[i]);
-  free(gen);
   tpr_moe_stats_free(&ms);
+  tpr_engine_free(e);
   if (rc != TPR_OK) {
     tpr_session_close(s);
     return tpr_world_fail(&w, "run");

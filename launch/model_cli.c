@@ -63,3 +63,20 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
   TPR_CHECK(tpr_cli_session_opts(w, model, m, max_seq, d, &o));
   return tpr_session_open(&o, w->host, w->be, out);
 }
+
+tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
+                                     const tpr_model_engine *g, const tpr_model_debug *d, tpr_session **out) {
+  tpr_session_opts o;
+  TPR_CHECK(tpr_cli_session_opts(w, model, m, max_seq, d, &o));
+  const int64_t sizes[4] = {g->max_batch, g->max_tokens_per_step, g->block_size, g->kv_cache_bytes};
+  const char *names[4] = {"--max-batch", "--max-tokens-per-step", "--block-size", "--kv-cache-bytes"};
+  for (int i = 0; i < 4; i++)
+    if (sizes[i] < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s %lld must be positive", names[i], (long long)sizes[i]);
+  if (!(g->kv_cache_fraction >= 0 && g->kv_cache_fraction < 1))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--kv-cache-fraction %g must be in (0, 1)", g->kv_cache_fraction);
+  o.max_batch = g->max_batch;
+  o.block_size = g->block_size;
+  o.kv_cache_bytes = g->kv_cache_bytes;
+  o.kv_cache_fraction = g->kv_cache_fraction;
+  return tpr_session_open(&o, w->host, w->be, out);
+}

@@ -51,14 +51,35 @@ typedef struct tpr_model_mesh {
    "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
   {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"}
 
+// The batched engine's flags of run and bench model.
+typedef struct tpr_model_engine {
+  int64_t max_batch;            // sequences per step per replica (0: the command's default)
+  int64_t max_tokens_per_step;  // tokens per step per replica (0: 256)
+  int64_t block_size;           // KV rows per block (0: 16)
+  int64_t kv_cache_bytes;       // KV pool per rank (0: see tpr_session_opts)
+  double kv_cache_fraction;     // of the memory left after the weights (0: unused)
+} tpr_model_engine;
+#define TPR_MODEL_ENGINE_ARGS(g)                                                                                  \
+  {"max-batch", TPR_ARG_INT, &(g).max_batch, "sequences a replica runs per step (default: all the prompts)"},      \
+  {"max-tokens-per-step", TPR_ARG_INT, &(g).max_tokens_per_step,                                                  \
+   "token budget of a step per replica: decodes first, then prefill chunks (default 256)"},                       \
+  {"block-size", TPR_ARG_INT, &(g).block_size, "KV cache rows per block (default 16)"},                          \
+  {"kv-cache-bytes", TPR_ARG_INT, &(g).kv_cache_bytes,                                                           \
+   "KV pool per rank, all layers (default: room for --max-batch full-length sequences)"},                         \
+  {"kv-cache-fraction", TPR_ARG_FLOAT, &(g).kv_cache_fraction,                                                   \
+   "KV pool as this fraction of the memory free after loading (instead of --kv-cache-bytes)"}
+
 // The session options the flags give (sizes checked against the world; an
 // unknown --moe-dispatch is TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                                 const tpr_model_debug *d, tpr_session_opts *out);
+// Opens the model for the batched engine (g's pool and batch sizes).
 
 // Opens the model on every rank with the given mesh (sizes that do not fit
 // the world, or an unknown --moe-dispatch, are TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                               const tpr_model_debug *d, tpr_session **out);
+tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
+                                     const tpr_model_engine *g, const tpr_model_debug *d, tpr_session **out);
 
 #endif

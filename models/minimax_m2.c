@@ -17,27 +17,13 @@ typedef struct m2_ctx {
   tpr_value_id rank;       // the rank tensor param
   tpr_value_id rank_tp;    // (1) i32: this rank's tp coordinate, from the rank tensor
   tpr_value_id positions;  // (T) i32
-  tpr_value_id start;      // (1) i32
+  tpr_value_id start;      // (1) i32, training: the first position (0)
+  tpr_value_id slots;      // (T) i32, inference: each token's pool row (-1 padded)
+  tpr_value_id seq;        // (T) i32, inference: each token's block-table row (-1 padded)
+  tpr_value_id blocks;     // (B, MB) i32, inference: the block tables
   int64_t T;
   tpr_value_id *router_logits;  // (layers) training: each layer's (T, E) router logits, for the aux loss
 } m2_ctx;
-
-void tpr_m2_param_name(const char *pattern, int64_t layer, char *buf, size_t cap) {
-  const char *at = strstr(pattern, "{L}");
-  if (!at) {
-    snprintf(buf, cap, "%s", pattern);
-    return;
-  }
-  snprintf(buf, cap, "%.*s%lld%s", (int)(at - pattern), pattern, (long long)layer, at + 3);
-}
-
-void tpr_m2_expert_name(int64_t layer, const char *which, char *buf, size_t cap) {
-  snprintf(buf, cap, "model.layers.%lld.experts.%s", (long long)layer, which);
-}
-
-void tpr_m2_cache_name(int64_t layer, const char *which, char *buf, size_t cap) {
-  snprintf(buf, cap, "model.layers.%lld.%s_cache", (long long)layer, which);
-}
 
 // Declares the param of plan tensor `pattern` for `layer` with the plan's
 // per-rank shape.
@@ -46,7 +32,7 @@ static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value
     const tpr_shard_tensor *t = &c->plan->tensors[i];
     if (strcmp(t->name, pattern) != 0) continue;
     char name[160];
-    tpr_m2_param_name(pattern, layer, name, sizeof name);
+    tpr_family_param_name(pattern, layer, name, sizeof name);
     return tpr_program_param(c->p, name, TPR_F32, t->ndim, t->rank_shape, out);
   }
   return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: the plan has no tensor %s", pattern);
@@ -89,8 +75,9 @@ static tpr_status qk_norm(m2_ctx *c, tpr_value_id x, tpr_value_id weight, int64_
 static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   const tpr_model_config *cfg = &c->plan->config;
   const tpr_attn_plan *a = &c->plan->attn;
-  int64_t T = c->T, D = cfg->head_dim, qr = a->q_per_rank, kr = a->kv_per_rank, S = c->o->max_seq;
-  tpr_value_id ln, wq, wk, wv, wo, qn, kn, kc, vc, h, q, k, v, q3, k3, v3, qr3, kr3, done, att, att2, o;
+  const tpr_step_shape *st = &c->o->step;
+  int64_t T = c->T, D = cfg->head_dim, qr = a->q_per_rank, kr = a->kv_per_rank;
+  tpr_value_id ln, wq, wk, wv, wo, qn, kn, kp, vp, h, q, k, v, q3, k3, v3, qr3, kr3, done, att, att2, o;
   TPR_CHECK(param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.q_proj.weight", L, &wq));  // (qr*D, H)
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
@@ -99,11 +86,12 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.q_norm.weight", L, &qn));  // (nq'*D)
   TPR_CHECK(param(c, "model.layers.{L}.self_attn.k_norm.weight", L, &kn));  // (nkv'*D)
   char name[160];
-  if (!c->o->training) {
-    tpr_m2_cache_name(L, "k", name, sizeof name);
-    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &kc));
-    tpr_m2_cache_name(L, "v", name, sizeof name);
-    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){S, kr, D}, &vc));
+  if (!c->o->training) {  // the paged KV pools (NB, bs, kr, D)
+    const int64_t pool[4] = {st->pool_blocks, st->block_size, kr, D};
+    tpr_family_pool_name(L, "k", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pool, &kp));
+    tpr_family_pool_name(L, "v", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pool, &vp));
   }
 
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
@@ -123,10 +111,11 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   if (c->o->training) {  // one whole sequence per run: attention reads this run's k and v (start 0)
     TPR_CHECK(tpr_pb_attention(c->p, qr3, kr3, v3, c->start, scale, &att));  // (T, qr, D)
   } else {
-    // The writes come first: attention reads rows [0, start+T) of the caches.
-    TPR_CHECK(tpr_pb_cache_write(c->p, kc, kr3, c->start, &done));
-    TPR_CHECK(tpr_pb_cache_write(c->p, vc, v3, c->start, &done));
-    TPR_CHECK(tpr_pb_attention(c->p, qr3, kc, vc, c->start, scale, &att));  // (T, qr, D)
+    // The writes come first: a token attends its own sequence's rows up to
+    // its position, this step's included.
+    TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, kr3, c->slots, &done));
+    TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v3, c->slots, &done));
+    TPR_CHECK(tpr_pb_paged_attention(c->p, qr3, kp, vp, c->blocks, c->seq, c->positions, scale, &att));  // (T, qr, D)
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att2));
   TPR_CHECK(tpr_pb_matmul(c->p, att2, wo, false, true, &o));  // (T, H) partial over tp
@@ -145,9 +134,9 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &gate));  // (E, H)
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.e_score_correction_bias", L, &bias));  // (E)
   char name[160];
-  tpr_m2_expert_name(L, "w13", name, sizeof name);
+  tpr_family_expert_name(L, "w13", name, sizeof name);
   TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, &w13));
-  tpr_m2_expert_name(L, "w2", name, sizeof name);
+  tpr_family_expert_name(L, "w2", name, sizeof name);
   TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, &w2));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
@@ -179,9 +168,15 @@ static tpr_status check_supported(const tpr_shard_plan *plan, const tpr_m2_build
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: needs full-projection QK-norm and a biased sigmoid router");
   if (cfg->num_moe_layers != cfg->num_layers)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "minimax_m2: dense-MLP layers are not built");
-  if (o->tokens < 1 || (!o->training && o->max_seq < o->tokens))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: %lld tokens per run with a cache of %lld rows",
-                    (long long)o->tokens, (long long)o->max_seq);
+  const tpr_step_shape *st = &o->step;
+  if (o->tokens < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax_m2: %lld tokens per run", (long long)o->tokens);
+  if (!o->training && (st->tokens != o->tokens || st->samples < 1 || st->batch < 1 || st->max_blocks < 1 ||
+                       st->pool_blocks < 1 || st->block_size < 1))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                    "minimax_m2: bad step shape (T %lld of %lld, N %lld, B %lld, MB %lld, NB %lld, bs %lld)",
+                    (long long)st->tokens, (long long)o->tokens, (long long)st->samples, (long long)st->batch,
+                    (long long)st->max_blocks, (long long)st->pool_blocks, (long long)st->block_size);
   return tpr_moe_opts_check(&o->moe, plan);
 }
 
@@ -194,7 +189,15 @@ static tpr_status build(m2_ctx *c) {
   TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
   TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &tokens));
   TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
-  TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &c->start));
+  if (c->o->training) {
+    TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &c->start));
+  } else {
+    const tpr_step_shape *st = &c->o->step;
+    TPR_CHECK(tpr_program_input(c->p, "slot_mapping", TPR_I32, 1, (const int64_t[]){T}, &c->slots));
+    TPR_CHECK(tpr_program_input(c->p, "seq", TPR_I32, 1, (const int64_t[]){T}, &c->seq));
+    TPR_CHECK(tpr_program_input(c->p, "block_tables", TPR_I32, 2, (const int64_t[]){st->batch, st->max_blocks},
+                                &c->blocks));
+  }
   TPR_CHECK(param(c, "model.embed_tokens.weight", 0, &embed));  // (V'/tp, H)
   TPR_CHECK(tpr_pb_embedding_shard(c->p, embed, tokens, c->rank_tp, &x));  // (T, H) partial over tp
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, x, &x));
@@ -209,8 +212,13 @@ static tpr_status build(m2_ctx *c) {
   else
     TPR_CHECK(param(c, "lm_head.weight", 0, &head));
   if (c->o->training) return tpr__m2_build_loss(c->p, c->plan, c->o, c->rank, c->rank_tp, x, head, c->router_logits);
-  TPR_CHECK(tpr_pb_matmul(c->p, head, x, false, true, &logits));  // (V'/tp, T)
-  TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, tp, &logits));  // (V', T)
+  // Logits only where a token is sampled: the lm head (the largest GEMM of a
+  // small model) and its all-gather run on N rows, not T.
+  tpr_value_id rows, xs;
+  TPR_CHECK(tpr_program_input(c->p, "sample_rows", TPR_I32, 1, (const int64_t[]){c->o->step.samples}, &rows));
+  TPR_CHECK(tpr_pb_index_select(c->p, x, 0, rows, &xs));                 // (N, H)
+  TPR_CHECK(tpr_pb_matmul(c->p, head, xs, false, true, &logits));       // (V'/tp, N)
+  TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, tp, &logits));  // (V', N)
   return tpr_program_output(c->p, logits, "logits_t");
 }
 
@@ -230,3 +238,21 @@ tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, 
   *out = c.p;
   return TPR_OK;
 }
+
+static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
+  tpr_m2_build_opts bo = {.tokens = o->shape.tokens,
+                          .step = o->shape,
+                          .per_rank_qk_norm = o->per_rank_qk_norm,
+                          .moe = o->moe,
+                          .moe_stats = o->moe_stats};
+  return tpr_m2_build(plan, &bo, out);
+}
+
+const tpr_family tpr_family_minimax_m2 = {
+    .name = "minimax_m2",
+    .family = TPR_FAMILY_MINIMAX_M2,
+    .build_step = build_step,
+    .expert_gate = ".w1.weight",
+    .expert_up = ".w3.weight",
+    .expert_down = ".w2.weight",
+};

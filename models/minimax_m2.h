@@ -18,14 +18,13 @@
 //   logits^T = allgather_tp(lm_head_r x_final^T)         vocab-parallel
 //
 // The rank enters only through the rank tensor: the embedding shard and the
-// QK-norm weight slices are selected at run time. Params are the loader's
-// items by checkpoint name (with {L} filled in) plus, per layer, the local
-// experts stacked as "<layer>.experts.w13" (E_r, 2F_r, H) = [w1; w3] and
-// "<layer>.experts.w2" (E_r, H, F_r), and the KV caches "<layer>.k_cache",
-// "<layer>.v_cache" (S, kv_per_rank, D).
+// QK-norm weight slices are selected at run time. Inference programs follow
+// the engine's step interface (engine/family.h): a ragged batch of tokens
+// from many sequences over a paged KV cache, logits only at the sampled rows.
 #ifndef TPR_MINIMAX_M2_H
 #define TPR_MINIMAX_M2_H
 
+#include "engine/family.h"
 #include "models/layers/moe.h"
 #include "runtime/tpr_runtime.h"
 #include "shard/shard_plan.h"
@@ -33,8 +32,8 @@
 enum { TPR_M2_MARKS_COLUMN = 1, TPR_M2_MARKS_QK_NORM = 2 };
 
 typedef struct tpr_m2_build_opts {
-  int64_t tokens;   // T: tokens per run (static)
-  int64_t max_seq;  // S: KV cache rows
+  int64_t tokens;       // T: tokens per run (static)
+  tpr_step_shape step;  // inference: the step's shape (step.tokens == tokens)
   // Negative control only: normalise q/k over the rank's slice (no
   // all-reduce, per-rank divisor), the bug some later ports have.
   bool per_rank_qk_norm;
@@ -58,16 +57,11 @@ typedef struct tpr_m2_build_opts {
   int skip_grad_marks;
 } tpr_m2_build_opts;
 
-// Inputs of every program: "tokens" (T) i32, "positions" (T) i32 =
-// start..start+T-1, "start" (1) i32. Output "logits_t" (vocab_padded, T) f32,
-// identical on every rank of a tp group (rows >= vocab are padding). dp
-// replicas may run different tokens.
+// Inference (engine/family.h's step interface) or, with o->training, the
+// training program (inputs "tokens", "positions", "start", "targets").
 tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, tpr_program **out);
 
-// Param names of the stacked experts and caches of layer L.
-void tpr_m2_expert_name(int64_t layer, const char *which, char *buf, size_t cap);  // which: "w13", "w2"
-void tpr_m2_cache_name(int64_t layer, const char *which, char *buf, size_t cap);   // which: "k", "v"
-// A plan tensor name with {L} replaced.
-void tpr_m2_param_name(const char *pattern, int64_t layer, char *buf, size_t cap);
+// The engine's entry for MiniMax-M2 (engine/family.c).
+extern const tpr_family tpr_family_minimax_m2;
 
 #endif

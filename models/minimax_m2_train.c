@@ -103,7 +103,7 @@ static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
     for (int64_t L = 0; L < layers; L++)
       for (int w = 0; w < 2; w++) {
         char name[160];
-        tpr_m2_expert_name(L, w ? "w2" : "w13", name, sizeof name);
+        tpr_family_expert_name(L, w ? "w2" : "w13", name, sizeof name);
         tpr_tensor *x = s->experts[2 * L + w];
         TPR_CHECK(add_param(t, name, tpr_tensor_data(x), tpr_tensor_numel(x), true, (int)(w ? Er : 2 * Er)));
         train_param *p = &t->params[t->n_params - 1];
@@ -122,16 +122,19 @@ static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
   return TPR_OK;
 }
 
+static tpr_status build_m2(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  return tpr_m2_build(plan, opts, out);
+}
+
 static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
   int64_t T = t->o.seq_len;
   tpr_m2_build_opts bo = {.tokens = T,
-                          .max_seq = T,
                           .per_rank_qk_norm = s->o.per_rank_qk_norm,
                           .moe = s->o.moe,
                           .training = true,
                           .aux_coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef,
                           .skip_grad_marks = s->o.skip_grad_marks};
-  TPR_CHECK(tpr__session_make_program(s, &bo, &t->program));
+  TPR_CHECK(tpr__session_make_program(s, build_m2, &bo, &t->program));
   TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
   tpr_exec_set_collectives(t->exec, &s->hook);
   if (t->o.profile) TPR_CHECK(tpr_exec_set_profiling(t->exec, true));

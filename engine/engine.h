@@ -1,0 +1,84 @@
+// The batched inference engine: continuous batching with chunked prefill
+// over a paged KV cache, for every model family a session can load.
+//
+// Rank 0 owns the scheduler (engine/scheduler.h): sequences are submitted
+// there, and each step rank 0 plans which tokens of which sequences run,
+// then broadcasts the plan (sequences, token ids, positions, block tables,
+// sampling parameters) so that every rank runs the same step with no
+// scheduler of its own. Each dp replica runs its own sequences in its own
+// pool; all replicas run the same program shape, padded, so the collectives
+// line up. A step's token count is padded to a power of two, so a handful
+// of programs serve every step.
+//
+// Sampling is per sequence: its own temperature / top-k / top-p and seed.
+// The draw for the i-th generated token uses an RNG seeded from (seed, i)
+// alone, so a sequence's tokens do not depend on what it was batched with,
+// nor on preemption (recompute). Every rank of a replica samples the same
+// token from the same all-gathered logits; rank 0 collects each replica's
+// tokens with one small all-gather per step.
+#ifndef TPR_ENGINE_ENGINE_H
+#define TPR_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "models/sampling.h"
+
+typedef struct tpr_engine_opts {
+  int64_t max_tokens_per_step;  // tokens a replica runs per step (0: 256)
+  // Called on every rank of the sequence's replica with the logits (vocab)
+  // its gen-th generated token is sampled from (gen 0: the one after the
+  // prompt), before sampling. NULL: none.
+  void (*on_logits)(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab);
+  void *ctx;
+  // Test only (a negative control): tokens attend the next chunk's block
+  // table, not their own, so sequences read each other's history.
+  bool debug_wrong_blocks;
+} tpr_engine_opts;
+
+typedef struct tpr_gen_params {
+  int64_t max_new;         // tokens to generate (>= 1)
+  int32_t stop_token;      // ends the sequence when sampled (kept); -1: none
+  tpr_sampling sampling;   // temperature, top-k, top-p, seed
+} tpr_gen_params;
+
+typedef struct tpr_engine tpr_engine;
+
+// On every rank (not collective). The session must stay open while the
+// engine lives, and nothing else may use its KV pool meanwhile.
+tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine **out);
+void tpr_engine_free(tpr_engine *e);
+
+// Rank 0 only: queues a sequence; ids are 0, 1, 2, ... Bad ids or
+// parameters, or a sequence longer than max_seq or than the whole pool:
+// TPR_ERR_INVALID_ARG, nothing queued.
+tpr_status tpr_engine_submit(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g,
+                             int64_t *id);
+
+// What one step did (the same on every rank but `finished`).
+typedef struct tpr_engine_step_info {
+  bool idle;               // nothing to run: every sequence has finished
+  int64_t tokens;          // real tokens run, over every replica
+  int64_t prefill_tokens;  // of which prompt (or recomputed) tokens
+  int64_t decode_tokens;   // of which single-token decodes
+  int64_t sequences;       // chunks run
+  int64_t program_tokens;  // T: the padded token count of the program
+  int64_t preempted;       // sequences preempted while planning
+  double seconds;          // this rank's wall time of the step
+  const int64_t *finished; // rank 0: sequences that finished in this step
+  int64_t n_finished;
+} tpr_engine_step_info;
+
+// Collective: plans (rank 0), broadcasts, runs one step and samples.
+tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info);
+
+// Rank 0: a sequence's tokens so far (prompt then generated).
+tpr_status tpr_engine_result(const tpr_engine *e, int64_t id, tpr_sched_seq_info *out);
+
+// Rank 0: KV blocks in use on replica r (0 once every sequence has ended).
+int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica);
+int64_t tpr_engine_preemptions(const tpr_engine *e);
+
+#endif
