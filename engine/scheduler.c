@@ -12,12 +12,16 @@
 //    sequence just preempted is not readmitted at once into the blocks freed
 //    for a decode. The exception is a replica with nothing planned yet: a
 //    step plans work for every replica that has unfinished sequences.
-//  - Chunked prefill shrinks a chunk to the free blocks instead of preempting
-//    (the header's policy), which can leave every running sequence of a
-//    replica stuck mid-prompt with the pool full. Then (and only then: an
-//    empty plan with running sequences) the most recently admitted running
-//    sequence is preempted and the replica planned again, as vLLM preempts
-//    when a running request cannot get its slots.
+//  - Chunked prefill shrinks a chunk to the free blocks and never preempts
+//    (the header's policy; vLLM preempts for prefills too). That cannot stall
+//    a replica: a waiting sequence is admitted only after every earlier chunk
+//    of the step ran to its sequence's last token (else the budget or the
+//    free blocks are spent), so after any step at most one running sequence
+//    per replica is mid-prompt (two or more tokens left). If it gets no
+//    block, the others are decodes (which run, preempting if need be), or it
+//    runs alone and holds less than a pool, which the submit check grants.
+//    A replica with unfinished sequences and an empty plan is therefore a
+//    bug, reported as TPR_ERR_INTERNAL.
 //  - tpr_sched_next refuses to plan while the last non-empty plan has not been
 //    applied: planning admits sequences and takes blocks, so a second plan of
 //    the same state would be a different step (vLLM's schedule /
@@ -256,61 +260,57 @@ static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
 
 static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
   const int64_t bs = s->o.block_size, max_batch = s->o.max_batch;
-  int64_t rep_preempted = 0;
-  for (;;) {
-    rp->n_chunks = 0;
-    int64_t budget = s->o.max_tokens;
-    // (1) decodes, in admission order. Victims are taken from the end of the
-    // running list (the most recently admitted), so they are never a
-    // sequence already planned in this loop, and index i stays valid.
-    for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
-      int64_t id = rp->running.ids[i];
-      seq *q = &s->seqs[id];
-      if (q->len - q->computed != 1) continue;
-      bool self = false;
-      while (ceil_div(q->computed + 1, bs) - q->n_blocks > tpr_block_pool_free(&rp->pool)) {
-        int64_t victim = rp->running.ids[rp->running.n - 1];
-        TPR_CHECK(preempt(s, victim));
-        rep_preempted++;
-        if (victim == id) {
-          self = true;
-          break;
-        }
+  int64_t rep_preempted = 0, budget = s->o.max_tokens;
+  rp->n_chunks = 0;
+  // (1) decodes, in admission order. Victims are taken from the end of the
+  // running list (the most recently admitted), so they are never a
+  // sequence already planned in this loop, and index i stays valid.
+  for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
+    int64_t id = rp->running.ids[i];
+    seq *q = &s->seqs[id];
+    if (q->len - q->computed != 1) continue;
+    bool self = false;
+    while (ceil_div(q->computed + 1, bs) - q->n_blocks > tpr_block_pool_free(&rp->pool)) {
+      int64_t victim = rp->running.ids[rp->running.n - 1];
+      TPR_CHECK(preempt(s, victim));
+      rep_preempted++;
+      if (victim == id) {
+        self = true;
+        break;
       }
-      if (self) continue;  // it was last in the list: the loop ends
-      TPR_CHECK(add_chunk(s, rp, id, 1));
-      budget--;
     }
-    // (2) running sequences still prefilling, in admission order.
-    for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
-      int64_t id = rp->running.ids[i];
+    if (self) continue;  // it was last in the list: the loop ends
+    TPR_CHECK(add_chunk(s, rp, id, 1));
+    budget--;
+  }
+  // (2) running sequences still prefilling, in admission order.
+  for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
+    int64_t id = rp->running.ids[i];
+    seq *q = &s->seqs[id];
+    int64_t left = q->len - q->computed;
+    if (left < 2) continue;
+    int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);
+    if (n < 1) continue;  // no free block; a later one may still fit in its own last block
+    TPR_CHECK(add_chunk(s, rp, id, n));
+    budget -= n;
+  }
+  // (3) waiting sequences, first come first served.
+  if (!(rep_preempted > 0 && rp->n_chunks > 0)) {
+    while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0) {
+      int64_t id = rp->waiting.ids[0];
       seq *q = &s->seqs[id];
-      int64_t left = q->len - q->computed;
-      if (left < 2) continue;
-      int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);
-      if (n < 1) continue;  // no free block; a later one may still fit in its own last block
+      int64_t n = fit_tokens(q, q->len < budget ? q->len : budget, tpr_block_pool_free(&rp->pool), bs);
+      list_remove(&rp->waiting, id);
+      TPR_CHECK(list_insert(&rp->running, rp->running.n, id));
+      q->state = SEQ_RUNNING;
+      q->admitted = s->admit_counter++;
       TPR_CHECK(add_chunk(s, rp, id, n));
       budget -= n;
     }
-    // (3) waiting sequences, first come first served.
-    if (!(rep_preempted > 0 && rp->n_chunks > 0)) {
-      while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0) {
-        int64_t id = rp->waiting.ids[0];
-        seq *q = &s->seqs[id];
-        int64_t n = fit_tokens(q, q->len < budget ? q->len : budget, tpr_block_pool_free(&rp->pool), bs);
-        list_remove(&rp->waiting, id);
-        TPR_CHECK(list_insert(&rp->running, rp->running.n, id));
-        q->state = SEQ_RUNNING;
-        q->admitted = s->admit_counter++;
-        TPR_CHECK(add_chunk(s, rp, id, n));
-        budget -= n;
-      }
-    }
-    if (rp->n_chunks > 0 || rp->running.n == 0) break;
-    // Every running sequence is stuck mid-prompt with the pool full.
-    TPR_CHECK(preempt(s, rp->running.ids[rp->running.n - 1]));
-    rep_preempted++;
   }
+  if (rp->n_chunks == 0 && rp->unfinished > 0)
+    return TPR_FAIL(TPR_ERR_INTERNAL, "tpr_sched_next: replica %d planned nothing for %lld unfinished sequences",
+                    (int)(rp - s->reps), (long long)rp->unfinished);
   *preempted += rep_preempted;
   return TPR_OK;
 }
