@@ -1,0 +1,424 @@
+// The batched engine's scheduler (policy and API in engine/scheduler.h).
+//
+// Readings of the header where it leaves room, each chosen as vLLM's
+// scheduler does it:
+//  - "Too small for one sequence": a sequence of L = len + max_new tokens
+//    writes KV rows for its first L - 1 tokens only (the last sampled token is
+//    never fed back), so it needs ceil((L - 1) / block_size) blocks. A
+//    sequence that fits is always finishable: the running sequence admitted
+//    first is preempted last, so it can end up with the whole pool.
+//  - A replica that preempted a sequence while planning a step admits no
+//    waiting sequence in that step (vLLM V1: `if not preempted_reqs`), so a
+//    sequence just preempted is not readmitted at once into the blocks freed
+//    for a decode. The exception is a replica with nothing planned yet: a
+//    step plans work for every replica that has unfinished sequences.
+//  - Chunked prefill shrinks a chunk to the free blocks and never preempts
+//    (the header's policy; vLLM preempts for prefills too). That cannot stall
+//    a replica: a waiting sequence is admitted only after every earlier chunk
+//    of the step ran to its sequence's last token (else the budget or the
+//    free blocks are spent), so after any step at most one running sequence
+//    per replica is mid-prompt (two or more tokens left). If it gets no
+//    block, the others are decodes (which run, preempting if need be), or it
+//    runs alone and holds less than a pool, which the submit check grants.
+//    A replica with unfinished sequences and an empty plan is therefore a
+//    bug, reported as TPR_ERR_INTERNAL.
+//  - tpr_sched_next refuses to plan while the last non-empty plan has not been
+//    applied: planning admits sequences and takes blocks, so a second plan of
+//    the same state would be a different step (vLLM's schedule /
+//    update_from_output alternate the same way). An empty plan needs no
+//    update.
+//  - tpr_sched_update compares the step it is given (replicas, chunk counts,
+//    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
+//    or broadcast and rebuilt is accepted, a stale or edited one refused.
+#include "engine/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/block_pool.h"
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
+
+typedef struct seq {
+  int32_t *tokens;  // (cap) prompt then generated; len known
+  int64_t len, cap, prompt_len;
+  int64_t computed;  // tokens whose KV rows are written
+  int32_t *blocks;   // (blocks_cap) block table; n_blocks in use
+  int64_t n_blocks, blocks_cap;
+  seq_state state;
+  int replica;
+  int64_t admitted;  // admission order (a counter over all replicas), set on each admission
+  int64_t generated, max_new;
+  int32_t stop;
+  int64_t preemptions;
+} seq;
+
+// Sequence ids in a fixed order (admission order for running, arrival =
+// id order for waiting).
+typedef struct id_list {
+  int64_t *ids;
+  int64_t n, cap;
+} id_list;
+
+typedef struct replica {
+  tpr_block_pool pool;
+  id_list running, waiting;
+  int64_t unfinished;
+  tpr_sched_chunk *chunks;  // (chunks_cap) the last plan's chunks; n_chunks used
+  int64_t n_chunks, chunks_cap;
+} replica;
+
+struct tpr_sched {
+  tpr_sched_opts o;
+  seq *seqs;  // (seqs_cap) indexed by id
+  int64_t n_seqs, seqs_cap;
+  replica *reps;                  // (replicas)
+  int64_t *n_chunks_out;          // (replicas)
+  const tpr_sched_chunk **chunks_out;  // (replicas)
+  int64_t admit_counter, preemptions, unfinished;
+  bool pending;  // a non-empty plan awaits tpr_sched_update
+};
+
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+// Grows *p (elements of `size` bytes, capacity *cap) to hold at least `need`.
+static tpr_status grow(void **p, int64_t *cap, int64_t need, size_t size, const char *what) {
+  if (need <= *cap) return TPR_OK;
+  int64_t c = *cap ? *cap : 8;
+  while (c < need) c = c > INT64_MAX / 2 ? need : c * 2;
+  if ((uint64_t)c > SIZE_MAX / size) return TPR_FAIL(TPR_ERR_OOM, "tpr_sched: %s of %lld entries is too large", what, (long long)c);
+  void *q = realloc(*p, (size_t)c * size);
+  if (!q) return TPR_FAIL(TPR_ERR_OOM, "tpr_sched: no memory for %s of %lld entries", what, (long long)c);
+  *p = q;
+  *cap = c;
+  return TPR_OK;
+}
+
+static tpr_status list_insert(id_list *l, int64_t at, int64_t id) {
+  TPR_CHECK(grow((void **)&l->ids, &l->cap, l->n + 1, sizeof *l->ids, "a sequence list"));
+  memmove(l->ids + at + 1, l->ids + at, (size_t)(l->n - at) * sizeof *l->ids);
+  l->ids[at] = id;
+  l->n++;
+  return TPR_OK;
+}
+
+static void list_remove(id_list *l, int64_t id) {
+  for (int64_t i = 0; i < l->n; i++)
+    if (l->ids[i] == id) {
+      memmove(l->ids + i, l->ids + i + 1, (size_t)(l->n - i - 1) * sizeof *l->ids);
+      l->n--;
+      return;
+    }
+}
+
+// Waiting queues are ordered by arrival, i.e. by id.
+static tpr_status waiting_insert(id_list *l, int64_t id) {
+  int64_t at = l->n;
+  while (at > 0 && l->ids[at - 1] > id) at--;
+  return list_insert(l, at, id);
+}
+
+tpr_status tpr_sched_new(const tpr_sched_opts *o, tpr_sched **out) {
+  if (!o || !out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: NULL %s", o ? "out" : "options");
+  *out = NULL;
+  if (o->replicas < 1 || o->replicas > 65536)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: replicas %d not in [1, 65536]", o->replicas);
+  if (o->pool_blocks < 1 || o->pool_blocks > INT32_MAX)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: pool_blocks %lld not in [1, %d] (block ids are int32)",
+                    (long long)o->pool_blocks, INT32_MAX);
+  if (o->block_size < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: block_size %lld must be >= 1", (long long)o->block_size);
+  if (o->max_batch < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: max_batch %lld must be >= 1", (long long)o->max_batch);
+  if (o->max_tokens < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: max_tokens %lld must be >= 1", (long long)o->max_tokens);
+  if (o->max_seq < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: max_seq %lld must be >= 1", (long long)o->max_seq);
+  tpr_sched *s = calloc(1, sizeof *s);
+  if (!s) return TPR_FAIL(TPR_ERR_OOM, "tpr_sched_new: no memory");
+  s->o = *o;
+  s->reps = calloc((size_t)o->replicas, sizeof *s->reps);
+  s->n_chunks_out = calloc((size_t)o->replicas, sizeof *s->n_chunks_out);
+  s->chunks_out = calloc((size_t)o->replicas, sizeof *s->chunks_out);
+  if (!s->reps || !s->n_chunks_out || !s->chunks_out) {
+    tpr_sched_free(s);
+    return TPR_FAIL(TPR_ERR_OOM, "tpr_sched_new: no memory for %d replicas", o->replicas);
+  }
+  for (int r = 0; r < o->replicas; r++) {
+    tpr_status rc = tpr_block_pool_init(&s->reps[r].pool, o->pool_blocks);
+    if (rc != TPR_OK) {
+      tpr_sched_free(s);
+      return tpr__propagate(rc, __FILE__, __LINE__);
+    }
+  }
+  *out = s;
+  return TPR_OK;
+}
+
+void tpr_sched_free(tpr_sched *s) {
+  if (!s) return;
+  for (int64_t i = 0; i < s->n_seqs; i++) {
+    free(s->seqs[i].tokens);
+    free(s->seqs[i].blocks);
+  }
+  free(s->seqs);
+  if (s->reps)
+    for (int r = 0; r < s->o.replicas; r++) {
+      tpr_block_pool_destroy(&s->reps[r].pool);
+      free(s->reps[r].running.ids);
+      free(s->reps[r].waiting.ids);
+      free(s->reps[r].chunks);
+    }
+  free(s->reps);
+  free(s->n_chunks_out);
+  free(s->chunks_out);
+  free(s);
+}
+
+tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new, int32_t stop_token,
+                            int64_t *id) {
+  if (!s || !id) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL %s", s ? "id" : "scheduler");
+  if (len < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: empty prompt (len %lld)", (long long)len);
+  if (!prompt) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL prompt of len %lld", (long long)len);
+  if (max_new < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: max_new %lld must be >= 1", (long long)max_new);
+  if (stop_token < -1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: stop_token %d must be >= 0, or -1 for none", stop_token);
+  const tpr_sched_opts *o = &s->o;
+  if (len > o->max_seq || max_new > o->max_seq - len)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: prompt len %lld + max_new %lld exceeds max_seq %lld",
+                    (long long)len, (long long)max_new, (long long)o->max_seq);
+  int64_t rows = len + max_new - 1;  // KV rows ever written: the last sampled token is never fed
+  if (ceil_div(rows, o->block_size) > o->pool_blocks)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                    "tpr_sched_submit: the KV pool of %lld blocks x %lld tokens is too small for one sequence of "
+                    "%lld tokens (prompt %lld + max_new %lld needs %lld blocks)",
+                    (long long)o->pool_blocks, (long long)o->block_size, (long long)(len + max_new), (long long)len,
+                    (long long)max_new, (long long)ceil_div(rows, o->block_size));
+  int best = 0;
+  for (int r = 1; r < o->replicas; r++)
+    if (s->reps[r].unfinished < s->reps[best].unfinished) best = r;
+  TPR_CHECK(grow((void **)&s->seqs, &s->seqs_cap, s->n_seqs + 1, sizeof *s->seqs, "the sequence table"));
+  seq q = {.len = len, .prompt_len = len, .state = SEQ_WAITING, .replica = best, .admitted = -1,
+           .max_new = max_new, .stop = stop_token};
+  TPR_CHECK(grow((void **)&q.tokens, &q.cap, len + (max_new < 16 ? max_new : 16), sizeof *q.tokens, "a token list"));
+  memcpy(q.tokens, prompt, (size_t)len * sizeof *prompt);
+  tpr_status rc = waiting_insert(&s->reps[best].waiting, s->n_seqs);
+  if (rc != TPR_OK) {
+    free(q.tokens);
+    return tpr__propagate(rc, __FILE__, __LINE__);
+  }
+  s->seqs[s->n_seqs] = q;
+  *id = s->n_seqs++;
+  s->reps[best].unfinished++;
+  s->unfinished++;
+  return TPR_OK;
+}
+
+static tpr_status release_blocks(tpr_sched *s, seq *q) {
+  tpr_block_pool *pool = &s->reps[q->replica].pool;
+  // Given back last to first so the LIFO hands them out again in table order.
+  for (int64_t i = q->n_blocks - 1; i >= 0; i--) TPR_CHECK(tpr_block_pool_give(pool, q->blocks[i]));
+  q->n_blocks = 0;
+  return TPR_OK;
+}
+
+// Preemption by recompute: the KV rows are dropped, the tokens kept.
+static tpr_status preempt(tpr_sched *s, int64_t id) {
+  seq *q = &s->seqs[id];
+  replica *rp = &s->reps[q->replica];
+  TPR_CHECK(release_blocks(s, q));
+  q->computed = 0;
+  q->state = SEQ_WAITING;
+  q->preemptions++;
+  s->preemptions++;
+  list_remove(&rp->running, id);
+  return waiting_insert(&rp->waiting, id);
+}
+
+// The most tokens (<= want) of q's next chunk that its blocks plus `free`
+// more hold. Written to avoid (n_blocks + free) * block_size overflowing.
+static int64_t fit_tokens(const seq *q, int64_t want, int64_t free, int64_t bs) {
+  int64_t need = ceil_div(q->computed + want, bs) - q->n_blocks;
+  if (need <= free) return want;
+  // (n_blocks + free) * bs < computed + want here, so no overflow.
+  return (q->n_blocks + free) * bs - q->computed;
+}
+
+// Appends q's next chunk of n tokens, taking the blocks it needs.
+static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
+  seq *q = &s->seqs[id];
+  int64_t nb = ceil_div(q->computed + n, s->o.block_size);
+  TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, nb, sizeof *q->blocks, "a block table"));
+  while (q->n_blocks < nb) TPR_CHECK(tpr_block_pool_take(&rp->pool, &q->blocks[q->n_blocks++]));
+  TPR_CHECK(grow((void **)&rp->chunks, &rp->chunks_cap, rp->n_chunks + 1, sizeof *rp->chunks, "a step's chunks"));
+  rp->chunks[rp->n_chunks++] = (tpr_sched_chunk){
+      .seq = id, .pos0 = q->computed, .n = n, .tokens = q->tokens + q->computed,
+      .sample = q->computed + n == q->len, .first = q->computed == 0, .blocks = q->blocks, .n_blocks = q->n_blocks};
+  return TPR_OK;
+}
+
+static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
+  const int64_t bs = s->o.block_size, max_batch = s->o.max_batch;
+  int64_t rep_preempted = 0, budget = s->o.max_tokens;
+  rp->n_chunks = 0;
+  // (1) decodes, in admission order. Victims are taken from the end of the
+  // running list (the most recently admitted), so they are never a
+  // sequence already planned in this loop, and index i stays valid.
+  for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
+    int64_t id = rp->running.ids[i];
+    seq *q = &s->seqs[id];
+    if (q->len - q->computed != 1) continue;
+    bool self = false;
+    while (ceil_div(q->computed + 1, bs) - q->n_blocks > tpr_block_pool_free(&rp->pool)) {
+      int64_t victim = rp->running.ids[rp->running.n - 1];
+      TPR_CHECK(preempt(s, victim));
+      rep_preempted++;
+      if (victim == id) {
+        self = true;
+        break;
+      }
+    }
+    if (self) continue;  // it was last in the list: the loop ends
+    TPR_CHECK(add_chunk(s, rp, id, 1));
+    budget--;
+  }
+  // (2) running sequences still prefilling, in admission order.
+  for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
+    int64_t id = rp->running.ids[i];
+    seq *q = &s->seqs[id];
+    int64_t left = q->len - q->computed;
+    if (left < 2) continue;
+    int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);
+    if (n < 1) continue;  // no free block; a later one may still fit in its own last block
+    TPR_CHECK(add_chunk(s, rp, id, n));
+    budget -= n;
+  }
+  // (3) waiting sequences, first come first served.
+  if (!(rep_preempted > 0 && rp->n_chunks > 0)) {
+    while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0) {
+      int64_t id = rp->waiting.ids[0];
+      seq *q = &s->seqs[id];
+      int64_t n = fit_tokens(q, q->len < budget ? q->len : budget, tpr_block_pool_free(&rp->pool), bs);
+      list_remove(&rp->waiting, id);
+      TPR_CHECK(list_insert(&rp->running, rp->running.n, id));
+      q->state = SEQ_RUNNING;
+      q->admitted = s->admit_counter++;
+      TPR_CHECK(add_chunk(s, rp, id, n));
+      budget -= n;
+    }
+  }
+  if (rp->n_chunks == 0 && rp->unfinished > 0)
+    return TPR_FAIL(TPR_ERR_INTERNAL, "tpr_sched_next: replica %d planned nothing for %lld unfinished sequences",
+                    (int)(rp - s->reps), (long long)rp->unfinished);
+  *preempted += rep_preempted;
+  return TPR_OK;
+}
+
+tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out) {
+  if (!s || !out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_next: NULL %s", s ? "out" : "scheduler");
+  if (s->pending)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                    "tpr_sched_next: the last planned step was not applied (call tpr_sched_update first)");
+  int64_t tokens = 0, preempted = 0;
+  for (int r = 0; r < s->o.replicas; r++) {
+    replica *rp = &s->reps[r];
+    TPR_CHECK(plan_replica(s, rp, &preempted));
+    for (int64_t i = 0; i < rp->n_chunks; i++) tokens += rp->chunks[i].n;
+    s->n_chunks_out[r] = rp->n_chunks;
+    s->chunks_out[r] = rp->chunks;
+  }
+  if (tokens == 0 && s->unfinished > 0)
+    return TPR_FAIL(TPR_ERR_INTERNAL, "tpr_sched_next: planned nothing for %lld unfinished sequences",
+                    (long long)s->unfinished);
+  s->pending = tokens > 0;
+  *out = (tpr_sched_step){.replicas = s->o.replicas, .n_chunks = s->n_chunks_out,
+                          .chunks = (const tpr_sched_chunk *const *)s->chunks_out, .tokens = tokens,
+                          .preempted = preempted};
+  return TPR_OK;
+}
+
+static tpr_status finish(tpr_sched *s, seq *q, int64_t id) {
+  replica *rp = &s->reps[q->replica];
+  TPR_CHECK(release_blocks(s, q));
+  list_remove(&rp->running, id);
+  q->state = SEQ_FINISHED;
+  rp->unfinished--;
+  s->unfinished--;
+  return TPR_OK;
+}
+
+tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int32_t *const *sampled) {
+  if (!s || !step) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: NULL %s", s ? "step" : "scheduler");
+  if (!s->pending) {
+    if (step->tokens == 0) return TPR_OK;  // an empty plan changes nothing
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: no planned step is waiting (call tpr_sched_next first)");
+  }
+  if (step->replicas != s->o.replicas || !step->n_chunks || !step->chunks)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: the step (%d replicas) is not the last planned one (%d)",
+                    step->replicas, s->o.replicas);
+  // Check everything before changing anything.
+  for (int r = 0; r < s->o.replicas; r++) {
+    const replica *rp = &s->reps[r];
+    if (step->n_chunks[r] != rp->n_chunks)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: replica %d has %lld chunks, the last plan %lld", r,
+                      (long long)step->n_chunks[r], (long long)rp->n_chunks);
+    if (rp->n_chunks > 0 && !step->chunks[r])
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: replica %d's chunks are NULL", r);
+    int64_t n_sample = 0;
+    for (int64_t i = 0; i < rp->n_chunks; i++) {
+      const tpr_sched_chunk *a = &step->chunks[r][i], *b = &rp->chunks[i];
+      if (a->seq != b->seq || a->pos0 != b->pos0 || a->n != b->n || a->sample != b->sample)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                        "tpr_sched_update: replica %d chunk %lld (seq %lld, pos0 %lld, n %lld, sample %d) differs "
+                        "from the last plan (seq %lld, pos0 %lld, n %lld, sample %d)",
+                        r, (long long)i, (long long)a->seq, (long long)a->pos0, (long long)a->n, a->sample,
+                        (long long)b->seq, (long long)b->pos0, (long long)b->n, b->sample);
+      n_sample += b->sample;
+    }
+    if (n_sample > 0 && (!sampled || !sampled[r]))
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: replica %d has %lld sampled chunks but no sampled tokens",
+                      r, (long long)n_sample);
+  }
+  for (int r = 0; r < s->o.replicas; r++) {
+    replica *rp = &s->reps[r];
+    int64_t k = 0;
+    for (int64_t i = 0; i < rp->n_chunks; i++) {
+      const tpr_sched_chunk *c = &rp->chunks[i];
+      seq *q = &s->seqs[c->seq];
+      q->computed = c->pos0 + c->n;
+      if (!c->sample) continue;
+      int32_t tok = sampled[r][k++];
+      TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + 1, sizeof *q->tokens, "a token list"));
+      q->tokens[q->len++] = tok;
+      q->generated++;
+      if (q->generated >= q->max_new || (q->stop >= 0 && tok == q->stop)) TPR_CHECK(finish(s, q, c->seq));
+    }
+    rp->n_chunks = 0;  // the plan is spent; its pointers are no longer valid
+    s->n_chunks_out[r] = 0;
+  }
+  s->pending = false;
+  return TPR_OK;
+}
+
+tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out) {
+  if (!s || !out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: NULL %s", s ? "out" : "scheduler");
+  if (id < 0 || id >= s->n_seqs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: id %lld not in [0, %lld)", (long long)id,
+                    (long long)s->n_seqs);
+  const seq *q = &s->seqs[id];
+  *out = (tpr_sched_seq_info){.tokens = q->tokens, .len = q->len, .prompt_len = q->prompt_len,
+                              .replica = q->replica, .finished = q->state == SEQ_FINISHED,
+                              .preemptions = q->preemptions};
+  return TPR_OK;
+}
+
+int64_t tpr_sched_unfinished(const tpr_sched *s) { return s ? s->unfinished : 0; }
+
+// -1 for a replica out of range (the header gives this query no status).
+int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica) {
+  if (!s || replica < 0 || replica >= s->o.replicas) return -1;
+  return tpr_block_pool_used(&s->reps[replica].pool);
+}
+
+int64_t tpr_sched_preemptions(const tpr_sched *s) { return s ? s->preemptions : 0; }

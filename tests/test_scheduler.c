@@ -1,0 +1,534 @@
+// The batched engine's scheduler (engine/scheduler.h) driven by a fake model:
+// the token after position p of sequence id is a hash of (id, p), so every
+// sequence's final token list is known before it is submitted. A harness
+// checks each planned step (budgets, chunk positions, block tables, the
+// decode-first order) and keeps a simulated paged KV cache: each chunk
+// writes (seq, position, token) into the rows its block table names and
+// first reads back every earlier row of its sequence, so a block handed to
+// two sequences, or a table that lost a block, shows up as a wrong row.
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/scheduler.h"
+#include "test_util.h"
+
+static int32_t fake_next(int64_t id, int64_t pos, int32_t vocab) {
+  uint64_t x = (uint64_t)id * 0x9E3779B97F4A7C15ull + (uint64_t)pos * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  x *= 0xD6E9F8A1C2B3A497ull;
+  x ^= x >> 29;
+  return (int32_t)(x % (uint64_t)vocab);
+}
+
+typedef struct exp_seq {
+  int32_t *tok;  // prompt then the tokens the fake model generates
+  int64_t len, prompt_len, max_new, arrival_step;
+  int32_t stop;
+} exp_seq;
+
+typedef struct harness {
+  tpr_sched_opts o;
+  tpr_sched *s;
+  int32_t vocab;
+  int wrong_model;  // negative control: sample the token one position too far
+  exp_seq *e;
+  int64_t n, submitted;
+  int64_t *shadow, *seen_pre, *finish_step;  // (n) computed as the test sees it, preemptions seen, step finished
+  bool *running;  // (n) admitted and neither preempted nor finished since
+  int64_t *kv;  // (replicas, pool_blocks * block_size, 3) seq, position, token; -1 = never written
+  int64_t step, steps_run, max_step_tokens, max_step_chunks, preemptions, recompute_generated;
+  int64_t log_seq, n_log, log[64][3];  // the chunks of sequence log_seq: pos0, n, sample
+  char err[512];
+} harness;
+
+// Builds the expected tokens of a sequence (id = its index).
+static void exp_init(exp_seq *e, int64_t id, int64_t prompt_len, int64_t max_new, int32_t stop, int32_t vocab,
+                     int64_t arrival_step) {
+  *e = (exp_seq){.prompt_len = prompt_len, .max_new = max_new, .stop = stop, .arrival_step = arrival_step};
+  e->tok = malloc((size_t)(prompt_len + max_new) * sizeof *e->tok);
+  for (int64_t i = 0; i < prompt_len; i++) e->tok[i] = (int32_t)tt_randint(0, vocab - 1);
+  e->len = prompt_len;
+  for (int64_t g = 0; g < max_new; g++) {
+    int32_t t = fake_next(id, e->len, vocab);
+    e->tok[e->len++] = t;
+    if (t == stop) break;
+  }
+}
+
+static void h_init(harness *h, tpr_sched_opts o, int64_t n, int32_t vocab) {
+  memset(h, 0, sizeof *h);
+  h->o = o;
+  h->vocab = vocab;
+  h->n = n;
+  h->log_seq = -1;
+  TT_OK(tpr_sched_new(&o, &h->s));
+  h->e = calloc((size_t)n, sizeof *h->e);
+  h->shadow = calloc((size_t)n, sizeof(int64_t));
+  h->seen_pre = calloc((size_t)n, sizeof(int64_t));
+  h->finish_step = malloc((size_t)n * sizeof(int64_t));
+  h->running = calloc((size_t)n, sizeof(bool));
+  for (int64_t i = 0; i < n; i++) h->finish_step[i] = -1;
+  size_t rows = (size_t)o.replicas * (size_t)o.pool_blocks * (size_t)o.block_size;
+  h->kv = malloc(rows * 3 * sizeof(int64_t));
+  memset(h->kv, 0xff, rows * 3 * sizeof(int64_t));
+}
+
+static void h_free(harness *h) {
+  tpr_sched_free(h->s);
+  for (int64_t i = 0; i < h->n; i++) free(h->e[i].tok);
+  free(h->e);
+  free(h->shadow);
+  free(h->seen_pre);
+  free(h->finish_step);
+  free(h->running);
+  free(h->kv);
+}
+
+#define FAIL_IF(cond, ...)                                   \
+  do {                                                       \
+    if (cond) {                                              \
+      snprintf(h->err, sizeof h->err, __VA_ARGS__);          \
+      return h->err;                                         \
+    }                                                        \
+  } while (0)
+
+// A preempted sequence restarts from position 0.
+static void sync_shadow(harness *h) {
+  for (int64_t i = 0; i < h->submitted; i++) {
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, i, &in));
+    if (in.preemptions != h->seen_pre[i]) h->shadow[i] = 0, h->seen_pre[i] = in.preemptions, h->running[i] = false;
+  }
+}
+
+static int64_t *kv_row(harness *h, int r, int64_t block, int64_t p) {
+  return h->kv + (((int64_t)r * h->o.pool_blocks + block) * h->o.block_size + p % h->o.block_size) * 3;
+}
+
+// Every invariant of one planned step; NULL when it holds. Reads nothing but
+// the step, the scheduler's sequence info and the harness's shadow state.
+static const char *check_step(harness *h, const tpr_sched_step *st) {
+  const int64_t bs = h->o.block_size;
+  FAIL_IF(st->replicas != h->o.replicas, "step has %d replicas, want %d", st->replicas, h->o.replicas);
+  bool *in_step = calloc((size_t)h->n + 1, 1), *used = calloc((size_t)h->o.pool_blocks, 1);
+  const char *bad = NULL;
+  int64_t total = 0;
+  for (int r = 0; r < st->replicas && !bad; r++) {
+    memset(used, 0, (size_t)h->o.pool_blocks);
+    int64_t tokens = 0;
+    bool seen_prefill = false;
+    if (st->n_chunks[r] > h->o.max_batch) {
+      snprintf(h->err, sizeof h->err, "replica %d: %lld chunks > max_batch %lld", r, (long long)st->n_chunks[r],
+               (long long)h->o.max_batch);
+      bad = h->err;
+    }
+    for (int64_t i = 0; i < st->n_chunks[r] && !bad; i++) {
+      const tpr_sched_chunk *c = &st->chunks[r][i];
+      tpr_sched_seq_info in = {0};
+#define BAD(...) { snprintf(h->err, sizeof h->err, __VA_ARGS__); bad = h->err; break; }
+      if (c->seq < 0 || c->seq >= h->submitted) BAD("replica %d: unknown seq %lld", r, (long long)c->seq);
+      if (in_step[c->seq]) BAD("seq %lld appears twice in one step", (long long)c->seq);
+      in_step[c->seq] = true;
+      TT_OK(tpr_sched_seq(h->s, c->seq, &in));
+      const exp_seq *e = &h->e[c->seq];
+      if (in.replica != r || in.finished) BAD("seq %lld on replica %d (its own %d, finished %d)", (long long)c->seq, r, in.replica, in.finished);
+      if (c->n < 1 || c->pos0 != h->shadow[c->seq] || c->first != (c->pos0 == 0) || c->pos0 + c->n > in.len)
+        BAD("seq %lld: chunk pos0 %lld n %lld first %d, want pos0 %lld (len %lld)", (long long)c->seq,
+            (long long)c->pos0, (long long)c->n, c->first, (long long)h->shadow[c->seq], (long long)in.len);
+      if (c->sample != (c->pos0 + c->n == in.len)) BAD("seq %lld: sample %d at pos0+n %lld, len %lld", (long long)c->seq, c->sample, (long long)(c->pos0 + c->n), (long long)in.len);
+      bool decode = !c->first && in.len - c->pos0 == 1;
+      if (decode && seen_prefill) BAD("replica %d: decode of seq %lld after a prefill chunk", r, (long long)c->seq);
+      seen_prefill |= !decode;
+      tokens += c->n;
+      if (c->n_blocks != (c->pos0 + c->n + bs - 1) / bs)
+        BAD("seq %lld: %lld blocks for %lld positions of %lld", (long long)c->seq, (long long)c->n_blocks, (long long)(c->pos0 + c->n), (long long)bs);
+      for (int64_t b = 0; b < c->n_blocks && !bad; b++) {
+        int32_t id = c->blocks[b];
+        if (id < 0 || id >= h->o.pool_blocks || used[id]) BAD("replica %d: block %d out of range or twice", r, id);
+        used[id] = true;
+      }
+      if (bad) break;
+      for (int64_t p = 0; p < c->n; p++)
+        if (c->tokens[p] != e->tok[c->pos0 + p]) BAD("seq %lld: token %lld is %d, want %d", (long long)c->seq, (long long)(c->pos0 + p), c->tokens[p], e->tok[c->pos0 + p]);
+      if (bad) break;
+      for (int64_t p = 0; p < c->pos0; p++) {
+        const int64_t *row = kv_row(h, r, c->blocks[p / bs], p);
+        if (row[0] != c->seq || row[1] != p || row[2] != e->tok[p])
+          BAD("seq %lld: KV row of position %lld holds (seq %lld, pos %lld, tok %lld)", (long long)c->seq, (long long)p, (long long)row[0], (long long)row[1], (long long)row[2]);
+      }
+#undef BAD
+    }
+    if (!bad && tokens > h->o.max_tokens) {
+      snprintf(h->err, sizeof h->err, "replica %d: %lld tokens > max_tokens %lld", r, (long long)tokens, (long long)h->o.max_tokens);
+      bad = h->err;
+    }
+    total += tokens;
+  }
+  // FCFS: a sequence is admitted only when no waiting one of its replica
+  // that arrived earlier (lower id) stays behind in this step.
+  for (int r = 0; r < st->replicas && !bad; r++)
+    for (int64_t i = 0; i < st->n_chunks[r] && !bad; i++) {
+      const tpr_sched_chunk *c = &st->chunks[r][i];
+      for (int64_t w = 0; w < c->seq && c->first && !h->running[c->seq] && !bad; w++) {
+        tpr_sched_seq_info in;
+        TT_OK(tpr_sched_seq(h->s, w, &in));
+        if (in.replica == r && !in.finished && !h->running[w] && !in_step[w]) {
+          snprintf(h->err, sizeof h->err, "replica %d admitted seq %lld before the earlier waiting seq %lld", r,
+                   (long long)c->seq, (long long)w);
+          bad = h->err;
+        }
+      }
+    }
+  if (!bad && total != st->tokens) {
+    snprintf(h->err, sizeof h->err, "step says %lld tokens, chunks hold %lld", (long long)st->tokens, (long long)total);
+    bad = h->err;
+  }
+  free(in_step);
+  free(used);
+  return bad;
+}
+
+// Submits what has arrived, plans, checks, runs the fake model, applies.
+static const char *h_step(harness *h) {
+  while (h->submitted < h->n && h->e[h->submitted].arrival_step <= h->step) {
+    int64_t live[3] = {0}, id = -1;
+    for (int64_t i = 0; i < h->submitted; i++) {
+      tpr_sched_seq_info in;
+      TT_OK(tpr_sched_seq(h->s, i, &in));
+      live[in.replica] += !in.finished;
+    }
+    int want = 0;
+    for (int r = 1; r < h->o.replicas; r++)
+      if (live[r] < live[want]) want = r;
+    const exp_seq *e = &h->e[h->submitted];
+    TT_OK(tpr_sched_submit(h->s, e->tok, e->prompt_len, e->max_new, e->stop, &id));
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, id, &in));
+    FAIL_IF(id != h->submitted || in.replica != want, "submit %lld: id %lld replica %d, want replica %d",
+            (long long)h->submitted, (long long)id, in.replica, want);
+    h->submitted++;
+  }
+  h->step++;
+  int64_t pre0 = tpr_sched_preemptions(h->s);
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(h->s, &st));
+  FAIL_IF(tpr_sched_preemptions(h->s) - pre0 != st.preempted, "step reports %lld preemptions, total grew by %lld",
+          (long long)st.preempted, (long long)(tpr_sched_preemptions(h->s) - pre0));
+  h->preemptions += st.preempted;
+  if (st.tokens == 0) {
+    FAIL_IF(tpr_sched_unfinished(h->s) != 0, "empty step with %lld unfinished", (long long)tpr_sched_unfinished(h->s));
+    return NULL;
+  }
+  h->steps_run++;
+  sync_shadow(h);
+  const char *bad = check_step(h, &st);
+  if (bad) return bad;
+  int32_t *sampled[3] = {0};
+  for (int r = 0; r < st.replicas; r++) {
+    int64_t k = 0, tokens = 0;
+    sampled[r] = malloc((size_t)(st.n_chunks[r] + 1) * sizeof(int32_t));
+    if (st.n_chunks[r] > h->max_step_chunks) h->max_step_chunks = st.n_chunks[r];
+    for (int64_t i = 0; i < st.n_chunks[r]; i++) {
+      const tpr_sched_chunk *c = &st.chunks[r][i];
+      tpr_sched_seq_info in;
+      TT_OK(tpr_sched_seq(h->s, c->seq, &in));
+      if (in.preemptions > 0 && c->first && c->pos0 + c->n > in.prompt_len) h->recompute_generated++;
+      if (c->seq == h->log_seq && h->n_log < 64)
+        h->log[h->n_log][0] = c->pos0, h->log[h->n_log][1] = c->n, h->log[h->n_log++][2] = c->sample;
+      for (int64_t p = c->pos0; p < c->pos0 + c->n; p++) {
+        int64_t *row = kv_row(h, r, c->blocks[p / h->o.block_size], p);
+        row[0] = c->seq, row[1] = p, row[2] = c->tokens[p - c->pos0];
+      }
+      h->shadow[c->seq] = c->pos0 + c->n;
+      h->running[c->seq] = true;
+      tokens += c->n;
+      if (c->sample) sampled[r][k++] = fake_next(c->seq, c->pos0 + c->n + (h->wrong_model ? 1 : 0), h->vocab);
+    }
+    if (tokens > h->max_step_tokens) h->max_step_tokens = tokens;
+  }
+  tpr_status rc = tpr_sched_update(h->s, &st, (const int32_t *const *)sampled);
+  for (int r = 0; r < 3; r++) free(sampled[r]);
+  FAIL_IF(rc != TPR_OK, "tpr_sched_update: %s", tpr_last_error());
+  // Blocks held = exactly what the unfinished sequences' computed rows need.
+  int64_t want[3] = {0};
+  for (int64_t i = 0; i < h->submitted; i++) {
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, i, &in));
+    if (in.finished && h->finish_step[i] < 0) h->finish_step[i] = h->step;
+    if (!in.finished) want[in.replica] += (h->shadow[i] + h->o.block_size - 1) / h->o.block_size;
+  }
+  for (int r = 0; r < h->o.replicas; r++)
+    FAIL_IF(tpr_sched_blocks_in_use(h->s, r) != want[r], "step %lld replica %d: %lld blocks in use, want %lld",
+            (long long)h->step, r, (long long)tpr_sched_blocks_in_use(h->s, r), (long long)want[r]);
+  return NULL;
+}
+
+// Runs to the end and compares every sequence with its expected tokens.
+static const char *h_run(harness *h) {
+  while (h->submitted < h->n || tpr_sched_unfinished(h->s) > 0) {
+    const char *bad = h_step(h);
+    if (bad) return bad;
+    FAIL_IF(h->step > 100000, "no end after %lld steps", (long long)h->step);
+  }
+  for (int64_t i = 0; i < h->n; i++) {
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, i, &in));
+    FAIL_IF(!in.finished || in.len != h->e[i].len || memcmp(in.tokens, h->e[i].tok, (size_t)in.len * 4) != 0,
+            "seq %lld: finished %d, len %lld want %lld, or tokens differ", (long long)i, in.finished,
+            (long long)in.len, (long long)h->e[i].len);
+  }
+  for (int r = 0; r < h->o.replicas; r++)
+    FAIL_IF(tpr_sched_blocks_in_use(h->s, r) != 0, "replica %d keeps %lld blocks after the end", r,
+            (long long)tpr_sched_blocks_in_use(h->s, r));
+  return NULL;
+}
+
+static tpr_sched_opts opts(int replicas, int64_t pool, int64_t bs, int64_t batch, int64_t tokens, int64_t max_seq) {
+  return (tpr_sched_opts){replicas, pool, bs, batch, tokens, max_seq};
+}
+
+// (a), (b): random configurations, arrivals spread over the first steps.
+static void test_random_runs(void **state) {
+  (void)state;
+  int64_t steps = 0, pre = 0, max_tok = 0, max_ch = 0, recompute = 0, seqs = 0;
+  for (int run = 0; run < 60; run++) {
+    int64_t n = tt_randint(1, 16), bs = tt_randint(1, 16);
+    int32_t vocab = (int32_t)tt_randint(2, 60);
+    harness h;
+    tpr_sched_opts o = opts((int)tt_randint(1, 3), 1, bs, tt_randint(1, 8), tt_randint(1, 64), 1);
+    int64_t lens[16], news[16], stops[16], arr[16], max_rows = 1, max_seq = 1, t = 0;
+    for (int64_t i = 0; i < n; i++) {
+      lens[i] = tt_randint(1, 40), news[i] = tt_randint(1, 20);
+      stops[i] = tt_randint(0, 2) == 0 ? tt_randint(0, vocab - 1) : -1;
+      t += tt_randint(0, 3) == 0 ? tt_randint(0, 6) : 0;
+      arr[i] = t;
+      if (lens[i] + news[i] - 1 > max_rows) max_rows = lens[i] + news[i] - 1;
+      if (lens[i] + news[i] > max_seq) max_seq = lens[i] + news[i];
+    }
+    int64_t min_blocks = (max_rows + bs - 1) / bs;
+    o.pool_blocks = tt_randint(0, 2) == 0 ? min_blocks : min_blocks + tt_randint(0, 3 * min_blocks);
+    o.max_seq = max_seq + tt_randint(0, 5);
+    h_init(&h, o, n, vocab);
+    for (int64_t i = 0; i < n; i++) exp_init(&h.e[i], i, lens[i], news[i], (int32_t)stops[i], vocab, arr[i]);
+    const char *bad = h_run(&h);
+    if (bad)
+      fail_msg("run %d (replicas %d pool %lld bs %lld batch %lld tokens %lld, %lld seqs): %s", run, o.replicas,
+               (long long)o.pool_blocks, (long long)bs, (long long)o.max_batch, (long long)o.max_tokens,
+               (long long)n, bad);
+    steps += h.steps_run, pre += h.preemptions, recompute += h.recompute_generated, seqs += n;
+    if (h.max_step_tokens > max_tok) max_tok = h.max_step_tokens;
+    if (h.max_step_chunks > max_ch) max_ch = h.max_step_chunks;
+    h_free(&h);
+  }
+  printf("random: 60 runs, %lld sequences, %lld steps, %lld preemptions (%lld recompute chunks over generated "
+         "tokens), max %lld tokens and %lld chunks per replica step; all tokens exact, pools empty at the end\n",
+         (long long)seqs, (long long)steps, (long long)pre, (long long)recompute, (long long)max_tok, (long long)max_ch);
+  assert_true(pre > 0);
+}
+
+// (c) A pool that fits one sequence but not the batch: preemption by
+// recompute, tokens still exact.
+static void test_preemption(void **state) {
+  (void)state;
+  for (int replicas = 1; replicas <= 2; replicas++) {
+    harness h;
+    h_init(&h, opts(replicas, 8, 2, 8, 64, 64), 4 * replicas, 1000);
+    for (int64_t i = 0; i < h.n; i++) exp_init(&h.e[i], i, 5, 8, -1, 1000, 0);  // 12 rows = 6 blocks each
+    const char *bad = h_run(&h);
+    if (bad) fail_msg("%s", bad);
+    printf("preemption (replicas %d, pool 8 x 2, %lld sequences of 5 + 8): %lld steps, %lld preemptions, %lld "
+           "recompute chunks over generated tokens\n",
+           replicas, (long long)h.n, (long long)h.steps_run, (long long)h.preemptions, (long long)h.recompute_generated);
+    assert_true(h.preemptions > 0 && h.recompute_generated > 0);
+    assert_int_equal(tpr_sched_preemptions(h.s), h.preemptions);
+    h_free(&h);
+  }
+  // Exactly one pool's worth: 8 + 1 = 9 tokens, 8 KV rows = 2 blocks of 4.
+  harness h;
+  h_init(&h, opts(1, 2, 4, 4, 16, 64), 3, 1000);
+  exp_init(&h.e[0], 0, 8, 1, -1, 1000, 0);
+  exp_init(&h.e[1], 1, 5, 4, -1, 1000, 0);
+  exp_init(&h.e[2], 2, 1, 8, -1, 1000, 1);
+  const char *bad = h_run(&h);
+  if (bad) fail_msg("%s", bad);
+  printf("pool of exactly one sequence: %lld steps, %lld preemptions\n", (long long)h.steps_run,
+         (long long)h.preemptions);
+  h_free(&h);
+}
+
+// (d) A stop token ends a sequence early; its blocks go back at once (the
+// harness checks blocks in use after every step).
+static void test_stop_token(void **state) {
+  (void)state;
+  harness h;
+  h_init(&h, opts(1, 64, 4, 4, 64, 128), 2, 1000);
+  int32_t stop = fake_next(0, 6 + 3, 1000);
+  exp_init(&h.e[0], 0, 6, 20, stop, 1000, 0);
+  exp_init(&h.e[1], 1, 6, 20, -1, 1000, 0);
+  assert_true(h.e[0].len <= 6 + 4 && h.e[0].tok[h.e[0].len - 1] == stop);
+  const char *bad = h_run(&h);
+  if (bad) fail_msg("%s", bad);
+  printf("stop token: seq 0 finished at step %lld with %lld tokens, seq 1 at step %lld with %lld\n",
+         (long long)h.finish_step[0], (long long)h.e[0].len, (long long)h.finish_step[1], (long long)h.e[1].len);
+  assert_true(h.finish_step[0] < h.finish_step[1]);
+  h_free(&h);
+}
+
+// (e) One chunk per step: sequences finish in submission order, also a
+// short one submitted after a long one.
+static void test_fcfs(void **state) {
+  (void)state;
+  harness h;
+  h_init(&h, opts(1, 64, 4, 1, 64, 128), 6, 1000);
+  for (int64_t i = 0; i < h.n; i++) exp_init(&h.e[i], i, tt_randint(1, 30), tt_randint(1, 10), -1, 1000, i < 3 ? 0 : 2);
+  const char *bad = h_run(&h);
+  if (bad) fail_msg("%s", bad);
+  printf("fcfs: finish steps");
+  for (int64_t i = 0; i < h.n; i++) printf(" %lld", (long long)h.finish_step[i]);
+  printf("\n");
+  for (int64_t i = 1; i < h.n; i++) assert_true(h.finish_step[i] > h.finish_step[i - 1]);
+  h_free(&h);
+}
+
+// (f) A 23-token prompt under max_tokens 5: chunks 5,5,5,5,3, sampled only
+// on the last, then decodes.
+static void test_chunked_prefill(void **state) {
+  (void)state;
+  harness h;
+  h_init(&h, opts(1, 64, 4, 4, 5, 128), 1, 1000);
+  exp_init(&h.e[0], 0, 23, 3, -1, 1000, 0);
+  h.log_seq = 0;
+  const char *bad = h_run(&h);
+  if (bad) fail_msg("%s", bad);
+  const int64_t want[7][3] = {{0, 5, 0}, {5, 5, 0}, {10, 5, 0}, {15, 5, 0}, {20, 3, 1}, {23, 1, 1}, {24, 1, 1}};
+  assert_int_equal(h.n_log, 7);
+  printf("chunked prefill:");
+  for (int i = 0; i < 7; i++) {
+    printf(" [%lld,+%lld%s]", (long long)h.log[i][0], (long long)h.log[i][1], h.log[i][2] ? " s" : "");
+    for (int j = 0; j < 3; j++) assert_int_equal(h.log[i][j], want[i][j]);
+  }
+  printf("\n");
+  h_free(&h);
+}
+
+static void expect_invalid(tpr_status rc, const char *word) {
+  assert_int_equal(rc, TPR_ERR_INVALID_ARG);
+  if (!strstr(tpr_last_error(), word)) fail_msg("error '%s' does not name '%s'", tpr_last_error(), word);
+}
+
+// (g) Bad options, submits and updates are refused with a clear message.
+static void test_bad_args(void **state) {
+  (void)state;
+  tpr_sched *s = NULL;
+  const tpr_sched_opts good = opts(2, 4, 4, 2, 8, 32);
+  struct { tpr_sched_opts o; const char *word; } bad_opts[] = {
+      {opts(0, 4, 4, 2, 8, 32), "replicas"},   {opts(2, 0, 4, 2, 8, 32), "pool_blocks"},
+      {opts(2, 1ll << 40, 4, 2, 8, 32), "pool_blocks"}, {opts(2, 4, 0, 2, 8, 32), "block_size"},
+      {opts(2, 4, 4, -1, 8, 32), "max_batch"}, {opts(2, 4, 4, 2, 0, 32), "max_tokens"},
+      {opts(2, 4, 4, 2, 8, 0), "max_seq"}};
+  for (size_t i = 0; i < sizeof bad_opts / sizeof *bad_opts; i++) {
+    expect_invalid(tpr_sched_new(&bad_opts[i].o, &s), bad_opts[i].word);
+    assert_null(s);
+  }
+  TT_OK(tpr_sched_new(&good, &s));
+  int32_t p[32] = {0};
+  int64_t id = -1;
+  expect_invalid(tpr_sched_submit(s, p, 0, 4, -1, &id), "empty prompt");
+  expect_invalid(tpr_sched_submit(s, NULL, 3, 4, -1, &id), "NULL prompt");
+  expect_invalid(tpr_sched_submit(s, p, 3, 0, -1, &id), "max_new");
+  expect_invalid(tpr_sched_submit(s, p, 3, 4, -2, &id), "stop_token");
+  expect_invalid(tpr_sched_submit(s, p, 20, 13, -1, &id), "max_seq");
+  // 4 blocks x 4 = 16 rows: 16 + 1 tokens fit (16 rows), 16 + 2 do not.
+  expect_invalid(tpr_sched_submit(s, p, 16, 2, -1, &id), "too small for one sequence");
+  expect_invalid(tpr_sched_submit(s, p, 17, 1, -1, &id), "too small for one sequence");
+  assert_int_equal(tpr_sched_unfinished(s), 0);
+  TT_OK(tpr_sched_submit(s, p, 16, 1, -1, &id));
+  assert_int_equal(id, 0);
+  TT_OK(tpr_sched_submit(s, p, 3, 4, -1, &id));
+  assert_int_equal(id, 1);
+  tpr_sched_seq_info in;
+  expect_invalid(tpr_sched_seq(s, 2, &in), "id 2");
+  assert_int_equal(tpr_sched_blocks_in_use(s, 2), -1);
+
+  tpr_sched_step st, none = {.replicas = 2};
+  expect_invalid(tpr_sched_update(s, &(tpr_sched_step){.replicas = 2, .tokens = 1}, NULL), "no planned step");
+  TT_OK(tpr_sched_next(s, &st));
+  assert_int_equal(st.tokens, 8 + 3);  // seq 0 chunked to max_tokens on replica 0, seq 1 whole on replica 1
+  expect_invalid(tpr_sched_next(s, &none), "not applied");
+  // A copy with one chunk changed is not the planned step.
+  tpr_sched_chunk edited[1] = {st.chunks[0][0]};
+  edited[0].n--;
+  const tpr_sched_chunk *ptrs[2] = {edited, st.chunks[1]};
+  tpr_sched_step copy = st;
+  copy.chunks = ptrs;
+  expect_invalid(tpr_sched_update(s, &copy, NULL), "differs from the last plan");
+  expect_invalid(tpr_sched_update(s, &st, NULL), "no sampled tokens");  // seq 1 samples
+  int32_t t1 = 7;
+  const int32_t *sampled[2] = {NULL, &t1};
+  edited[0].n++;  // an exact copy is accepted
+  TT_OK(tpr_sched_update(s, &copy, sampled));
+  TT_OK(tpr_sched_seq(s, 1, &in));
+  assert_int_equal(in.len, 4);
+  assert_int_equal(in.tokens[3], 7);
+  tpr_sched_free(s);
+  printf("bad args: %zu option errors, 7 submit errors, 4 update/next errors refused with their messages\n",
+         sizeof bad_opts / sizeof *bad_opts);
+}
+
+// Negative controls: a wrong model and hand-edited steps must be caught.
+static void test_negative_controls(void **state) {
+  (void)state;
+  harness h;
+  h_init(&h, opts(1, 32, 4, 8, 64, 64), 3, 1000);
+  exp_init(&h.e[0], 0, 3, 6, -1, 1000, 0);
+  exp_init(&h.e[1], 1, 9, 6, -1, 1000, 0);
+  exp_init(&h.e[2], 2, 7, 6, -1, 1000, 1);
+  assert_null(h_step(&h));
+  h.submitted = 3;  // step 2 brings seq 2: decodes of 0 and 1, then 2's prefill
+  int64_t id;
+  TT_OK(tpr_sched_submit(h.s, h.e[2].tok, 7, 6, -1, &id));
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(h.s, &st));
+  sync_shadow(&h);
+  assert_int_equal(st.n_chunks[0], 3);
+  assert_null(check_step(&h, &st));
+  tpr_sched_chunk c[3];
+  const tpr_sched_chunk *cp = c;
+  tpr_sched_step t = st;
+  t.chunks = &cp;
+  struct { int what; const char *word; } cases[] = {{0, "out of range or twice"}, {1, "pos0"}, {2, "after a prefill"}, {3, "appears twice"}, {4, "KV row"}};
+  int32_t table[16];
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    memcpy(c, st.chunks[0], sizeof c);
+    memcpy(table, c[1].blocks, (size_t)c[1].n_blocks * sizeof *table);
+    if (cases[k].what == 0) table[c[1].n_blocks - 1] = c[0].blocks[0], c[1].blocks = table;
+    if (cases[k].what == 1) c[1].pos0++;
+    if (cases[k].what == 2) c[0] = st.chunks[0][2], c[2] = st.chunks[0][0];
+    if (cases[k].what == 3) c[1] = c[0];
+    if (cases[k].what == 4) table[0] = 31, c[1].blocks = table;  // a block never written
+    const char *bad = check_step(&h, &t);
+    if (!bad || !strstr(bad, cases[k].word)) fail_msg("edit %d not caught as '%s': %s", cases[k].what, cases[k].word, bad ? bad : "passed");
+  }
+  h_free(&h);
+  // A model that samples the token one position too far gives other tokens.
+  h_init(&h, opts(2, 16, 2, 4, 8, 64), 4, 50);
+  for (int64_t i = 0; i < 4; i++) exp_init(&h.e[i], i, 5, 5, -1, 50, 0);
+  h.wrong_model = 1;
+  const char *bad = h_run(&h);
+  assert_non_null(bad);
+  printf("negative controls: 5 edited steps caught; wrong model caught: %s\n", bad);
+  h_free(&h);
+}
+
+int main(void) {
+  tt_seed_from_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bad_args),         cmocka_unit_test(test_chunked_prefill),
+      cmocka_unit_test(test_stop_token),       cmocka_unit_test(test_fcfs),
+      cmocka_unit_test(test_preemption),       cmocka_unit_test(test_negative_controls),
+      cmocka_unit_test(test_random_runs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
