@@ -110,6 +110,8 @@ static const tpr_backend_vtable cpu_vtable = {
             [TPR_OP_MOE_AUX_LOSS_BWD] = tpr__cpu_moe_aux_loss_bwd,
 
             // -- paged attention
+            [TPR_OP_PAGED_CACHE_WRITE] = tpr__cpu_paged_cache_write,
+            [TPR_OP_PAGED_ATTENTION] = tpr__cpu_paged_attention,
 
         },
 };

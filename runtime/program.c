@@ -250,6 +250,20 @@ tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id n
                               tpr_value_id *out) {
   return OP3(TPR_OP_CACHE_WRITE, cache, new_rows, start, NULL);
 }
+// Paged KV cache (program.h). paged_cache_write writes its pool in place
+// like cache_write: nothing reads its token, and the exec runs every node in
+// program order, so the write is kept and precedes the attention after it.
+tpr_status tpr_pb_paged_cache_write(tpr_program *p, tpr_value_id pool, tpr_value_id new_rows,
+                                    tpr_value_id slot_mapping, tpr_value_id *out) {
+  return OP3(TPR_OP_PAGED_CACHE_WRITE, pool, new_rows, slot_mapping, NULL);
+}
+tpr_status tpr_pb_paged_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
+                                  tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions, float scale,
+                                  tpr_value_id *out) {
+  tpr_op_attrs at = {.n_f = 1, .f = {scale}};
+  return tpr_program_op(p, TPR_OP_PAGED_ATTENTION,
+                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions}, 6, &at, out);
+}
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
                                       tpr_value_id *out) {
   tpr_op_attrs at = {.n_i = 1, .i = {k}};

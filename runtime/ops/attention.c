@@ -21,12 +21,13 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "attention_impl.h"
 #include "grad_rules.h"
 #include "strided.h"
 
 enum { QBLOCK = 128 };
 
-static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
+bool tpr__fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
 
 static int64_t load_index(const tpr_tensor *t) {  // element 0 of an i32/i64 tensor
   const void *p = tpr_tensor_data(t);
@@ -49,17 +50,8 @@ static tpr_status check_start(const char *op, const char *what, int64_t start, i
   return TPR_OK;
 }
 
-// The first `rows` rows of a (rows', heads, D) tensor, read per head as a
-// row-major (rows, D) matrix at base + h * hstride with leading dim ld. A
-// tensor whose D stride is not 1 (or whose rows overlap) is first copied into
-// a contiguous scratch, which the caller frees.
-typedef struct heads_view {
-  const float *base;
-  int64_t hstride, ld;
-  float *scratch;
-} heads_view;
-
-static tpr_status heads_view_init(const char *what, const tpr_tensor *t, int64_t rows, heads_view *v) {
+// attention_impl.h: a tensor's heads as sgemm operands, copied when its layout cannot be read in place.
+tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t rows, tpr__heads_view *v) {
   const int64_t NH = t->shape[1], D = t->shape[2], *s = t->stride;
   memset(v, 0, sizeof *v);
   if ((D <= 1 || s[2] == 1) && (rows <= 1 || s[0] >= D)) {
@@ -75,7 +67,7 @@ static tpr_status heads_view_init(const char *what, const tpr_tensor *t, int64_t
     v->hstride = D;
     v->ld = NH * D;
   }
-  if (!fits_blasint(v->ld)) {
+  if (!tpr__fits_blasint(v->ld)) {
     free(v->scratch);
     v->scratch = NULL;
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cpu): %s row stride exceeds the BLAS integer range", what);
@@ -103,6 +95,27 @@ static void causal_softmax_row(float *p, int64_t n, int64_t L) {
   for (int64_t i = n; i < L; i++) p[i] = 0.0f;
 }
 
+// attention_impl.h: queries go in blocks of QBLOCK (see the top of this file).
+int64_t tpr__attention_scratch_floats(int64_t T, int64_t L) { return (T < QBLOCK ? T : QBLOCK) * L; }
+
+void tpr__attention_causal(const tpr__heads_view *qv, const tpr__heads_view *kv, const tpr__heads_view *vv, int64_t T,
+                           int64_t Hq, int64_t Hkv, int64_t D, int64_t start, float scale, float *o, float *p) {
+  const int64_t group = Hq / Hkv;
+  for (int64_t h = 0; h < Hq; h++) {
+    const int64_t g = h / group;  // GQA: consecutive query heads share a KV head
+    const float *qh = qv->base + h * qv->hstride, *kg = kv->base + g * kv->hstride, *vg = vv->base + g * vv->hstride;
+    for (int64_t t0 = 0; t0 < T; t0 += QBLOCK) {
+      const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
+      const int64_t Lb = start + t0 + tb;  // the block's last query sees rows [0, Lb)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale,
+                  qh + t0 * qv->ld, (blasint)qv->ld, kg, (blasint)kv->ld, 0.0f, p, (blasint)Lb);
+      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, 1.0f, p,
+                  (blasint)Lb, vg, (blasint)vv->ld, 0.0f, o + (t0 * Hq + h) * D, (blasint)(Hq * D));
+    }
+  }
+}
+
 // q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1); out (T, Hq, D)
 // contiguous. attrs->f[0] = scale.
 TPR_CPU_KERNEL(attention) {
@@ -122,38 +135,26 @@ TPR_CPU_KERNEL(attention) {
   TPR_CHECK(check_start("attention", "queries", start, T, S));
   float *o = tpr_tensor_data(out);
   if (T == 0 || Hq == 0) return TPR_OK;
-  const int64_t L = start + T, group = Hq / Hkv;  // keys read: rows [0, L)
+  const int64_t L = start + T;  // keys read: rows [0, L)
   if (D == 0) return TPR_OK;
-  if (!fits_blasint(L) || !fits_blasint(Hq * D))
+  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cpu): sizes exceed the BLAS integer range");
   const float scale = attrs->f[0];
 
-  heads_view qv, kv, vv;
+  tpr__heads_view qv, kv, vv;
   tpr_status rc = TPR_OK;
   float *p = NULL;
   memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv);
-  TPR_CHECK(heads_view_init("q", q, T, &qv));
-  TPR_CHECK_GOTO(heads_view_init("k_cache", k, L, &kv), rc, done);
-  TPR_CHECK_GOTO(heads_view_init("v_cache", v, L, &vv), rc, done);
-  const int64_t tb_max = T < QBLOCK ? T : QBLOCK;
-  p = malloc((size_t)(tb_max * L) * sizeof *p);  // (tb, Lb) scores, then probabilities
+  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  TPR_CHECK_GOTO(tpr__heads_view_init("k_cache", k, L, &kv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("v_cache", v, L, &vv), rc, done);
+  p = malloc((size_t)tpr__attention_scratch_floats(T, L) * sizeof *p);  // (tb, Lb) scores, then probabilities
   if (!p) {
-    rc = TPR_FAIL(TPR_ERR_OOM, "attention (cpu): %lld x %lld scores", (long long)tb_max, (long long)L);
+    rc = TPR_FAIL(TPR_ERR_OOM, "attention (cpu): %lld x %lld scores", (long long)(T < QBLOCK ? T : QBLOCK),
+                  (long long)L);
     goto done;
   }
-  for (int64_t h = 0; h < Hq; h++) {
-    const int64_t g = h / group;  // GQA: consecutive query heads share a KV head
-    const float *qh = qv.base + h * qv.hstride, *kg = kv.base + g * kv.hstride, *vg = vv.base + g * vv.hstride;
-    for (int64_t t0 = 0; t0 < T; t0 += QBLOCK) {
-      const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
-      const int64_t Lb = start + t0 + tb;  // the block's last query sees rows [0, Lb)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale,
-                  qh + t0 * qv.ld, (blasint)qv.ld, kg, (blasint)kv.ld, 0.0f, p, (blasint)Lb);
-      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, 1.0f, p,
-                  (blasint)Lb, vg, (blasint)vv.ld, 0.0f, o + (t0 * Hq + h) * D, (blasint)(Hq * D));
-    }
-  }
+  tpr__attention_causal(&qv, &kv, &vv, T, Hq, Hkv, D, start, scale, o, p);
 done:
   free(p);
   free(qv.scratch), free(kv.scratch), free(vv.scratch);
@@ -202,19 +203,19 @@ TPR_CPU_KERNEL(attention_bwd) {
   memset(dq, 0, (size_t)tpr_tensor_numel(out) * sizeof *dq);
   if (T == 0 || Hq == 0 || D == 0) return TPR_OK;
   const int64_t L = start + T, group = Hq / Hkv;
-  if (!fits_blasint(L) || !fits_blasint(Hq * D) || !fits_blasint(Hkv * D))
+  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D) || !tpr__fits_blasint(Hkv * D))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention_bwd (cpu): sizes exceed the BLAS integer range");
   const float scale = attrs->f[0];
   const blasint ldq = (blasint)(Hq * D), ldk = (blasint)(Hkv * D);
 
-  heads_view qv, kv, vv, dyv;
+  tpr__heads_view qv, kv, vv, dyv;
   tpr_status rc = TPR_OK;
   float *p = NULL;
   memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv), memset(&dyv, 0, sizeof dyv);
-  TPR_CHECK(heads_view_init("q", q, T, &qv));
-  TPR_CHECK_GOTO(heads_view_init("k", k, L, &kv), rc, done);
-  TPR_CHECK_GOTO(heads_view_init("v", v, L, &vv), rc, done);
-  TPR_CHECK_GOTO(heads_view_init("dout", dy, T, &dyv), rc, done);
+  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  TPR_CHECK_GOTO(tpr__heads_view_init("k", k, L, &kv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("v", v, L, &vv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("dout", dy, T, &dyv), rc, done);
   const int64_t tb_max = T < QBLOCK ? T : QBLOCK;
   p = malloc(2 * (size_t)(tb_max * L) * sizeof *p);  // (tb, Lb) probabilities, then (tb, Lb) dP / dS
   if (!p) {

@@ -80,6 +80,8 @@ TPR_CPU_KERNEL(moe_aux_loss);       // moe_aux.c
 TPR_CPU_KERNEL(moe_aux_loss_bwd);   // moe_aux.c
 
 // -- paged attention
+TPR_CPU_KERNEL(paged_cache_write);  // paged_attention.c: writes its input 0 (the pool) in place
+TPR_CPU_KERNEL(paged_attention);    // paged_attention.c: per-run gather, then attention.c's block algorithm
 
 
 #endif

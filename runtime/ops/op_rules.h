@@ -78,5 +78,8 @@ TPR__OP_RULE(moe_aux_loss);       // stats (2, E) -> (1)
 TPR__OP_RULE(moe_aux_loss_bwd);   // stats (2, E), dloss (1) -> (2, E)
 
 // -- paged attention
+// paged_rules.c: the paged KV cache (ops.h, "Batched inference").
+TPR__OP_RULE(paged_cache_write);  // pool (NB, bs, Hkv, D), new (T, Hkv, D) f32, slot_mapping (T) i32 -> (1) i32
+TPR__OP_RULE(paged_attention);    // q (T, Hq, D), k/v pools, block_tables (B, MB), seq, positions (T) -> (T, Hq, D)
 
 #endif

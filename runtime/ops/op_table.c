@@ -483,6 +483,8 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MOE_AUX_LOSS_BWD] = {"moe_aux_loss_bwd", 2, false, tpr__infer_moe_aux_loss_bwd},
 
     // -- paged attention
+    [TPR_OP_PAGED_CACHE_WRITE] = {"paged_cache_write", 3, false, tpr__infer_paged_cache_write},
+    [TPR_OP_PAGED_ATTENTION] = {"paged_attention", 6, false, tpr__infer_paged_attention},
 
 };
 
