@@ -237,6 +237,8 @@ static tpr_backend_vtable make_vtable(void) {
   vt.kernels[TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cuda_router_sigmoid_topk;
   vt.kernels[TPR_OP_MOE_EXPERTS] = tpr__cuda_moe_experts;
   // -- paged attention
+  vt.kernels[TPR_OP_PAGED_CACHE_WRITE] = tpr__cuda_paged_cache_write;
+  vt.kernels[TPR_OP_PAGED_ATTENTION] = tpr__cuda_paged_attention;
   return vt;
 }
 

@@ -60,6 +60,8 @@ TPR_CUDA_KERNEL(cache_write);          // attention.cu: writes its input 0 in pl
 TPR_CUDA_KERNEL(router_sigmoid_topk);  // router.cu
 TPR_CUDA_KERNEL(moe_experts);          // moe.cu: grouped cuBLAS sgemm per expert
 // -- paged attention
+TPR_CUDA_KERNEL(paged_cache_write);    // paged_attention.cu: writes its input 0 (the pool) in place
+TPR_CUDA_KERNEL(paged_attention);      // paged_attention.cu: one block per (token, head)
 
 // ---- host helpers (backend_cuda.cu unless noted) ----------------------------
 
