@@ -106,15 +106,20 @@ void tpr_engine_free(tpr_engine *e) {
   free(e);
 }
 
-tpr_status tpr_engine_submit(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g,
-                             int64_t *id) {
-  if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequences are submitted on rank 0");
+tpr_status tpr_engine_check_prompt(const tpr_engine *e, const int32_t *prompt, int64_t len) {
   const int64_t V = e->s->cfg.vocab_size;
   for (int64_t i = 0; i < len; i++)
     if (prompt[i] < 0 || prompt[i] >= V)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: prompt token %d at %lld is outside the vocabulary [0, %lld)",
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: token id %d at prompt position %lld is outside the vocabulary [0, %lld)",
                       prompt[i], (long long)i, (long long)V);
-  if (g->stop_token >= V)
+  return TPR_OK;
+}
+
+tpr_status tpr_engine_submit(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g,
+                             int64_t *id) {
+  if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequences are submitted on rank 0");
+  TPR_CHECK(tpr_engine_check_prompt(e, prompt, len));
+  if (g->stop_token >= e->s->cfg.vocab_size)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: stop token %d is outside the vocabulary", g->stop_token);
   TPR_CHECK(tpr_sampling_check(&g->sampling));
   if (e->n_params == e->cap_params) {

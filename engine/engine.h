@@ -51,6 +51,9 @@ typedef struct tpr_engine tpr_engine;
 tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine **out);
 void tpr_engine_free(tpr_engine *e);
 
+// Any rank: TPR_ERR_INVALID_ARG naming the first token id outside the vocabulary.
+tpr_status tpr_engine_check_prompt(const tpr_engine *e, const int32_t *prompt, int64_t len);
+
 // Rank 0 only: queues a sequence; ids are 0, 1, 2, ... Bad ids or
 // parameters, or a sequence longer than max_seq or than the whole pool:
 // TPR_ERR_INVALID_ARG, nothing queued.

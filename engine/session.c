@@ -102,7 +102,7 @@ static tpr_status alloc_pool(tpr_session *s) {
   const tpr_session_opts *o = &s->o;
   tpr_session_pool *p = &s->pool;
   uint64_t per_block = block_bytes(s);
-  int64_t blocks = o->max_batch * p->max_blocks;
+  int64_t blocks = p->batch * p->max_blocks;
   if (o->kv_cache_bytes > 0) {
     blocks = (int64_t)((uint64_t)o->kv_cache_bytes / per_block);
   } else if (o->kv_cache_fraction > 0) {

@@ -143,7 +143,9 @@ int tpr_cmd_run(int argc, char **argv) {
            (long long)pool.blocks, (long long)pool.block_size, (long long)(pool.blocks * pool.block_size),
            (double)pool.bytes / (1 << 20), (long long)pool.batch);
   }
-  // A rank-0 error (a bad prompt) must reach every rank before the first step.
+  // Every rank names a bad prompt; a rank-0 error at submission (a sequence
+  // the pool cannot hold) reaches every rank before the first step.
+  for (int i = 0; rc == TPR_OK && i < prompts.n; i++) rc = tpr_engine_check_prompt(e, ids[i], lens[i]);
   if (rc == TPR_OK)
     rc = tpr_comm_agree(w.host, w.rank == 0 ? submit_all(e, ids, lens, prompts.n, &g, &tot) : TPR_OK);
   if (rc == TPR_OK) rc = step_all(e, w.rank, json, &tot);
