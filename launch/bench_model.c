@@ -263,6 +263,9 @@ int tpr_bench_model(int argc, char **argv) {
   if (rc == TPR_OK && !model && (rc = random_checkpoint(&w, config, (uint64_t)seed, dir, sizeof dir)) == TPR_OK)
     model = dir;
   if (!eng.max_batch) eng.max_batch = batch;
+  // By default every prompt is prefilled in one step, so the decode steps
+  // measured hold the whole batch.
+  if (!eng.max_tokens_per_step) eng.max_tokens_per_step = batch * P > 256 ? batch * P : 256;
   if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, P + G + 1, &eng, &dbg, &s);
   roofline rf = {0};
   bench_result r = {0};
@@ -274,7 +277,7 @@ int tpr_bench_model(int argc, char **argv) {
     rc = run_workload(s, &w, &eng, batch, P, G, (uint64_t)seed, &r);
   }
   if (rc == TPR_OK && w.rank == 0)
-    rc = count_prefill_flops(s, batch, P, eng.max_tokens_per_step ? eng.max_tokens_per_step : 256, &r);
+    rc = count_prefill_flops(s, batch, P, eng.max_tokens_per_step, &r);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   int64_t mine = ru.ru_maxrss;
