@@ -177,15 +177,8 @@ TPR_CUDA_KERNEL(paged_attention) {
   const char *op = "paged_attention (cuda)";
   if (n_in != 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 inputs, got %d", op, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
-  if (q->dtype != TPR_F32 || kp->dtype != TPR_F32 || vp->dtype != TPR_F32 || out->dtype != TPR_F32 ||
-      bt->dtype != TPR_I32 || seq->dtype != TPR_I32 || pos->dtype != TPR_I32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "%s: q, pools and out must be f32, block_tables, seq and positions i32", op);
+  // Dtypes and shapes: the shape rule (paged_rules.c) checked them.
   if (!attrs || attrs->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: missing scale f[0]", op);
-  if (q->ndim != 3 || kp->ndim != 4 || bt->ndim != 2 || seq->ndim != 1 || pos->ndim != 1 ||
-      !tpr_tensor_same_shape(q, out) || !tpr_tensor_same_shape(kp, vp) || kp->shape[1] < 1 || kp->shape[2] < 1 ||
-      kp->shape[3] != q->shape[2] || q->shape[1] % kp->shape[2] || seq->shape[0] != q->shape[0] ||
-      pos->shape[0] != q->shape[0])
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: q, pools, block_tables, seq, positions and out shapes do not fit", op);
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2];
   const int64_t NB = kp->shape[0], bs = kp->shape[1], Hkv = kp->shape[2], B = bt->shape[0], MB = bt->shape[1];
   TPR_CUDA_TRY(cudaSetDevice(c->device), "paged_attention", "set device");
