@@ -255,14 +255,17 @@ static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_
     for (int64_t w = 0; w < world && !by_replica[r]; w++)
       if (e->gathered[w * (1 + B)] == r) by_replica[r] = e->gathered + w * (1 + B) + 1;
   }
-  TPR_CHECK(tpr_sched_update(e->sched, plan, by_replica));
+  // The plan's arrays die with the update: note the sampled sequences first.
+  int64_t n = 0;
   for (int r = 0; r < plan->replicas; r++)
-    for (int64_t i = 0; i < plan->n_chunks[r]; i++) {
-      tpr_sched_seq_info si;
-      int64_t id = plan->chunks[r][i].seq;
-      TPR_CHECK(tpr_sched_seq(e->sched, id, &si));
-      if (si.finished && plan->chunks[r][i].sample) e->finished[info->n_finished++] = id;
-    }
+    for (int64_t i = 0; i < plan->n_chunks[r]; i++)
+      if (plan->chunks[r][i].sample) e->finished[n++] = plan->chunks[r][i].seq;
+  TPR_CHECK(tpr_sched_update(e->sched, plan, by_replica));
+  for (int64_t i = 0; i < n; i++) {
+    tpr_sched_seq_info si;
+    TPR_CHECK(tpr_sched_seq(e->sched, e->finished[i], &si));
+    if (si.finished) e->finished[info->n_finished++] = e->finished[i];
+  }
   info->finished = e->finished;
   return TPR_OK;
 }
