@@ -26,7 +26,8 @@ struct tpr_engine {
   int64_t step_cap;
   float *logits;                 // (B, V)
   void *sample_scratch;
-  int32_t *gathered;             // (world * (1 + B)) every rank's replica and sampled tokens
+  int32_t *send;                 // (1 + B) this rank's replica, then its sampled tokens
+  int32_t *gathered;             // (world * (1 + B)) every rank's send
   int64_t *finished;             // rank 0: (B * replicas)
 };
 
@@ -71,17 +72,20 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   const int64_t B = p->batch, V = s->cfg.vocab_size, world = tpr_comm_size(s->world);
   const int64_t T = pow2_at_least(e->o.max_tokens_per_step);
   e->step_cap = T;
-  e->tokens = malloc((size_t)(5 * T + B * p->max_blocks + 2 * B) * sizeof(int32_t));
+  e->tokens = malloc((size_t)(5 * T + B * p->max_blocks) * sizeof(int32_t));
   e->logits = malloc((size_t)(B * V) * sizeof *e->logits);
   e->sample_scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
+  e->send = malloc((size_t)(1 + B) * sizeof *e->send);
   e->gathered = malloc((size_t)(world * (1 + B)) * sizeof *e->gathered);
   e->finished = malloc((size_t)(B * e->replicas) * sizeof *e->finished);
-  tpr_status rc = e->tokens && e->logits && e->sample_scratch && e->gathered && e->finished
+  tpr_status rc = e->tokens && e->logits && e->sample_scratch && e->send && e->gathered && e->finished
                       ? TPR_OK
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
     e->positions = e->tokens + T, e->slots = e->positions + T, e->seq = e->slots + T, e->rows = e->seq + T;
-    e->blocks = e->rows + T, e->sampled = e->blocks + B * p->max_blocks;
+    e->blocks = e->rows + T;
+    e->sampled = e->send + 1;
+    e->send[0] = e->replica;
   }
   tpr_sched_opts so = {.replicas = e->replicas,
                        .pool_blocks = p->blocks,
@@ -101,7 +105,8 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
 void tpr_engine_free(tpr_engine *e) {
   if (!e) return;
   tpr_sched_free(e->sched);
-  free(e->params), free(e->msg), free(e->tokens), free(e->logits), free(e->sample_scratch), free(e->gathered);
+  free(e->params), free(e->msg), free(e->tokens), free(e->logits), free(e->sample_scratch), free(e->send);
+  free(e->gathered);
   free(e->finished);
   free(e);
 }
@@ -240,13 +245,7 @@ static void sample_replica(tpr_engine *e) {
 // Rank 0: every replica's sampled tokens back into the scheduler.
 static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_step_info *info) {
   const int64_t B = e->s->pool.batch, world = tpr_comm_size(e->s->world);
-  int32_t *send = malloc((size_t)(1 + B) * sizeof *send);
-  if (!send) return TPR_FAIL(TPR_ERR_OOM, "engine: sampled tokens");
-  send[0] = e->replica;
-  memcpy(send + 1, e->sampled, (size_t)B * sizeof *send);
-  tpr_status rc = tpr_comm_all_gather(e->s->world, send, e->gathered, (size_t)(1 + B), TPR_I32);
-  free(send);
-  TPR_CHECK(rc);
+  TPR_CHECK(tpr_comm_all_gather(e->s->world, e->send, e->gathered, (size_t)(1 + B), TPR_I32));
   if (!e->sched) return TPR_OK;
   const int32_t *by_replica[64];
   if (e->replicas > 64) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: more than 64 dp replicas");

@@ -56,6 +56,14 @@ static tpr_session *open_session(int64_t max_batch, int64_t block_size, int64_t 
   return s;
 }
 
+// Bytes of one KV block of 4 rows on this rank (a probe session's pool / its blocks).
+static uint64_t block_bytes(void) {
+  tpr_session *probe = open_session(1, 4, 0);
+  tpr_session_pool p = tpr_session_pool_info(probe);
+  tpr_session_close(probe);
+  return p.bytes / (uint64_t)p.blocks;
+}
+
 typedef struct workload {
   int n;
   int32_t prompt[MAX_SEQS][MAX_SEQ_LEN];
@@ -220,10 +228,7 @@ static void test_wrong_blocks_caught(void **state) {
 
 static void test_preemption(void **state) {
   (void)state;
-  tpr_session *probe = open_session(1, 4, 0);
-  tpr_session_pool p = tpr_session_pool_info(probe);
-  uint64_t per_block = p.bytes / (uint64_t)p.blocks;
-  tpr_session_close(probe);
+  uint64_t per_block = block_bytes();
   // 10 blocks of 4 rows: one whole sequence (8 blocks) fits, the batch does not.
   tpr_session *s = open_session(4, 4, (int64_t)(10 * per_block));
   assert_int_equal(tpr_session_pool_info(s).blocks, 10);
@@ -248,10 +253,7 @@ static void test_preemption(void **state) {
 
 static void test_refused(void **state) {
   (void)state;
-  tpr_session *probe = open_session(1, 4, 0);
-  tpr_session_pool p = tpr_session_pool_info(probe);
-  uint64_t per_block = p.bytes / (uint64_t)p.blocks;
-  tpr_session_close(probe);
+  uint64_t per_block = block_bytes();
   tpr_session *s = open_session(2, 4, (int64_t)(3 * per_block));  // 12 token rows
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &(tpr_engine_opts){0}, &e));

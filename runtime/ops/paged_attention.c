@@ -41,13 +41,7 @@ TPR_CPU_KERNEL(paged_cache_write) {
   const char *op = "paged_cache_write (cpu)";
   if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 3 inputs, got %d", op, n_in);
   const tpr_tensor *pool = in[0], *nw = in[1], *sm = in[2];
-  if (pool->dtype != TPR_F32 || nw->dtype != TPR_F32 || sm->dtype != TPR_I32 || out->dtype != TPR_I32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "%s: pool %s, new %s, slot_mapping %s, out %s; need f32, f32, i32, i32", op,
-                    tpr_dtype_name(pool->dtype), tpr_dtype_name(nw->dtype), tpr_dtype_name(sm->dtype),
-                    tpr_dtype_name(out->dtype));
-  if (pool->ndim != 4 || nw->ndim != 3 || sm->ndim != 1 || pool->shape[1] < 1 || nw->shape[1] != pool->shape[2] ||
-      nw->shape[2] != pool->shape[3] || sm->shape[0] != nw->shape[0] || tpr_tensor_numel(out) != 1)
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: pool, new, slot_mapping and out shapes do not fit", op);
+  // Dtypes and shapes: the shape rule (paged_rules.c) checked them.
   const int64_t T = nw->shape[0], bs = pool->shape[1], rows = pool->shape[0] * bs;
   int64_t written = 0;
   for (int64_t t = 0; t < T; t++) {  // every slot first: an error writes nothing
