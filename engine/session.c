@@ -130,10 +130,11 @@ tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
   for (int64_t i = 0; i < s->weights.n; i++)
     if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    // FSDP training frees the full experts and binds their shards itself.
     tpr_family_expert_name(L, "w13", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
+    if (s->experts[2 * L]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
     tpr_family_expert_name(L, "w2", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
+    if (s->experts[2 * L + 1]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
     if (s->o.training) continue;  // training programs hold no KV pool
     tpr_family_pool_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));

@@ -95,7 +95,8 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
-  const char *skip_marks = NULL;
+  const char *skip_marks = NULL, *param_dtype = "f32", *debug_fsdp = NULL;
+  bool fsdp = false, no_fsdp = false, no_prefetch = false, no_reshard = false;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
       {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
@@ -124,6 +125,18 @@ int tpr_cmd_train(int argc, char **argv) {
       {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile,
        "time every op; print seconds per op kind and the GEMM rate against sgemm (a last JSON line with --json)"},
+      {"fsdp", TPR_ARG_FLAG, &fsdp,
+       "shard params, gradients and optimizer state over dp (experts over edp), FSDP-style (default when dp > 1)"},
+      {"no-fsdp", TPR_ARG_FLAG, &no_fsdp, "plain data parallelism: every replica holds everything, gradients all-reduced"},
+      {"param-dtype", TPR_ARG_STR, &param_dtype,
+       "FSDP: f32 | bf16, the dtype params are kept, gathered and computed in (master weights, gradients and "
+       "moments stay f32; default f32)"},
+      {"no-prefetch", TPR_ARG_FLAG, &no_prefetch, "FSDP: gather each layer's params only when it runs"},
+      {"no-reshard", TPR_ARG_FLAG, &no_reshard,
+       "FSDP: keep the gathered params from the forward for the backward (more memory, fewer gathers)"},
+      {"debug-fsdp", TPR_ARG_STR, &debug_fsdp,
+       "test only: sum-grads | wrong-shard: sum instead of average over replicas, or keep the next rank's chunk "
+       "(negative controls)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
        "test only: column | qk-norm | all: leave out those backward all-reduces (a negative control)"},
@@ -152,6 +165,14 @@ int tpr_cmd_train(int argc, char **argv) {
     else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM;
     else return usage_error("--debug-skip-grad-marks must be column, qk-norm or all");
   }
+  if (fsdp && no_fsdp) return usage_error("give --fsdp or --no-fsdp, not both");
+  tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
+  if (!strcmp(param_dtype, "f32")) fo.param_dtype = TPR_F32;
+  else if (!strcmp(param_dtype, "bf16")) fo.param_dtype = TPR_BF16;
+  else return usage_error("--param-dtype must be f32 or bf16");
+  if (debug_fsdp && !strcmp(debug_fsdp, "sum-grads")) fo.debug_sum_grads = true;
+  else if (debug_fsdp && !strcmp(debug_fsdp, "wrong-shard")) fo.debug_wrong_shard = true;
+  else if (debug_fsdp) return usage_error("--debug-fsdp must be sum-grads or wrong-shard");
   o.data = data;
   o.data_sequential = !strcmp(order, "sequential");
   o.seed = (uint64_t)seed;
@@ -169,7 +190,11 @@ int tpr_cmd_train(int argc, char **argv) {
     so.skip_grad_marks = skip;
     rc = tpr_session_open(&so, w.host, w.be, &s);
   }
-  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile};
+  // FSDP by default once there is more than one replica to shard over.
+  if (rc == TPR_OK && !no_fsdp) fo.on = fo.on || tpr_session_plan(s)->dp > 1;
+  if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
+    rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
+  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo};
   double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
   tpr_train_summary sum = {0};
   if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);

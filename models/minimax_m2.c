@@ -7,6 +7,7 @@
 
 #include "minimax_m2_impl.h"
 #include "runtime/autodiff.h"
+#include "shard/fsdp.h"
 #include "shard/mesh.h"
 
 // What every layer builder needs: the program, the plan, and the run's inputs.
@@ -23,7 +24,39 @@ typedef struct m2_ctx {
   tpr_value_id blocks;     // (B, MB) i32, inference: the block tables
   int64_t T;
   tpr_value_id *router_logits;  // (layers) training: each layer's (T, E) router logits, for the aux loss
+  int group;                    // FSDP: the prefetch group of the params declared now (one per layer part)
 } m2_ctx;
+
+// Declares a param with the rank's shape. Under FSDP (training) a trained
+// param is this rank's flat chunk (shard/fsdp.h), gathered here -- just
+// before the layer that declares it runs -- into the rank's shape.
+static tpr_status declare(m2_ctx *c, const char *name, int ndim, const int64_t *shape, bool expert, bool trained,
+                          tpr_value_id *out) {
+  const tpr_fsdp_opts *f = &c->o->fsdp;
+  if (!c->o->training || !f->on || !trained) return tpr_program_param(c->p, name, TPR_F32, ndim, shape, out);
+  const tpr_shard_plan *pl = c->plan;
+  int n = expert ? pl->edp : pl->dp;
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  int64_t chunk = tpr_fsdp_chunk(numel, n);
+  // The gradient's mean over the replicas. Experts under the alltoall
+  // dispatcher: each edp copy saw only its ep group's tokens, so the sum over
+  // edp divided by dp; under the allreduce dispatcher every copy saw every
+  // token and the sum over edp counts each edp times.
+  bool split = tpr_moe_dispatch_resolve(c->o->moe.dispatch, pl) == TPR_MOE_DISPATCH_ALLTOALL;
+  float scale = 1.0f / (float)(expert && !split ? pl->edp : pl->dp);
+  tpr_param_gather_opts g = {.axis = expert ? TPR_AXIS_EDP : TPR_AXIS_DP,
+                             .n = n,
+                             .group = c->group,
+                             .prefetch = f->prefetch,
+                             .reshard = f->reshard,
+                             .grad_scale = f->debug_sum_grads ? 1.0f : scale};
+  tpr_value_id shard, full;
+  TPR_CHECK(tpr_program_param(c->p, name, f->param_dtype, 1, &chunk, &shard));  // (chunk)
+  TPR_CHECK(tpr_pb_param_gather(c->p, shard, &g, &full));                       // (n*chunk) f32
+  if (chunk * n != numel) TPR_CHECK(tpr_pb_slice(c->p, full, 0, 0, numel, &full));
+  return tpr_pb_reshape(c->p, full, ndim, shape, out);
+}
 
 // Declares the param of plan tensor `pattern` for `layer` with the plan's
 // per-rank shape.
@@ -33,7 +66,8 @@ static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value
     if (strcmp(t->name, pattern) != 0) continue;
     char name[160];
     tpr_family_param_name(pattern, layer, name, sizeof name);
-    return tpr_program_param(c->p, name, TPR_F32, t->ndim, t->rank_shape, out);
+    // The routing bias only selects experts: never trained, never sharded.
+    return declare(c, name, t->ndim, t->rank_shape, false, !strstr(pattern, "e_score_correction_bias"), out);
   }
   return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: the plan has no tensor %s", pattern);
 }
@@ -135,9 +169,9 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.e_score_correction_bias", L, &bias));  // (E)
   char name[160];
   tpr_family_expert_name(L, "w13", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, &w13));
+  TPR_CHECK(declare(c, name, 3, (const int64_t[]){Er, 2 * Fr, H}, true, true, &w13));
   tpr_family_expert_name(L, "w2", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, &w2));
+  TPR_CHECK(declare(c, name, 3, (const int64_t[]){Er, H, Fr}, true, true, &w2));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
@@ -198,13 +232,17 @@ static tpr_status build(m2_ctx *c) {
     TPR_CHECK(tpr_program_input(c->p, "block_tables", TPR_I32, 2, (const int64_t[]){st->batch, st->max_blocks},
                                 &c->blocks));
   }
+  c->group = 0;
   TPR_CHECK(param(c, "model.embed_tokens.weight", 0, &embed));  // (V'/tp, H)
   TPR_CHECK(tpr_pb_embedding_shard(c->p, embed, tokens, c->rank_tp, &x));  // (T, H) partial over tp
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, x, &x));
   for (int64_t L = 0; L < cfg->num_layers; L++) {
+    c->group = (int)(1 + 2 * L);
     TPR_CHECK(attention(c, L, x, &x));
+    c->group = (int)(2 + 2 * L);
     TPR_CHECK(moe(c, L, x, &x));
   }
+  c->group = (int)(1 + 2 * cfg->num_layers);
   TPR_CHECK(param(c, "model.norm.weight", 0, &fn));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
   if (cfg->tie_word_embeddings)

@@ -27,6 +27,7 @@
 #include "engine/family.h"
 #include "models/layers/moe.h"
 #include "runtime/tpr_runtime.h"
+#include "shard/fsdp.h"
 #include "shard/shard_plan.h"
 
 enum { TPR_M2_MARKS_COLUMN = 1, TPR_M2_MARKS_QK_NORM = 2 };
@@ -55,6 +56,8 @@ typedef struct tpr_m2_build_opts {
   // TPR_M2_MARKS_COLUMN (column-parallel and expert inputs, the lm head's
   // input) and TPR_M2_MARKS_QK_NORM (the QK-norm's sum and weight).
   int skip_grad_marks;
+  // Training: trained params sharded over dp / edp (shard/fsdp.h).
+  tpr_fsdp_opts fsdp;
 } tpr_m2_build_opts;
 
 // Inference (engine/family.h's step interface) or, with o->training, the

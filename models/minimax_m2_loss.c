@@ -9,14 +9,14 @@
 #include "runtime/loss.h"
 #include "shard/mesh.h"
 
-// Which params train: every f32 param except the routing-correction bias
-// (transformers keeps it as a buffer: it selects experts and gets no
+// Which params train: every f32 param (or bf16 FSDP chunk) except the
+// routing-correction bias (transformers keeps it as a buffer: it selects experts and gets no
 // gradient; the aux-loss-free update moves it instead).
 static bool trained(const tpr_program *p, tpr_value_id v) {
   tpr_tensor d;
   if (tpr_program_value_kind(p, v) != TPR_VALUE_PARAM || tpr_program_value(p, v, &d) != TPR_OK) return false;
   const char *name = tpr_program_value_name(p, v);
-  return d.dtype == TPR_F32 && !strstr(name, "e_score_correction_bias");
+  return (d.dtype == TPR_F32 || d.dtype == TPR_BF16) && !strstr(name, "e_score_correction_bias");
 }
 
 static tpr_status backward(tpr_program *p, tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id loss) {

@@ -9,39 +9,9 @@
 #include <string.h>
 
 #include "models/minimax_m2_impl.h"
+#include "models/minimax_m2_train_impl.h"
 #include "engine/session_impl.h"
 #include "shard/unshard.h"
-
-// A checkpoint tensor inside a param's buffer: plan kind, layer, local
-// expert (-1 if none) and its element offset (rank_shape elements follow).
-typedef struct piece {
-  int kind;
-  int64_t layer, local_expert, offset;
-} piece;
-
-typedef struct train_param {
-  tpr_m2_param pub;
-  char name[TPR_LOAD_NAME_MAX];  // pub.name points here
-  bool trained;      // the routing bias is carried (saved) but never trained
-  bool expert;       // replicated over edp (else over dp)
-  int n_pieces;
-  piece *pieces;
-} train_param;
-
-struct tpr_m2_train {
-  tpr_m2_train_opts o;
-  tpr_program *program;
-  tpr_exec *exec;
-  tpr_tensor *tokens, *targets, *positions, *start;  // (T) (T) (T) (1) i32
-  train_param *params;
-  int n_params, n_trained;  // trained params first
-  int32_t *host_i32;        // (T) staging
-  float *gather;            // (max(world, tp) * largest piece) collective staging
-  int64_t gather_cap;
-  int64_t runs;             // sequences run (profiling)
-  int64_t *load;            // (layers, E) tokens routed per expert since the last bias update
-  bool fresh;               // the accumulators hold nothing yet this step (zero_grads was called)
-};
 
 void tpr__m2_train_free(struct tpr_m2_train *t) {
   if (!t) return;
@@ -49,8 +19,11 @@ void tpr__m2_train_free(struct tpr_m2_train *t) {
   tpr_program_free(t->program);
   tpr_tensor_free(t->tokens), tpr_tensor_free(t->targets), tpr_tensor_free(t->positions), tpr_tensor_free(t->start);
   for (int i = 0; i < t->n_params; i++) {
-    free(t->params[i].pub.grad);
-    free(t->params[i].pieces);
+    train_param *p = &t->params[i];
+    free(p->pub.grad);
+    free(p->pieces);
+    if (p->bound != p->master) tpr_tensor_free(p->bound);
+    tpr_tensor_free(p->master);
   }
   free(t->params), free(t->host_i32), free(t->gather), free(t->load);
   free(t);
@@ -59,19 +32,18 @@ void tpr__m2_train_free(struct tpr_m2_train *t) {
 int tpr_m2_train_num_params(const tpr_session *s) { return s->train ? s->train->n_trained : 0; }
 const tpr_m2_param *tpr_m2_train_param(const tpr_session *s, int i) { return &s->train->params[i].pub; }
 
-static int64_t kind_numel(const tpr_shard_tensor *k) {
-  return k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
-}
-
 static tpr_status add_param(struct tpr_m2_train *t, const char *name, float *data, int64_t numel, bool trained,
                             int n_pieces) {
   train_param *p = &t->params[t->n_params++];
   snprintf(p->name, sizeof p->name, "%s", name);
-  p->pub = (tpr_m2_param){.name = p->name, .data = data, .numel = numel};
+  p->pub = (tpr_m2_param){.name = p->name, .data = data, .numel = numel, .full_numel = numel, .shards = 1};
+  p->full = data;
   p->trained = trained;
   p->pieces = calloc((size_t)n_pieces, sizeof *p->pieces);
   if (!p->pieces) return TPR_FAIL(TPR_ERR_OOM, "train params");
-  if (trained && !(p->pub.grad = calloc((size_t)numel, sizeof(float)))) return TPR_FAIL(TPR_ERR_OOM, "gradients");
+  // Under FSDP the accumulators are the chunks' (tpr__m2_fsdp_shard).
+  if (trained && !t->o.fsdp.on && !(p->pub.grad = calloc((size_t)numel, sizeof(float))))
+    return TPR_FAIL(TPR_ERR_OOM, "gradients");
   return TPR_OK;
 }
 
@@ -107,7 +79,7 @@ static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
         tpr_tensor *x = s->experts[2 * L + w];
         TPR_CHECK(add_param(t, name, tpr_tensor_data(x), tpr_tensor_numel(x), true, (int)(w ? Er : 2 * Er)));
         train_param *p = &t->params[t->n_params - 1];
-        p->expert = true;
+        p->expert = p->pub.expert = true;
         p->pub.decay = true;
         for (int64_t e = 0; e < Er; e++)
           if (w)
@@ -133,11 +105,14 @@ static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
                           .moe = s->o.moe,
                           .training = true,
                           .aux_coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef,
-                          .skip_grad_marks = s->o.skip_grad_marks};
+                          .skip_grad_marks = s->o.skip_grad_marks,
+                          .fsdp = t->o.fsdp};
   TPR_CHECK(tpr__session_make_program(s, build_m2, &bo, &t->program));
   TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
   tpr_exec_set_collectives(t->exec, &s->hook);
   if (t->o.profile) TPR_CHECK(tpr_exec_set_profiling(t->exec, true));
+  TPR_CHECK(list_params(s, t));
+  if (t->o.fsdp.on) TPR_CHECK(tpr__m2_fsdp_shard(s, t));  // binds the chunks; the full tensors are gone
   TPR_CHECK(tpr__session_bind_params(s, t->exec));
   tpr_tensor **ins[] = {&t->tokens, &t->targets, &t->positions};
   const char *names[] = {"tokens", "targets", "positions"};
@@ -168,10 +143,13 @@ static tpr_status start(tpr_session *s, const tpr_m2_train_opts *o) {
       !(t->load = calloc((size_t)(s->cfg.num_layers * s->cfg.num_experts), sizeof *t->load)))
     return TPR_FAIL(TPR_ERR_OOM, "train");
   TPR_CHECK(build(s, t));
-  TPR_CHECK(list_params(s, t));
   int64_t big = 0;
-  for (int k = 0; k < s->plan.n_tensors; k++) big = kind_numel(&s->plan.tensors[k]) > big ? kind_numel(&s->plan.tensors[k]) : big;
+  for (int k = 0; k < s->plan.n_tensors; k++) big = tpr__kind_numel(&s->plan.tensors[k]) > big ? tpr__kind_numel(&s->plan.tensors[k]) : big;
   t->gather_cap = big * (s->plan.world > s->plan.tp ? s->plan.world : s->plan.tp);
+  for (int i = 0; i < t->n_params; i++) {  // FSDP unshards a whole param at a time
+    int64_t whole = (int64_t)t->params[i].pub.shards * t->params[i].pub.numel;
+    t->gather_cap = whole > t->gather_cap ? whole : t->gather_cap;
+  }
   if (!(t->gather = malloc((size_t)t->gather_cap * sizeof *t->gather))) return TPR_FAIL(TPR_ERR_OOM, "train staging");
   return TPR_OK;
 }
@@ -217,6 +195,28 @@ tpr_status tpr_m2_train_update_bias(tpr_session *s, double rate) {
 // The first sequence of a step writes the accumulators instead of adding to
 // them, so clearing them is free (no pass over every gradient).
 void tpr_m2_train_zero_grads(tpr_session *s) { s->train->fresh = true; }
+
+void tpr_m2_train_params_updated(tpr_session *s) {
+  if (s->train->o.fsdp.on) tpr__m2_fsdp_refresh(s->train);
+}
+
+void tpr_m2_train_memory_info(const tpr_session *s, tpr_m2_train_memory *out) {
+  const struct tpr_m2_train *t = s->train;
+  *out = (tpr_m2_train_memory){.arena = tpr_exec_plan(t->exec)->arena_bytes};
+  for (int i = 0; i < t->n_params; i++) {
+    const train_param *p = &t->params[i];
+    if (!s->weights.arena) out->params += (uint64_t)p->pub.numel * sizeof(float);
+    if (p->bound && p->bound != p->master) out->params += (uint64_t)tpr_tensor_nbytes(p->bound);
+    if (p->pub.grad) out->grads += (uint64_t)p->pub.numel * sizeof(float);
+  }
+  // Without FSDP the params live in the loader's arena, which also keeps the
+  // experts it read before they were stacked into s->experts.
+  if (s->weights.arena) {
+    out->params = s->weights.bytes_held;
+    for (int64_t i = 0; i < 2 * s->cfg.num_layers; i++)
+      if (s->experts[i]) out->params += (uint64_t)tpr_tensor_nbytes(s->experts[i]);
+  }
+}
 
 // grad (+)= w * g, n elements, over the OpenMP threads.
 static void accumulate(float *grad, const float *g, int64_t n, float w, bool first) {
@@ -285,20 +285,20 @@ tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const in
   return TPR_OK;
 }
 
-static tpr_status fold(tpr_session *s, struct tpr_m2_train *t) {
+// The tp all-gather of a copied head uses t->gather: g must not live there.
+tpr_status tpr__m2_fold_param(tpr_session *s, struct tpr_m2_train *t, int i, float *grad) {
   const tpr_shard_plan *pl = &s->plan;
-  for (int i = 0; i < t->n_trained; i++)
-    for (int j = 0; j < t->params[i].n_pieces; j++) {
-      const piece *pc = &t->params[i].pieces[j];
-      const tpr_shard_tensor *k = &pl->tensors[pc->kind];
-      float *g = t->params[i].pub.grad + pc->offset;
-      const float *all = NULL;
-      if (tpr_unshard_fold_needs_gather(pl, k)) {
-        TPR_CHECK(tpr_comm_all_gather(s->comms.axis[TPR_AXIS_TP], g, t->gather, (size_t)kind_numel(k), TPR_F32));
-        all = t->gather;
-      }
-      tpr_unshard_fold_grad(pl, k, s->mesh.tp_rank, g, all);
+  for (int j = 0; j < t->params[i].n_pieces; j++) {
+    const piece *pc = &t->params[i].pieces[j];
+    const tpr_shard_tensor *k = &pl->tensors[pc->kind];
+    float *g = grad + pc->offset;
+    const float *all = NULL;
+    if (tpr_unshard_fold_needs_gather(pl, k)) {
+      TPR_CHECK(tpr_comm_all_gather(s->comms.axis[TPR_AXIS_TP], g, t->gather, (size_t)tpr__kind_numel(k), TPR_F32));
+      all = t->gather;
     }
+    tpr_unshard_fold_grad(pl, k, s->mesh.tp_rank, g, all);
+  }
   return TPR_OK;
 }
 
@@ -306,7 +306,8 @@ tpr_status tpr_m2_train_reduce_grads(tpr_session *s) {
   struct tpr_m2_train *t = s->train;
   if (t->fresh)  // no sequence ran this step: the gradient is zero
     for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
-  TPR_CHECK(fold(s, t));
+  if (t->o.fsdp.on) return tpr__m2_fsdp_reduce(s, t);
+  for (int i = 0; i < t->n_trained; i++) TPR_CHECK(tpr__m2_fold_param(s, t, i, t->params[i].pub.grad));
   const tpr_shard_plan *pl = &s->plan;
   // Dense params: each replica has d L_d / dW; the mean over replicas.
   // Experts under the alltoall dispatcher: each edp copy saw only the tokens
@@ -331,8 +332,8 @@ tpr_status tpr_m2_train_reduce_grads(tpr_session *s) {
 
 tpr_status tpr_m2_train_grad_sumsq(tpr_session *s, double *out) {
   struct tpr_m2_train *t = s->train;
-  double sum = 0;
-  for (int i = 0; i < t->n_trained; i++)
+  double sum = t->o.fsdp.on ? tpr__m2_fsdp_sumsq(s, t) : 0;
+  for (int i = 0; !t->o.fsdp.on && i < t->n_trained; i++)
     for (int j = 0; j < t->params[i].n_pieces; j++) {
       const piece *pc = &t->params[i].pieces[j];
       sum += tpr_unshard_sumsq(&s->plan, &s->plan.tensors[pc->kind], &s->mesh, t->params[i].pub.grad + pc->offset);
@@ -353,7 +354,6 @@ tpr_status tpr_m2_train_grad_sumsq(tpr_session *s, double *out) {
   free(all);
   *out = total;
   return rc;
-  return TPR_OK;
 }
 
 // One piece gathered from every rank; on rank 0 each checkpoint tensor it
@@ -363,7 +363,7 @@ static tpr_status export_piece(tpr_session *s, const piece *pc, const float *min
   struct tpr_m2_train *t = s->train;
   const tpr_shard_plan *pl = &s->plan;
   const tpr_shard_tensor *k = &pl->tensors[pc->kind];
-  int64_t n = kind_numel(k), world = pl->world;
+  int64_t n = tpr__kind_numel(k), world = pl->world;
   TPR_CHECK(tpr_comm_all_gather(s->world, mine, t->gather, (size_t)n, TPR_F32));
   if (s->mesh.world_rank != 0) return TPR_OK;
   int64_t gn = k->ndim == 2 ? k->global_shape[0] * k->global_shape[1] : k->global_shape[0];
@@ -391,12 +391,20 @@ tpr_status tpr_m2_train_export(tpr_session *s, bool grads, tpr_m2_export_fn fn, 
   struct tpr_m2_train *t = s->train;
   if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
   int n = grads ? t->n_trained : t->n_params;
-  for (int i = 0; i < n; i++) {
+  float *whole = NULL;  // an FSDP param gathered back into its rank layout
+  tpr_status rc = TPR_OK;
+  for (int i = 0; rc == TPR_OK && i < n; i++) {
     const train_param *p = &t->params[i];
-    for (int j = 0; j < p->n_pieces; j++) {
-      const float *src = (grads ? p->pub.grad : p->pub.data) + p->pieces[j].offset;
-      TPR_CHECK(export_piece(s, &p->pieces[j], src, fn, ctx));
+    const float *base = grads ? p->pub.grad : p->pub.data;
+    if (p->pub.shards > 1 || (t->o.fsdp.on && p->trained)) {
+      free(whole);
+      whole = malloc((size_t)(p->pub.shards * p->pub.numel) * sizeof *whole);
+      rc = whole ? tpr__m2_fsdp_unshard(s, p, grads, whole) : TPR_FAIL(TPR_ERR_OOM, "export %s", p->name);
+      base = whole;
     }
+    for (int j = 0; rc == TPR_OK && j < p->n_pieces; j++)
+      rc = export_piece(s, &p->pieces[j], base + p->pieces[j].offset, fn, ctx);
   }
-  return TPR_OK;
+  free(whole);
+  return rc;
 }

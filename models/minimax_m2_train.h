@@ -12,11 +12,13 @@
 #define TPR_MINIMAX_M2_TRAIN_H
 
 #include "engine/session.h"
+#include "shard/fsdp.h"
 
 typedef struct tpr_m2_train_opts {
   int64_t seq_len;  // tokens per sequence (the program's T)
   double aux_coef;  // weight of the aux loss; < 0: the config's router_aux_loss_coef
   bool profile;     // time every node of every run (tpr_m2_train_profile)
+  tpr_fsdp_opts fsdp;  // shard params, gradients and moments over dp / edp (shard/fsdp.h)
 } tpr_m2_train_opts;
 
 // One trained tensor of this rank, in the rank's layout (host f32).
@@ -26,7 +28,22 @@ typedef struct tpr_m2_param {
   float *grad;       // (numel) gradient accumulated since the last zero_grads
   int64_t numel;
   bool decay;        // the checkpoint tensor has >= 2 dims (norms get no weight decay)
+  bool expert;       // sharded over edp under FSDP (else over dp)
+  // Under FSDP (shard/fsdp.h) data and grad hold chunk shard_index of
+  // shards: elements [offset, offset + numel) of the rank-layout tensor of
+  // full_numel elements, zero past full_numel. Without: the whole tensor
+  // (offset 0, shards 1).
+  int64_t full_numel, offset;
+  int shards, shard_index;
 } tpr_m2_param;
+
+// Bytes this rank holds for training, tallied from its live allocations.
+typedef struct tpr_m2_train_memory {
+  uint64_t params;       // weights: f32 (master) tensors, bf16 copies, frozen params
+  uint64_t grads;        // gradient accumulators
+  uint64_t arena;        // the program's arena: activations, gathered params, backward values
+} tpr_m2_train_memory;
+void tpr_m2_train_memory_info(const tpr_session *s, tpr_m2_train_memory *out);
 
 typedef struct tpr_m2_losses {
   double loss, ce, aux;  // of one sequence (identical on every rank of a tp group)
@@ -36,6 +53,9 @@ tpr_status tpr_m2_train_start(tpr_session *s, const tpr_m2_train_opts *o);
 int tpr_m2_train_num_params(const tpr_session *s);
 const tpr_m2_param *tpr_m2_train_param(const tpr_session *s, int i);
 void tpr_m2_train_zero_grads(tpr_session *s);
+// After the optimizer changed the params: refreshes what the program reads
+// (under FSDP with bf16 params, the bf16 copies of the f32 masters).
+void tpr_m2_train_params_updated(tpr_session *s);
 
 // Forward + backward of one sequence: inputs and targets (seq_len) i32
 // (targets -100 are ignored); grad += weight * d loss / d param.

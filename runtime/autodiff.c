@@ -13,7 +13,56 @@ struct tpr_grad_ctx {
   bool *wanted;        // (values at start) depends on a wrt value and the loss depends on it
   tpr_value_id *grad;  // (values at start) cotangent so far, -1 for none
   int n_values;        // values of the forward program
+  // Rematerialisation (values marked remat, runtime/program.h): a forward
+  // value's clone in the backward, and for each value created since, the
+  // forward value it clones (-1: none), so cotangents go to the original.
+  tpr_value_id *clone;  // (values at start) -1 until cloned
+  tpr_value_id *orig;   // (cap_orig) indexed by id - n_values
+  int cap_orig;
 };
+
+// A clone's original (v itself for any other value).
+static tpr_value_id original(const tpr_grad_ctx *g, tpr_value_id v) {
+  int k = v - g->n_values;
+  return k >= 0 && k < g->cap_orig && g->orig[k] >= 0 ? g->orig[k] : v;
+}
+
+static tpr_status note_clone(tpr_grad_ctx *g, tpr_value_id c, tpr_value_id v) {
+  int k = c - g->n_values;
+  if (k >= g->cap_orig) {
+    int cap = g->cap_orig ? g->cap_orig : 256;
+    while (cap <= k) cap *= 2;
+    tpr_value_id *o = realloc(g->orig, (size_t)cap * sizeof *o);
+    if (!o) return TPR_FAIL(TPR_ERR_OOM, "backward: clones");
+    for (int i = g->cap_orig; i < cap; i++) o[i] = -1;
+    g->orig = o, g->cap_orig = cap;
+  }
+  g->orig[k] = v;
+  return TPR_OK;
+}
+
+// v, or for a remat value its clone, emitted (with the clones of its remat
+// inputs) the first time the backward reads it.
+static tpr_status rematerialise(tpr_grad_ctx *g, tpr_value_id v, tpr_value_id *out) {
+  if (v < 0 || v >= g->n_values || !g->p->values[v].remat) {
+    *out = v;
+    return TPR_OK;
+  }
+  if (g->clone[v] < 0) {
+    tpr_node node = g->p->nodes[g->p->values[v].producer];  // a copy: appending moves the array
+    for (int i = 0; i < node.n_in; i++) TPR_CHECK(rematerialise(g, node.in[i], &node.in[i]));
+    TPR_CHECK(tpr_program_op(g->p, node.op, node.in, node.n_in, &node.attrs, &g->clone[v]));
+    TPR_CHECK(note_clone(g, g->clone[v], v));
+  }
+  *out = g->clone[v];
+  return TPR_OK;
+}
+
+// Whether op's backward rule reads input i's value (not only its shape): an
+// embedding's table is never read, so no clone of it is gathered.
+static bool rule_reads_input(tpr_op_kind op, int i) {
+  return !((op == TPR_OP_EMBEDDING || op == TPR_OP_EMBEDDING_SHARD) && i == 0);
+}
 
 void tpr_backward_opts_init(tpr_backward_opts *o) {
   for (int a = 0; a < TPR_AXIS_COUNT; a++) o->axis_rank[a] = -1;
@@ -21,7 +70,10 @@ void tpr_backward_opts_init(tpr_backward_opts *o) {
 
 tpr_program *tpr_grad_program(tpr_grad_ctx *g) { return g->p; }
 
-bool tpr_grad_wanted(const tpr_grad_ctx *g, tpr_value_id v) { return v >= 0 && v < g->n_values && g->wanted[v]; }
+bool tpr_grad_wanted(const tpr_grad_ctx *g, tpr_value_id v) {
+  v = original(g, v);
+  return v >= 0 && v < g->n_values && g->wanted[v];
+}
 
 tpr_status tpr_grad_axis_rank(const tpr_grad_ctx *g, tpr_mesh_axis axis, tpr_value_id *out) {
   if ((unsigned)axis >= TPR_AXIS_COUNT || g->opts->axis_rank[axis] < 0)
@@ -42,6 +94,7 @@ tpr_status tpr_grad_contiguous(tpr_grad_ctx *g, tpr_value_id v, tpr_value_id *ou
 }
 
 tpr_status tpr_grad_add(tpr_grad_ctx *g, tpr_value_id v, tpr_value_id dv) {
+  v = original(g, v);
   if (!tpr_grad_wanted(g, v)) return TPR_OK;
   tpr_tensor want, got;
   TPR_CHECK(tpr_program_value(g->p, v, &want));
@@ -96,8 +149,8 @@ static tpr_status check_args(const tpr_program *p, tpr_value_id loss, const tpr_
   for (int i = 0; i < n_wrt; i++) {
     if (wrt[i] < 0 || wrt[i] >= p->n_values)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "backward: wrt[%d] is unknown value %d", i, wrt[i]);
-    if (p->values[wrt[i]].desc.dtype != TPR_F32)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "backward: wrt[%d] ('%s') is not f32", i,
+    if (p->values[wrt[i]].desc.dtype != TPR_F32 && p->values[wrt[i]].desc.dtype != TPR_BF16)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "backward: wrt[%d] ('%s') is not f32 or bf16", i,
                       p->values[wrt[i]].name ? p->values[wrt[i]].name : "?");
   }
   return TPR_OK;
@@ -110,6 +163,11 @@ static tpr_status run_rules(tpr_grad_ctx *g, int n_fwd_nodes) {
     tpr_grad_node gn = {.op = node->op, .n_in = node->n_in, .attrs = node->attrs, .out = node->out,
                         .dout = g->grad[node->out]};
     memcpy(gn.in, node->in, sizeof gn.in);
+    // A rule reads remat inputs through their clones (the chain of a remat
+    // value itself needs only shapes: it maps the cotangent back).
+    if (!g->p->values[gn.out].remat)
+      for (int i = 0; i < gn.n_in; i++)
+        if (rule_reads_input(gn.op, i)) TPR_CHECK(rematerialise(g, gn.in[i], &gn.in[i]));
     tpr_backward_rule rule = tpr__backward_rule(gn.op);
     if (!rule)
       return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backward: op %s (node %d) has no backward rule", tpr_op_name(gn.op), n);
@@ -132,12 +190,13 @@ tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const t
   bool *from_wrt = calloc((size_t)nv, sizeof *from_wrt);
   g.wanted = calloc((size_t)nv, sizeof *g.wanted);
   g.grad = malloc((size_t)nv * sizeof *g.grad);
+  g.clone = malloc((size_t)nv * sizeof *g.clone);
   tpr_status rc = TPR_OK;
-  if (!from_wrt || !g.wanted || !g.grad) {
+  if (!from_wrt || !g.wanted || !g.grad || !g.clone) {
     rc = TPR_FAIL(TPR_ERR_OOM, "backward");
     goto done;
   }
-  for (int v = 0; v < nv; v++) g.grad[v] = -1;
+  for (int v = 0; v < nv; v++) g.grad[v] = g.clone[v] = -1;
   mark_wanted(p, loss, wrt, n_wrt, from_wrt, g.wanted, nv);
   int n_fwd = p->n_nodes;  // the rules run over these; the seed and the backward come after
   if (g.wanted[loss]) TPR_CHECK_GOTO(tpr_pb_fill(p, loss, 1.0f, &g.grad[loss]), rc, done);
@@ -160,6 +219,7 @@ done:
   free(from_wrt);
   free(g.wanted);
   free(g.grad);
+  free(g.clone), free(g.orig);
   return rc;
 }
 

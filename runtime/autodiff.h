@@ -40,8 +40,8 @@ void tpr_backward_opts_init(tpr_backward_opts *o);
 
 // Appends to p the backward of every node p holds now, seeded with
 // d loss = 1 (loss: a (1) f32 value). For each wrt[i] (params or inputs),
-// grads[i] receives the value id of d loss / d wrt[i] (contiguous, wrt[i]'s
-// shape), or -1 when the loss does not depend on it. A node on the path from
+// grads[i] receives the value id of d loss / d wrt[i] (contiguous f32, also
+// for a bf16 wrt; wrt[i]'s shape), or -1 when the loss does not depend on it. A node on the path from
 // a wrt value to the loss whose op has no backward rule fails naming the op.
 tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const tpr_value_id *wrt, int n_wrt,
                                       const tpr_backward_opts *opts, tpr_value_id *grads);

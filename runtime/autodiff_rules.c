@@ -10,6 +10,7 @@ static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_REDUCE_SCATTER] = tpr__bwd_reduce_scatter,
     [TPR_OP_ALL_TO_ALL] = tpr__bwd_all_to_all,
     [TPR_OP_ALL_TO_ALLV] = tpr__bwd_all_to_allv,
+    [TPR_OP_PARAM_GATHER] = tpr__bwd_param_gather,
 
     // ---- dense ops
     [TPR_OP_MATMUL] = tpr__bwd_matmul,

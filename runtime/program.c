@@ -92,6 +92,7 @@ tpr_status tpr_program_op(tpr_program *p, tpr_op_kind op, const tpr_value_id *in
   rec.desc.storage = NULL;
   // A view lives in its input's memory; its offset stays relative to that base.
   if (tpr_op_is_view(op)) rec.base = p->values[in[0]].base;
+  rec.remat = op == TPR_OP_PARAM_GATHER ? attrs->i[4] != 0 : n_in > 0 && p->values[in[0]].remat && tpr__op_cheap(op);
   TPR_CHECK(grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes));
   tpr_node node = {.op = op, .n_in = n_in, .attrs = *attrs};
   memcpy(node.in, in, (size_t)n_in * sizeof *in);
@@ -211,6 +212,17 @@ tpr_status tpr_pb_all_gather(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis,
   tpr_op_attrs at = {.n_i = 2, .i = {axis, n}};
   return OP1(TPR_OP_ALL_GATHER, x, &at);
 }
+tpr_status tpr_pb_param_gather(tpr_program *p, tpr_value_id shard, const tpr_param_gather_opts *o,
+                               tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 5, .i = {o->axis, o->n, o->group, o->prefetch, o->reshard}, .n_f = 1,
+                     .f = {o->grad_scale}};
+  return tpr_program_op(p, TPR_OP_PARAM_GATHER, (const tpr_value_id[]){shard}, 1, &at, out);
+}
+
+bool tpr__op_cheap(tpr_op_kind op) {
+  return tpr_op_is_view(op) || op == TPR_OP_INDEX_SELECT || op == TPR_OP_CAST;
+}
+
 tpr_status tpr_pb_reduce_scatter(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
                                  tpr_value_id *out) {
   tpr_op_attrs at = {.n_i = 3, .i = {axis, n, red_op}};

@@ -72,6 +72,23 @@ tpr_status tpr_pb_all_reduce(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis,
 tpr_status tpr_pb_all_gather(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out);
 tpr_status tpr_pb_reduce_scatter(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, int red_op,
                                  tpr_value_id *out);
+// FSDP's unshard: the (c) shard of a parameter on each of the n ranks of
+// `axis` (f32, or bf16 for mixed precision) gathered into (n*c) f32 in rank
+// order. Its backward reduce-scatters the f32 cotangent over the axis and
+// scales it by grad_scale. reshard: the gathered value (and every view,
+// index_select or cast of it) is not kept for the backward but gathered
+// again where the backward first needs it (FSDP2's reshard_after_forward).
+// prefetch: the exec starts the gathers of one group while the previous
+// group's layer computes (groups in program order; -1: no group).
+typedef struct tpr_param_gather_opts {
+  tpr_mesh_axis axis;
+  int n;
+  int group;
+  bool prefetch, reshard;
+  float grad_scale;
+} tpr_param_gather_opts;
+tpr_status tpr_pb_param_gather(tpr_program *p, tpr_value_id shard, const tpr_param_gather_opts *o,
+                               tpr_value_id *out);
 tpr_status tpr_pb_all_to_all(tpr_program *p, tpr_value_id x, tpr_mesh_axis axis, int n, tpr_value_id *out);
 // Model ops (ops.h gives shapes and exact semantics). cache_write writes its
 // cache input in place: append it BEFORE the attention that reads the rows.

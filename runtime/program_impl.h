@@ -11,6 +11,8 @@ typedef struct tpr_value_rec {
   tpr_tensor desc;        // dtype, shape, strides, offset (in base's elements); no storage
   int32_t producer;       // node index, -1 for inputs/params
   tpr_value_id base;      // value whose memory this one lives in (itself unless a view)
+  bool remat;             // recomputed for the backward instead of kept alive (FSDP's
+                          // reshard_after_forward; see tpr_pb_param_gather)
 } tpr_value_rec;
 
 typedef struct tpr_node {
@@ -27,6 +29,10 @@ struct tpr_program {
   tpr_node *nodes;
   int n_nodes, cap_nodes;
 };
+
+// Ops whose output is recomputed in the backward when their first input is
+// (remat): views, index_select, cast -- cheap next to keeping the value.
+bool tpr__op_cheap(tpr_op_kind op);
 
 // Finds a value by name; -1 if none.
 tpr_value_id tpr__program_find(const tpr_program *p, const char *name);

@@ -87,6 +87,28 @@ static tpr_status all_to_allv(tpr_comm_t c, const tpr_tensor *const *in, tpr_ten
   return rc;
 }
 
+// FSDP's gather (ops.h, param_gather): f32 chunks straight into out; bf16
+// chunks into out's upper half, then widened in place front to back (element
+// i is read at byte 2n + 2i before bytes [4i, 4i+4) are written, which never
+// reach an element not yet read), so no staging buffer is needed.
+static tpr_status param_gather_widen(const tpr_tensor *in, tpr_tensor *out) {
+  if (in->dtype == TPR_F32) return TPR_OK;
+  size_t n = (size_t)tpr_tensor_numel(out);
+  char *base = tpr_tensor_data(out);
+  const uint16_t *h = (const uint16_t *)(base + 2 * n);
+  float *f = (float *)base;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t b = h[i];
+    f[i] = tpr_bf16_to_f32(b);
+  }
+  return TPR_OK;
+}
+
+static void *param_gather_recv(const tpr_tensor *in, tpr_tensor *out) {
+  char *base = tpr_tensor_data(out);
+  return in->dtype == TPR_F32 ? base : base + 2 * (size_t)tpr_tensor_numel(out);
+}
+
 static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
                                  int n_ins, tpr_tensor *out) {
   tpr_mesh_comms *mc = ctx;
@@ -108,6 +130,9 @@ static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *
       return tpr_comm_reduce_scatter(c, src, dst, n_out, in->dtype, (tpr_red_op)at->i[2]);
     case TPR_OP_ALL_TO_ALL: return tpr_comm_all_to_all(c, src, dst, n_in / group, in->dtype);
     case TPR_OP_ALL_TO_ALLV: return all_to_allv(c, ins, out);
+    case TPR_OP_PARAM_GATHER:
+      TPR_CHECK(tpr_comm_all_gather(c, src, param_gather_recv(in, out), n_in, in->dtype));
+      return param_gather_widen(in, out);
     default: return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s is not a collective op", tpr_op_name(op));
   }
 }

@@ -88,6 +88,7 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
     TPR_CHECK(tpr_adamw_step_scaled(p->data, p->grad, &l->adam[i], p->numel, &h, step + 1, lr,
                                     p->decay ? (float)o->weight_decay : 0.0f, coef));
   }
+  tpr_m2_train_params_updated(l->s);
   if (o->bias_update_rate > 0) TPR_CHECK(tpr_m2_train_update_bias(l->s, o->bias_update_rate));
   TPR_CHECK(mean_losses(l, &losses));
   double dt = now_s() - t0;

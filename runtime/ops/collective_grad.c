@@ -51,6 +51,18 @@ TPR__BWD_RULE(reduce_scatter) {
   return tpr_grad_add(g, n->in[0], all);
 }
 
+// FSDP: every rank used the whole parameter on its own data, so the
+// cotangents differ; each rank's shard gets the sum over ranks of its block
+// (a reduce-scatter in f32, whatever the shard's dtype), times the scale.
+TPR__BWD_RULE(param_gather) {
+  tpr_program *p = tpr_grad_program(g);
+  tpr_value_id d, mine;
+  TPR_CHECK(tpr_grad_contiguous(g, n->dout, &d));
+  TPR_CHECK(tpr_pb_reduce_scatter(p, d, (tpr_mesh_axis)n->attrs.i[0], (int)n->attrs.i[1], 0 /* sum */, &mine));
+  if (n->attrs.f[0] != 1.0f) TPR_CHECK(tpr_pb_scale(p, mine, n->attrs.f[0], &mine));
+  return tpr_grad_add(g, n->in[0], mine);
+}
+
 // A block permutation that is its own inverse.
 TPR__BWD_RULE(all_to_all) {
   tpr_value_id d, back;

@@ -20,6 +20,7 @@ TPR__BWD_RULE(all_gather);
 TPR__BWD_RULE(reduce_scatter);
 TPR__BWD_RULE(all_to_all);
 TPR__BWD_RULE(all_to_allv);
+TPR__BWD_RULE(param_gather);
 
 // ---- dense ops (matmul.c, elementwise.c, norm.c, softmax.c, gather.c, copy.c,
 // views.c)

@@ -223,6 +223,19 @@ static tpr_status infer_reduce_scatter(const tpr_tensor *const *in, const tpr_op
   return infer_collective("reduce_scatter", in[0], at, true, LEAD_DIV_N, out);
 }
 
+// The shard (c) of every rank, widened: (n*c) f32.
+static tpr_status infer_param_gather(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *x = in[0];
+  TPR_CHECK(tpr__need_collective_attrs("param_gather", at, 5, "axis, group size, prefetch group, prefetch, reshard"));
+  if (at->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "param_gather: needs f[0], the gradient scale");
+  if (x->dtype != TPR_F32 && x->dtype != TPR_BF16)
+    return TPR_FAIL(TPR_ERR_DTYPE, "param_gather: the shard must be f32 or bf16, got %s", tpr_dtype_name(x->dtype));
+  if (x->ndim != 1 || !tpr_tensor_is_contiguous(x))
+    return TPR_FAIL(TPR_ERR_SHAPE, "param_gather: the shard must be 1-D and contiguous");
+  tpr__set_contiguous(out, TPR_F32, 1, (const int64_t[]){x->shape[0] * at->i[1]});
+  return TPR_OK;
+}
+
 static tpr_status infer_all_to_all(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   return infer_collective("all_to_all", in[0], at, false, LEAD_DIVISIBLE, out);
 }
@@ -482,6 +495,7 @@ static const op_info ops[TPR_OP_KIND_COUNT] = {
     [TPR_OP_MOE_AUX_LOSS] = {"moe_aux_loss", 1, false, tpr__infer_moe_aux_loss},
     [TPR_OP_MOE_AUX_LOSS_BWD] = {"moe_aux_loss_bwd", 2, false, tpr__infer_moe_aux_loss_bwd},
 
+    [TPR_OP_PARAM_GATHER] = {"param_gather", 1, false, infer_param_gather},
     // -- paged attention
     [TPR_OP_PAGED_CACHE_WRITE] = {"paged_cache_write", 3, false, tpr__infer_paged_cache_write},
     [TPR_OP_PAGED_ATTENTION] = {"paged_attention", 6, false, tpr__infer_paged_attention},
@@ -497,7 +511,8 @@ int tpr_op_num_inputs(tpr_op_kind op) { return op_valid(op) ? ops[op].n_inputs :
 bool tpr_op_is_view(tpr_op_kind op) { return op_valid(op) && ops[op].is_view; }
 // all_to_allv came later than 12..15, so the collectives are not one range.
 bool tpr_op_is_collective(tpr_op_kind op) {
-  return (op >= TPR_OP_ALL_REDUCE && op <= TPR_OP_ALL_TO_ALL) || op == TPR_OP_ALL_TO_ALLV;
+  return (op >= TPR_OP_ALL_REDUCE && op <= TPR_OP_ALL_TO_ALL) || op == TPR_OP_ALL_TO_ALLV ||
+         op == TPR_OP_PARAM_GATHER;
 }
 
 tpr_status tpr__op_infer(tpr_op_kind op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,

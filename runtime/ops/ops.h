@@ -105,6 +105,12 @@ typedef enum tpr_op_kind {
                                   // writes pool IN PLACE; out (1) i32
   TPR_OP_PAGED_ATTENTION = 64,    // in (q (T, Hq, D), k_pool, v_pool (NB, bs, Hkv, D), block_tables (B, MB) i32,
                                   // seq (T) i32, positions (T) i32); f[0] scale; out (T, Hq, D)
+  // FSDP (train/, docs/training.md "FSDP"): a parameter lives sharded over a
+  // data-parallel axis and is gathered just before its layer runs.
+  TPR_OP_PARAM_GATHER = 65,  // collective; in (shard (c) f32 or bf16); i[0] axis, i[1] n, i[2] prefetch group
+                             // (-1: none), i[3] prefetch (0/1), i[4] reshard (0/1); f[0] grad scale; out (n*c) f32: every rank's
+                             // shard in rank order, widened to f32. Backward: the f32 cotangent is
+                             // reduce-scattered (sum) over the axis, times f[0] (1/dp: the replicas' mean).
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
