@@ -114,6 +114,40 @@ static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE
   fflush(out);
 }
 
+// Start-up: what every rank holds for training, measured from its live
+// allocations (params incl. bf16 copies, gradient accumulators, AdamW's two
+// moments) and the program's arena; rank 0 prints every rank's.
+static tpr_status report_memory(loop *l, FILE *out) {
+  tpr_m2_train_memory m;
+  tpr_m2_train_memory_info(l->s, &m);
+  int64_t mine[4] = {(int64_t)m.params, (int64_t)m.grads, 0, (int64_t)m.arena};
+  for (int i = 0; i < l->n_params; i++) mine[2] += 2 * l->adam[i].n * (int64_t)sizeof(float);
+  int n = tpr_comm_size(l->world);
+  int64_t *all = malloc((size_t)(4 * n) * sizeof *all);
+  if (!all) return TPR_FAIL(TPR_ERR_OOM, "memory report");
+  tpr_status rc = tpr_comm_all_gather(l->world, mine, all, 4, TPR_I64);
+  if (rc == TPR_OK && l->mesh->world_rank == 0) {
+    static const char *const keys[4] = {"params_bytes", "grads_bytes", "optimizer_bytes", "arena_bytes"};
+    if (l->o->json) {
+      fprintf(out, "{\"memory\":{");
+      for (int k = 0; k < 4; k++) {
+        fprintf(out, "%s\"%s\":[", k ? "," : "", keys[k]);
+        for (int r = 0; r < n; r++) fprintf(out, "%s%lld", r ? "," : "", (long long)all[4 * r + k]);
+        fprintf(out, "]");
+      }
+      fprintf(out, "}}\n");
+    } else {
+      for (int r = 0; r < n; r++)
+        fprintf(out, "memory rank %d: params %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB (16 B/param would be "
+                "%.2f MiB), program arena %.2f MiB\n", r, all[4 * r] / 1048576.0, all[4 * r + 1] / 1048576.0,
+                all[4 * r + 2] / 1048576.0, 4.0 * all[4 * r + 1] / 1048576.0, all[4 * r + 3] / 1048576.0);
+    }
+    fflush(out);
+  }
+  free(all);
+  return rc;
+}
+
 static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, int64_t first) {
   if (r->step == first + 1 && sum->steps_timed == 1) *sum = (tpr_train_summary){0};  // drop the first step
   double k = (double)sum->steps_timed, total = sum->ms_per_step * k + r->ms;
@@ -152,6 +186,7 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
   if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_session_config(s)->vocab_size, &l.data);
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
+  if (rc == TPR_OK) rc = report_memory(&l, out);
   int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
   for (int64_t step = first; rc == TPR_OK && step < last; step++) {
     tpr_train_step_report r = {0};
