@@ -11,6 +11,7 @@
 #include "models/minimax_m2_train.h"
 #include "runtime/file_io.h"
 #include "shard/safetensors.h"
+#include "train/checkpoint_impl.h"
 
 // Full tensors collected on rank 0 for one safetensors file.
 typedef struct collect {
@@ -54,8 +55,8 @@ tpr_status tpr_train_write_full(tpr_session *s, bool grads, const char *path) {
 }
 
 
-static void rank_file(const tpr_mesh *m, char *buf, size_t n) {
-  snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", m->world_rank, m->world_size);
+void tpr__train_rank_file(int rank, int world, char *buf, size_t n) {
+  snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", rank, world);
 }
 
 // What a training checkpoint holds (nothing else is removed with an old one).
@@ -122,9 +123,13 @@ static tpr_status write_moments(const tpr_session *s, const char *tmp, int64_t s
     }
   }
   char file[64], stepbuf[32];
-  rank_file(tpr_session_mesh(s), file, sizeof file);
+  tpr__train_rank_file(tpr_session_mesh(s)->world_rank, tpr_session_mesh(s)->world_size, file, sizeof file);
   snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)step);
-  const char *meta[] = {"step", stepbuf, NULL};
+  // Whether the moments are FSDP chunks: a resume on another dp degree
+  // recomputes every old rank's chunk from it (train/checkpoint_reshard.c).
+  bool chunks = false;
+  for (int i = 0; i < n; i++) chunks = chunks || tpr_m2_train_param(s, i)->shards > 1;
+  const char *meta[] = {"step", stepbuf, "fsdp", chunks ? "1" : "0", NULL};
   char *path = rc == TPR_OK ? tpr_path_join(tmp, file) : NULL;
   if (rc == TPR_OK) rc = path ? tpr_st_write(path, e, 2 * n, meta) : TPR_FAIL(TPR_ERR_OOM, "path");
   free(path), free(e), free(names), free(shapes);
@@ -163,7 +168,7 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
   return rc;
 }
 
-static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step) {
+static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step, int *old_world) {
   char *path = tpr_path_join(dir, "trainer_state.json");
   uint8_t *bytes = NULL;
   size_t len = 0;
@@ -179,41 +184,22 @@ static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t 
     else
       v[i] = x->valuedouble;
   }
-  if (rc == TPR_OK && (v[1] != pl->world || v[2] != pl->tp || v[3] != pl->dp || v[4] != pl->ep || v[5] != pl->etp))
+  // The moments are resharded over another dp degree; tp, ep and etp fix
+  // each rank's layout, so they must stay.
+  if (rc == TPR_OK && (v[2] != pl->tp || v[4] != pl->ep || v[5] != pl->etp || v[1] < 1 || v[1] > 1 << 20 ||
+                       v[1] != v[2] * v[3]))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG,
                   "%s was saved on the mesh world %g tp %g dp %g ep %g etp %g; this run is world %d tp %d dp %d ep %d "
-                  "etp %d (resume on the same mesh)", dir, v[1], v[2], v[3], v[4], v[5], pl->world, pl->tp, pl->dp,
-                  pl->ep, pl->etp);
-  if (rc == TPR_OK) *step = (int64_t)v[0];
+                  "etp %d (resume with the same tp, ep and etp, giving --ep and --etp explicitly where their defaults follow the world size; dp may change)", dir, v[1], v[2], v[3], v[4], v[5],
+                  pl->world, pl->tp, pl->dp, pl->ep, pl->etp);
+  if (rc == TPR_OK) *step = (int64_t)v[0], *old_world = (int)v[1];
   cJSON_Delete(j);
   free(path), free(bytes);
   return rc;
 }
 
 tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
-  TPR_CHECK(read_state(dir, tpr_session_plan(s), step));
-  char file[64];
-  rank_file(tpr_session_mesh(s), file, sizeof file);
-  char *path = tpr_path_join(dir, file);
-  tpr_st_set *set = NULL;
-  tpr_status rc = path ? tpr_st_open(path, &set) : TPR_FAIL(TPR_ERR_OOM, "path");
-  const char *st = rc == TPR_OK ? tpr_st_metadata(set, "step") : NULL;
-  if (rc == TPR_OK && (!st || strtoll(st, NULL, 10) != *step))
-    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: its step (%s) is not trainer_state.json's (%lld)", path, st ? st : "none",
-                  (long long)*step);
-  for (int i = 0; rc == TPR_OK && i < tpr_m2_train_num_params(s); i++) {
-    const tpr_m2_param *p = tpr_m2_train_param(s, i);
-    for (int k = 0; rc == TPR_OK && k < 2; k++) {
-      char name[192];
-      snprintf(name, sizeof name, "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
-      const tpr_st_tensor *t = tpr_st_find(set, name);
-      if (!t || t->ndim != 1 || t->shape[0] != p->numel)
-        rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: %s is missing or not (%lld) elements", path, name, (long long)p->numel);
-      else
-        rc = tpr_st_read_f32(set, name, (const int64_t[]){0}, (const int64_t[]){p->numel}, k ? adam[i].v : adam[i].m);
-    }
-  }
-  tpr_st_close(set);
-  free(path);
-  return rc;
+  int old_world = 0;
+  TPR_CHECK(read_state(dir, tpr_session_plan(s), step, &old_world));
+  return tpr__train_load_moments(s, dir, old_world, *step, adam);
 }
