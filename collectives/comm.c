@@ -12,7 +12,8 @@ static const char *const op_names[TPR__OP_COUNT] = {
     [TPR__OP_ALL_TO_ALL] = "all_to_all", [TPR__OP_ALL_TO_ALLV] = "all_to_allv",
     [TPR__OP_BROADCAST] = "broadcast",   [TPR__OP_BARRIER] = "barrier",
     [TPR__OP_SEND] = "send",             [TPR__OP_RECV] = "recv",
-    [TPR__OP_SPLIT] = "split",
+    [TPR__OP_SPLIT] = "split",          [TPR__OP_IALL_GATHER] = "iall_gather",
+    [TPR__OP_IREDUCE_SCATTER] = "ireduce_scatter",
 };
 
 const char *tpr__coll_op_name(tpr__coll_op op) {
@@ -247,6 +248,112 @@ tpr_status tpr_comm_recv(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, in
   tpr__watch_enter(c, TPR__OP_RECV, 0, count, dt, peer);
   tpr_status rc = c->vt->recv(c->ctx, buf, count, dt, peer);
   tpr__watch_leave();
+  return rc;
+}
+
+// --- nonblocking collectives -------------------------------------------
+
+struct tpr_comm_request_s {
+  tpr_comm_t c;
+  tpr__coll_op op;
+  uint64_t seq;
+  size_t count;
+  tpr_dtype dt;
+  void *impl;  // the backend's request; NULL once complete
+};
+
+// Check mode and the sequence number as a blocking call; the start itself
+// is not watched (it returns at once), the wait is.
+static tpr_status start_request(tpr_comm_t c, tpr__coll_op op, size_t count, tpr_dtype dt, int red,
+                                tpr_comm_request *r) {
+  tpr__call call = {.op = op, .seq = ++c->seq, .count = count, .dtype = dt, .red_op = red, .root = -1};
+  if (c->check && c->size > 1) {
+    tpr__watch_enter(c, op, call.seq, count, dt, -1);
+    tpr_status rc = tpr__comm_agree(c, &call, NULL, NULL);
+    tpr__watch_leave();
+    TPR_CHECK(rc);
+  }
+  *r = calloc(1, sizeof **r);
+  if (!*r) return TPR_FAIL(TPR_ERR_OOM, "%s on group %s: request", tpr__coll_op_name(op), c->name);
+  **r = (struct tpr_comm_request_s){.c = c, .op = op, .seq = call.seq, .count = count, .dt = dt};
+  return TPR_OK;
+}
+
+// A backend failure, with the op, its sequence number and the group.
+static tpr_status request_fail(tpr_comm_request r, tpr_status rc) {
+  char group[160];
+  return TPR_FAIL(rc, "%s #%llu on group %s: %s", tpr__coll_op_name(r->op), (unsigned long long)r->seq,
+                  tpr__comm_describe(r->c, group, sizeof group), tpr_last_error());
+}
+
+static tpr_status check_request_out(const char *op, tpr_comm_t c, tpr_comm_request *req) {
+  if (!req) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: NULL request pointer", op);
+  *req = NULL;
+  return check_comm(op, c);
+}
+
+tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size_t send_count, tpr_dtype dt,
+                                tpr_comm_request *req) {
+  TPR_CHECK(check_request_out("iall_gather", c, req));
+  TPR_CHECK(check_dtype("iall_gather", dt));
+  TPR_CHECK(check_buffers("iall_gather", send, recv, send_count));
+  if (!c->vt->iall_gather) return unsupported(c, TPR__OP_IALL_GATHER);
+  tpr_comm_request r;
+  TPR_CHECK(start_request(c, TPR__OP_IALL_GATHER, send_count, dt, -1, &r));
+  tpr_status rc = c->vt->iall_gather(c->ctx, send, recv, send_count, dt, &r->impl);
+  if (rc != TPR_OK) {
+    rc = request_fail(r, rc);
+    free(r);
+    return rc;
+  }
+  *req = r;
+  return TPR_OK;
+}
+
+tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
+                                    tpr_red_op op, tpr_comm_request *req) {
+  TPR_CHECK(check_request_out("ireduce_scatter", c, req));
+  TPR_CHECK(check_reduction("ireduce_scatter", dt, op));
+  TPR_CHECK(check_buffers("ireduce_scatter", send, recv, recv_count));
+  if (!c->vt->ireduce_scatter) return unsupported(c, TPR__OP_IREDUCE_SCATTER);
+  tpr_comm_request r;
+  TPR_CHECK(start_request(c, TPR__OP_IREDUCE_SCATTER, recv_count, dt, op, &r));
+  tpr_status rc = c->vt->ireduce_scatter(c->ctx, send, recv, recv_count, dt, op, &r->impl);
+  if (rc != TPR_OK) {
+    rc = request_fail(r, rc);
+    free(r);
+    return rc;
+  }
+  *req = r;
+  return TPR_OK;
+}
+
+tpr_status tpr_comm_test(tpr_comm_request r, bool *done) {
+  if (!done) return TPR_FAIL(TPR_ERR_INVALID_ARG, "comm test: NULL done pointer");
+  *done = true;
+  if (!r || !r->impl) return TPR_OK;
+  *done = false;
+  if (!r->c->vt->test) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "comm %s: the %s backend has no test", r->c->name,
+                                       r->c->vt->name);
+  tpr_status rc = r->c->vt->test(r->c->ctx, r->impl, done);
+  return rc == TPR_OK ? TPR_OK : request_fail(r, rc);
+}
+
+tpr_status tpr_comm_wait(tpr_comm_request r) {
+  if (!r) return TPR_OK;
+  tpr_status rc = TPR_OK;
+  if (r->impl) {
+    tpr_comm_t c = r->c;
+    if (!c->vt->wait) {
+      rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "comm %s: the %s backend has no wait", c->name, c->vt->name);
+    } else {
+      tpr__watch_enter(c, r->op, r->seq, r->count, r->dt, -1);
+      rc = c->vt->wait(c->ctx, r->impl);
+      tpr__watch_leave();
+      if (rc != TPR_OK) rc = request_fail(r, rc);
+    }
+  }
+  free(r);
   return rc;
 }
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_stage.h"
+#include "comm_mpi_impl.h"
 
 // Open MPI says at compile time whether it was built CUDA-aware, and at run
 // time whether that support is active. Other MPIs: assume not (staging is
@@ -38,20 +38,13 @@ enum { TAG_P2P = 7470, TAG_ALLTOALLV = 7471 };  // send/recv vs all_to_allv's fa
 // between calls stays bounded whatever the count.
 #define CHUNK_BYTES ((size_t)16 << 20)
 
-typedef struct mpi_ctx {
-  tpr_stage_ctx stage;  // first: comm_stage.c sees the context as a tpr_stage_ctx
-  MPI_Comm comm;
-  int rank, size;
-  void *scratch;  // see CHUNK_BYTES (up to that much is kept between calls)
-  size_t scratch_cap;
-} mpi_ctx;
-
 static size_t max_count = INT_MAX;
 static int thread_level = -1;  // unknown until tpr_comm_mpi_init or a query
 
 void tpr__comm_mpi_set_max_count(size_t n) { max_count = n && n < INT_MAX ? n : INT_MAX; }
+size_t tpr__mpi_max_count(void) { return max_count; }
 
-static tpr_status mpi_fail(int err, const char *what) {
+tpr_status tpr__mpi_fail(int err, const char *what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", err);
@@ -61,7 +54,7 @@ static tpr_status mpi_fail(int err, const char *what) {
 #define MPI_TRY(call, what)                                       \
   do {                                                            \
     int mpi__err = (call);                                        \
-    if (mpi__err != MPI_SUCCESS) return mpi_fail(mpi__err, what); \
+    if (mpi__err != MPI_SUCCESS) return tpr__mpi_fail(mpi__err, what); \
   } while (0)
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
@@ -69,7 +62,7 @@ static bool is_half(tpr_dtype dt) { return dt == TPR_BF16 || dt == TPR_F16; }
 
 // Types that reduce natively (the front admits f32, bf16, f16, i32, i64;
 // the 16-bit floats reduce as f32).
-static MPI_Datatype reduce_type(tpr_dtype dt) {
+MPI_Datatype tpr__mpi_reduce_type(tpr_dtype dt) {
   return dt == TPR_I32 ? MPI_INT32_T : dt == TPR_I64 ? MPI_INT64_T : MPI_FLOAT;
 }
 
@@ -85,7 +78,7 @@ static MPI_Datatype move_type(tpr_dtype dt) {
   }
 }
 
-static MPI_Op mpi_op(tpr_red_op op) { return op == TPR_MAX ? MPI_MAX : op == TPR_MIN ? MPI_MIN : MPI_SUM; }
+MPI_Op tpr__mpi_op(tpr_red_op op) { return op == TPR_MAX ? MPI_MAX : op == TPR_MIN ? MPI_MIN : MPI_SUM; }
 
 // A scratch bigger than CHUNK_BYTES (in-place reduce-scatter) is not kept.
 static void scratch_trim(mpi_ctx *c) {
@@ -107,18 +100,12 @@ static void *scratch(mpi_ctx *c, size_t bytes) {
 // `count` elements of dt as (n, t) for one MPI call: (count, element type)
 // when count <= max_count, else (1, a committed contiguous type of count
 // elements: max_count-element chunks and a remainder, extent count elements).
-typedef struct span {
-  int n;
-  MPI_Datatype t;
-  bool owned;
-} span;
-
-static void span_free(span *s) {
+void tpr__mpi_span_free(span *s) {
   if (s->owned) MPI_Type_free(&s->t);
   s->owned = false;
 }
 
-static tpr_status span_make(size_t count, tpr_dtype dt, span *s) {
+tpr_status tpr__mpi_span_make(size_t count, tpr_dtype dt, span *s) {
   MPI_Datatype elem = move_type(dt);
   *s = (span){.n = (int)count, .t = elem};
   if (count <= max_count) return TPR_OK;
@@ -131,12 +118,12 @@ static tpr_status span_make(size_t count, tpr_dtype dt, span *s) {
   MPI_Datatype types[2] = {chunk, elem};
   int err = MPI_Type_create_struct(r ? 2 : 1, blocks, displs, types, &body);
   MPI_Type_free(&chunk);
-  if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Type_create_struct");
+  if (err != MPI_SUCCESS) return tpr__mpi_fail(err, "MPI_Type_create_struct");
   // Resized so that block j of an array of them starts at j * count elements.
   err = MPI_Type_create_resized(body, 0, (MPI_Aint)(count * esz), &s->t);
   MPI_Type_free(&body);
   if (err == MPI_SUCCESS) err = MPI_Type_commit(&s->t);
-  if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Type_create_resized");
+  if (err != MPI_SUCCESS) return tpr__mpi_fail(err, "MPI_Type_create_resized");
   s->n = 1;
   s->owned = true;
   return TPR_OK;
@@ -155,7 +142,7 @@ static tpr_status all_reduce_half(mpi_ctx *c, const void *send, void *recv, size
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = min_size(chunk, count - off);
     tpr_dtype_convert((const char *)send + off * esz, dt, tmp, TPR_F32, n);
-    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, tmp, (int)n, MPI_FLOAT, mpi_op(op), c->comm), "MPI_Allreduce");
+    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, tmp, (int)n, MPI_FLOAT, tpr__mpi_op(op), c->comm), "MPI_Allreduce");
     tpr_dtype_convert(tmp, TPR_F32, (char *)recv + off * esz, dt, n);
   }
   return TPR_OK;
@@ -170,7 +157,7 @@ static tpr_status mpi_all_reduce(void *ctx, const void *send, void *recv, size_t
   for (size_t off = 0; off < count; off += max_count) {
     size_t n = min_size(max_count, count - off);
     const void *src = send == recv ? MPI_IN_PLACE : (const char *)send + off * esz;
-    MPI_TRY(MPI_Allreduce(src, (char *)recv + off * esz, (int)n, reduce_type(dt), mpi_op(op), c->comm),
+    MPI_TRY(MPI_Allreduce(src, (char *)recv + off * esz, (int)n, tpr__mpi_reduce_type(dt), tpr__mpi_op(op), c->comm),
             "MPI_Allreduce");
   }
   return TPR_OK;
@@ -196,7 +183,7 @@ static tpr_status reduce_scatter_packed(mpi_ctx *c, const void *send, void *recv
     size_t m = min_size(chunk, count - off);
     for (size_t j = 0; j < n; j++)
       tpr_dtype_convert((const char *)send + (j * count + off) * esz, dt, tmp + j * m * asz, acc, m);
-    MPI_TRY(MPI_Reduce_scatter_block(MPI_IN_PLACE, tmp, (int)m, reduce_type(acc), mpi_op(op), c->comm),
+    MPI_TRY(MPI_Reduce_scatter_block(MPI_IN_PLACE, tmp, (int)m, tpr__mpi_reduce_type(acc), tpr__mpi_op(op), c->comm),
             "MPI_Reduce_scatter_block");
     tpr_dtype_convert(tmp, acc, (char *)recv + off * esz, dt, m);
   }
@@ -215,10 +202,10 @@ static tpr_status mpi_reduce_scatter(void *ctx, const void *send, void *recv, si
   bool in_place = recv == (const char *)send + (size_t)c->rank * bytes;
   void *dst = in_place ? scratch(c, bytes) : recv;
   if (!dst) return TPR_FAIL(TPR_ERR_OOM, "reduce_scatter: scratch for %zu bytes", bytes);
-  int err = MPI_Reduce_scatter_block(send, dst, (int)count, reduce_type(dt), mpi_op(op), c->comm);
+  int err = MPI_Reduce_scatter_block(send, dst, (int)count, tpr__mpi_reduce_type(dt), tpr__mpi_op(op), c->comm);
   if (err == MPI_SUCCESS && in_place) memcpy(recv, dst, bytes);
   scratch_trim(c);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Reduce_scatter_block");
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Reduce_scatter_block");
 }
 
 // --- data movement ------------------------------------------------------
@@ -227,21 +214,21 @@ static tpr_status mpi_all_gather(void *ctx, const void *send, void *recv, size_t
   mpi_ctx *c = ctx;
   if (!count) return TPR_OK;
   span s;
-  TPR_CHECK(span_make(count, dt, &s));
+  TPR_CHECK(tpr__mpi_span_make(count, dt, &s));
   bool in_place = send == (const char *)recv + (size_t)c->rank * count * tpr_dtype_size(dt);
   int err = MPI_Allgather(in_place ? MPI_IN_PLACE : send, s.n, s.t, recv, s.n, s.t, c->comm);
-  span_free(&s);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Allgather");
+  tpr__mpi_span_free(&s);
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Allgather");
 }
 
 static tpr_status mpi_all_to_all(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt) {
   mpi_ctx *c = ctx;
   if (!count) return TPR_OK;
   span s;
-  TPR_CHECK(span_make(count, dt, &s));
+  TPR_CHECK(tpr__mpi_span_make(count, dt, &s));
   int err = MPI_Alltoall(send, s.n, s.t, recv, s.n, s.t, c->comm);
-  span_free(&s);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Alltoall");
+  tpr__mpi_span_free(&s);
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Alltoall");
 }
 
 // all_to_allv as one message per peer (MPI_Alltoallv would take int counts
@@ -266,7 +253,7 @@ static tpr_status mpi_all_to_allv(void *ctx, const void *send, const size_t *sc,
     int j = (r - k + n) % n;
     if (!rc[j]) continue;
     req[nreq] = MPI_REQUEST_NULL;
-    st = span_make(rc[j], dt, &spans[nreq]);
+    st = tpr__mpi_span_make(rc[j], dt, &spans[nreq]);
     if (st == TPR_OK)
       err = MPI_Irecv((char *)recv + rd[j] * esz, spans[nreq].n, spans[nreq].t, j, TAG_ALLTOALLV, c->comm,
                       &req[nreq]);
@@ -277,7 +264,7 @@ static tpr_status mpi_all_to_allv(void *ctx, const void *send, const size_t *sc,
     if (!sc[j]) continue;
     what = "MPI_Isend";
     req[nreq] = MPI_REQUEST_NULL;
-    st = span_make(sc[j], dt, &spans[nreq]);
+    st = tpr__mpi_span_make(sc[j], dt, &spans[nreq]);
     if (st == TPR_OK)
       err = MPI_Isend((const char *)send + sd[j] * esz, spans[nreq].n, spans[nreq].t, j, TAG_ALLTOALLV, c->comm,
                       &req[nreq]);
@@ -291,11 +278,11 @@ static tpr_status mpi_all_to_allv(void *ctx, const void *send, const size_t *sc,
   // behind would write into the caller's buffer after the call returned.
   int werr = nreq ? MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
   if (err == MPI_SUCCESS && werr != MPI_SUCCESS) err = werr, what = "MPI_Waitall";
-  for (int i = 0; i < nreq; i++) span_free(&spans[i]);
+  for (int i = 0; i < nreq; i++) tpr__mpi_span_free(&spans[i]);
   if (req != stack_req) free(req);
   if (spans != stack_spans) free(spans);
   if (st != TPR_OK) return st;
-  if (err != MPI_SUCCESS) return mpi_fail(err, what);
+  if (err != MPI_SUCCESS) return tpr__mpi_fail(err, what);
   if (sc[r] != rc[r])
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "all_to_allv: rank %d sends itself %zu elements but expects %zu", r, sc[r],
                     rc[r]);
@@ -307,10 +294,10 @@ static tpr_status mpi_broadcast(void *ctx, const void *send, void *recv, size_t 
   if (!count) return TPR_OK;
   if (c->rank == root && send != recv) memmove(recv, send, count * tpr_dtype_size(dt));
   span s;
-  TPR_CHECK(span_make(count, dt, &s));
+  TPR_CHECK(tpr__mpi_span_make(count, dt, &s));
   int err = MPI_Bcast(recv, s.n, s.t, root, c->comm);
-  span_free(&s);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Bcast");
+  tpr__mpi_span_free(&s);
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Bcast");
 }
 
 static tpr_status mpi_barrier(void *ctx) {
@@ -324,18 +311,18 @@ static char p2p_dummy;
 
 static tpr_status mpi_send(void *ctx, const void *buf, size_t count, tpr_dtype dt, int peer) {
   span s;
-  TPR_CHECK(span_make(count, dt, &s));
+  TPR_CHECK(tpr__mpi_span_make(count, dt, &s));
   int err = MPI_Send(buf ? buf : &p2p_dummy, s.n, s.t, peer, TAG_P2P, ((mpi_ctx *)ctx)->comm);
-  span_free(&s);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Send");
+  tpr__mpi_span_free(&s);
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Send");
 }
 
 static tpr_status mpi_recv(void *ctx, void *buf, size_t count, tpr_dtype dt, int peer) {
   span s;
-  TPR_CHECK(span_make(count, dt, &s));
+  TPR_CHECK(tpr__mpi_span_make(count, dt, &s));
   int err = MPI_Recv(buf ? buf : &p2p_dummy, s.n, s.t, peer, TAG_P2P, ((mpi_ctx *)ctx)->comm, MPI_STATUS_IGNORE);
-  span_free(&s);
-  return err == MPI_SUCCESS ? TPR_OK : mpi_fail(err, "MPI_Recv");
+  tpr__mpi_span_free(&s);
+  return err == MPI_SUCCESS ? TPR_OK : tpr__mpi_fail(err, "MPI_Recv");
 }
 
 // --- communicators ------------------------------------------------------
@@ -416,6 +403,10 @@ static const tpr_comm_vtable mpi_vtable = {
     .barrier = mpi_barrier,
     .send = tpr__stage_send,
     .recv = tpr__stage_recv,
+    .iall_gather = tpr__mpi_iall_gather,
+    .ireduce_scatter = tpr__mpi_ireduce_scatter,
+    .test = tpr__mpi_test,
+    .wait = tpr__mpi_wait,
     .split = mpi_split,
     .destroy = mpi_destroy,
 };

@@ -72,28 +72,41 @@ static void sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-// Waits for the stream. Spins first (a small collective takes microseconds),
-// then sleeps with backoff up to 1 ms so a long wait costs no CPU.
-static tpr_status wait_stream(nccl_ctx *c, const char *what) {
+// One look at the stream (ev NULL) or at an event recorded on it: *done, or
+// an error when CUDA or NCCL (asynchronously: a failed peer) reports one.
+static tpr_status poll_once(nccl_ctx *c, cudaEvent_t ev, const char *what, bool *done) {
+  cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(c->stream);
+  *done = e == cudaSuccess;
+  if (*done) return TPR_OK;
+  if (e != cudaErrorNotReady) {
+    c->broken = true;
+    return cuda_fail(e, what);
+  }
+  ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(c->comm, &async);
+  if (r != ncclSuccess) return nccl_fail(c, r, "ncclCommGetAsyncError");
+  if (async != ncclSuccess && async != ncclInProgress) {
+    c->broken = true;
+    return nccl_fail(c, async, what);
+  }
+  return TPR_OK;
+}
+
+// Waits for the stream (ev NULL) or an event on it. Spins first (a small
+// collective takes microseconds), then sleeps with backoff up to 1 ms so a
+// long wait costs no CPU.
+static tpr_status wait_on(nccl_ctx *c, cudaEvent_t ev, const char *what) {
   long nap_us = 0;
   for (unsigned polls = 0;; polls++) {
-    cudaError_t e = cudaStreamQuery(c->stream);
-    if (e == cudaSuccess) return TPR_OK;
-    if (e != cudaErrorNotReady) {
-      c->broken = true;
-      return cuda_fail(e, what);
-    }
-    ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(c->comm, &async);
-    if (r != ncclSuccess) return nccl_fail(c, r, "ncclCommGetAsyncError");
-    if (async != ncclSuccess && async != ncclInProgress) {
-      c->broken = true;
-      return nccl_fail(c, async, what);
-    }
+    bool done = false;
+    TPR_CHECK(poll_once(c, ev, what, &done));
+    if (done) return TPR_OK;
     if (polls < 2000) continue;
     nap_us = nap_us ? (nap_us < 1000 ? 2 * nap_us : 1000) : 10;
     sleep_us(nap_us);
   }
 }
+
+static tpr_status wait_stream(nccl_ctx *c, const char *what) { return wait_on(c, NULL, what); }
 
 // The tail of every entry: the enqueue's result, then completion.
 static tpr_status finish(nccl_ctx *c, ncclResult_t r, const char *what) {
@@ -148,6 +161,64 @@ static tpr_status nc_reduce_scatter(void *ctx, const void *send, void *recv, siz
   TPR_CHECK(check_buffers(c, send, recv, "reduce_scatter"));
   return finish(c, ncclReduceScatter(send, recv, recv_count, nccl_type(dt), nccl_op(op), c->comm, c->stream),
                 "ncclReduceScatter");
+}
+
+// --- nonblocking: enqueue, then an event marks completion -----------------
+
+typedef struct nc_req {
+  cudaEvent_t ev;
+  const char *what;
+} nc_req;
+
+// The tail of a nonblocking start: the enqueue's result, then an event on
+// the stream. If the event cannot be made, the collective is already
+// enqueued: wait for it so the caller's buffers are free when this fails.
+static tpr_status start(nccl_ctx *c, ncclResult_t r, const char *what, void **req) {
+  if (r != ncclSuccess) return nccl_fail(c, r, what);
+  nc_req *q = calloc(1, sizeof *q);
+  cudaError_t e = q ? cudaEventCreateWithFlags(&q->ev, cudaEventDisableTiming) : cudaErrorMemoryAllocation;
+  if (e == cudaSuccess) e = cudaEventRecord(q->ev, c->stream);
+  if (e != cudaSuccess) {
+    tpr_status rc = wait_stream(c, what);
+    if (q && q->ev) cudaEventDestroy(q->ev);
+    free(q);
+    return rc != TPR_OK ? rc : cuda_fail(e, "cudaEventCreate/Record (nonblocking collective)");
+  }
+  q->what = what;
+  *req = q;
+  return TPR_OK;
+}
+
+static tpr_status nc_iall_gather(void *ctx, const void *send, void *recv, size_t send_count, tpr_dtype dt,
+                                 void **req) {
+  nccl_ctx *c = ctx;
+  *req = NULL;
+  if (!send_count) return TPR_OK;
+  TPR_CHECK(check_buffers(c, send, recv, "iall_gather"));
+  return start(c, ncclAllGather(send, recv, send_count, nccl_type(dt), c->comm, c->stream), "ncclAllGather", req);
+}
+
+static tpr_status nc_ireduce_scatter(void *ctx, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
+                                     tpr_red_op op, void **req) {
+  nccl_ctx *c = ctx;
+  *req = NULL;
+  if (!recv_count) return TPR_OK;
+  TPR_CHECK(check_buffers(c, send, recv, "ireduce_scatter"));
+  return start(c, ncclReduceScatter(send, recv, recv_count, nccl_type(dt), nccl_op(op), c->comm, c->stream),
+               "ncclReduceScatter", req);
+}
+
+static tpr_status nc_test(void *ctx, void *req, bool *done) {
+  nc_req *q = req;
+  return poll_once(ctx, q->ev, q->what, done);
+}
+
+static tpr_status nc_wait(void *ctx, void *req) {
+  nc_req *q = req;
+  tpr_status rc = wait_on(ctx, q->ev, q->what);
+  cudaEventDestroy(q->ev);
+  free(q);
+  return rc;
 }
 
 // One grouped exchange: to peer j go sc[j] elements from send + sd[j]; from
@@ -291,6 +362,10 @@ static const tpr_comm_vtable nccl_vtable = {
     .barrier = nc_barrier,
     .send = nc_send,
     .recv = nc_recv,
+    .iall_gather = nc_iall_gather,
+    .ireduce_scatter = nc_ireduce_scatter,
+    .test = nc_test,
+    .wait = nc_wait,
     .split = nc_split,
     .destroy = nc_destroy,
 };

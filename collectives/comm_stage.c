@@ -48,6 +48,8 @@ static bool on_device(const tpr_stage_ctx *s, const void *p) {
   return p && !s->device_ok && hooks->is_device(p);
 }
 
+bool tpr__stage_is_device(const tpr_stage_ctx *s, const void *p) { return on_device(s, p); }
+
 // The slow path starts here: kernels still writing the caller's device
 // buffers (on any stream, e.g. the backend's non-blocking one) finish first,
 // since the copies below run on the legacy default stream.

@@ -39,6 +39,9 @@ typedef struct tpr_stage_hooks {
 void tpr__stage_set_hooks(const tpr_stage_hooks *hooks);
 
 void tpr__stage_init(tpr_stage_ctx *s, const tpr_comm_vtable *host, bool device_ok, int rank, int size);
+// True when p is device memory the transport cannot read itself (it would
+// be staged).
+bool tpr__stage_is_device(const tpr_stage_ctx *s, const void *p);
 // Frees the cached pinned buffers.
 void tpr__stage_release(tpr_stage_ctx *s);
 

@@ -27,6 +27,8 @@
 typedef enum tpr_red_op { TPR_SUM = 0, TPR_MAX = 1, TPR_MIN = 2 } tpr_red_op;
 
 typedef struct tpr_comm_s *tpr_comm_t;
+// An outstanding nonblocking collective (tpr_comm_iall_gather, ...).
+typedef struct tpr_comm_request_s *tpr_comm_request;
 
 // What a backend implements. The front (comm.c) has already checked the
 // arguments, so entries see valid dtypes, non-NULL buffers for count > 0 and
@@ -45,6 +47,17 @@ typedef struct tpr_comm_vtable {
   tpr_status (*barrier)(void *ctx);
   tpr_status (*send)(void *ctx, const void *buf, size_t count, tpr_dtype dt, int peer);
   tpr_status (*recv)(void *ctx, void *buf, size_t count, tpr_dtype dt, int peer);
+  // Nonblocking forms: start the collective and hand back the backend's
+  // request in *req, or NULL when it is already complete (self, zero
+  // counts). test sets *done once complete (the request stays the
+  // backend's); wait blocks until complete and frees the request, also
+  // when it fails. A backend that never returns a request needs no test
+  // or wait.
+  tpr_status (*iall_gather)(void *ctx, const void *send, void *recv, size_t send_count, tpr_dtype dt, void **req);
+  tpr_status (*ireduce_scatter)(void *ctx, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
+                                tpr_red_op op, void **req);
+  tpr_status (*test)(void *ctx, void *req, bool *done);
+  tpr_status (*wait)(void *ctx, void *req);
   // Collective over the parent: ranks with the same color form a new group,
   // ordered by (key, parent rank). color < 0: this rank joins no group and
   // gets *out_ctx = NULL.
@@ -124,6 +137,35 @@ tpr_status tpr_comm_barrier(tpr_comm_t c);
 // Blocking; a send is matched by the peer's recv in call order.
 tpr_status tpr_comm_send(tpr_comm_t c, const void *buf, size_t count, tpr_dtype dt, int peer);
 tpr_status tpr_comm_recv(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int peer);
+
+// --- nonblocking collectives ---------------------------------------------
+// For overlapping communication with compute (FSDP gathers the next layer's
+// weights while this one computes). Same arguments, in-place rules and
+// checks as the blocking calls; a start returns at once with *req set (NULL
+// when the call fails). Until the request completes the buffers belong to
+// the collective: send must not be written, recv not read. Several requests
+// may be outstanding on one or several communicators and may complete in
+// any order, but every rank must start them in the same order per
+// communicator (as MPI requires; check mode verifies op, count and dtype at
+// the start, and a nonblocking call does not match a blocking one).
+// Backends: self (done at start), mpi (host buffers: MPI_Iallgather /
+// MPI_Ireduce_scatter_block; device buffers need a CUDA-aware MPI), nccl
+// (enqueued on the communicator's stream; test/wait poll its event). Others
+// are TPR_ERR_UNSUPPORTED naming the backend. The communicator must outlive
+// its requests.
+tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size_t send_count, tpr_dtype dt,
+                                tpr_comm_request *req);
+tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
+                                    tpr_red_op op, tpr_comm_request *req);
+// Drives progress (MPI has no progress thread: call this between compute
+// pieces); *done = true once complete. The request stays valid until waited.
+// NULL is complete.
+tpr_status tpr_comm_test(tpr_comm_request r, bool *done);
+// Blocks until complete and frees the request (NULL is a no-op), also when
+// it fails. Watched like a blocking collective: a rank that never starts
+// the matching call is reported and the job aborted. Errors name the op and
+// the group.
+tpr_status tpr_comm_wait(tpr_comm_request r);
 
 // --- programs -----------------------------------------------------------
 // Hashes p (tpr_program_hash, into *hash) and all-gathers the hashes over c

@@ -20,10 +20,13 @@
 //    #wrong is summed over ranks (Allreduce(..., /*sum*/4)).
 // Beyond nccl-tests: --blocks splits the timed iterations into blocks and
 // reports the interquartile mean of the block times; --baseline alternates
-// one-iteration blocks of tpr's call and the raw MPI call (see measure).
+// one-iteration blocks of tpr's call and the raw MPI call, which runs as a
+// plain program would: on buffers of its own, malloc'd and filled per size,
+// and MPI_COMM_WORLD (bench_comm_mpi.c; see measure).
 // Every op runs out of place except broadcast, which runs in place as
 // MPI_Bcast does.
 #include "launch/bench_comm.h"
+#include "launch/bench_comm_mpi.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -35,21 +38,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives/comm_mpi.h"
 #include "launch/args.h"
 #include "launch/cli_util.h"
 #include "launch/world.h"
 #include "runtime/backend_cuda.h"
-
-typedef enum bench_op {
-  OP_ALL_REDUCE,
-  OP_ALL_GATHER,
-  OP_REDUCE_SCATTER,
-  OP_ALL_TO_ALL,
-  OP_BROADCAST,
-  OP_SENDRECV,
-  OP_COUNT
-} bench_op;
 
 static const struct {
   const char *name, *alias, *mpi_call;
@@ -99,9 +91,7 @@ typedef struct bench {
   size_t cap;
   void *send, *recv, *hsend, *hrecv;
   tpr_backend *dev;
-  MPI_Comm mpi;  // the baseline's communicator: the one behind w->comm
-  MPI_Datatype mpi_dt;
-  MPI_Op mpi_op, half_op;
+  bench_mpi m;  // the baseline: its own buffers, MPI_COMM_WORLD
   int64_t *t;  // (2 blocks + 2) block times and #wrong, summed over ranks
   uint64_t red_mod, mov_mod;  // input values are integers below these (exact in every dtype)
 } bench;
@@ -158,57 +148,7 @@ static tpr_status run_tpr(bench *b, const shape *s) {
   }
 }
 
-static int run_mpi_call(bench *b, const shape *s) {
-  int cnt = (int)s->count;
-  MPI_Datatype t = b->mpi_dt;
-  switch (b->op) {
-    case OP_ALL_REDUCE: return MPI_Allreduce(b->send, b->recv, cnt, t, b->mpi_op, b->mpi);
-    case OP_ALL_GATHER: return MPI_Allgather(b->send, cnt, t, b->recv, cnt, t, b->mpi);
-    case OP_REDUCE_SCATTER: return MPI_Reduce_scatter_block(b->send, b->recv, cnt, t, b->mpi_op, b->mpi);
-    case OP_ALL_TO_ALL: return MPI_Alltoall(b->send, cnt, t, b->recv, cnt, t, b->mpi);
-    case OP_BROADCAST: return MPI_Bcast(b->recv, cnt, t, b->root, b->mpi);
-    case OP_SENDRECV:
-      return MPI_Sendrecv(b->send, cnt, t, (b->rank + 1) % b->n, 0, b->recv, cnt, t, (b->rank + b->n - 1) % b->n, 0,
-                          b->mpi, MPI_STATUS_IGNORE);
-    default: return MPI_ERR_OTHER;
-  }
-}
-
-static tpr_status run_mpi(bench *b, const shape *s) {
-  int err = run_mpi_call(b, s);
-  if (err == MPI_SUCCESS) return TPR_OK;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(err, msg, &len);
-  return TPR_FAIL(TPR_ERR_COMM, "baseline %s: %s", ops[b->op].mpi_call, msg);
-}
-
-// MPI has no 16-bit float reductions: the baseline reduces them with a user
-// op that adds in f32 and rounds each partial result, as a user of raw MPI would.
-static tpr_dtype half_dt;
-static tpr_red_op half_red;
-static void half_reduce(void *in, void *inout, int *len, MPI_Datatype *t) {
-  const uint16_t *a = in;
-  uint16_t *o = inout;
-  for (int i = 0; i < *len; i++) {
-    float x = half_dt == TPR_BF16 ? tpr_bf16_to_f32(a[i]) : tpr_f16_to_f32(a[i]);
-    float y = half_dt == TPR_BF16 ? tpr_bf16_to_f32(o[i]) : tpr_f16_to_f32(o[i]);
-    float z = half_red == TPR_SUM ? x + y : half_red == TPR_MAX ? fmaxf(x, y) : fminf(x, y);
-    o[i] = half_dt == TPR_BF16 ? tpr_f32_to_bf16(z) : tpr_f32_to_f16(z);
-  }
-}
-
-static void mpi_setup(bench *b) {
-  b->mpi_dt = b->dt == TPR_F32 ? MPI_FLOAT : b->dt == TPR_I32 ? MPI_INT32_T : b->dt == TPR_I64 ? MPI_INT64_T
-                                                                                            : MPI_UINT16_T;
-  b->mpi_op = b->redop == TPR_MAX ? MPI_MAX : b->redop == TPR_MIN ? MPI_MIN : MPI_SUM;
-  if (b->dt == TPR_BF16 || b->dt == TPR_F16) {
-    half_dt = b->dt;
-    half_red = b->redop;
-    if (b->half_op == MPI_OP_NULL) MPI_Op_create(half_reduce, 1, &b->half_op);
-    b->mpi_op = b->half_op;
-  }
-}
+static tpr_status run_mpi(bench *b, const shape *s) { return bench_mpi_run(&b->m, s->count); }
 
 // ---- data check --------------------------------------------------------------
 
@@ -242,22 +182,24 @@ static double expected(const bench *b, const shape *s, size_t j, int epoch) {
 }
 
 // One call with fresh inputs; *wrong = elements of this rank's output that differ.
+// The baseline's own buffers hold its inputs and outputs (mpi: true).
 static tpr_status check_once(bench *b, const shape *s, bool mpi, int epoch, int64_t *wrong) {
   size_t in_bytes = s->send * b->es, out_bytes = s->recv * b->es;
-  memset(b->hrecv, 0xff, out_bytes);  // NaN / -1: never an expected value
+  void *hsend = mpi ? b->m.send : b->hsend, *hrecv = mpi ? b->m.recv : b->hrecv;
+  memset(hrecv, 0xff, out_bytes);  // NaN / -1: never an expected value
   if (b->op == OP_BROADCAST && b->rank == b->root)
-    for (size_t i = 0; i < s->recv; i++) tpr_dtype_store(b->hrecv, b->dt, i, in_value(b, b->rank, i, epoch));
+    for (size_t i = 0; i < s->recv; i++) tpr_dtype_store(hrecv, b->dt, i, in_value(b, b->rank, i, epoch));
   if (b->op != OP_BROADCAST)
-    for (size_t i = 0; i < s->send; i++) tpr_dtype_store(b->hsend, b->dt, i, in_value(b, b->rank, i, epoch));
-  if (b->dev) {
+    for (size_t i = 0; i < s->send; i++) tpr_dtype_store(hsend, b->dt, i, in_value(b, b->rank, i, epoch));
+  if (b->dev && !mpi) {
     TPR_CHECK(b->dev->vt->copy_from_host(b->dev->ctx, b->send, b->hsend, in_bytes));
     TPR_CHECK(b->dev->vt->copy_from_host(b->dev->ctx, b->recv, b->hrecv, out_bytes));
   }
   TPR_CHECK(tpr_comm_barrier(b->w->host));
   TPR_CHECK(mpi ? run_mpi(b, s) : run_tpr(b, s));
-  if (b->dev) TPR_CHECK(b->dev->vt->copy_to_host(b->dev->ctx, b->hrecv, b->recv, out_bytes));
+  if (b->dev && !mpi) TPR_CHECK(b->dev->vt->copy_to_host(b->dev->ctx, b->hrecv, b->recv, out_bytes));
   int64_t bad = 0;
-  for (size_t j = 0; j < s->recv; j++) bad += tpr_dtype_load(b->hrecv, b->dt, j) != expected(b, s, j, epoch);
+  for (size_t j = 0; j < s->recv; j++) bad += tpr_dtype_load(hrecv, b->dt, j) != expected(b, s, j, epoch);
   *wrong = bad;
   return TPR_OK;
 }
@@ -299,9 +241,16 @@ static double iqm_us(int64_t *rank_sum_ns, int64_t blocks, int n, int64_t ipb) {
 // Warm-up, then `blocks` timed blocks of `ipb` iterations. With the baseline,
 // tpr and MPI blocks alternate T M | M T | T M ... so load from the rest of
 // the machine falls on both alike; the blocks' interquartile mean is reported.
+// The baseline's buffers are fresh per size, filled (send) and cleared
+// (recv) in that order, as a plain program touches them.
 static tpr_status measure(bench *b, uint64_t size, int epoch, row *r) {
   *r = (row){.s = shape_of(b, size), .wrong = -1, .mpi_wrong = -1};
   const shape *s = &r->s;
+  if (b->baseline) {
+    TPR_CHECK(bench_mpi_buffers(&b->m, s->send * b->es, s->recv * b->es));
+    for (size_t i = 0; i < s->send; i++) tpr_dtype_store(b->m.send, b->dt, i, in_value(b, b->rank, i, 0));
+    memset(b->m.recv, 0, s->recv * b->es);
+  }
   double t0 = tpr_cli_now();
   for (int64_t i = 0; i < b->warmup; i++) {
     TPR_CHECK(run_tpr(b, s));
@@ -399,8 +348,8 @@ static void print_header(const bench *b) {
     printf("; interquartile mean of %" PRId64 " blocks of %" PRId64 " iteration(s)", b->blocks, b->ipb);
   printf("\n");
   if (b->baseline)
-    printf("# baseline: %s on the same MPI communicator, blocks alternating with tpr's; ratio = busbw / mpi busbw\n",
-           ops[b->op].mpi_call);
+    printf("# baseline: %s on MPI_COMM_WORLD and its own malloc'd buffers, blocks alternating with tpr's; "
+           "ratio = busbw / mpi busbw\n", ops[b->op].mpi_call);
   printf("#\n# %10s  %12s  %8s  %6s  %6s  %8s  %7s  %7s  %6s", "size", "count", "type", "redop", "root", "time",
          "algbw", "busbw", "#wrong");
   if (b->baseline) printf("  %8s  %9s  %6s  %6s", "mpi time", "mpi busbw", "#wrong", "ratio");
@@ -459,7 +408,7 @@ static tpr_status run_op(bench *b, bench_op op, int64_t *total_wrong) {
   if (b->red_mod > 65521) b->red_mod = 65521;
   if (b->red_mod < 2) b->red_mod = 2;
   b->mov_mod = b->dt == TPR_BF16 ? 251 : b->dt == TPR_F16 ? 2039 : 65521;
-  if (b->baseline) mpi_setup(b);
+  if (b->baseline) bench_mpi_setup(&b->m, op, ops[op].mpi_call, b->dt, b->redop, b->root);
   if (b->rank == 0) print_header(b);
   double sum = 0, mpi_sum = 0, min_ratio = INFINITY;
   int rows = 0, epoch = 1;
@@ -565,8 +514,9 @@ static const char usage[] =
     "and receive buffers (the total for all_gather, reduce_scatter, all_to_all, whose count is per rank and\n"
     "rounded down to 16 bytes as nccl-tests does). Sizes take K, M, G (binary). Short flags are nccl-tests'\n"
     "(-b -e -i -f -n -w -c -d), except -o picks the collective and -r the reduction (nccl-tests: -o redop,\n"
-    "-r root). With --baseline every size also runs through raw MPI on the same communicator, in blocks\n"
-    "alternating with tpr's, and adds mpi time, mpi busbw, its #wrong and ratio = busbw / mpi busbw.\n"
+    "-r root). With --baseline every size also runs through raw MPI as a plain program calls it (MPI_COMM_WORLD,\n"
+    "buffers of its own, malloc'd and filled per size), in blocks alternating with tpr's, and adds mpi time,\n"
+    "mpi busbw, its #wrong and ratio = busbw / mpi busbw.\n"
     "Ops run out of place except broadcast (in place, as MPI_Bcast); sendrecv sends to rank+1 and receives\n"
     "from rank-1. Exit 1 if any element is wrong.";
 
@@ -590,7 +540,8 @@ int tpr_bench_comm(int argc, char **argv) {
       {"warmup_iters", TPR_ARG_INT, &warmup, "-w: untimed iterations before them (default 5)"},
       {"check", TPR_ARG_INT, &check, "-c: 1 checks one extra call per size with fresh inputs (default 1)"},
       {"root", TPR_ARG_INT, &root, "broadcast root (default 0)"},
-      {"baseline", TPR_ARG_FLAG, &baseline, "also time the raw MPI call on the same communicator (mpi backend)"},
+      {"baseline", TPR_ARG_FLAG, &baseline,
+       "also time the raw MPI call on its own buffers and MPI_COMM_WORLD (mpi backend)"},
       {"blocks", TPR_ARG_INT, &blocks,
        "timed blocks per size, reported as the interquartile mean of their times (default 1; --baseline: "
        "-n one-iteration blocks, up to 10x more to fill 0.5 s)"},
@@ -609,7 +560,7 @@ int tpr_bench_comm(int argc, char **argv) {
     return ar == TPR_ARGS_HELP ? 0 : 2;
   }
   bench b = {.redop = TPR_SUM, .iters = iters > 0 ? iters : baseline ? 100 : 20, .warmup = warmup,
-             .check = check != 0, .json = json, .baseline = baseline, .half_op = MPI_OP_NULL};
+             .check = check != 0, .json = json, .baseline = baseline, .m = {.half_op = MPI_OP_NULL}};
   int first = -1, last = -1;
   for (int k = 0; k < OP_COUNT; k++)
     if (strcmp(op_s, ops[k].name) == 0 || strcmp(op_s, ops[k].alias) == 0) first = last = k;
@@ -681,7 +632,6 @@ int tpr_bench_comm(int argc, char **argv) {
     free_argv(av, argc);
     return rc;
   }
-  if (baseline) b.mpi = tpr__comm_mpi_handle(w.comm);
   b.cap = (size_t)(b.maxb > 16 ? b.maxb : 16);
   tpr_status st = TPR_OK;
   b.max_blocks = baseline && !blocks ? 10 * b.blocks : b.blocks;
@@ -703,7 +653,7 @@ int tpr_bench_comm(int argc, char **argv) {
   }
   int64_t wrong = 0;
   for (int k = first; st == TPR_OK && k <= last; k++) st = run_op(&b, (bench_op)k, &wrong);
-  if (b.half_op != MPI_OP_NULL) MPI_Op_free(&b.half_op);
+  bench_mpi_free(&b.m);
   if (b.dev) {
     if (b.send) tpr_backend_release(b.dev, b.send);
     if (b.recv) tpr_backend_release(b.dev, b.recv);

@@ -467,3 +467,116 @@ void case_send_recv(tpr_dtype dt, size_t count, int mem) {
   EXPECT(guard_ok(ra + bytes) && guard_ok(rb + bytes), "%s: wrote past the end", what);
   tb_free(a), tb_free(b), tb_free(ra), tb_free(rb);
 }
+
+// --- nonblocking ----------------------------------------------------------
+
+typedef struct nb_case {
+  bool gather;
+  tpr_dtype dt;
+  tpr_red_op op;
+  bool in_place;
+  uint64_t salt;
+  size_t bytes, total;           // one block, n blocks
+  unsigned char *send, *recv;    // recv inside send (reduce_scatter) or send inside recv (gather) in place
+  unsigned char *base;           // the allocation that holds both in place
+  tpr_comm_request req;
+} nb_case;
+
+static const struct {
+  bool gather;
+  tpr_dtype dt;
+  tpr_red_op op;
+  bool in_place;
+} nb_mix[] = {
+    {true, TPR_F32, TPR_SUM, false},  {false, TPR_F32, TPR_SUM, false}, {false, TPR_BF16, TPR_SUM, true},
+    {true, TPR_I64, TPR_SUM, true},   {false, TPR_I32, TPR_MAX, true},  {false, TPR_F16, TPR_MIN, false},
+    {false, TPR_I64, TPR_SUM, false}, {true, TPR_BF16, TPR_SUM, false},
+};
+#define NB_K (sizeof nb_mix / sizeof nb_mix[0])
+
+// Buffers of case k filled with its inputs (guards after each output).
+static void nb_setup(nb_case *c, size_t count) {
+  c->bytes = count * tpr_dtype_size(c->dt), c->total = c->bytes * (size_t)N;
+  if (c->gather) {
+    c->base = c->recv = tb_alloc(c->total, false);
+    c->send = c->in_place ? c->recv + (size_t)R * c->bytes : tb_alloc(c->bytes, false);
+    fill_move(c->send, c->dt, c->salt, R, 0, count);
+    guard_set(c->recv + c->total);
+  } else {
+    c->base = c->send = tb_alloc(c->total, false);
+    c->recv = c->in_place ? c->send + (size_t)R * c->bytes : tb_alloc(c->bytes, false);
+    fill_red(c->send, c->dt, c->op, c->salt, R, 0, (size_t)N * count);
+    if (!c->in_place) guard_set(c->recv + c->bytes);
+  }
+}
+
+static void nb_release(nb_case *c) {
+  if (!c->in_place) tb_free(c->gather ? c->send : c->recv);
+  tb_free(c->base);
+}
+
+static tpr_status nb_start(nb_case *c, size_t count) {
+  return c->gather ? tpr_comm_iall_gather(comm, c->send, c->recv, count, c->dt, &c->req)
+                   : tpr_comm_ireduce_scatter(comm, c->send, c->recv, count, c->dt, c->op, &c->req);
+}
+
+void case_nonblocking(size_t count) {
+  nb_case cs[NB_K], bl[NB_K];
+  int order[NB_K];
+  uint64_t salt = ++case_no;
+  for (size_t k = 0; k < NB_K; k++) {
+    cs[k] = (nb_case){.gather = nb_mix[k].gather, .dt = nb_mix[k].dt, .op = nb_mix[k].op,
+                      .in_place = nb_mix[k].in_place, .salt = salt * 64 + k};
+    nb_setup(&cs[k], count);
+    order[k] = (int)k;
+  }
+  // Every rank starts them in the same order; each completes them in its
+  // own random order (MPI allows it), the first through a test() loop.
+  for (size_t k = NB_K - 1; k > 0; k--) {
+    size_t j = H(salt, (uint64_t)R + 1000, k) % (k + 1);
+    int t = order[k];
+    order[k] = order[j], order[j] = t;
+  }
+  for (size_t k = 0; k < NB_K; k++) EXPECT_OK(nb_start(&cs[k], count));
+  bool done = false;
+  long polls = 0;
+  while (!done && polls < 100000000L) {
+    tpr_status rc = tpr_comm_test(cs[order[0]].req, &done);
+    polls++;
+    if (rc != TPR_OK) {
+      EXPECT_OK(rc);
+      break;
+    }
+  }
+  EXPECT(done, "nonblocking count %zu: test() never reported completion", count);
+  for (size_t k = 0; k < NB_K; k++) EXPECT_OK(tpr_comm_wait(cs[order[k]].req));
+  // Exact results, and the blocking call on the same inputs, bit for bit.
+  for (size_t k = 0; k < NB_K; k++) {
+    nb_case *c = &cs[k];
+    char what[160];
+    snprintf(what, sizeof what, "i%s %s %s count %zu%s (completed %s)", c->gather ? "all_gather" : "reduce_scatter",
+             tpr_dtype_name(c->dt), c->gather ? "" : op_name(c->op), count, c->in_place ? " in place" : "",
+             k == (size_t)order[0] ? "by test" : "by wait");
+    if (c->gather) {
+      for (int s = 0; s < N; s++)
+        EXPECT(check_moved(c->recv + (size_t)s * c->bytes, c->dt, c->salt, s, 0, count, what) == 0, "%s: block %d",
+               what, s);
+      EXPECT(guard_ok(c->recv + c->total), "%s: wrote past recv", what);
+    } else {
+      EXPECT(check_reduced(c->recv, c->dt, c->op, c->salt, N, (size_t)R * count, count, what) == 0,
+             "%s: wrong result", what);
+      if (!c->in_place) EXPECT(guard_ok(c->recv + c->bytes), "%s: wrote past recv", what);
+    }
+    bl[k] = *c;
+    nb_setup(&bl[k], count);
+    EXPECT_OK(c->gather ? tpr_comm_all_gather(comm, bl[k].send, bl[k].recv, count, c->dt)
+                        : tpr_comm_reduce_scatter(comm, bl[k].send, bl[k].recv, count, c->dt, c->op));
+    size_t out = c->gather ? c->total : c->bytes;
+    EXPECT(memcmp(c->recv, bl[k].recv, out) == 0, "%s: differs from the blocking call", what);
+    nb_release(&bl[k]);
+    nb_release(c);
+  }
+  if (R == 0 && count >= 1000)
+    printf("# nonblocking: %zu requests outstanding (count %zu), first completed after %ld test() polls\n", NB_K,
+           count, polls);
+}

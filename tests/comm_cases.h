@@ -111,5 +111,10 @@ void case_all_to_allv(tpr_dtype dt, size_t maxc, int mem);
 void case_broadcast(tpr_dtype dt, size_t count, int root, int variant, int mem);
 // A ring of two messages each way (nothing at np 1).
 void case_send_recv(tpr_dtype dt, size_t count, int mem);
+// Eight nonblocking all_gathers and reduce_scatters (f32, bf16, f16, i32,
+// i64; in place and not) outstanding at once, completed in a random order
+// per rank (the first through a tpr_comm_test loop): exact results, and
+// equal bit for bit to the blocking calls on the same inputs.
+void case_nonblocking(size_t count);
 
 #endif

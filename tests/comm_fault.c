@@ -3,6 +3,8 @@
 // count, or waits for a message nobody sends.
 //   comm_fault skip RANK TIMEOUT      rank RANK skips the last all_reduce (#3) and waits
 //                                     in the final barrier
+//   comm_fault iskip RANK TIMEOUT     call #3 is a nonblocking all_gather that rank RANK never
+//                                     starts; the others wait for it in tpr_comm_wait
 //   comm_fault count RANK             check mode: rank RANK passes count + 1
 //   comm_fault op RANK                check mode: rank RANK calls a barrier instead
 //   comm_fault recv TIMEOUT           rank 0 receives from rank 1, which never sends
@@ -34,7 +36,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rank = tpr_comm_rank(world), odd = atoi(argv[2]);
-  double timeout = strcmp(mode, "skip") == 0 ? atof(argv[3]) : atof(argv[2]);
+  bool iskip = strcmp(mode, "iskip") == 0;
+  double timeout = strcmp(mode, "skip") == 0 || iskip ? atof(argv[3]) : atof(argv[2]);
   if (strcmp(mode, "count") == 0 || strcmp(mode, "op") == 0) {
     timeout = 30;
     tpr_comm_set_check(world, true);
@@ -55,7 +58,17 @@ int main(int argc, char **argv) {
     return finish(world, named ? 3 : 1);
   } else {
     for (int k = 1; k <= 3; k++) {
-      if (!strcmp(mode, "skip") && k == 3 && rank == odd) continue;
+      if ((!strcmp(mode, "skip") || iskip) && k == 3 && rank == odd) continue;
+      if (iskip && k == 3) {
+        float all[64 * N];
+        tpr_comm_request req = NULL;
+        bool done = false;
+        if (tpr_comm_iall_gather(world, x, all, N, TPR_F32, &req) != TPR_OK) return finish(world, 1);
+        for (int p = 0; p < 100 && !done; p++)  // polls never complete it: rank `odd` is missing
+          if (tpr_comm_test(req, &done) != TPR_OK) return finish(world, 1);
+        if (tpr_comm_wait(req) != TPR_OK) return finish(world, 1);
+        continue;
+      }
       if (tpr_comm_all_reduce(world, x, x, N, TPR_F32, TPR_SUM) != TPR_OK) return finish(world, 1);
     }
   }

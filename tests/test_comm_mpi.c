@@ -327,6 +327,50 @@ static void test_errors(void **state) {
   agree();
 }
 
+// Nonblocking all_gather / reduce_scatter: several outstanding at once,
+// completed out of order (case_nonblocking), also past the int-count limit
+// (derived types, packed chunks); check mode catches a wrong count on one
+// rank at the start (the negative control: no request is left behind).
+static void test_nonblocking(void **state) {
+  const size_t sizes[] = {1, 7, 1000, MI / 8};
+  for (size_t k = 0; k < LEN(sizes); k++) case_nonblocking(sizes[k]);
+  tpr__comm_mpi_set_max_count(7);
+  case_nonblocking(100);
+  tpr__comm_mpi_set_max_count(0);
+  // Zero counts with NULL buffers complete at once.
+  tpr_comm_request q = (tpr_comm_request)&q;
+  bool done = false;
+  EXPECT_OK(tpr_comm_iall_gather(comm, NULL, NULL, 0, TPR_F32, &q));
+  EXPECT_OK(tpr_comm_test(q, &done));
+  EXPECT(done, "a zero-count request is complete");
+  EXPECT_OK(tpr_comm_wait(q));
+  EXPECT_OK(tpr_comm_wait(NULL));
+  EXPECT_STATUS(tpr_comm_ireduce_scatter(comm, NULL, NULL, 4, TPR_F32, TPR_SUM, &q), TPR_ERR_INVALID_ARG);
+  EXPECT(q == NULL, "a failed start leaves no request");
+  EXPECT_STATUS(tpr_comm_ireduce_scatter(comm, &done, &done, 1, TPR_U8, TPR_SUM, &q), TPR_ERR_DTYPE);
+  EXPECT_STATUS(tpr_comm_iall_gather(comm, &done, &done, 1, TPR_U8, NULL), TPR_ERR_INVALID_ARG);
+  if (N > 1) {
+    float send[64 * 8], recv[64 * 8];
+    for (int i = 0; i < 64 * 8; i++) send[i] = (float)(R + i);
+    tpr_comm_set_check(comm, true);
+    EXPECT_OK(tpr_comm_ireduce_scatter(comm, send, recv, 4, TPR_F32, TPR_SUM, &q));  // agreed: fine
+    EXPECT_OK(tpr_comm_wait(q));
+    size_t count = 4 + (R == N - 1);  // the last rank passes a wrong count
+    tpr_status rc = tpr_comm_iall_gather(comm, send, recv, count, TPR_F32, &q);
+    char want[96];
+    snprintf(want, sizeof want, "rank %d (world %d) calls iall_gather", N - 1, N - 1);
+    EXPECT(rc == TPR_ERR_COMM && q == NULL && strstr(tpr_last_error(), want) && strstr(tpr_last_error(), "differs"),
+           "check mode: a wrong count on rank %d -> %s: %s", N - 1, tpr_status_name(rc), tpr_last_error());
+    if (R == 0 && rc == TPR_ERR_COMM) print_message("check mode caught it: %s\n", tpr_last_error());
+    // A blocking call does not match a nonblocking one.
+    rc = R == 0 ? tpr_comm_iall_gather(comm, send, recv, 4, TPR_F32, &q)
+                : tpr_comm_all_gather(comm, send, recv, 4, TPR_F32);
+    EXPECT(rc == TPR_ERR_COMM && q == NULL, "check mode: blocking vs nonblocking -> %s", tpr_status_name(rc));
+    tpr_comm_set_check(comm, false);
+  }
+  agree();
+}
+
 int main(int argc, char **argv) {
   world = tt_mpi_world(&argc, &argv);
   comm = world;
@@ -345,6 +389,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_broadcast),      cmocka_unit_test(test_send_recv),
       cmocka_unit_test(test_count_limit),    cmocka_unit_test(test_device_staging),
       cmocka_unit_test(test_negative_controls), cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_nonblocking),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (R == 0) printf("# %llu checked calls per rank\n", (unsigned long long)case_no);

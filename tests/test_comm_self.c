@@ -268,6 +268,61 @@ static void test_split(void **state) {
   assert_null(g);
 }
 
+// Nonblocking forms: complete at the start (the copy), equal to the blocking
+// calls bit for bit, several outstanding and waited in reverse; a backend
+// without the entries is TPR_ERR_UNSUPPORTED naming it (negative control).
+static const tpr_comm_vtable bare_vtable = {.name = "bare"};
+static char bare_ctx;
+
+static void test_nonblocking(void **state) {
+  enum { K = 4 };
+  const tpr_dtype dts[K] = {TPR_F32, TPR_BF16, TPR_I64, TPR_F16};
+  size_t count = 1 + (size_t)tt_randint(0, 5000);
+  void *in[K], *got[K], *want[K];
+  tpr_comm_request req[K];
+  for (int k = 0; k < K; k++) {
+    size_t bytes = count * tpr_dtype_size(dts[k]);
+    in[k] = random_values(dts[k], count);
+    got[k] = malloc(bytes + GUARD), want[k] = malloc(bytes + GUARD);
+    fill_random(got[k], bytes + GUARD);
+    memcpy(want[k], got[k], bytes + GUARD);
+    if (k % 2) TT_OK(tpr_comm_ireduce_scatter(comm, in[k], got[k], count, dts[k], TPR_SUM, &req[k]));
+    else TT_OK(tpr_comm_iall_gather(comm, in[k], got[k], count, dts[k], &req[k]));
+  }
+  bool done = false;
+  TT_OK(tpr_comm_test(req[0], &done));
+  assert_true(done);
+  for (int k = K - 1; k >= 0; k--) TT_OK(tpr_comm_wait(req[k]));
+  for (int k = 0; k < K; k++) {
+    size_t bytes = count * tpr_dtype_size(dts[k]);
+    if (k % 2) TT_OK(tpr_comm_reduce_scatter(comm, in[k], want[k], count, dts[k], TPR_SUM));
+    else TT_OK(tpr_comm_all_gather(comm, in[k], want[k], count, dts[k]));
+    assert_memory_equal(got[k], want[k], bytes + GUARD);  // result and guard
+    assert_memory_equal(got[k], in[k], bytes);
+    free(in[k]), free(got[k]), free(want[k]);
+  }
+  // In place is a no-op.
+  float x[3] = {1, 2, 3};
+  tpr_comm_request r = NULL;
+  TT_OK(tpr_comm_ireduce_scatter(comm, x, x, 3, TPR_F32, TPR_MAX, &r));
+  TT_OK(tpr_comm_wait(r));
+  assert_true(x[0] == 1 && x[1] == 2 && x[2] == 3);
+  // Argument checks as the blocking calls.
+  assert_int_equal(tpr_comm_ireduce_scatter(comm, x, x, 3, TPR_U8, TPR_SUM, &r), TPR_ERR_DTYPE);
+  assert_null(r);
+  assert_int_equal(tpr_comm_iall_gather(comm, NULL, x, 3, TPR_F32, &r), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_comm_test(NULL, NULL), TPR_ERR_INVALID_ARG);
+  tpr_comm_t bare = NULL;
+  TT_OK(tpr__comm_new(&bare_vtable, &bare_ctx, 0, 1, NULL, "tp", NULL, &bare));
+  assert_int_equal(tpr_comm_iall_gather(bare, x, x, 1, TPR_F32, &r), TPR_ERR_UNSUPPORTED);
+  assert_non_null(strstr(tpr_last_error(), "bare backend has no iall_gather"));
+  assert_int_equal(tpr_comm_ireduce_scatter(bare, x, x, 1, TPR_F32, TPR_SUM, &r), TPR_ERR_UNSUPPORTED);
+  assert_non_null(strstr(tpr_last_error(), "ireduce_scatter"));
+  print_message("nonblocking on self: %d requests of %zu elements outstanding, equal to the blocking calls; "
+                "bare backend: %s\n", K, count, tpr_last_error());
+  tpr_comm_free(bare);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -282,6 +337,7 @@ int main(void) {
       cmocka_unit_test(test_all_to_allv),
       cmocka_unit_test(test_point_to_point),
       cmocka_unit_test(test_split),
+      cmocka_unit_test(test_nonblocking),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -67,6 +67,21 @@ static void test_skipped_collective_aborts_all(void **state) {
   tt_run_done(&r);
 }
 
+// The same with a nonblocking all_gather: the watchdog covers the time the
+// others spend in tpr_comm_wait.
+static void test_skipped_nonblocking_aborts_all(void **state) {
+  const double timeout = 3;
+  double s;
+  run_result r = run(3, (const char *const[]){"iskip", "1", "3", NULL}, &s);
+  assert_int_not_equal(r.code, 0);
+  assert_true(s < timeout + MARGIN_S);
+  assert_null(strstr(r.out, "FINISHED"));
+  assert_non_null(strstr(r.err, "exceeded --comm-timeout"));
+  assert_non_null(strstr(r.err, "arrived at iall_gather #3: 0 2"));
+  assert_non_null(strstr(r.err, "missing from iall_gather #3: rank 1: in barrier #3 on group world"));
+  tt_run_done(&r);
+}
+
 static void test_unmatched_recv_aborts(void **state) {
   double s;
   run_result r = run(2, (const char *const[]){"recv", "2", NULL}, &s);
@@ -111,6 +126,7 @@ int main(void) {
       cmocka_unit_test(test_control_finishes),
       cmocka_unit_test(test_skipped_collective_aborts_all),
       cmocka_unit_test(test_unmatched_recv_aborts),
+      cmocka_unit_test(test_skipped_nonblocking_aborts_all),
       cmocka_unit_test(test_check_mode_catches_count),
       cmocka_unit_test(test_check_mode_catches_op),
   };
