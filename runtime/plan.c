@@ -66,12 +66,19 @@ tpr_status tpr_program_plan_memory(const tpr_program *p, tpr_memory_plan *plan, 
     return TPR_FAIL(TPR_ERR_OOM, "memory planner");
   }
   compute_lifetimes(p, last_use);
+  int *issue = malloc((size_t)(p->n_nodes ? p->n_nodes : 1) * sizeof *issue);
+  if (!issue) {
+    free(last_use), free(bufs), free(placed), free(scratch);
+    return TPR_FAIL(TPR_ERR_OOM, "memory planner");
+  }
+  tpr__program_gather_issue(p, issue);
   int nb = 0;
   for (int v = 0; v < nv; v++) {
     if (offsets) offsets[v] = TPR_PLAN_NONE;
     const tpr_value_rec *r = &p->values[v];
     if (r->kind != TPR_VALUE_NODE || r->base != v) continue;
-    bufs[nb++] = (buffer){.id = v, .size = align_up(tpr_tensor_nbytes(&r->desc)), .first = r->producer,
+    // A prefetched gather owns its bytes from the node that starts it.
+    bufs[nb++] = (buffer){.id = v, .size = align_up(tpr_tensor_nbytes(&r->desc)), .first = issue[r->producer],
                           .last = last_use[v]};
   }
   qsort(bufs, (size_t)nb, sizeof *bufs, by_size_desc);
@@ -83,6 +90,7 @@ tpr_status tpr_program_plan_memory(const tpr_program *p, tpr_memory_plan *plan, 
     if (offsets) offsets[bufs[i].id] = bufs[i].offset;
   }
   plan->n_buffers = nb;
+  free(issue);
   free(last_use), free(bufs), free(placed), free(scratch);
   return TPR_OK;
 }

@@ -1,4 +1,5 @@
 // Building programs: values, nodes and the builder shorthands.
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,6 +218,22 @@ tpr_status tpr_pb_param_gather(tpr_program *p, tpr_value_id shard, const tpr_par
   tpr_op_attrs at = {.n_i = 5, .i = {o->axis, o->n, o->group, o->prefetch, o->reshard}, .n_f = 1,
                      .f = {o->grad_scale}};
   return tpr_program_op(p, TPR_OP_PARAM_GATHER, (const tpr_value_id[]){shard}, 1, &at, out);
+}
+
+void tpr__program_gather_issue(const tpr_program *p, int *issue) {
+  int prev_first = -1, first = -1;  // first nodes of the previous and the current group
+  int64_t group = INT64_MIN;
+  for (int n = 0; n < p->n_nodes; n++) {
+    const tpr_node *node = &p->nodes[n];
+    issue[n] = n;
+    if (node->op != TPR_OP_PARAM_GATHER) continue;
+    bool eligible = node->attrs.i[3] && node->attrs.i[2] >= 0 && p->values[node->in[0]].kind != TPR_VALUE_NODE;
+    if (!eligible || node->attrs.i[2] != group || first < 0) {  // a new group (a lone one if not eligible)
+      prev_first = first, first = n;
+      group = eligible ? node->attrs.i[2] : INT64_MIN;
+    }
+    if (eligible && prev_first >= 0) issue[n] = prev_first;
+  }
 }
 
 bool tpr__op_cheap(tpr_op_kind op) {

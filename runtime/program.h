@@ -199,9 +199,30 @@ typedef struct tpr_exec_collectives {
   void *ctx;
   tpr_status (*run)(void *ctx, tpr_op_kind op, const tpr_op_attrs *attrs, const tpr_tensor *const *in, int n_in,
                     tpr_tensor *out);
+  // Optional, for prefetched param_gather nodes (NULL: they run through
+  // `run` at their own node): start the collective and return a request;
+  // poll it (MPI progresses only inside its calls); finish it (wait, then
+  // whatever `run` does after the transfer).
+  tpr_status (*start)(void *ctx, tpr_op_kind op, const tpr_op_attrs *attrs, const tpr_tensor *const *in, int n_in,
+                      tpr_tensor *out, void **req);
+  tpr_status (*test)(void *ctx, void *req, bool *done);
+  tpr_status (*finish)(void *ctx, void *req, const tpr_tensor *const *in, tpr_tensor *out);
 } tpr_exec_collectives;
 // A program with collective ops fails to run until this is set.
 void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c);
+
+// What the collectives of the runs since the last reset cost, per op kind:
+// calls, bytes (nccl-tests' size: the gathered / reduced buffer), seconds
+// from start to completion, and the seconds the run was blocked on them
+// (exposed: equal to seconds unless prefetched gathers overlapped compute).
+typedef struct tpr_exec_comm_stats {
+  int64_t calls[TPR_OP_KIND_COUNT];
+  double bytes[TPR_OP_KIND_COUNT];
+  double seconds[TPR_OP_KIND_COUNT];
+  double exposed[TPR_OP_KIND_COUNT];
+} tpr_exec_comm_stats;
+const tpr_exec_comm_stats *tpr_exec_comm(const tpr_exec *e);
+void tpr_exec_comm_reset(tpr_exec *e);
 
 // Per-node timing for benchmarks: while on, each run adds every node's wall
 // time (the backend synchronised after the node) to seconds[node]; views

@@ -34,6 +34,14 @@ struct tpr_program {
 // (remat): views, index_select, cast -- cheap next to keeping the value.
 bool tpr__op_cheap(tpr_op_kind op);
 
+// Prefetch (tpr_pb_param_gather): issue[n] is the node at which node n's
+// collective starts -- n itself, except for a prefetched param_gather of a
+// param, which starts at the first node of the previous group of gathers
+// (groups: consecutive param_gather nodes, in node order, with the same
+// group attribute). Non-decreasing along the gathers in node order. The
+// planner keeps the output's bytes from issue[n]; the exec starts it there.
+void tpr__program_gather_issue(const tpr_program *p, int *issue);
+
 // Finds a value by name; -1 if none.
 tpr_value_id tpr__program_find(const tpr_program *p, const char *name);
 

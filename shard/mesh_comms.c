@@ -109,16 +109,49 @@ static void *param_gather_recv(const tpr_tensor *in, tpr_tensor *out) {
   return in->dtype == TPR_F32 ? base : base + 2 * (size_t)tpr_tensor_numel(out);
 }
 
-static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
-                                 int n_ins, tpr_tensor *out) {
-  tpr_mesh_comms *mc = ctx;
-  const tpr_tensor *in = ins[0];
+// The axis communicator of a collective node, checked against the program.
+static tpr_status node_comm(tpr_mesh_comms *mc, tpr_op_kind op, const tpr_op_attrs *at, tpr_comm_t *out) {
   tpr_mesh_axis axis = (tpr_mesh_axis)at->i[0];
   tpr_comm_t c = mc->axis[axis];
   if (!c) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: no %s communicator", tpr_op_name(op), tpr_mesh_axis_name(axis));
   if (tpr_comm_size(c) != at->i[1])
     return TPR_FAIL(TPR_ERR_SHAPE, "%s over %s: the program was built for a group of %lld ranks, the mesh has %d",
                     tpr_op_name(op), tpr_mesh_axis_name(axis), (long long)at->i[1], tpr_comm_size(c));
+  *out = c;
+  return TPR_OK;
+}
+
+// Prefetched param_gather (runtime/program.h, tpr_exec_collectives.start).
+static tpr_status start_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
+                                   int n_ins, tpr_tensor *out, void **req) {
+  (void)n_ins;
+  *req = NULL;
+  if (op != TPR_OP_PARAM_GATHER) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s cannot be prefetched", tpr_op_name(op));
+  tpr_comm_t c;
+  TPR_CHECK(node_comm(ctx, op, at, &c));
+  tpr_comm_request r = NULL;
+  TPR_CHECK(tpr_comm_iall_gather(c, tpr_tensor_data(ins[0]), param_gather_recv(ins[0], out),
+                                 (size_t)tpr_tensor_numel(ins[0]), ins[0]->dtype, &r));
+  *req = r;
+  return TPR_OK;
+}
+
+static tpr_status test_collective(void *ctx, void *req, bool *done) {
+  (void)ctx;
+  return tpr_comm_test(req, done);
+}
+
+static tpr_status finish_collective(void *ctx, void *req, const tpr_tensor *const *ins, tpr_tensor *out) {
+  (void)ctx;
+  TPR_CHECK(tpr_comm_wait(req));
+  return param_gather_widen(ins[0], out);
+}
+
+static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
+                                 int n_ins, tpr_tensor *out) {
+  const tpr_tensor *in = ins[0];
+  tpr_comm_t c;
+  TPR_CHECK(node_comm(ctx, op, at, &c));
   const void *src = tpr_tensor_data(in);
   void *dst = tpr_tensor_data(out);
   size_t n_in = (size_t)tpr_tensor_numel(in), n_out = (size_t)tpr_tensor_numel(out);
@@ -138,5 +171,9 @@ static tpr_status run_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *
 }
 
 tpr_exec_collectives tpr_mesh_comms_exec_hook(tpr_mesh_comms *c) {
-  return (tpr_exec_collectives){.ctx = c, .run = run_collective};
+  return (tpr_exec_collectives){.ctx = c,
+                                .run = run_collective,
+                                .start = start_collective,
+                                .test = test_collective,
+                                .finish = finish_collective};
 }
