@@ -54,9 +54,9 @@ static bool proc_stat(pid_t pid, pid_t *ppid, char *state) {
   size_t n = fread(buf, 1, sizeof buf - 1, f);
   fclose(f);
   buf[n] = 0;
-  char *close = strrchr(buf, ')');  // the name may hold spaces and parentheses
+  char *rp = strrchr(buf, ')');  // the name may hold spaces and parentheses
   int pp = 0;
-  if (!close || sscanf(close + 1, " %c %d", state, &pp) != 2) return false;
+  if (!rp || sscanf(rp + 1, " %c %d", state, &pp) != 2) return false;
   *ppid = pp;
   return true;
 }
