@@ -1,15 +1,19 @@
+#define _GNU_SOURCE  // renameat2
 #include "checkpoint.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "models/minimax_m2_train.h"
 #include "runtime/file_io.h"
+#include "runtime/log.h"
 #include "shard/safetensors.h"
 #include "train/checkpoint_impl.h"
 
@@ -59,11 +63,21 @@ void tpr__train_rank_file(int rank, int world, char *buf, size_t n) {
   snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", rank, world);
 }
 
-// What a training checkpoint holds (nothing else is removed with an old one).
+// What a training checkpoint holds (nothing else is removed with an old one),
+// and the writer's partial "<file>.tmp.<pid>" that a rank killed while
+// writing one leaves in DIR.tmp: the next save must clear those too.
 static bool our_file(const char *name) {
+  char base[128];
+  size_t n = strlen(name);
+  const char *t = strstr(name, ".tmp.");
+  if (t && t[5] && strspn(t + 5, "0123456789") == strlen(t + 5) && (size_t)(t - name) < sizeof base) {
+    memcpy(base, name, (size_t)(t - name));
+    base[t - name] = 0;
+    name = base, n = strlen(base);
+  }
   int r, w, end = 0;
   return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") || !strcmp(name, "trainer_state.json") ||
-         (sscanf(name, "optim-rank-%5d-of-%5d.safetensors%n", &r, &w, &end) == 2 && end && !name[end]);
+         (sscanf(name, "optim-rank-%5d-of-%5d.safetensors%n", &r, &w, &end) == 2 && (size_t)end == n);
 }
 
 static bool is_checkpoint(const char *dir) {
@@ -136,6 +150,39 @@ static tpr_status write_moments(const tpr_session *s, const char *tmp, int64_t s
   return rc;
 }
 
+// Publishes the finished tmp as dir. Over a previous checkpoint the two are
+// swapped by one renameat2(RENAME_EXCHANGE): rank 0 may be killed at any
+// instant of a save (mpirun ends it when another rank dies), and a
+// rename-away-then-rename-over would leave a moment with no dir at all. After
+// the swap tmp holds the previous checkpoint; it is removed, and a kill
+// before that leaves it as the leftover the next save clears. File systems
+// without the exchange get tpr_dir_publish (old moved aside first).
+static tpr_status publish(const char *tmp, const char *dir) {
+  if (!is_checkpoint(dir) || renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) != 0) {
+    if (is_checkpoint(dir) && errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+      return TPR_FAIL(TPR_ERR_IO, "train --save: cannot swap %s and %s: %s", tmp, dir, strerror(errno));
+    return tpr_dir_publish(tmp, dir, true, is_checkpoint, our_file, "train --save");
+  }
+  char *parent = strdup(dir), *slash = parent ? strrchr(parent, '/') : NULL;
+  if (slash) *(slash == parent ? slash + 1 : slash) = 0;
+  tpr_status rc = parent ? tpr_dir_sync(slash ? parent : ".") : TPR_FAIL(TPR_ERR_OOM, "out of memory");
+  free(parent);
+  if (!tpr_dir_remove_flat(tmp, our_file))  // the previous checkpoint held files that are not ours: keep them
+    TPR_LOG_WRN("train --save: kept the previous %s's files as %s (they are not all ours)", dir, tmp);
+  return rc;
+}
+
+// Test only: TPR_DEBUG_SAVE_PAUSE_MS=N makes every rank sleep N ms inside
+// each save, after writing its optimizer state to DIR.tmp and before the
+// model is gathered, so a test can kill a rank in the middle of a save.
+static void debug_pause(void) {
+  const char *v = getenv("TPR_DEBUG_SAVE_PAUSE_MS");
+  long ms = v ? strtol(v, NULL, 10) : 0;
+  if (ms <= 0) return;
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
+}
+
 tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const char *dir, int64_t step,
                                      const tpr_train_opts *o, const tpr_adamw_state *adam) {
   bool root = tpr_session_mesh(s)->world_rank == 0;
@@ -146,11 +193,15 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
   tpr_status rc = TPR_OK;
   if (root) {  // a leftover of a save that was killed is ours to clear
     if (is_checkpoint(tmp) || access(tmp, F_OK) == 0) tpr_dir_remove_flat(tmp, our_file);
-    if (mkdir(tmp, 0755) != 0) rc = TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0)
+      rc = TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s%s", tmp, strerror(errno),
+                    errno == EEXIST ? " (a leftover of an interrupted save that holds files not of a checkpoint; "
+                                      "remove it)" : "");
   }
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK) {
     tpr_status mine = write_moments(s, tmp, step, adam);
+    debug_pause();
     rc = tpr_comm_agree(world, mine);
   }
   if (rc == TPR_OK) {
@@ -159,7 +210,7 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
     if (mine == TPR_OK && root) mine = copy_config(s, tmp);
     if (mine == TPR_OK && root) mine = write_state(tmp, s, step, o);  // written last: it marks a whole checkpoint
     if (mine == TPR_OK && root) mine = tpr_dir_sync(tmp);
-    if (mine == TPR_OK && root) mine = tpr_dir_publish(tmp, dir, true, is_checkpoint, our_file, "train --save");
+    if (mine == TPR_OK && root) mine = publish(tmp, dir);
     free(model);
     rc = tpr_comm_agree(world, mine);
   }
