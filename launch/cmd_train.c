@@ -33,9 +33,10 @@ static void print_summary(const tpr_session *s, const tpr_train_summary *sum, co
   double gemm = sec[TPR_OP_MATMUL] > 0 ? flops * (double)runs / sec[TPR_OP_MATMUL] * 1e-9 : 0;
   if (json) {
     printf("{\"summary\":{\"steps_timed\":%lld,\"ms_per_step\":%.6g,\"tokens_per_s\":%.6g,\"fwd_bwd_ms\":%.6g,"
-           "\"grad_sync_ms\":%.6g,\"optimizer_ms\":%.6g,\"peak_rss_bytes\":[",
+           "\"grad_sync_ms\":%.6g,\"optimizer_ms\":%.6g,\"fsdp_all_gather_ms\":%.6g,"
+           "\"fsdp_reduce_scatter_ms\":%.6g,\"fsdp_exposed_ms\":%.6g,\"peak_rss_bytes\":[",
            (long long)sum->steps_timed, sum->ms_per_step, sum->tokens_per_s, sum->ms_fwd_bwd, sum->ms_grad_sync,
-           sum->ms_optimizer);
+           sum->ms_optimizer, sum->ms_gather, sum->ms_scatter, sum->ms_exposed);
     for (int r = 0; r < world; r++) printf("%s%lld", r ? "," : "", (long long)rss[r]);
     printf("]");
     if (profile) {
@@ -63,6 +64,11 @@ static void print_summary(const tpr_session *s, const tpr_train_summary *sum, co
   char buf[32];
   for (int r = 0; r < world; r++) printf(" %s", tpr_cli_bytes((uint64_t)rss[r], buf, sizeof buf));
   printf("\n");
+  double comm = sum->ms_gather + sum->ms_scatter;
+  if (comm > 0)
+    printf("FSDP per step (rank 0): all-gather %.1f ms, reduce-scatter %.1f ms, exposed %.1f ms (%.0f%% of the "
+           "communication hidden behind compute)\n", sum->ms_gather, sum->ms_scatter, sum->ms_exposed,
+           100 * (1 - sum->ms_exposed / comm));
 }
 
 static int usage_error(const char *msg) {

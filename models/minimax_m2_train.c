@@ -194,7 +194,17 @@ tpr_status tpr_m2_train_update_bias(tpr_session *s, double rate) {
 
 // The first sequence of a step writes the accumulators instead of adding to
 // them, so clearing them is free (no pass over every gradient).
-void tpr_m2_train_zero_grads(tpr_session *s) { s->train->fresh = true; }
+void tpr_m2_train_zero_grads(tpr_session *s) {
+  s->train->fresh = true;
+  tpr_exec_comm_reset(s->train->exec);
+}
+
+void tpr_m2_train_comm_info(const tpr_session *s, tpr_m2_train_comm *out) {
+  const tpr_exec_comm_stats *c = tpr_exec_comm(s->train->exec);
+  int g = TPR_OP_PARAM_GATHER, r = TPR_OP_REDUCE_SCATTER;  // the training program's only reduce-scatters are FSDP's
+  *out = (tpr_m2_train_comm){.gather_bytes = c->bytes[g], .gather_s = c->seconds[g], .scatter_bytes = c->bytes[r],
+                             .scatter_s = c->seconds[r], .exposed_s = c->exposed[g] + c->exposed[r]};
+}
 
 void tpr_m2_train_params_updated(tpr_session *s) {
   if (s->train->o.fsdp.on) tpr__m2_fsdp_refresh(s->train);

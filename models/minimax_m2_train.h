@@ -45,6 +45,15 @@ typedef struct tpr_m2_train_memory {
 } tpr_m2_train_memory;
 void tpr_m2_train_memory_info(const tpr_session *s, tpr_m2_train_memory *out);
 
+// FSDP's communication in the sequences run since the last zero_grads, on
+// this rank: bytes all-gathered (param gathers, in the params' dtype) and
+// reduce-scattered (f32 gradients), their seconds from start to completion,
+// and the seconds the runs were blocked on them (the rest overlapped compute).
+typedef struct tpr_m2_train_comm {
+  double gather_bytes, gather_s, scatter_bytes, scatter_s, exposed_s;
+} tpr_m2_train_comm;
+void tpr_m2_train_comm_info(const tpr_session *s, tpr_m2_train_comm *out);
+
 typedef struct tpr_m2_losses {
   double loss, ce, aux;  // of one sequence (identical on every rank of a tp group)
 } tpr_m2_losses;

@@ -66,6 +66,8 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   tpr_m2_losses losses;
   TPR_CHECK(tpr_comm_agree(l->world, forward_backward(l, step, &losses)));
   double t1 = now_s();
+  tpr_m2_train_comm comm;
+  tpr_m2_train_comm_info(l->s, &comm);
   TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
   if (step == 0 && o->dump_grads) TPR_CHECK(tpr_comm_agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
   double sumsq, norm;
@@ -96,16 +98,22 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   *r = (tpr_train_step_report){.step = step, .loss = losses.loss, .ce = losses.ce, .aux = losses.aux,
                                .grad_norm = norm, .lr = lr, .tokens_per_s = (double)tokens / dt, .ms = 1e3 * dt,
                                .ms_fwd_bwd = 1e3 * (t1 - t0), .ms_grad_sync = 1e3 * (t2 - t1),
-                               .ms_optimizer = 1e3 * (now_s() - t2)};
+                               .ms_optimizer = 1e3 * (now_s() - t2),
+                               .gather_bytes = comm.gather_bytes, .scatter_bytes = comm.scatter_bytes,
+                               .ms_gather = 1e3 * comm.gather_s, .ms_scatter = 1e3 * comm.scatter_s,
+                               .ms_exposed = 1e3 * comm.exposed_s};
   return TPR_OK;
 }
 
 static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE *out) {
   if (o->json) {
     fprintf(out, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,"
-                 "\"tokens_per_s\":%.2f,\"ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"grad_sync_ms\":%.3f,\"optimizer_ms\":%.3f}\n",
+                 "\"tokens_per_s\":%.2f,\"ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"grad_sync_ms\":%.3f,\"optimizer_ms\":%.3f,"
+            "\"fsdp\":{\"all_gather_bytes\":%.0f,\"all_gather_ms\":%.3f,\"reduce_scatter_bytes\":%.0f,"
+            "\"reduce_scatter_ms\":%.3f,\"exposed_ms\":%.3f}}\n",
             (long long)r->step, r->loss, r->ce, r->aux, r->grad_norm, r->lr, r->tokens_per_s, r->ms, r->ms_fwd_bwd,
-            r->ms_grad_sync, r->ms_optimizer);
+            r->ms_grad_sync, r->ms_optimizer, r->gather_bytes, r->ms_gather, r->scatter_bytes, r->ms_scatter,
+            r->ms_exposed);
   } else {
     fprintf(out, "step %5lld/%lld  loss %.6f  ce %.6f  aux %.6f  |g| %.4f  lr %.3e  %.0f tok/s  %.1f ms\n",
             (long long)r->step + 1, (long long)o->steps, r->loss, r->ce, r->aux, r->grad_norm, r->lr,
@@ -155,6 +163,9 @@ static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, in
   sum->ms_fwd_bwd = (sum->ms_fwd_bwd * k + r->ms_fwd_bwd) / (k + 1);
   sum->ms_grad_sync = (sum->ms_grad_sync * k + r->ms_grad_sync) / (k + 1);
   sum->ms_optimizer = (sum->ms_optimizer * k + r->ms_optimizer) / (k + 1);
+  sum->ms_gather = (sum->ms_gather * k + r->ms_gather) / (k + 1);
+  sum->ms_scatter = (sum->ms_scatter * k + r->ms_scatter) / (k + 1);
+  sum->ms_exposed = (sum->ms_exposed * k + r->ms_exposed) / (k + 1);
   sum->steps_timed++;
   sum->ms_per_step = total / (double)sum->steps_timed;
   sum->tokens_per_s = tokens / (total * 1e-3);

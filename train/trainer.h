@@ -37,6 +37,9 @@ typedef struct tpr_train_step_report {
   // the gradient accumulation), the gradient fold / dp reduction / norm,
   // and the optimizer (AdamW with clipping, the bias update).
   double ms_fwd_bwd, ms_grad_sync, ms_optimizer;
+  // FSDP on rank 0 (models/minimax_m2_train.h, tpr_m2_train_comm): bytes
+  // gathered / reduce-scattered, their ms, the ms not hidden behind compute.
+  double gather_bytes, scatter_bytes, ms_gather, ms_scatter, ms_exposed;
 } tpr_train_step_report;
 
 // What a run measured: the steps after its first (which pays for first
@@ -45,6 +48,7 @@ typedef struct tpr_train_summary {
   int64_t steps_timed;
   double ms_per_step, tokens_per_s;  // tokens of the whole world per second
   double ms_fwd_bwd, ms_grad_sync, ms_optimizer;  // means per step, as in the reports
+  double ms_gather, ms_scatter, ms_exposed;        // FSDP, means per step
   double last_loss;
 } tpr_train_summary;
 
