@@ -19,7 +19,8 @@ static const char *usage =
     "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data TOKENS.npy\n"
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
-    "         [--tp --dp --ep --etp] [--save DIR [--save-every N]] [--resume DIR] [--json]";
+    "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
+    "         [--resume DIR] [--json]";
 
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
@@ -126,7 +127,7 @@ int tpr_cmd_train(int argc, char **argv) {
       {"seed", TPR_ARG_INT, &seed, "seed of the data order and of --random-init (default 0)"},
       {"save", TPR_ARG_STR, &o.save_dir, "checkpoint directory (Hugging Face + optimizer state), written atomically"},
       {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
-      {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same mesh)"},
+      {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same tp, ep, etp; dp may change)"},
       {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
       {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile,

@@ -92,8 +92,10 @@ static cJSON *train_n(int np, const char *const *mesh, int steps, int lines, con
       assert_non_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "summary"),
                                                         "peak_rss_bytes"));
       cJSON_Delete(j);
-    } else if (j) {
+    } else if (j && cJSON_GetObjectItemCaseSensitive(j, "step")) {
       cJSON_AddItemToArray(steps_out, j);
+    } else {
+      cJSON_Delete(j);  // the start-up memory line
     }
   }
   if (!failed) tt_run_done(&r);

@@ -136,7 +136,7 @@ for i in (1, 2):
     summ = [json.loads(l)["summary"] for l in lines if l.startswith('{"summary"')]
     if not summ:
         sys.exit(f"train.sh: no summary line in tpr run {i}'s output")
-    tpr_runs.append({"summary": summ[-1], "steps": [json.loads(l) for l in lines if not l.startswith('{"summary"')],
+    tpr_runs.append({"summary": summ[-1], "steps": [json.loads(l) for l in lines if l.startswith('{"step"')],
                      "rss_mib": rss_mib(i)})
 torch_runs = []
 if not torch_note:
