@@ -11,7 +11,7 @@
 
 static bool has_heads(const tpr_shard_plan *pl, const train_param *p) {
   for (int j = 0; j < p->n_pieces; j++)
-    if (tpr__heads_layout(&pl->tensors[p->pieces[j].kind])) return true;
+    if (tpr_unshard_heads_layout(&pl->tensors[p->pieces[j].kind])) return true;
   return false;
 }
 
@@ -89,8 +89,6 @@ tpr_status tpr__m2_fsdp_unshard(tpr_session *s, const train_param *p, bool grads
 tpr_status tpr__m2_fsdp_reduce(tpr_session *s, struct tpr_m2_train *t) {
   const tpr_shard_plan *pl = &s->plan;
   t->heads_sumsq = 0;
-  if (t->fresh)  // no sequence ran this step: the gradient is zero
-    for (int i = 0; i < t->n_trained; i++) memset(t->params[i].pub.grad, 0, (size_t)t->params[i].pub.numel * sizeof(float));
   float *whole = NULL;
   tpr_status rc = TPR_OK;
   for (int i = 0; rc == TPR_OK && i < t->n_trained; i++) {
@@ -108,15 +106,8 @@ tpr_status tpr__m2_fsdp_reduce(tpr_session *s, struct tpr_m2_train *t) {
   return rc;
 }
 
-static double sumsq_range(const float *x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return s;
-}
-
-// Chunks are disjoint over the group, so every rank counts its own; inside
-// a tp group a replicated tensor counts on tp rank 0, a vocabulary shard
-// without its padded rows.
+// Chunks are disjoint over the group, so every rank counts the part of
+// each piece its chunk holds, as tpr_unshard_sumsq counts inside a replica.
 double tpr__m2_fsdp_sumsq(tpr_session *s, struct tpr_m2_train *t) {
   const tpr_shard_plan *pl = &s->plan;
   double sum = t->heads_sumsq;
@@ -126,15 +117,9 @@ double tpr__m2_fsdp_sumsq(tpr_session *s, struct tpr_m2_train *t) {
     int64_t lo = p->pub.offset, hi = lo + held(&p->pub);
     for (int j = 0; j < p->n_pieces; j++) {
       const tpr_shard_tensor *k = &pl->tensors[p->pieces[j].kind];
-      int64_t a = p->pieces[j].offset, b = a + tpr__kind_numel(k);
-      if (k->transform == TPR_XFORM_REPLICATE && s->mesh.tp_rank != 0) continue;
-      if (k->transform == TPR_XFORM_VOCAB) {
-        int64_t Vr = k->rank_shape[0], real = k->global_shape[0] - s->mesh.tp_rank * Vr;
-        real = real < 0 ? 0 : real > Vr ? Vr : real;
-        b = a + real * k->rank_shape[1];
-      }
-      a = a > lo ? a : lo, b = b < hi ? b : hi;
-      if (b > a) sum += sumsq_range(p->pub.grad + (a - lo), b - a);
+      int64_t a = p->pieces[j].offset, b = a + tpr__kind_numel(k);  // the piece in the param
+      int64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+      if (to > from) sum += tpr_unshard_sumsq_range(k, &s->mesh, p->pub.grad + (from - lo), from - a, to - a);
     }
   }
   return sum;

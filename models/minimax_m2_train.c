@@ -146,10 +146,6 @@ static tpr_status start(tpr_session *s, const tpr_m2_train_opts *o) {
   int64_t big = 0;
   for (int k = 0; k < s->plan.n_tensors; k++) big = tpr__kind_numel(&s->plan.tensors[k]) > big ? tpr__kind_numel(&s->plan.tensors[k]) : big;
   t->gather_cap = big * (s->plan.world > s->plan.tp ? s->plan.world : s->plan.tp);
-  for (int i = 0; i < t->n_params; i++) {  // FSDP unshards a whole param at a time
-    int64_t whole = (int64_t)t->params[i].pub.shards * t->params[i].pub.numel;
-    t->gather_cap = whole > t->gather_cap ? whole : t->gather_cap;
-  }
   if (!(t->gather = malloc((size_t)t->gather_cap * sizeof *t->gather))) return TPR_FAIL(TPR_ERR_OOM, "train staging");
   return TPR_OK;
 }
@@ -342,12 +338,15 @@ tpr_status tpr_m2_train_reduce_grads(tpr_session *s) {
 
 tpr_status tpr_m2_train_grad_sumsq(tpr_session *s, double *out) {
   struct tpr_m2_train *t = s->train;
-  double sum = t->o.fsdp.on ? tpr__m2_fsdp_sumsq(s, t) : 0;
-  for (int i = 0; !t->o.fsdp.on && i < t->n_trained; i++)
-    for (int j = 0; j < t->params[i].n_pieces; j++) {
-      const piece *pc = &t->params[i].pieces[j];
-      sum += tpr_unshard_sumsq(&s->plan, &s->plan.tensors[pc->kind], &s->mesh, t->params[i].pub.grad + pc->offset);
-    }
+  double sum = 0;
+  if (t->o.fsdp.on)
+    sum = tpr__m2_fsdp_sumsq(s, t);
+  else
+    for (int i = 0; i < t->n_trained; i++)
+      for (int j = 0; j < t->params[i].n_pieces; j++) {
+        const piece *pc = &t->params[i].pieces[j];
+        sum += tpr_unshard_sumsq(&s->plan, &s->plan.tensors[pc->kind], &s->mesh, t->params[i].pub.grad + pc->offset);
+      }
   // The ranks' doubles are gathered bit for bit (the collectives have no f64)
   // and added in rank order: the same exact total on every rank.
   int world = s->plan.world;
@@ -406,7 +405,7 @@ tpr_status tpr_m2_train_export(tpr_session *s, bool grads, tpr_m2_export_fn fn, 
   for (int i = 0; rc == TPR_OK && i < n; i++) {
     const train_param *p = &t->params[i];
     const float *base = grads ? p->pub.grad : p->pub.data;
-    if (p->pub.shards > 1 || (t->o.fsdp.on && p->trained)) {
+    if (p->pub.shards > 1) {
       free(whole);
       whole = malloc((size_t)(p->pub.shards * p->pub.numel) * sizeof *whole);
       rc = whole ? tpr__m2_fsdp_unshard(s, p, grads, whole) : TPR_FAIL(TPR_ERR_OOM, "export %s", p->name);

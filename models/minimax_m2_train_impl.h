@@ -47,13 +47,6 @@ static inline int64_t tpr__kind_numel(const tpr_shard_tensor *k) {
   return k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
 }
 
-// Whether the loader laid kind k out by heads (padding, copies over tp): its
-// gradient is folded on the whole rank-layout tensor.
-static inline bool tpr__heads_layout(const tpr_shard_tensor *k) {
-  return k->transform == TPR_XFORM_COLUMN_HEADS || k->transform == TPR_XFORM_ROW_HEADS ||
-         k->transform == TPR_XFORM_NORM_HEADS;
-}
-
 // FSDP (minimax_m2_fsdp.c). Cuts every trained param into its chunk, frees
 // the full tensors and binds the chunks to the program.
 tpr_status tpr__m2_fsdp_shard(tpr_session *s, struct tpr_m2_train *t);

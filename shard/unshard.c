@@ -6,7 +6,7 @@ static bool expert_kind(const tpr_shard_tensor *k) {
   return k->transform == TPR_XFORM_EXPERT_COLUMN || k->transform == TPR_XFORM_EXPERT_ROW;
 }
 
-static bool heads_kind(const tpr_shard_tensor *k) {
+bool tpr_unshard_heads_layout(const tpr_shard_tensor *k) {
   return k->transform == TPR_XFORM_COLUMN_HEADS || k->transform == TPR_XFORM_ROW_HEADS ||
          k->transform == TPR_XFORM_NORM_HEADS;
 }
@@ -54,12 +54,12 @@ static float *slot_at(float *buf, const slot_geom *g, int64_t row, int64_t slot)
 }
 
 bool tpr_unshard_fold_needs_gather(const tpr_shard_plan *p, const tpr_shard_tensor *k) {
-  return heads_kind(k) && k->transform != TPR_XFORM_NORM_HEADS && k->kv_layout && p->attn.strategy != TPR_KV_SHARD;
+  return tpr_unshard_heads_layout(k) && k->transform != TPR_XFORM_NORM_HEADS && k->kv_layout && p->attn.strategy != TPR_KV_SHARD;
 }
 
 void tpr_unshard_fold_grad(const tpr_shard_plan *p, const tpr_shard_tensor *k, int tp_rank, float *buf,
                            const float *gathered) {
-  if (!heads_kind(k)) return;
+  if (!tpr_unshard_heads_layout(k)) return;
   heads h = heads_of(p, k);
   slot_geom g = geom_of(k, &h);
   int64_t first = h.whole ? 0 : tp_rank * h.per, numel = g.rows * g.row_len;
@@ -121,28 +121,32 @@ static double sumsq(const float *x, int64_t n) {
 double tpr_unshard_sumsq(const tpr_shard_plan *p, const tpr_shard_tensor *k, const tpr_mesh *m, const float *buf) {
   if (expert_kind(k) ? m->edp_rank != 0 : m->dp_rank != 0) return 0;
   int64_t numel = k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
-  switch (k->transform) {
-    case TPR_XFORM_REPLICATE: return m->tp_rank == 0 ? sumsq(buf, numel) : 0;
-    case TPR_XFORM_VOCAB: {
-      int64_t Vr = k->rank_shape[0], real = k->global_shape[0] - m->tp_rank * Vr;
-      real = real < 0 ? 0 : real > Vr ? Vr : real;
-      return sumsq(buf, real * k->rank_shape[1]);
-    }
-    case TPR_XFORM_COLUMN_HEADS:
-    case TPR_XFORM_ROW_HEADS:
-    case TPR_XFORM_NORM_HEADS: {
-      heads h = heads_of(p, k);
-      if (h.whole && m->tp_rank != 0) return 0;
-      slot_geom g = geom_of(k, &h);
-      int64_t first = h.whole ? 0 : m->tp_rank * h.per;
-      double s = 0;
-      for (int64_t i = 0; i < h.per; i++)
-        if (first_copy(&h, first + i))
-          for (int64_t r = 0; r < g.rows; r++) s += sumsq(slot_at((float *)buf, &g, r, i), g.unit);
-      return s;
-    }
-    default: return sumsq(buf, numel);  // experts, dense column/row blocks: disjoint slices
+  if (!tpr_unshard_heads_layout(k)) return tpr_unshard_sumsq_range(k, m, buf, 0, numel);
+  heads h = heads_of(p, k);
+  if (h.whole && m->tp_rank != 0) return 0;
+  slot_geom g = geom_of(k, &h);
+  int64_t first = h.whole ? 0 : m->tp_rank * h.per;
+  double s = 0;
+  for (int64_t i = 0; i < h.per; i++)
+    if (first_copy(&h, first + i))
+      for (int64_t r = 0; r < g.rows; r++) s += sumsq(slot_at((float *)buf, &g, r, i), g.unit);
+  return s;
+}
+
+double tpr_unshard_sumsq_range(const tpr_shard_tensor *k, const tpr_mesh *m, const float *buf, int64_t lo,
+                               int64_t hi) {
+  // The elements this rank counts are a prefix [0, end) of its buffer:
+  // all of it, none of a tp-replicated tensor off tp rank 0, a vocabulary
+  // shard's real rows (experts, dense column/row blocks: disjoint slices).
+  int64_t end = k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
+  if (k->transform == TPR_XFORM_REPLICATE && m->tp_rank != 0) return 0;
+  if (k->transform == TPR_XFORM_VOCAB) {
+    int64_t Vr = k->rank_shape[0], real = k->global_shape[0] - m->tp_rank * Vr;
+    real = real < 0 ? 0 : real > Vr ? Vr : real;
+    end = real * k->rank_shape[1];
   }
+  end = end < hi ? end : hi;
+  return end > lo ? sumsq(buf, end - lo) : 0;
 }
 
 // Copies rows [0, nr) x cols [0, nc) of src (ld ls) to dst (ld ld_).

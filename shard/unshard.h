@@ -32,6 +32,17 @@ void tpr_unshard_fold_grad(const tpr_shard_plan *p, const tpr_shard_tensor *k, i
 // heads at their first slot, padding never. In double.
 double tpr_unshard_sumsq(const tpr_shard_plan *p, const tpr_shard_tensor *k, const tpr_mesh *m, const float *buf);
 
+// Whether the loader laid kind k out by heads (q/k/v/o_proj, the QK-norm
+// weights: padding and copies over tp), the kinds tpr_unshard_fold_grad folds.
+bool tpr_unshard_heads_layout(const tpr_shard_tensor *k);
+
+// tpr_unshard_sumsq's count over the elements [lo, hi) of the rank's buffer
+// of kind k that `buf` holds (buf[0] is element lo), without the replica
+// check: for chunks that are disjoint over dp / edp (shard/fsdp.h). Kinds
+// laid out by heads are not supported (0): fold and count them whole.
+double tpr_unshard_sumsq_range(const tpr_shard_tensor *k, const tpr_mesh *m, const float *buf, int64_t lo,
+                               int64_t hi);
+
 // Writes the elements of checkpoint tensor k that the rank at mesh
 // coordinates m holds in `buf` into `hf` (k->global_shape, row-major f32).
 // Padding is skipped; copies of a head write the same element again.

@@ -40,12 +40,20 @@ static tpr_status open_old(old_files *f, int w, tpr_st_set **out) {
   return TPR_OK;
 }
 
-// The elements [lo, hi) of the rank-layout tensor old rank w holds for p.
-static tpr_status old_range(old_files *f, int w, const tpr_m2_param *p, const tpr_shard_plan *pl, int64_t *lo,
-                            int64_t *hi) {
+// The elements [lo, hi) of the rank-layout tensor old rank w holds for p,
+// and its file (opened here); an empty range and no file when w laid p out
+// otherwise (another tp rank for dense tensors, another ep/etp place for
+// experts).
+static tpr_status old_range(old_files *f, int w, const tpr_m2_param *p, const tpr_session *s, tpr_st_set **set,
+                            int64_t *lo, int64_t *hi) {
+  const tpr_shard_plan *pl = tpr_session_plan(s);
+  const tpr_mesh *me = tpr_session_mesh(s);
   tpr_mesh m;
   TPR_CHECK(tpr_mesh_init(f->world, w, pl->tp, pl->ep, pl->etp, &m));
-  *lo = *hi = 0;
+  *lo = *hi = 0, *set = NULL;
+  bool same = p->expert ? m.ep_rank == me->ep_rank && m.etp_rank == me->etp_rank : m.tp_rank == me->tp_rank;
+  if (!same) return TPR_OK;
+  TPR_CHECK(open_old(f, w, set));
   if (!f->chunked[w]) {
     *hi = p->full_numel;
     return TPR_OK;
@@ -59,31 +67,16 @@ static tpr_status old_range(old_files *f, int w, const tpr_m2_param *p, const tp
   return TPR_OK;
 }
 
-// Whether old rank w laid p out as this rank does (same tp, or same ep/etp).
-static tpr_status same_layout(const old_files *f, int w, const tpr_m2_param *p, const tpr_session *s, bool *yes) {
-  const tpr_shard_plan *pl = tpr_session_plan(s);
-  const tpr_mesh *me = tpr_session_mesh(s);
-  tpr_mesh m;
-  TPR_CHECK(tpr_mesh_init(f->world, w, pl->tp, pl->ep, pl->etp, &m));
-  *yes = p->expert ? m.ep_rank == me->ep_rank && m.etp_rank == me->etp_rank : m.tp_rank == me->tp_rank;
-  return TPR_OK;
-}
-
 // Fills moment k (0 exp_avg, 1 exp_avg_sq) of param p: this rank's
 // [offset, offset + numel) minus the zero padding past full_numel.
 static tpr_status load_param(old_files *f, tpr_session *s, const tpr_m2_param *p, float *dst) {
-  const tpr_shard_plan *pl = tpr_session_plan(s);
   int64_t lo = p->offset, hi = p->offset + p->numel < p->full_numel ? p->offset + p->numel : p->full_numel;
   memset(dst, 0, 2 * (size_t)p->numel * sizeof *dst);
   int64_t filled = 0;
   for (int w = 0; w < f->world && lo + filled < hi; w++) {
-    bool yes = false;
-    TPR_CHECK(same_layout(f, w, p, s, &yes));
-    if (!yes) continue;
-    tpr_st_set *set;
+    tpr_st_set *set = NULL;
     int64_t a = 0, b = 0;
-    TPR_CHECK(open_old(f, w, &set));
-    TPR_CHECK(old_range(f, w, p, pl, &a, &b));
+    TPR_CHECK(old_range(f, w, p, s, &set, &a, &b));
     int64_t from = lo + filled > a ? lo + filled : a, to = hi < b ? hi : b;
     if (from >= to || from != lo + filled) continue;  // chunks are visited in order: take the next piece only
     for (int k = 0; k < 2; k++) {

@@ -28,15 +28,7 @@ tpr=build/bin/tpr
 [ -x "$tpr" ] || { echo "fsdp.sh: build first (scripts/setup.sh)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TPR_NUM_THREADS=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-python3 - "$tmp/tokens.npy" <<'PY'
-import struct, sys, random
-n = 1 << 16
-hdr = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
-hdr += " " * (63 - (10 + len(hdr)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
-    f.write(struct.pack("<%di" % n, *[random.randrange(256) for _ in range(n)]))
-PY
+python3 scripts/bench/random_tokens.py "$tmp/tokens.npy" 65536 256
 run() {  # $1: label, rest: extra flags; prints the summary JSON line
   mpirun -np "$np" --oversubscribe "$tpr" train --config "$config" --random-init --data "$tmp/tokens.npy" \
     --seq-len "$seq_len" --steps "$steps" --dp "$np" --param-dtype "$dtype" --json "${@:2}" | grep '"summary"'

@@ -69,17 +69,7 @@ trap 'rm -rf "$work"' EXIT
 
 # Random token ids in [0, vocab): enough windows of T+1 for every rank and step.
 vocab=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$config")
-python3 - "$work/tokens.npy" "$(( (steps * np + 1) * seq_len + 1 ))" "$vocab" <<'EOF'
-import random, struct, sys
-path, n, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
-pad = 64 - (10 + len(header) + 1) % 64
-header = (header + " " * (pad % 64) + "\n").encode("latin1")
-rng = random.Random(0)
-with open(path, "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header)
-    f.write(struct.pack("<%di" % n, *(rng.randrange(vocab) for _ in range(n))))
-EOF
+python3 scripts/bench/random_tokens.py "$work/tokens.npy" "$(( (steps * np + 1) * seq_len + 1 ))" "$vocab"
 
 per_rank=$(( threads / np )); [ "$per_rank" -ge 1 ] || per_rank=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -31,15 +31,7 @@ work=$(mktemp -d)
 trap '"$here/hosts.sh" down; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 "$here/hosts.sh" up 2 >/dev/null
-python3 - "$work/tokens.npy" <<'PY'
-import struct, sys, random
-n = 1 << 15
-hdr = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
-hdr += " " * (63 - (10 + len(hdr)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
-    f.write(struct.pack("<%di" % n, *[random.randrange(256) for _ in range(n)]))
-PY
+python3 "$here/../bench/random_tokens.py" "$work/tokens.npy" 32768 256
 for op in all_gather reduce_scatter; do
   "$here/mpirun.sh" --hosts 2 --ranks-per-host 1 -- "$tpr" bench comm -o "$op" -b 1M -e 64M -f 4 -n 5 -w 2 --json \
     > "$work/link.$op"
