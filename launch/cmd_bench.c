@@ -7,6 +7,7 @@
 #include "launch/bench_comm.h"
 #include "launch/bench_model.h"
 #include "launch/bench_moe.h"
+// -- bench kernels include
 #include "launch/commands.h"
 
 static const tpr_command benches[] = {
@@ -15,6 +16,7 @@ static const tpr_command benches[] = {
      tpr_bench_model},
     {"moe", "one MoE layer, both dispatchers: exchange GB/s and grouped GEMM GFLOP/s against all_to_all and sgemm",
      tpr_bench_moe},
+    // -- bench kernels entry
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 
