@@ -1,0 +1,150 @@
+// Skinny GEMM, AVX-512 variant (avx512f+bw+vl). Compiled for that target per
+// function (the pragma below), so the library keeps the baseline -march and
+// this code runs only where runtime/cpu_isa.c found the instructions.
+//
+// Register tile: RR weight rows x MR activation rows, one zmm accumulator per
+// pair. Each 16-column weight vector is loaded and converted once and used by
+// MR FMAs; each activation vector by RR FMAs. Every accumulator sees the same
+// FMA sequence whatever RR, MR or the thread split, so results are bitwise
+// reproducible. FP8: the exponent rebias 2^120 of the bit trick below is
+// folded into the block scale, so a weight costs one multiply either way and
+// the dequantised value is fp8 * scale rounded once, as in
+// tpr_weight_dequant_rows.
+#if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
+#include <immintrin.h>
+#include <math.h>
+
+#include "runtime/ops/skinny_gemm_impl.h"
+
+#define VL 16
+#define AI static inline __attribute__((always_inline))
+
+enum { DT_F32, DT_BF16, DT_FP8 };
+
+// 16 weights from p (element pointer of its dtype), lanes outside `k` zero.
+// FP8: sign-extending the byte and shifting by 20 puts the 4 exponent and 3
+// mantissa bits where an f32's go (the sign lands in bit 31; the and clears
+// the copies above the exponent); the f32 so built is the E4M3 value times
+// 2^-120, subnormals included, so multiplying by scale * 2^120 gives the
+// dequantised weight. NaN bytes (S.1111.111) are caught separately.
+AI __m512 load_w(int dt, const void *p, __mmask16 k, int full, __m512 s, __m128i *nanacc) {
+  if (dt == DT_F32) return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p);
+  if (dt == DT_BF16) {
+    __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(k, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  __m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(k, p);
+  *nanacc = _mm_max_epu8(*nanacc, _mm_and_si128(b, _mm_set1_epi8(0x7f)));
+  __m512i x = _mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20);
+  x = _mm512_and_si512(x, _mm512_set1_epi32((int)0x87F00000u));
+  return _mm512_mul_ps(_mm512_castsi512_ps(x), s);
+}
+
+// Output columns n..n+RR-1, activation rows m0..m0+MR-1. Returns a bit per
+// weight row that the fast FP8 path cannot do exactly (a NaN byte, or a
+// scale too large to carry the 2^120), for the caller to redo portably.
+AI unsigned tile(const tpr__sg_args *p, int64_t n, int64_t m0, const int RR, const int MR, const int dt) {
+  const tpr_weight_view *w = p->w;
+  const int64_t K = p->K, esz = dt == DT_F32 ? 4 : dt == DT_BF16 ? 2 : 1;
+  const char *wrow[4];
+  const float *srow[4];
+  for (int r = 0; r < RR; r++) {
+    wrow[r] = (const char *)w->data + (n + r) * w->ld * esz;
+    srow[r] = dt == DT_FP8 ? w->scale + (n + r) * w->scale_ld : 0;
+  }
+  const float *arow[8];
+  for (int m = 0; m < MR; m++) arow[m] = p->a + (m0 + m) * p->lda;
+  __m512 acc[8][4];
+  for (int m = 0; m < MR; m++)
+    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_setzero_ps();
+  __m128i nanacc[4];
+  for (int r = 0; r < RR; r++) nanacc[r] = _mm_setzero_si128();
+  unsigned bad = 0;
+  for (int64_t k0 = 0; k0 < K;) {
+    int64_t k1 = K;
+    __m512 s[4];
+    for (int r = 0; r < RR; r++) s[r] = _mm512_setzero_ps();
+    if (dt == DT_FP8) {  // one segment per scale block
+      int64_t blk = (k0 + w->k_phase) / TPR_FP8_BLOCK;
+      k1 = blk * TPR_FP8_BLOCK + TPR_FP8_BLOCK - w->k_phase;
+      if (k1 > K) k1 = K;
+      for (int r = 0; r < RR; r++) {
+        float sc = srow[r][blk];
+        if (!(fabsf(sc) < TPR__FP8_SCALE_FAST_MAX)) bad |= 1u << r;
+        s[r] = _mm512_set1_ps(sc * 0x1p120f);
+      }
+    }
+    int64_t k = k0;
+    for (; k + VL <= k1; k += VL) {
+      __m512 wv[4];
+      for (int r = 0; r < RR; r++) wv[r] = load_w(dt, wrow[r] + k * esz, 0, 1, s[r], &nanacc[r]);
+      for (int m = 0; m < MR; m++) {
+        __m512 x = _mm512_loadu_ps(arow[m] + k);
+        for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(x, wv[r], acc[m][r]);
+      }
+    }
+    if (k < k1) {
+      __mmask16 km = (__mmask16)((1u << (k1 - k)) - 1);
+      __m512 wv[4];
+      for (int r = 0; r < RR; r++) wv[r] = load_w(dt, wrow[r] + k * esz, km, 0, s[r], &nanacc[r]);
+      for (int m = 0; m < MR; m++) {
+        __m512 x = _mm512_maskz_loadu_ps(km, arow[m] + k);
+        for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(x, wv[r], acc[m][r]);
+      }
+    }
+    k0 = k1;
+  }
+  for (int m = 0; m < MR; m++)
+    for (int r = 0; r < RR; r++) p->out[(m0 + m) * p->ldo + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+  if (dt == DT_FP8)
+    for (int r = 0; r < RR; r++) {
+      __m128i hit = _mm_cmpeq_epi8(nanacc[r], _mm_set1_epi8(0x7f));
+      if (_mm_movemask_epi8(hit)) bad |= 1u << r;
+    }
+  return bad;
+}
+
+// Instances: weight rows 4 (or 1 at the end), activation rows 1..MRMAX.
+#define MRMAX 6
+typedef unsigned (*tile_fn)(const tpr__sg_args *, int64_t, int64_t);
+#define INST(DT, RR, MR) \
+  static unsigned tile_##DT##_##RR##_##MR(const tpr__sg_args *p, int64_t n, int64_t m0) { return tile(p, n, m0, RR, MR, DT); }
+#define INST_MR(DT, RR) INST(DT, RR, 1) INST(DT, RR, 2) INST(DT, RR, 3) INST(DT, RR, 4) INST(DT, RR, 5) INST(DT, RR, 6)
+#define ROW_MR(DT, RR) {tile_##DT##_##RR##_1, tile_##DT##_##RR##_2, tile_##DT##_##RR##_3, \
+                        tile_##DT##_##RR##_4, tile_##DT##_##RR##_5, tile_##DT##_##RR##_6}
+INST_MR(DT_F32, 4) INST_MR(DT_F32, 1) INST_MR(DT_BF16, 4) INST_MR(DT_BF16, 1) INST_MR(DT_FP8, 4) INST_MR(DT_FP8, 1)
+static const tile_fn tiles[3][2][MRMAX] = {
+    {ROW_MR(DT_F32, 4), ROW_MR(DT_F32, 1)},
+    {ROW_MR(DT_BF16, 4), ROW_MR(DT_BF16, 1)},
+    {ROW_MR(DT_FP8, 4), ROW_MR(DT_FP8, 1)},
+};
+
+void tpr__sg_rows_avx512(const tpr__sg_args *p, int64_t n0, int64_t n1) {
+  int dt = p->w->dtype == TPR_F32 ? DT_F32 : p->w->dtype == TPR_BF16 ? DT_BF16 : DT_FP8;
+  for (int64_t n = n0; n < n1;) {
+    int rr = n1 - n >= 4 ? 4 : 1;
+    unsigned bad = 0;
+    // Row tile outer, activation rows inner: the tile's weights stay in cache
+    // while each group of MR activation rows passes over them.
+    for (int64_t m0 = 0; m0 < p->M; m0 += MRMAX) {
+      int64_t mr = p->M - m0 < MRMAX ? p->M - m0 : MRMAX;
+      bad |= tiles[dt][rr == 4 ? 0 : 1][mr - 1](p, n, m0);
+    }
+    for (int r = 0; r < rr; r++)
+      if (bad & (1u << r)) tpr__sg_rows_portable(p, n + r, n + r + 1);
+    n += rr;
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
