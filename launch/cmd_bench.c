@@ -8,6 +8,7 @@
 #include "launch/bench_model.h"
 #include "launch/bench_moe.h"
 // -- bench kernels include
+#include "launch/bench_kernels.h"
 #include "launch/commands.h"
 
 static const tpr_command benches[] = {
@@ -17,6 +18,7 @@ static const tpr_command benches[] = {
     {"moe", "one MoE layer, both dispatchers: exchange GB/s and grouped GEMM GFLOP/s against all_to_all and sgemm",
      tpr_bench_moe},
     // -- bench kernels entry
+    {"kernels", "skinny GEMM per weight dtype against memory read GB/s; dequant+sgemm against f32 sgemm", tpr_bench_kernels},
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 

@@ -6,7 +6,7 @@
 // pair. Each 16-column weight vector is loaded and converted once and used by
 // MR FMAs; each activation vector by RR FMAs. Every accumulator sees the same
 // FMA sequence whatever RR, MR or the thread split, so results are bitwise
-// reproducible. FP8: the exponent rebias 2^120 of the bit trick below is
+// reproducible. FP8: the exponent rebias 2^8 of the bit trick below is
 // folded into the block scale, so a weight costs one multiply either way and
 // the dequantised value is fp8 * scale rounded once, as in
 // tpr_weight_dequant_rows.
@@ -28,11 +28,12 @@
 enum { DT_F32, DT_BF16, DT_FP8 };
 
 // 16 weights from p (element pointer of its dtype), lanes outside `k` zero.
-// FP8: sign-extending the byte and shifting by 20 puts the 4 exponent and 3
-// mantissa bits where an f32's go (the sign lands in bit 31; the and clears
-// the copies above the exponent); the f32 so built is the E4M3 value times
-// 2^-120, subnormals included, so multiplying by scale * 2^120 gives the
-// dequantised weight. NaN bytes (S.1111.111) are caught separately.
+// FP8: sign-extending the byte to 16 bits and shifting by 7 puts the 4
+// exponent and 3 mantissa bits where an IEEE half's go (the sign lands in bit
+// 15; the and clears its copy in bit 14); that half is the E4M3 value times
+// 2^-8 exactly, subnormals included, and vcvtph2ps widens it exactly, so
+// multiplying by scale * 2^8 gives the dequantised weight rounded once. NaN
+// bytes (S.1111.111) are caught separately.
 AI __m512 load_w(int dt, const void *p, __mmask16 k, int full, __m512 s, __m128i *nanacc) {
   if (dt == DT_F32) return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p);
   if (dt == DT_BF16) {
@@ -41,9 +42,9 @@ AI __m512 load_w(int dt, const void *p, __mmask16 k, int full, __m512 s, __m128i
   }
   __m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(k, p);
   *nanacc = _mm_max_epu8(*nanacc, _mm_and_si128(b, _mm_set1_epi8(0x7f)));
-  __m512i x = _mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20);
-  x = _mm512_and_si512(x, _mm512_set1_epi32((int)0x87F00000u));
-  return _mm512_mul_ps(_mm512_castsi512_ps(x), s);
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+  h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), s);
 }
 
 // Output columns n..n+RR-1, activation rows m0..m0+MR-1. Returns a bit per
@@ -77,7 +78,7 @@ AI unsigned tile(const tpr__sg_args *p, int64_t n, int64_t m0, const int RR, con
       for (int r = 0; r < RR; r++) {
         float sc = srow[r][blk];
         if (!(fabsf(sc) < TPR__FP8_SCALE_FAST_MAX)) bad |= 1u << r;
-        s[r] = _mm512_set1_ps(sc * 0x1p120f);
+        s[r] = _mm512_set1_ps(sc * 0x1p8f);
       }
     }
     int64_t k = k0;
