@@ -43,6 +43,10 @@ typedef struct tpr_step_build_opts {
   tpr_moe_opts moe;       // dispatcher, capacity mode
   bool moe_stats;         // add the routing outputs
   bool per_rank_qk_norm;  // negative control of the parity tests (families that have a QK-norm)
+  // (plan->n_tensors) the dtype each plan kind's param is declared with
+  // (engine/weight_dtype.h); NULL: all f32. A bf16 embedding table's rows are
+  // widened to f32 as they are read.
+  const tpr_dtype *kind_dtype;
 } tpr_step_build_opts;
 
 typedef struct tpr_family {

@@ -8,6 +8,7 @@
 
 #include "engine/family.h"
 #include "engine/session_impl.h"
+#include "engine/weight_dtype.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
@@ -38,7 +39,8 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
     if (strstr(n, s->family->expert_down)) k2 = i;
   }
   if (k1 < 0 || k3 < 0 || k2 < 0) return TPR_FAIL(TPR_ERR_INTERNAL, "%s: plan without expert weights", s->family->name);
-  size_t blk = (size_t)(Fr * H) * sizeof(float);
+  tpr_dtype dt = s->kind_dtype[k1];  // weight_dtype.c: one dtype for the three kinds
+  size_t blk = (size_t)(Fr * H) * tpr_dtype_size(dt);
   char *h13 = malloc((size_t)Er * 2 * blk + 1), *h2 = malloc((size_t)Er * blk + 1);
   tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: expert staging");
   const tpr_load_item *base = tpr_loader_item(s->loader, 0);
@@ -53,8 +55,8 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
     memcpy(h2 + (size_t)e * blk, tpr_rank_weights_data(&s->weights, it2 - base), blk);
   }
   tpr_tensor **w13 = &s->experts[2 * L], **w2 = &s->experts[2 * L + 1];
-  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, H}, w13);
-  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, H, Fr}, w2);
+  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, dt, 3, (const int64_t[]){Er, 2 * Fr, H}, w13);
+  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, dt, 3, (const int64_t[]){Er, H, Fr}, w2);
   if (rc == TPR_OK) rc = tpr_tensor_from_host(*w13, h13, (size_t)Er * 2 * blk);
   if (rc == TPR_OK) rc = tpr_tensor_from_host(*w2, h2, (size_t)Er * blk);
   free(h13), free(h2);
@@ -63,17 +65,25 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
 
 // A weight slice as a tensor on the backend: the loaded host bytes wrapped
 // in place on the CPU, copied to a device otherwise.
-static tpr_status weight_tensor(tpr_session *s, const tpr_shard_tensor *t, const void *host, tpr_tensor **out) {
-  if (s->be->vt->host_addressable)
-    return tpr_tensor_wrap(s->be, TPR_F32, t->ndim, t->rank_shape, (void *)host, out);
-  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, t->ndim, t->rank_shape, out));
-  return tpr_tensor_from_host(*out, host, (size_t)tpr_tensor_numel(*out) * sizeof(float));
+static tpr_status weight_tensor(tpr_session *s, const tpr_shard_tensor *t, tpr_dtype dt, const void *host,
+                                tpr_tensor **out) {
+  if (s->be->vt->host_addressable) return tpr_tensor_wrap(s->be, dt, t->ndim, t->rank_shape, (void *)host, out);
+  TPR_CHECK(tpr_tensor_new(s->be, dt, t->ndim, t->rank_shape, out));
+  return tpr_tensor_from_host(*out, host, tpr_tensor_nbytes(*out));
 }
 
 static tpr_status load_weights(tpr_session *s) {
   TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
-  TPR_CHECK(tpr_loader_load_all(s->loader, TPR_F32, &s->weights));
+  s->kind_dtype = malloc((size_t)s->plan.n_tensors * sizeof *s->kind_dtype);
+  if (!s->kind_dtype) return TPR_FAIL(TPR_ERR_OOM, "session: weight dtypes");
+  const char *const expert_kinds[3] = {s->family->expert_gate, s->family->expert_up, s->family->expert_down};
+  TPR_CHECK(tpr_weight_dtypes(s->loader, &s->plan, s->o.training ? TPR_F32 : s->o.weight_dtype,
+                              s->be->vt->host_addressable, expert_kinds, s->kind_dtype));
+  TPR_CHECK(tpr_loader_load_all_as(s->loader, TPR_F32, s->kind_dtype, &s->weights));
   s->stats.weight_bytes = s->weights.bytes_held;
+  s->stats.matrix_dtype = TPR_F32;
+  for (int k = 0; k < s->plan.n_tensors; k++)
+    if (s->kind_dtype[k] == TPR_BF16) s->stats.matrix_dtype = TPR_BF16;
   s->stats.bytes_read = s->weights.bytes_read;
   int64_t n = s->weights.n, layers = s->cfg.num_layers;
   s->item_tensors = calloc((size_t)n, sizeof *s->item_tensors);
@@ -84,7 +94,7 @@ static tpr_status load_weights(tpr_session *s) {
     const tpr_load_item *it = &s->weights.items[i];
     if (it->local_expert >= 0) continue;  // stacked per layer below
     const tpr_shard_tensor *t = &s->plan.tensors[it->kind];
-    TPR_CHECK(weight_tensor(s, t, tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
+    TPR_CHECK(weight_tensor(s, t, s->weights.dtype[i], tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
   }
   for (int64_t L = 0; L < layers; L++) TPR_CHECK(stack_experts(s, L));
   return TPR_OK;
@@ -214,7 +224,8 @@ static tpr_status program_for(tpr_session *s, int64_t T, int64_t N, step_program
                                       .block_size = pl->block_size},
                             .moe = s->o.moe,
                             .moe_stats = s->o.moe_stats,
-                            .per_rank_qk_norm = s->o.per_rank_qk_norm};
+                            .per_rank_qk_norm = s->o.per_rank_qk_norm,
+                            .kind_dtype = s->kind_dtype};
   tpr_status rc = tpr__session_make_program(s, build_step, &bo, &m->program);
   if (m->program) s->n_programs++;  // owned from here: close frees it
   TPR_CHECK(rc);
@@ -316,7 +327,7 @@ void tpr_session_close(tpr_session *s) {
     if (s->experts) tpr_tensor_free(s->experts[i]);
     if (s->pools) tpr_tensor_free(s->pools[i]);
   }
-  free(s->item_tensors), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
+  free(s->item_tensors), free(s->kind_dtype), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
   tpr_moe_stats_free(&s->moe_stats);
   tpr_tensor_free(s->rank);
   tpr_rank_weights_free(&s->weights);

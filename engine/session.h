@@ -31,6 +31,10 @@ typedef struct tpr_session_opts {
   // etp = world / ep. world = dp*tp = edp*ep*etp.
   int tp, dp, ep, etp;
   tpr_moe_opts moe;        // dispatcher and capacity mode
+  // The dtype the weight matrices are held in (engine/weight_dtype.h):
+  // TPR_F32 (0, the default), TPR_BF16, or TPR_LOAD_SOURCE_DTYPE (auto:
+  // bf16 matrices of the checkpoint stay bf16). Training holds f32.
+  tpr_dtype weight_dtype;
   bool moe_stats;          // count routing statistics (tpr_session_moe_stats)
   // Rank 0 builds each program and sends its bytes to the others ("compile
   // once, run on every rank"); otherwise every rank builds its own and the
@@ -49,7 +53,8 @@ typedef struct tpr_session tpr_session;
 
 typedef struct tpr_session_info {
   double load_s;             // config, plan, weights, caches
-  uint64_t weight_bytes;     // this rank's weights as held (f32)
+  uint64_t weight_bytes;     // this rank's weights as held (opts.weight_dtype)
+  tpr_dtype matrix_dtype;    // the weight matrices' dtype as held: bf16 if any is, else f32
   uint64_t bytes_read;       // checkpoint bytes this rank read
   uint64_t program_hash;     // of the last program built
 } tpr_session_info;

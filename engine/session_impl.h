@@ -26,6 +26,7 @@ struct tpr_session {
   tpr_shard_plan plan;
   tpr_loader *loader;
   tpr_rank_weights weights;
+  tpr_dtype *kind_dtype;               // (plan.n_tensors) the dtype each plan kind is held in (weight_dtype.h)
   tpr_tensor **item_tensors;           // (weights.n) wrapped slices; NULL for expert items
   tpr_tensor **experts;                // (2 * layers) stacked w13, w2 per layer
   const tpr_family *family;

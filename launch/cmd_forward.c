@@ -102,15 +102,19 @@ int tpr_cmd_forward(int argc, char **argv) {
     if (json)
       printf("{\"command\":\"forward\",\"world_size\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,"
              "\"moe_dispatch\":\"%s\",\"replicas\":%lld,\"tokens\":%lld,\"vocab\":%lld,\"out\":\"%s\","
-             "\"load_s\":%.4f,\"forward_s\":%.4f,\"program_hash\":\"%016llx\"}\n",
+             "\"load_s\":%.4f,\"forward_s\":%.4f,\"program_hash\":\"%016llx\",\"weight_dtype\":\"%s\","
+             "\"weight_bytes\":%llu}\n",
              w.size, pl->tp, pl->dp, pl->ep, pl->etp, mesh.moe_dispatch, (long long)replicas, (long long)T,
              (long long)V, out, tpr_session_stats(s)->load_s, secs,
-             (unsigned long long)tpr_session_stats(s)->program_hash);
+             (unsigned long long)tpr_session_stats(s)->program_hash,
+             tpr_dtype_name(tpr_session_stats(s)->matrix_dtype),
+             (unsigned long long)tpr_session_stats(s)->weight_bytes);
     else
-      printf("tpr forward: %lld tokens x %lld replicas, tp %d dp %d ep %d etp %d: logits (%lld, %lld) f32 -> %s "
-             "(load %.3f s, forward %.3f s)\n",
-             (long long)T, (long long)replicas, pl->tp, pl->dp, pl->ep, pl->etp, (long long)T, (long long)V, out,
-             tpr_session_stats(s)->load_s, secs);
+      printf("tpr forward: %lld tokens x %lld replicas, tp %d dp %d ep %d etp %d, %s weights (%.2f MiB per rank): "
+             "logits (%lld, %lld) f32 -> %s (load %.3f s, forward %.3f s)\n",
+             (long long)T, (long long)replicas, pl->tp, pl->dp, pl->ep, pl->etp,
+             tpr_dtype_name(tpr_session_stats(s)->matrix_dtype), tpr_session_stats(s)->weight_bytes / 1048576.0,
+             (long long)T, (long long)V, out, tpr_session_stats(s)->load_s, secs);
   }
   for (int i = 0; i < lists.n; i++) free(tokens[i]);
   free(logits);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/weight_dtype.h"
+
 tpr_status tpr_cli_token_list(const char *flag, const char *text, int32_t **ids, int64_t *n) {
   *ids = NULL;
   *n = 0;
@@ -43,6 +45,8 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
                       .seed = (uint64_t)m->reroute_seed};
   if (!tpr_moe_dispatch_parse(m->moe_dispatch, &moe.dispatch))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-dispatch %s: expected auto, alltoall or allreduce", m->moe_dispatch);
+  tpr_dtype weight_dtype;
+  TPR_CHECK(tpr_weight_dtype_parse(m->weight_dtype, &weight_dtype));
   *out = (tpr_session_opts){.model_dir = model,
                            .max_seq = max_seq,
                            .tp = (int)m->tp,
@@ -50,6 +54,7 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
                            .ep = (int)m->ep,
                            .etp = (int)m->etp,
                            .moe = moe,
+                           .weight_dtype = weight_dtype,
                            .moe_stats = m->moe_stats,
                            .broadcast_program = d->broadcast_program,
                            .per_rank_qk_norm = d->per_rank_qk_norm,

@@ -36,8 +36,9 @@ typedef struct tpr_model_mesh {
   bool reroute_dropped;
   int64_t reroute_seed;
   bool moe_stats;               // set by the commands that print them
+  const char *weight_dtype;     // auto | f32 | bf16 (engine/weight_dtype.h)
 } tpr_model_mesh;
-#define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto"}
+#define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto", .weight_dtype = "auto"}
 #define TPR_MODEL_MESH_ARGS(m)                                                                                   \
   {"tp", TPR_ARG_INT, &(m).tp, "tensor-parallel degree of attention (default: world / dp)"},                   \
   {"dp", TPR_ARG_INT, &(m).dp, "data-parallel replicas of attention; world = dp*tp (default 1)"},               \
@@ -49,7 +50,9 @@ typedef struct tpr_model_mesh {
    "expert capacity ceil(tokens*top_k*F/experts); lowest-weight assignments past it are dropped (default: dropless)"}, \
   {"reroute-dropped", TPR_ARG_FLAG, &(m).reroute_dropped,                                                       \
    "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
-  {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"}
+  {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"},                  \
+  {"weight-dtype", TPR_ARG_STR, &(m).weight_dtype,                                                              \
+   "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 checkpoints stay bf16 on the cpu)"}
 
 // The batched engine's flags of run and bench model.
 typedef struct tpr_model_engine {

@@ -30,10 +30,12 @@ typedef struct m2_ctx {
 // Declares a param with the rank's shape. Under FSDP (training) a trained
 // param is this rank's flat chunk (shard/fsdp.h), gathered here -- just
 // before the layer that declares it runs -- into the rank's shape.
-static tpr_status declare(m2_ctx *c, const char *name, int ndim, const int64_t *shape, bool expert, bool trained,
-                          tpr_value_id *out) {
+// Inference params have the dtype the session holds them in (dt).
+static tpr_status declare(m2_ctx *c, const char *name, tpr_dtype dt, int ndim, const int64_t *shape, bool expert,
+                          bool trained, tpr_value_id *out) {
   const tpr_fsdp_opts *f = &c->o->fsdp;
-  if (!c->o->training || !f->on || !trained) return tpr_program_param(c->p, name, TPR_F32, ndim, shape, out);
+  if (!c->o->training) return tpr_program_param(c->p, name, dt, ndim, shape, out);
+  if (!f->on || !trained) return tpr_program_param(c->p, name, TPR_F32, ndim, shape, out);
   const tpr_shard_plan *pl = c->plan;
   int n = expert ? pl->edp : pl->dp;
   int64_t numel = 1;
@@ -60,6 +62,8 @@ static tpr_status declare(m2_ctx *c, const char *name, int ndim, const int64_t *
 
 // Declares the param of plan tensor `pattern` for `layer` with the plan's
 // per-rank shape.
+static tpr_dtype kind_dtype(const m2_ctx *c, int kind) { return c->o->kind_dtype ? c->o->kind_dtype[kind] : TPR_F32; }
+
 static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value_id *out) {
   for (int i = 0; i < c->plan->n_tensors; i++) {
     const tpr_shard_tensor *t = &c->plan->tensors[i];
@@ -67,7 +71,8 @@ static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value
     char name[160];
     tpr_family_param_name(pattern, layer, name, sizeof name);
     // The routing bias only selects experts: never trained, never sharded.
-    return declare(c, name, t->ndim, t->rank_shape, false, !strstr(pattern, "e_score_correction_bias"), out);
+    return declare(c, name, kind_dtype(c, i), t->ndim, t->rank_shape, false,
+                   !strstr(pattern, "e_score_correction_bias"), out);
   }
   return TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: the plan has no tensor %s", pattern);
 }
@@ -157,6 +162,14 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   return tpr_pb_add(c->p, x, o, out);
 }
 
+// The dtype of the stacked experts: that of the gate kind (the session holds
+// the three expert kinds in one dtype).
+static tpr_dtype expert_dtype(const m2_ctx *c) {
+  for (int i = 0; i < c->plan->n_tensors; i++)
+    if (strstr(c->plan->tensors[i].name, tpr_family_minimax_m2.expert_gate)) return kind_dtype(c, i);
+  return TPR_F32;
+}
+
 // x (T, H) -> x + moe(x), one layer: the router here, the experts and their
 // dispatch in models/layers/moe.c.
 static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
@@ -168,10 +181,11 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &gate));  // (E, H)
   TPR_CHECK(param(c, "model.layers.{L}.block_sparse_moe.e_score_correction_bias", L, &bias));  // (E)
   char name[160];
+  tpr_dtype edt = expert_dtype(c);
   tpr_family_expert_name(L, "w13", name, sizeof name);
-  TPR_CHECK(declare(c, name, 3, (const int64_t[]){Er, 2 * Fr, H}, true, true, &w13));
+  TPR_CHECK(declare(c, name, edt, 3, (const int64_t[]){Er, 2 * Fr, H}, true, true, &w13));
   tpr_family_expert_name(L, "w2", name, sizeof name);
-  TPR_CHECK(declare(c, name, 3, (const int64_t[]){Er, H, Fr}, true, true, &w2));
+  TPR_CHECK(declare(c, name, edt, 3, (const int64_t[]){Er, H, Fr}, true, true, &w2));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_pb_matmul(c->p, h, gate, false, true, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
@@ -235,6 +249,9 @@ static tpr_status build(m2_ctx *c) {
   c->group = 0;
   TPR_CHECK(param(c, "model.embed_tokens.weight", 0, &embed));  // (V'/tp, H)
   TPR_CHECK(tpr_pb_embedding_shard(c->p, embed, tokens, c->rank_tp, &x));  // (T, H) partial over tp
+  tpr_tensor ev;
+  TPR_CHECK(tpr_program_value(c->p, x, &ev));
+  if (ev.dtype != TPR_F32) TPR_CHECK(tpr_pb_cast(c->p, x, TPR_F32, &x));  // a bf16 table's rows, widened
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, x, &x));
   for (int64_t L = 0; L < cfg->num_layers; L++) {
     c->group = (int)(1 + 2 * L);
@@ -282,7 +299,8 @@ static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_op
                           .step = o->shape,
                           .per_rank_qk_norm = o->per_rank_qk_norm,
                           .moe = o->moe,
-                          .moe_stats = o->moe_stats};
+                          .moe_stats = o->moe_stats,
+                          .kind_dtype = o->kind_dtype};
   return tpr_m2_build(plan, &bo, out);
 }
 

@@ -58,6 +58,8 @@ typedef struct tpr_m2_build_opts {
   int skip_grad_marks;
   // Training: trained params sharded over dp / edp (shard/fsdp.h).
   tpr_fsdp_opts fsdp;
+  // Inference: the dtype of each plan kind's param (tpr_step_build_opts).
+  const tpr_dtype *kind_dtype;
 } tpr_m2_build_opts;
 
 // Inference (engine/family.h's step interface) or, with o->training, the

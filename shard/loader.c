@@ -175,6 +175,10 @@ void tpr_rank_weights_free(tpr_rank_weights *w) {
 }
 
 tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *out) {
+  return tpr_loader_load_all_as(l, dt, NULL, out);
+}
+
+tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, tpr_rank_weights *out) {
   memset(out, 0, sizeof *out);
   int64_t n = l->n;
   tpr_rank_weights w = {.n = n};
@@ -189,7 +193,8 @@ tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *ou
   uint64_t off = 0;
   for (int64_t i = 0; i < n; i++) {
     w.items[i] = l->items[i];
-    w.dtype[i] = dt == TPR_LOAD_SOURCE_DTYPE ? tpr_loader_item_dtype(l, &l->items[i]) : dt;
+    tpr_dtype want = kind_dt ? kind_dt[l->items[i].kind] : dt;
+    w.dtype[i] = want == TPR_LOAD_SOURCE_DTYPE ? tpr_loader_item_dtype(l, &l->items[i]) : want;
     uint64_t nb = (uint64_t)l->items[i].numel * tpr_dtype_size(w.dtype[i]);
     w.offset[i] = off;
     w.bytes_held += nb;

@@ -87,6 +87,9 @@ typedef struct tpr_rank_weights {
 } tpr_rank_weights;
 
 tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *out);
+// The same with a dtype per plan kind: item i gets kind_dt[items[i].kind]
+// (kind_dt has plan->n_tensors entries); dt is ignored when kind_dt is set.
+tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, tpr_rank_weights *out);
 void tpr_rank_weights_free(tpr_rank_weights *w);
 static inline void *tpr_rank_weights_data(const tpr_rank_weights *w, int64_t i) { return w->arena + w->offset[i]; }
 

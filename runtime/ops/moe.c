@@ -21,6 +21,7 @@
 #include "cpu_kernels.h"
 #include "grad_rules.h"
 #include "strided.h"
+#include "weight_gemm.h"
 
 static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -59,6 +60,11 @@ static const float *weight(const tpr_tensor *w, int64_t e, float *scratch, opera
   return scratch;
 }
 
+// The forward kernels read the experts in the dtype the session holds them.
+static bool weight_dtype_ok(const tpr_tensor *w13, const tpr_tensor *w2) {
+  return (w13->dtype == TPR_F32 || w13->dtype == TPR_BF16) && w2->dtype == w13->dtype;
+}
+
 // silu(g) = g / (1 + exp(-g)), torch's formula; g << 0 gives -0, not NaN.
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
@@ -95,32 +101,56 @@ static tpr_status check_blas_range(const char *op, int64_t rows, int64_t F2, int
   return TPR_OK;
 }
 
+// y (n, N) = x (n, K) @ W_e^T, W_e = expert e's (N, K) matrix of w (E, N, K).
+// A row-major W_e (the engine's stacked experts) is read as it is, in its
+// dtype, by tpr__weight_gemm: the skinny kernel at few rows (decode), sgemm
+// above. Other layouts: f32 through sgemm's transpose flags (or a copy), bf16
+// widened into wbuf.
+static tpr_status expert_gemm(const tpr_cpu_ctx *ctx, const tpr_tensor *w, int64_t e, const float *x, int64_t n,
+                              float *y, float *wbuf) {
+  const int64_t N = w->shape[1], K = w->shape[2], s1 = w->stride[1], s2 = w->stride[2];
+  const size_t es = tpr_dtype_size(w->dtype);
+  const char *we = (const char *)tpr_tensor_data(w) + (size_t)(e * w->stride[0]) * es;
+  if ((K <= 1 || s2 == 1) && (N <= 1 || s1 >= K)) {
+    tpr_weight_view v = tpr__weight_view(we, w->dtype, N > 1 ? s1 : max64(K, 1));
+    return tpr__weight_gemm(ctx, x, K, n, K, &v, N, y, N);
+  }
+  if (w->dtype == TPR_F32) {
+    operand l;
+    const float *wf = weight(w, e, wbuf, &l);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, l.op, (blasint)n, (blasint)N, (blasint)K, 1.0f, x, (blasint)K, wf,
+                (blasint)l.ld, 0.0f, y, (blasint)N);
+    return TPR_OK;
+  }
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t j = 0; j < K; j++) wbuf[i * K + j] = (float)tpr_dtype_load(we, w->dtype, (size_t)(i * s1 + j * s2));
+  tpr_weight_view v = tpr__weight_view(wbuf, TPR_F32, max64(K, 1));
+  return tpr__weight_gemm(ctx, x, K, n, K, &v, N, y, N);
+}
+
 // s->y (n, H) = w2[e] @ (silu(w1[e] x) * (w3[e] x)) for the n rows of s->xe
-// (n, H): one sgemm with w13[e]^T -> (n, 2F), SwiGLU into (n, F), one sgemm
-// with w2[e]^T. w13 (E, 2F, H), w2 (E, H, F), any strides.
+// (n, H): [w1 x | w3 x] = X_e @ w13[e]^T -> (n, 2F), SwiGLU into (n, F),
+// then @ w2[e]^T. w13 (E, 2F, H), w2 (E, H, F), any strides.
 // The up half: s->gu (n, 2F) = [w1 x | w3 x], s->act (n, F) = silu(h1) * h3.
-static void expert_up(const tpr_tensor *w13, int64_t e, int64_t n, const ffn_scratch *s) {
-  const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
-  operand l13;
-  const float *w13e = weight(w13, e, s->wbuf, &l13);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, l13.op, (blasint)n, (blasint)F2, (blasint)H, 1.0f, s->xe, (blasint)H,
-              w13e, (blasint)l13.ld, 0.0f, s->gu, (blasint)F2);
+static tpr_status expert_up(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, int64_t e, int64_t n,
+                            const ffn_scratch *s) {
+  const int64_t F2 = w13->shape[1], F = F2 / 2;
+  TPR_CHECK(expert_gemm(ctx, w13, e, s->xe, n, s->gu, s->wbuf));
   for (int64_t i = 0; i < n; i++)
     for (int64_t f = 0; f < F; f++) s->act[i * F + f] = silu(s->gu[i * F2 + f]) * s->gu[i * F2 + F + f];
+  return TPR_OK;
 }
 
 // The down half: s->y (n, H) = s->act @ w2[e]^T.
-static void expert_down(const tpr_tensor *w2, int64_t e, int64_t n, const ffn_scratch *s) {
-  const int64_t H = w2->shape[1], F = w2->shape[2];
-  operand l2;
-  const float *w2e = weight(w2, e, s->wbuf, &l2);  // the up half's weight copy is no longer needed
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, l2.op, (blasint)n, (blasint)H, (blasint)F, 1.0f, s->act, (blasint)F, w2e,
-              (blasint)l2.ld, 0.0f, s->y, (blasint)H);
+static tpr_status expert_down(const tpr_cpu_ctx *ctx, const tpr_tensor *w2, int64_t e, int64_t n,
+                              const ffn_scratch *s) {
+  return expert_gemm(ctx, w2, e, s->act, n, s->y, s->wbuf);  // the up half's weight copy is no longer needed
 }
 
-static void expert_ffn(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, const ffn_scratch *s) {
-  expert_up(w13, e, n, s);
-  expert_down(w2, e, n, s);
+static tpr_status expert_ffn(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, const tpr_tensor *w2, int64_t e,
+                             int64_t n, const ffn_scratch *s) {
+  TPR_CHECK(expert_up(ctx, w13, e, n, s));
+  return expert_down(ctx, w2, e, n, s);
 }
 
 // Copies row r of x (rows, H) (any strides) to dst (H) contiguous.
@@ -158,9 +188,9 @@ static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *ro
 TPR_CPU_KERNEL(moe_experts) {
   if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_experts (cpu): expected 4 inputs, got %d", n_in);
   const tpr_tensor *x = in[0], *g = in[1], *w13 = in[2], *w2 = in[3];
-  if (x->dtype != TPR_F32 || g->dtype != TPR_F32 || w13->dtype != TPR_F32 || w2->dtype != TPR_F32 ||
-      out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "moe_experts (cpu): x %s, gates %s, w13 %s, w2 %s, out %s; only f32 is supported",
+  if (x->dtype != TPR_F32 || g->dtype != TPR_F32 || !weight_dtype_ok(w13, w2) || out->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "moe_experts (cpu): x %s, gates %s, w13 %s, w2 %s, out %s; need f32, weights f32 "
+                    "or bf16 (one dtype)",
                     tpr_dtype_name(x->dtype), tpr_dtype_name(g->dtype), tpr_dtype_name(w13->dtype),
                     tpr_dtype_name(w2->dtype), tpr_dtype_name(out->dtype));
   if (x->ndim != 2 || g->ndim != 2 || w13->ndim != 3 || w2->ndim != 3 || !tpr_tensor_same_shape(x, out))
@@ -181,13 +211,14 @@ TPR_CPU_KERNEL(moe_experts) {
     return TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): scratch for %lld tokens", (long long)T);
   }
   const float *gd = tpr_tensor_data(g);
+  tpr_status rc = TPR_OK;
   for (int64_t e = 0; e < E; e++) {
     int64_t n = 0;
     for (int64_t t = 0; t < T; t++)
       if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) idx[n++] = t;
     if (n == 0) continue;
     for (int64_t i = 0; i < n; i++) load_row(s.xe + i * H, x, idx[i]);
-    expert_ffn(w13, w2, e, n, &s);
+    if ((rc = expert_ffn(ctx, w13, w2, e, n, &s)) != TPR_OK) break;
     for (int64_t i = 0; i < n; i++) {
       const float gate = gd[idx[i] * g->stride[0] + e * g->stride[1]];
       float *orow = o + idx[i] * H;
@@ -195,7 +226,7 @@ TPR_CPU_KERNEL(moe_experts) {
     }
   }
   free(idx), free(s.xe);
-  return TPR_OK;
+  return rc;
 }
 
 // counts (L = n*Er) i32 of x's R rows: *start (2L, freed by the caller) holds
@@ -244,10 +275,9 @@ static tpr_status parse_counts(const char *op, const tpr_tensor *c, int64_t R, i
 TPR_CPU_KERNEL(moe_grouped_ffn) {
   if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn (cpu): expected 4 inputs, got %d", n_in);
   const tpr_tensor *x = in[0], *c = in[1], *w13 = in[2], *w2 = in[3];
-  if (x->dtype != TPR_F32 || c->dtype != TPR_I32 || w13->dtype != TPR_F32 || w2->dtype != TPR_F32 ||
-      out->dtype != TPR_F32)
+  if (x->dtype != TPR_F32 || c->dtype != TPR_I32 || !weight_dtype_ok(w13, w2) || out->dtype != TPR_F32)
     return TPR_FAIL(TPR_ERR_DTYPE, "moe_grouped_ffn (cpu): x %s, counts %s, w13 %s, w2 %s, out %s; need f32 with "
-                    "i32 counts", tpr_dtype_name(x->dtype), tpr_dtype_name(c->dtype), tpr_dtype_name(w13->dtype),
+                    "i32 counts, weights f32 or bf16 (one dtype)", tpr_dtype_name(x->dtype), tpr_dtype_name(c->dtype), tpr_dtype_name(w13->dtype),
                     tpr_dtype_name(w2->dtype), tpr_dtype_name(out->dtype));
   if (x->ndim != 2 || c->ndim != 1 || w13->ndim != 3 || w2->ndim != 3 || !tpr_tensor_same_shape(x, out))
     return TPR_FAIL(TPR_ERR_SHAPE, "moe_grouped_ffn (cpu): x, counts, w13, w2 and out shapes do not fit");
@@ -274,7 +304,7 @@ TPR_CPU_KERNEL(moe_grouped_ffn) {
   for (int64_t e = 0; e < Er; e++) {
     int64_t n = gather_expert_rows(&rows, e, x, s.xe);
     if (n == 0) continue;
-    expert_ffn(w13, w2, e, n, &s);
+    if ((rc = expert_ffn(ctx, w13, w2, e, n, &s)) != TPR_OK) goto done;
     scatter_expert_rows(&rows, e, s.y, H, o);
   }
 done:
@@ -309,10 +339,11 @@ static inline float dsilu(float g) {
 // computed as (w2^T dy_i) . a_i: that product is needed for da anyway, so y
 // is never recomputed. The gate then enters as da = gate * (w2^T dy) and
 // dw2 = dy^T (gate * a).
-static void expert_bwd(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, int64_t n, const float *gate,
-                       float *dgate, const ffn_scratch *s, float *dw13e, float *dw2e) {
+static tpr_status expert_bwd(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, const tpr_tensor *w2, int64_t e,
+                             int64_t n, const float *gate, float *dgate, const ffn_scratch *s, float *dw13e,
+                             float *dw2e) {
   const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
-  expert_up(w13, e, n, s);
+  TPR_CHECK(expert_up(ctx, w13, e, n, s));
   operand l2, l13;
   const float *w2e = weight(w2, e, s->wbuf, &l2);
   // u = w2^T dy (n, F) into dgu's first F columns.
@@ -338,6 +369,7 @@ static void expert_bwd(const tpr_tensor *w13, const tpr_tensor *w2, int64_t e, i
   const float *w13e = weight(w13, e, s->wbuf, &l13);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, untransposed(&l13), (blasint)n, (blasint)H, (blasint)F2, 1.0f, s->dgu,
               (blasint)F2, w13e, (blasint)l13.ld, 0.0f, s->dxe, (blasint)H);
+  return TPR_OK;
 }
 
 // Shapes of x, w13, w2 as the forwards check them (R rows of x, E experts).
@@ -379,6 +411,7 @@ TPR_CPU_KERNEL(moe_experts_bwd) {
   }
   const float *gd = tpr_tensor_data(g);
   const int64_t gs0 = g->stride[0], gs1 = g->stride[1];
+  tpr_status rc = TPR_OK;
   for (int64_t e = 0; e < E; e++) {
     int64_t n = 0;
     for (int64_t t = 0; t < T; t++)
@@ -390,15 +423,16 @@ TPR_CPU_KERNEL(moe_experts_bwd) {
       load_row(s.xe + i * H, x, idx[i]);
       load_row(s.dy + i * H, dy, idx[i]);
     }
-    expert_bwd(w13, w2, e, n, gate, dgate, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    TPR_CHECK_GOTO(expert_bwd(ctx, w13, w2, e, n, gate, dgate, &s, dw13 + e * F2 * H, dw2 + e * H * F), rc, done);
     for (int64_t i = 0; i < n; i++) {
       const int64_t t = idx[i];
       dg[t * E + e] = dgate[i];
       for (int64_t j = 0; j < H; j++) dx[t * H + j] += s.dxe[i * H + j];
     }
   }
+done:
   free(idx), free(s.xe);
-  return TPR_OK;
+  return rc;
 }
 
 // x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F), dy (R, H);
@@ -431,7 +465,7 @@ TPR_CPU_KERNEL(moe_grouped_ffn_bwd) {
     int64_t n = gather_expert_rows(&rows, e, x, s.xe);
     if (n == 0) continue;
     gather_expert_rows(&rows, e, dy, s.dy);
-    expert_bwd(w13, w2, e, n, NULL, NULL, &s, dw13 + e * F2 * H, dw2 + e * H * F);
+    TPR_CHECK_GOTO(expert_bwd(ctx, w13, w2, e, n, NULL, NULL, &s, dw13 + e * F2 * H, dw2 + e * H * F), rc, done);
     scatter_expert_rows(&rows, e, s.dxe, H, dx);
   }
 done:

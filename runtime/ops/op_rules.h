@@ -9,6 +9,11 @@
 
 // Checks the rules share (op_table.c): each fails naming op and `which`.
 tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which);
+// A weight operand: f32, or bf16 kept as the checkpoint holds it (the CPU
+// kernels widen it as they read; the other backends take f32 only).
+tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const char *which);
+// The experts' w13 and w2: one weight dtype.
+tpr_status tpr__need_expert_dtypes(const char *op, const tpr_tensor *w13, const tpr_tensor *w2);
 tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t);  // i32 or i64
 tpr_status tpr__need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims);
 // A run-time scalar operand (start, shard, part): shape (1), i32 or i64.

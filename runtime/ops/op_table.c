@@ -24,6 +24,20 @@ tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, co
   return TPR_OK;
 }
 
+tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const char *which) {
+  if (t->dtype != TPR_F32 && t->dtype != TPR_BF16)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be f32 or bf16, got %s", op, which, tpr_dtype_name(t->dtype));
+  return TPR_OK;
+}
+
+tpr_status tpr__need_expert_dtypes(const char *op, const tpr_tensor *w13, const tpr_tensor *w2) {
+  TPR_CHECK(tpr__need_weight_dtype(op, w13, "w13"));
+  if (w2->dtype != w13->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: w2 is %s, w13 %s; the experts need one dtype", op, tpr_dtype_name(w2->dtype),
+                    tpr_dtype_name(w13->dtype));
+  return TPR_OK;
+}
+
 tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t) {
   if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
     return TPR_FAIL(TPR_ERR_DTYPE, "%s: indices must be i32 or i64, got %s", op, tpr_dtype_name(t->dtype));
@@ -41,8 +55,8 @@ void tpr__set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t 
 
 static tpr_status infer_matmul(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *a = in[0], *b = in[1];
-  TPR_CHECK(tpr__need_dtype("matmul", a, TPR_F32, "a"));
-  TPR_CHECK(tpr__need_dtype("matmul", b, TPR_F32, "b"));
+  TPR_CHECK(tpr__need_weight_dtype("matmul", a, "a"));
+  TPR_CHECK(tpr__need_weight_dtype("matmul", b, "b"));
   if (a->ndim < 2 || b->ndim < 2)
     return TPR_FAIL(TPR_ERR_SHAPE, "matmul: a and b need >= 2 dims, got %d and %d", a->ndim, b->ndim);
   if (b->ndim != 2 && b->ndim != a->ndim)
@@ -399,8 +413,7 @@ static tpr_status infer_moe_experts(const tpr_tensor *const *in, const tpr_op_at
   const char *op = "moe_experts";
   TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
   TPR_CHECK(tpr__need_dtype(op, g, TPR_F32, "gates"));
-  TPR_CHECK(tpr__need_dtype(op, w13, TPR_F32, "w13"));
-  TPR_CHECK(tpr__need_dtype(op, w2, TPR_F32, "w2"));
+  TPR_CHECK(tpr__need_expert_dtypes(op, w13, w2));
   TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(T, H)"));
   TPR_CHECK(tpr__need_ndim(op, g, 2, "gates", "(T, E)"));
   TPR_CHECK(tpr__need_ndim(op, w13, 3, "w13", "(E, 2F, H)"));

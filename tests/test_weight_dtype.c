@@ -1,0 +1,116 @@
+// Weights held in bf16 (--weight-dtype): the logits of a bf16 checkpoint run
+// with its matrices kept in bf16 equal those of the same checkpoint widened
+// to f32 at load (the same values: only the kernels' summation order
+// differs), alone and at tp 2, over a prompt long enough for the panel path
+// (more than 16 rows) and a short one for the skinny path; auto keeps bf16
+// and holds fewer bytes. Negative control: rounding an f32 checkpoint to
+// bf16 (--weight-dtype bf16) moves the logits past the same bound, so the
+// bound would catch a kernel reading the wrong values.
+#include "test_util.h"
+#include "cli_util.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FIX TPR_FIXTURES "/minimax_m2_tiny"
+
+static char tpr_path[4096], tmp_dir[] = "/tmp/tpr_test_weight_dtype_XXXXXX";
+static char ck_bf16[4200], ck_f32[4200], tokens_long[1024], tokens_short[256];
+
+static run_result run(int np, const char *const *args) {
+  return tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = 120});
+}
+#define RUN(np, ...) run(np, (const char *const[]){__VA_ARGS__, NULL})
+
+// A comma-separated list of n random ids below the fixture's vocab (256).
+static void random_tokens(char *buf, size_t cap, int n) {
+  size_t k = 0;
+  for (int i = 0; i < n; i++) k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)tt_randint(0, 255));
+}
+
+// Logits of `model` held as `dtype` on np ranks (0: alone) into out; returns
+// the weight bytes rank 0 reported and checks the dtype it reports.
+static double forward(int np, const char *model, const char *dtype, const char *tokens, const char *out,
+                      const char *want_dtype) {
+  char tp[8];
+  snprintf(tp, sizeof tp, "%d", np ? np : 1);
+  cJSON *j = tt_json_of(RUN(np, "forward", "--model", model, "--weight-dtype", dtype, "--tokens", tokens, "--tp", tp,
+                            "--out", out, "--json"));
+  const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "weight_dtype");
+  if (!cJSON_IsString(dt) || strcmp(dt->valuestring, want_dtype) != 0)
+    fail_msg("--weight-dtype %s on %s: held %s, want %s", dtype, model, cJSON_IsString(dt) ? dt->valuestring : "?",
+             want_dtype);
+  double bytes = tt_json_num(j, "weight_bytes");
+  cJSON_Delete(j);
+  return bytes;
+}
+
+static double rel_diff(const char *a, const char *b) {
+  cJSON *j = tt_json_of(RUN(0, "compare", "--a", a, "--a-key", "logits", "--b", b, "--json", "--tol", "1"));
+  double rel = tt_json_num(j, "rel");
+  cJSON_Delete(j);
+  return rel;
+}
+
+static void test_bf16_equals_widened(void **state) {
+  const char *toks[2] = {tokens_long, tokens_short}, *names[2] = {"40 tokens (panels)", "5 tokens (skinny)"};
+  for (int t = 0; t < 2; t++)
+    for (int np = 0; np <= 2; np += 2) {
+      const char *kept = tt_path(tmp_dir, "kept.safetensors"), *wide = tt_path(tmp_dir, "wide.safetensors");
+      double held = forward(np, ck_bf16, "auto", toks[t], kept, "bf16");
+      double full = forward(np, ck_bf16, "f32", toks[t], wide, "f32");
+      double rel = rel_diff(kept, wide);
+      printf("%s, tp %d: bf16 held %.0f bytes vs f32 %.0f (x%.3f); logits rel diff %.3g\n", names[t], np ? np : 1,
+             held, full, held / full, rel);
+      assert_true(rel <= 1e-5);
+      assert_true(held < 0.6 * full);  // the matrices dominate: about half the bytes
+    }
+}
+
+static void test_rounding_is_caught(void **state) {
+  const char *rounded = tt_path(tmp_dir, "rounded.safetensors"), *exact = tt_path(tmp_dir, "exact.safetensors");
+  forward(0, ck_f32, "bf16", tokens_long, rounded, "bf16");
+  forward(0, ck_f32, "auto", tokens_long, exact, "f32");  // auto keeps an f32 checkpoint f32
+  double rel = rel_diff(rounded, exact);
+  printf("negative control: f32 checkpoint rounded to bf16 vs f32: rel diff %.3g (must exceed 1e-5)\n", rel);
+  assert_true(rel > 1e-5);
+}
+
+static void test_bad_flag(void **state) {
+  run_result r = RUN(0, "forward", "--model", ck_bf16, "--weight-dtype", "fp4", "--tokens", "1,2", "--out",
+                     tt_path(tmp_dir, "x.safetensors"));
+  if (r.code == 0 || !strstr(r.err, "--weight-dtype fp4")) fail_msg("exit %d, stderr:\n%s", r.code, r.err);
+  tt_run_done(&r);
+}
+
+int main(void) {
+  if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_weight_dtype") != 0) return 1;
+  if (!mkdtemp(tmp_dir)) return 1;
+  tt_seed_from_env();
+  snprintf(ck_bf16, sizeof ck_bf16, "%s/bf16", tmp_dir);
+  snprintf(ck_f32, sizeof ck_f32, "%s/f32", tmp_dir);
+  char seed[32];
+  snprintf(seed, sizeof seed, "%lld", (long long)tt_randint(1, 1 << 30));
+  run_result r = RUN(0, "make-checkpoint", "--config", FIX "/config.json", "--out", ck_bf16, "--dtype", "bf16",
+                     "--seed", seed);
+  if (r.code) return fprintf(stderr, "make-checkpoint: %s\n", r.err), 1;
+  tt_run_done(&r);
+  r = RUN(0, "make-checkpoint", "--config", FIX "/config.json", "--out", ck_f32, "--dtype", "f32", "--seed", seed);
+  if (r.code) return fprintf(stderr, "make-checkpoint: %s\n", r.err), 1;
+  tt_run_done(&r);
+  random_tokens(tokens_long, sizeof tokens_long, 40);
+  random_tokens(tokens_short, sizeof tokens_short, 5);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bf16_equals_widened),
+      cmocka_unit_test(test_rounding_is_caught),
+      cmocka_unit_test(test_bad_flag),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  char cmd[4300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+  return rc;
+}
