@@ -8,8 +8,12 @@
 // Bounds are first-order rounding analyses in units of u = 2^-24, checked
 // per element. Negative controls show each comparison can fail on the bug
 // it guards against (whole-head rotation, non-causal masking, the h % Hkv
-// head mapping).
+// head mapping, the blocked kernel without its accumulator rescale).
+// The blocked attention kernel is also checked at odd sizes (T, S off the
+// 64-key tile and 256-key chunk grid, D = 13), a 600-token prefill, a decode
+// over 1000 keys (split-K), and for the same bits at 1, 2 and 3 threads.
 #include "ops_util.h"
+#include "runtime/ops/attention_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -141,9 +145,11 @@ static void test_rope(void **state) {
 
 // Double reference for query rows of q (T, Hq, D) at positions start + t
 // over k/v (S, Hkv, D); mod_map uses the wrong GQA mapping h % Hkv. Bound per
-// element: scores (D + 3)u scale sum|q k| (sgemm, then alpha); softmax
-// relative 4 ds + 2u max|s - m| + (n/8 + 10)u per probability; p @ v adds
-// (L + 2)u, both times sum p|v|.
+// element: scores (D + 3)u scale sum|q k| (f32 product chains, then scale);
+// softmax relative 4 ds + 2u max|s - m| + (n/8 + 14)u per probability (exp
+// within 2 ulp), plus 3u per online rescale (one per 64-key tile and
+// 256-key chunk: exp and a product); p @ v adds (L + 2)u, both times
+// sum p|v|.
 static void ref_attention(const float *Q, const float *K, const float *V, int T, int Hq, int Hkv, int D, int64_t start,
                           float scale, bool mod_map, double *want, double *bound) {
   const int L = (int)start + T;
@@ -154,26 +160,34 @@ static void ref_attention(const float *Q, const float *K, const float *V, int T,
       const float *q = Q + (t * Hq + h) * D;
       double m = -INFINITY, ds = 0, sum = 0, spread = 0;
       for (int j = 0; j < n; j++) {
-        const float *k = K + (j * Hkv + g) * D;
+        const float *k = K + ((int64_t)j * Hkv + g) * D;
         double dot = 0, ad = 0;
         for (int d = 0; d < D; d++) dot += (double)q[d] * k[d], ad += fabs((double)q[d] * k[d]);
         s[j] = dot * scale;
         ds = fmax(ds, (D + 3) * U32 * fabs(scale) * ad);
         m = fmax(m, s[j]);
       }
-      for (int j = 0; j < n; j++) sum += exp(s[j] - m), spread = fmax(spread, m - s[j]);
-      const double eps_p = 4 * ds + 2 * U32 * spread + (n / 8.0 + 10) * U32 + (L + 2) * U32;
+      for (int j = 0; j < n; j++) spread = fmax(spread, m - s[j]), sum += (s[j] = exp(s[j] - m));
+      const double rescales = 3.0 * ((n + 63) / 64 + (n + 255) / 256);
+      const double eps_p = 4 * ds + 2 * U32 * spread + (n / 8.0 + 14 + rescales) * U32 + (L + 2) * U32;
       for (int d = 0; d < D; d++) {
         double o = 0, a = 0;
         for (int j = 0; j < n; j++) {
-          double p = exp(s[j] - m) / sum, v = V[(j * Hkv + g) * D + d];
+          double p = s[j] / sum, v = V[((int64_t)j * Hkv + g) * D + d];
           o += p * v, a += p * fabs(v);
         }
-        want[(t * Hq + h) * D + d] = o;
-        bound[(t * Hq + h) * D + d] = eps_p * a;
+        want[((int64_t)t * Hq + h) * D + d] = o;
+        bound[((int64_t)t * Hq + h) * D + d] = eps_p * a;
       }
     }
   free(s);
+}
+
+// The worst |got - want| / bound (> 1: out of bounds).
+static double worst_ratio(const float *got, const double *want, const double *bound, int64_t n) {
+  double w = 0;
+  for (int64_t i = 0; i < n; i++) w = fmax(w, isfinite(got[i]) ? fabs(got[i] - want[i]) / bound[i] : INFINITY);
+  return w;
 }
 
 static void check_attention(const float *got, const double *want, const double *bound, int64_t n, const char *what) {
@@ -183,7 +197,8 @@ static void check_attention(const float *got, const double *want, const double *
 }
 
 // Rows [start + T, S) of the caches are NaN: unwritten rows must never be read.
-static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, bool strided_k, bool controls) {
+// Returns the worst error / bound.
+static double attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, bool strided_k, bool controls) {
   const int64_t qs[] = {T, Hq, D}, cs[] = {S, Hkv, D}, ks[] = {S, D, Hkv};
   const int64_t nq = (int64_t)T * Hq * D, nc = (int64_t)S * Hkv * D;
   const float scale = 1.0f / sqrtf((float)D);
@@ -213,6 +228,9 @@ static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, 
   double *want = malloc(nq * sizeof *want), *bound = malloc(nq * sizeof *bound);
   ref_attention(Q, K, V, T, Hq, Hkv, D, start, scale, false, want, bound);
   check_attention(got, want, bound, nq, "attention");
+  const double ratio = worst_ratio(got, want, bound, nq);
+  printf("attention T %d S %d Hq %d Hkv %d D %d start %lld%s: worst error / bound %.3g\n", T, S, Hq, Hkv, D,
+         (long long)start, strided_k ? " (strided k)" : "", ratio);
   if (controls) {
     // GQA: the wrong mapping h % Hkv must be far off.
     ref_attention(Q, K, V, T, Hq, Hkv, D, start, scale, true, want, bound);
@@ -244,6 +262,24 @@ static void attention_case(int T, int S, int Hq, int Hkv, int D, int64_t start, 
   free(got), free(want), free(bound), free(Q), free(K), free(V), free(KT);
   tpr_tensor_free(q), tpr_tensor_free(k), tpr_tensor_free(v), tpr_tensor_free(st), tpr_tensor_free(out);
   if (kb) tpr_tensor_free(kb);
+  return ratio;
+}
+
+// attention_case's run and reference without the per-element check: the
+// worst error / bound (for negative controls).
+static double attention_case_unchecked(int T, int S, int Hq, int Hkv, int D, int64_t start) {
+  const int64_t qs[] = {T, Hq, D}, cs[] = {S, Hkv, D}, nq = (int64_t)T * Hq * D;
+  float *Q, *K, *V;
+  tpr_tensor *q = tt_random_f32(tt_cpu(), 3, qs, &Q), *k = tt_random_f32(tt_cpu(), 3, cs, &K);
+  tpr_tensor *v = tt_random_f32(tt_cpu(), 3, cs, &V), *st = index1(TPR_I32, start), *out = tt_new(TPR_F32, 3, qs);
+  TT_OK(tpr_attention(tt_cpu(), q, k, v, st, 1.0f / sqrtf((float)D), out));
+  float *got = tt_to_host(out);
+  double *want = malloc(nq * sizeof *want), *bound = malloc(nq * sizeof *bound);
+  ref_attention(Q, K, V, T, Hq, Hkv, D, start, 1.0f / sqrtf((float)D), false, want, bound);
+  const double r = worst_ratio(got, want, bound, nq);
+  free(got), free(want), free(bound), free(Q), free(K), free(V);
+  tpr_tensor_free(q), tpr_tensor_free(k), tpr_tensor_free(v), tpr_tensor_free(st), tpr_tensor_free(out);
+  return r;
 }
 
 static void test_attention(void **state) {
@@ -267,6 +303,80 @@ static void test_attention(void **state) {
   assert_non_null(strstr(tpr_last_error(), "Hq = 3 query heads is not a multiple of Hkv = 2"));
   tpr_tensor *all[] = {q, k, bad, neg, out, q3t, k2, o3, zero};
   for (int i = 0; i < 9; i++) tpr_tensor_free(all[i]);
+}
+
+// The blocked kernel off its grids: T and L = start + T off the 64-key tile
+// and 256-key chunk, an odd D (no 8-lane part for its last dims), a long
+// prefill, a decode over 1000 keys (split over the keys) and a few-token run
+// there (split too); then the negative control: the kernel without its
+// accumulator rescale fails the 600-token prefill's bound.
+static void test_attention_blocked(void **state) {
+  attention_case(70, 150, 4, 2, 64, 45, false, false);   // D = 64, L = 115: one full tile and a partial one
+  attention_case(30, 300, 3, 1, 13, 250, false, false);  // odd D, L = 280 crosses a chunk
+  attention_case(37, 100, 6, 3, 13, 20, true, false);    // odd D, strided k (copied first)
+  attention_case(600, 640, 4, 2, 64, 0, false, false);   // long prefill
+  attention_case(1, 1000, 16, 4, 64, 999, false, false); // decode, S = 1000: split-K over 4 chunks
+  attention_case(3, 1000, 16, 4, 64, 700, false, false); // a 3-token run, split-K
+  tpr__attention_skip_rescale = true;
+  const double bad = attention_case_unchecked(600, 640, 4, 2, 64, 0);
+  tpr__attention_skip_rescale = false;
+  printf("without the accumulator rescale: worst error / bound %.3g\n", bad);
+  assert_true(bad > 10);
+}
+
+// A (n, H, DD) f32 tensor on backend be holding host rows h.
+static tpr_tensor *on(tpr_backend *be, int64_t n, int64_t H, int64_t DD, const float *h) {
+  tpr_tensor *t = NULL;
+  TT_OK(tpr_tensor_new(be, TPR_F32, 3, (const int64_t[]){n, H, DD}, &t));
+  TT_OK(tpr_tensor_from_host(t, h, (size_t)(n * H * DD) * sizeof *h));
+  return t;
+}
+
+// Attention on backend be of the n queries Q (n, Hq, D) at positions start..
+// over the first start + n rows of K, V (.., Hkv, D); returns the host output.
+static float *attention_on(tpr_backend *be, const float *Q, const float *K, const float *V, int64_t n, int64_t start,
+                           int64_t Hq, int64_t Hkv, int64_t D) {
+  tpr_tensor *q = on(be, n, Hq, D, Q), *k = on(be, start + n, Hkv, D, K), *v = on(be, start + n, Hkv, D, V);
+  tpr_tensor *st = NULL, *out = NULL;
+  const int32_t s32 = (int32_t)start;
+  TT_OK(tpr_tensor_new(be, TPR_I32, 1, (const int64_t[]){1}, &st));
+  TT_OK(tpr_tensor_from_host(st, &s32, 4));
+  TT_OK(tpr_tensor_new(be, TPR_F32, 3, q->shape, &out));
+  TT_OK(tpr_attention(be, q, k, v, st, 0.125f, out));
+  float *h = malloc((size_t)(n * Hq * D) * sizeof *h);
+  TT_OK(tpr_tensor_to_host(out, h, (size_t)(n * Hq * D) * sizeof *h));
+  tpr_tensor_free(q), tpr_tensor_free(k), tpr_tensor_free(v), tpr_tensor_free(st), tpr_tensor_free(out);
+  return h;
+}
+
+// A row's bits are one definition: the same at 1, 2 and 3 threads, and the
+// same whether the row is in a 600-token prefill, a 10-token chunk, a
+// 3-token run (split-K) or a decode (split-K).
+static void test_attention_threads(void **state) {
+  enum { T = 600, HQ = 16, HKV = 4, DD = 64 };
+  float *Q = malloc(sizeof(float) * T * HQ * DD), *K = malloc(sizeof(float) * T * HKV * DD);
+  float *V = malloc(sizeof(float) * T * HKV * DD);
+  tt_fill_normal(Q, T * HQ * DD, 1.0), tt_fill_normal(K, T * HKV * DD, 1.0), tt_fill_normal(V, T * HKV * DD, 1.0);
+  tpr_backend *be[3];
+  float *full[3];
+  for (int i = 0; i < 3; i++) {
+    TT_OK(tpr_backend_cpu_new(&(tpr_cpu_options){.n_threads = i + 1}, &be[i]));
+    full[i] = attention_on(be[i], Q, K, V, T, 0, HQ, HKV, DD);
+  }
+  assert_memory_equal(full[0], full[1], sizeof(float) * T * HQ * DD);
+  assert_memory_equal(full[0], full[2], sizeof(float) * T * HQ * DD);
+  const int tails[] = {10, 3, 1};
+  for (int c = 0; c < 3; c++) {
+    const int n = tails[c];
+    for (int i = 0; i < 3; i++) {
+      float *got = attention_on(be[i], Q + (size_t)(T - n) * HQ * DD, K, V, n, T - n, HQ, HKV, DD);
+      assert_memory_equal(got, full[0] + (size_t)(T - n) * HQ * DD, sizeof(float) * n * HQ * DD);
+      free(got);
+    }
+  }
+  printf("T %d prefill bit-identical at 1, 2, 3 threads; its last 10, 3 and 1 rows run alone give the same bits\n", T);
+  for (int i = 0; i < 3; i++) free(full[i]), tpr_backend_free(be[i]);
+  free(Q), free(K), free(V);
 }
 
 // ---------------------------------------------------------------- cache_write
@@ -419,6 +529,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_blocked),
+      cmocka_unit_test(test_attention_threads),
       cmocka_unit_test(test_cache_write),
       cmocka_unit_test(test_prefill_decode_program),
   };

@@ -7,9 +7,11 @@
 // chunks, single decode tokens and padded tokens (seq = slot = -1), the
 // sequences in random order. Checked, for block sizes 4 and 16:
 //  (a) paged_attention = the contiguous attention op on each sequence's keys
-//      (rel <= 1e-6; both run attention.c's block algorithm) and a double
-//      reference (rel <= 1e-5); padded rows exactly 0; a strided q gives the
-//      same bits;
+//      bit for bit (both run attention_flash.c's kernel, keys on the same
+//      grid) and a double reference (rel <= 1e-5); padded rows exactly 0; a
+//      strided q, and 1 or 3 threads instead of the backend's, give the same
+//      bits. Contexts reach 592 keys (several 64-key tiles and 256-key
+//      chunks; decode tokens there are split over the keys);
 //  (b) paged_cache_write (its token not an output) then paged_attention in one
 //      serialized program gives (a)'s output bit for bit and exactly (a)'s
 //      pools: addressed rows written, every other row unchanged;
@@ -18,13 +20,14 @@
 //  (e) bad indices are TPR_ERR_INVALID_ARG and write nothing; shape rules
 //      reject mismatched shapes and dtypes.
 #include "ops_util.h"
+#include "runtime/ops/cpu_kernels.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { HQ = 4, HKV = 2, D = 16, NSEQ = 5, MAXLEN = 48, MAXPAD = 4 };
+enum { HQ = 4, HKV = 2, D = 16, NSEQ = 5, MAXLEN = 592, MAXPAD = 4 };  // MAXLEN: whole blocks of 4 and 16
 enum { MAXT = NSEQ * MAXLEN + MAXPAD, ROW = HKV * D, QROW = HQ * D };
 
 typedef struct scene {
@@ -140,6 +143,9 @@ static tpr_tensor *i32_tensor(int nd, const int64_t *shape, const int32_t *h) {
 
 // paged_attention on the CPU backend; q strided (a (HQ, T, D) permuted view)
 // when asked. On success *out_host is malloc'ed (T, HQ, D); the status is returned.
+// > 0: run_paged calls the CPU kernel directly with this many threads.
+static int g_threads = 0;
+
 static tpr_status run_paged(const scene *sc, const int32_t *bt, const int32_t *seq, const int32_t *pos, int T,
                             const float *Q, bool strided_q, const float *out_init, float **out_host) {
   const int64_t qs[] = {T, HQ, D}, ps[] = {sc->NB, sc->bs, HKV, D}, bs2[] = {NSEQ, sc->MB}, ts[] = {T};
@@ -158,8 +164,10 @@ static tpr_status run_paged(const scene *sc, const int32_t *bt, const int32_t *s
   tpr_tensor *tb = i32_tensor(2, bs2, bt), *sq = i32_tensor(1, ts, seq), *po = i32_tensor(1, ts, pos);
   tpr_tensor *out = out_init ? tt_from_host(TPR_F32, 3, qs, out_init) : tt_new(TPR_F32, 3, qs);
   tpr_op_attrs at = {.n_f = 1, .f = {scale_of()}};
-  tpr_status rc = tpr_op_run(tt_cpu(), TPR_OP_PAGED_ATTENTION, (const tpr_tensor *const[]){q, kp, vp, tb, sq, po}, 6,
-                             &at, out);
+  const tpr_tensor *const in[6] = {q, kp, vp, tb, sq, po};
+  tpr_cpu_ctx ctx = {.n_threads = g_threads};
+  tpr_status rc = g_threads > 0 ? tpr__cpu_paged_attention(&ctx, in, 6, &at, out)
+                                : tpr_op_run(tt_cpu(), TPR_OP_PAGED_ATTENTION, in, 6, &at, out);
   *out_host = tt_to_host(out);
   tpr_tensor_free(q), tpr_tensor_free(kp), tpr_tensor_free(vp), tpr_tensor_free(tb), tpr_tensor_free(sq);
   tpr_tensor_free(po), tpr_tensor_free(out);
@@ -242,6 +250,14 @@ static void check_eager(int bs) {
   }
   TT_OK(run_paged(&sc, sc.bt, sc.seq, sc.pos, sc.T, sc.Q, true, NULL, &got_strided));
   assert_memory_equal(got, got_strided, (size_t)sc.T * QROW * 4);
+  for (int nt = 1; nt <= 3; nt += 2) {  // the backend runs tt_cpu()'s thread count
+    float *other;
+    g_threads = nt;
+    TT_OK(run_paged(&sc, sc.bt, sc.seq, sc.pos, sc.T, sc.Q, false, NULL, &other));
+    g_threads = 0;
+    assert_memory_equal(got, other, (size_t)sc.T * QROW * 4);
+    free(other);
+  }
 
   // (c) each sequence alone, at batch offset 0 instead of t0[s].
   int alone = 0;
@@ -269,12 +285,12 @@ static void check_eager(int bs) {
   TT_OK(run_paged(&sc, bad, sc.seq, sc.pos, sc.T, sc.Q, false, NULL, &swapped));
   const double e_swap = err_vs_contiguous(&sc, swapped);
   printf("bs %2d: T %3d (%d padded), NB %3d, lens %d %d %d %d %d, step tokens %d %d %d %d %d: rel err vs contiguous "
-         "op %.3g, vs double %.3g; %d sequences alone bit-identical; swapped blocks -> %.3g\n",
+         "op %.3g, vs double %.3g; %d sequences alone and 1, 3 threads bit-identical; swapped blocks -> %.3g\n",
          bs, sc.T, pad_rows, sc.NB, sc.len[0], sc.len[1], sc.len[2], sc.len[3], sc.len[4], sc.n[0], sc.n[1],
          sc.n[2], sc.n[3], sc.n[4], e_contig, e_double, alone, e_swap);
-  assert_true(e_contig <= 1e-6);
+  assert_true(e_contig == 0);  // bit for bit
   assert_true(e_double <= 1e-5);
-  assert_true(e_swap > 1e-4);  // the control: a wrong block table fails the 1e-6 bound by far
+  assert_true(e_swap > 1e-4);  // the control: a wrong block table is far from the contiguous op
   free(got), free(got_strided), free(swapped), free(bad);
   free_scene(&sc);
 }

@@ -1,19 +1,17 @@
 // KV-cache CPU kernels: causal GQA attention over a cache, the in-place
 // cache write that fills it, and attention's backward (kernel and rule).
 //
-// Attention follows transformers' eager path in f32: scores = (q @ k^T) *
-// scale (one sgemm per query head and block of queries, alpha = scale, which
-// BLAS applies to the finished dot product as torch does), masked entries
-// removed, softmax with the row max subtracted and the sum's reciprocal
-// multiplied in (torch's CPU softmax), then p @ v (a second sgemm). Masked
-// scores are set to exactly 0 before p @ v, so keys a query cannot see
-// contribute nothing -- not even NaN from an unwritten cache row, as long as
-// it lies past start + T (only rows [0, start + T) are ever read).
+// The forward is attention_flash.c's blocked kernel (online softmax over key
+// tiles read in place, threaded over heads and query blocks, or split over
+// the keys for a few queries): keys a query cannot see contribute nothing --
+// not even NaN from an unwritten cache row, as long as it lies past start + T
+// (only rows [0, start + T) are ever read).
 //
-// Queries go in blocks of QBLOCK rows; each block reads only the keys its
-// last query may see, which bounds the score scratch to QBLOCK x (start + T)
-// and skips most of the masked upper triangle in a long prefill. Heads run
-// one after another; OpenBLAS threads each GEMM.
+// The backward follows transformers' eager path in f32 per query head and
+// block of QBLOCK queries: scores = (q @ k^T) * scale (one sgemm, alpha =
+// scale), softmax with the row max subtracted and the sum's reciprocal
+// multiplied in (torch's CPU softmax), masked probabilities exactly 0, then
+// the gradient sgemms; OpenBLAS threads each GEMM.
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -95,27 +93,6 @@ static void causal_softmax_row(float *p, int64_t n, int64_t L) {
   for (int64_t i = n; i < L; i++) p[i] = 0.0f;
 }
 
-// attention_impl.h: queries go in blocks of QBLOCK (see the top of this file).
-int64_t tpr__attention_scratch_floats(int64_t T, int64_t L) { return (T < QBLOCK ? T : QBLOCK) * L; }
-
-void tpr__attention_causal(const tpr__heads_view *qv, const tpr__heads_view *kv, const tpr__heads_view *vv, int64_t T,
-                           int64_t Hq, int64_t Hkv, int64_t D, int64_t start, float scale, float *o, float *p) {
-  const int64_t group = Hq / Hkv;
-  for (int64_t h = 0; h < Hq; h++) {
-    const int64_t g = h / group;  // GQA: consecutive query heads share a KV head
-    const float *qh = qv->base + h * qv->hstride, *kg = kv->base + g * kv->hstride, *vg = vv->base + g * vv->hstride;
-    for (int64_t t0 = 0; t0 < T; t0 += QBLOCK) {
-      const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
-      const int64_t Lb = start + t0 + tb;  // the block's last query sees rows [0, Lb)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale,
-                  qh + t0 * qv->ld, (blasint)qv->ld, kg, (blasint)kv->ld, 0.0f, p, (blasint)Lb);
-      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, 1.0f, p,
-                  (blasint)Lb, vg, (blasint)vv->ld, 0.0f, o + (t0 * Hq + h) * D, (blasint)(Hq * D));
-    }
-  }
-}
-
 // q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1); out (T, Hq, D)
 // contiguous. attrs->f[0] = scale.
 TPR_CPU_KERNEL(attention) {
@@ -137,33 +114,29 @@ TPR_CPU_KERNEL(attention) {
   if (T == 0 || Hq == 0) return TPR_OK;
   const int64_t L = start + T;  // keys read: rows [0, L)
   if (D == 0) return TPR_OK;
-  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D))
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cpu): sizes exceed the BLAS integer range");
   const float scale = attrs->f[0];
 
   tpr__heads_view qv, kv, vv;
   tpr_status rc = TPR_OK;
-  float *p = NULL;
   memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv);
   TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
   TPR_CHECK_GOTO(tpr__heads_view_init("k_cache", k, L, &kv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("v_cache", v, L, &vv), rc, done);
-  p = malloc((size_t)tpr__attention_scratch_floats(T, L) * sizeof *p);  // (tb, Lb) scores, then probabilities
-  if (!p) {
-    rc = TPR_FAIL(TPR_ERR_OOM, "attention (cpu): %lld x %lld scores", (long long)(T < QBLOCK ? T : QBLOCK),
-                  (long long)L);
-    goto done;
-  }
-  tpr__attention_causal(&qv, &kv, &vv, T, Hq, Hkv, D, start, scale, o, p);
+  const tpr__kv_src ks = {.base = kv.base, .ld = kv.ld, .hs = kv.hstride};
+  const tpr__kv_src vs = {.base = vv.base, .ld = vv.ld, .hs = vv.hstride};
+  tpr__attn_run run = {.q = qv.base, .o = o, .n = T, .start = start};
+  const int n_threads = ctx ? ((const tpr_cpu_ctx *)ctx)->n_threads : 1;
+  rc = tpr__attention_fwd(n_threads, "attention (cpu)", &run, 1, qv.ld, qv.hstride, &ks, &vs, NULL, 0, Hq, Hkv, D,
+                          scale);
 done:
-  free(p);
   free(qv.scratch), free(kv.scratch), free(vv.scratch);
   return rc;
 }
 
 // ---- Backward (training). Flash-attention style: the probabilities are
-// recomputed block by block exactly as the forward computes them (same sgemm,
-// same softmax), so no (T, S) matrix is kept between the passes. For query
+// recomputed block by block (one sgemm and a softmax per block; the forward's
+// blocked kernel gives the same values to rounding), so no (T, S) matrix is
+// kept between the passes. For query
 // head h (KV head g = h / group) and a block of queries with P (tb, Lb):
 //   dV_g += P^T dO,  dP = dO V_g^T,  dS = P * (dP - rowsum(P * dP)),
 //   dQ = scale * dS K_g,  dK_g += scale * dS^T Q.
@@ -232,7 +205,7 @@ TPR_CPU_KERNEL(attention_bwd) {
       const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
       const int64_t Lb = start + t0 + tb;
       const float *qb = qh + t0 * qv.ld, *dyb = dyh + t0 * dyv.ld;
-      // P: the forward's scores and softmax, bit for bit.
+      // P: the forward's scores and softmax.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale, qb,
                   (blasint)qv.ld, kg, (blasint)kv.ld, 0.0f, p, (blasint)Lb);
       for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);

@@ -1,8 +1,10 @@
-// The CPU attention's causal block algorithm (attention.c), shared with the
-// paged attention (paged_attention.c) so both compute a query's output with
-// the same GEMMs and the same softmax: a sequence's result through the paged
-// pool equals the contiguous op's bit for bit when its keys are gathered into
-// a contiguous (L, Hkv, D) scratch.
+// The CPU attention forward shared by the contiguous KV-cache op
+// (attention.c) and the paged one (paged_attention.c): a blocked, online
+// softmax kernel (attention_flash.c) that reads keys and values in place. A
+// query row's output is defined the same way in both (key tiles and chunks on
+// a fixed grid of positions, see attention_flash.c), so a sequence's result
+// through the paged pool equals the contiguous op's bit for bit, at any
+// thread count.
 #ifndef TPR_OPS_ATTENTION_IMPL_H
 #define TPR_OPS_ATTENTION_IMPL_H
 
@@ -26,16 +28,35 @@ tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t r
 // Whether v fits OpenBLAS's integer (sizes and leading dims).
 bool tpr__fits_blasint(int64_t v);
 
-// Floats of score scratch tpr__attention_causal needs for T queries whose
-// last one sees L = start + T keys.
-int64_t tpr__attention_scratch_floats(int64_t T, int64_t L);
+// Keys (or values), D stride 1: position j, KV head g at base + j * ld +
+// g * hs (contiguous), or base + blocks[j / bs] * bstride + (j % bs) * ld +
+// g * hs through a block table.
+typedef struct tpr__kv_src {
+  const float *base;
+  int64_t ld, hs, bstride;
+} tpr__kv_src;
 
-// Causal GQA attention of T >= 1 queries at positions start .. start + T - 1:
-// query t, head h attends keys [0, start + t] of KV head h / (Hq / Hkv).
-// q: T rows of Hq heads; k, v: start + T rows of Hkv heads; out row t, head h
-// at o + (t * Hq + h) * D. p: tpr__attention_scratch_floats(T, start + T)
-// floats. Every size and leading dim must fit a blasint (the caller checks).
-void tpr__attention_causal(const tpr__heads_view *q, const tpr__heads_view *k, const tpr__heads_view *v, int64_t T,
-                           int64_t Hq, int64_t Hkv, int64_t D, int64_t start, float scale, float *o, float *p);
+// n >= 1 queries of one sequence at positions start .. start + n - 1: token
+// t, head h at q + t * q_ld + h * q_hs; its output at o + (t * Hq + h) * D.
+// Token t, head h attends key positions [0, start + t] of KV head
+// h / (Hq / Hkv). blk_off: the run's block table in the job's blocks.
+typedef struct tpr__attn_run {
+  const float *q;
+  float *o;
+  int64_t n, start, blk_off;
+  int64_t part_off;  // set by tpr__attention_fwd
+} tpr__attn_run;
+
+// Causal GQA attention of every run over k and v (rows up to each run's last
+// position must be readable), threaded over n_threads. blocks: NULL for a
+// contiguous cache, else the pool blocks (bs rows each) the runs' blk_off
+// index. op names the caller in errors (only TPR_ERR_OOM).
+tpr_status tpr__attention_fwd(int n_threads, const char *op, tpr__attn_run *runs, int64_t n_runs, int64_t q_ld,
+                              int64_t q_hs, const tpr__kv_src *k, const tpr__kv_src *v, const int64_t *blocks,
+                              int64_t bs, int64_t Hq, int64_t Hkv, int64_t D, float scale);
+
+// Tests only: skip the accumulator's rescale when a tile raises a row's max
+// (a deliberately wrong kernel the attention tests must catch).
+extern bool tpr__attention_skip_rescale;
 
 #endif

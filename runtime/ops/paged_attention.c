@@ -4,13 +4,14 @@
 //
 // Attention splits the T tokens into runs: consecutive tokens of one
 // sequence at consecutive positions (a prefill chunk is one run, a decode
-// token a run of 1). A run whose first position is `start` and last is
-// `start + n - 1` gathers its sequence's keys and values at positions
-// [0, start + n) from the pool into a contiguous (ctx, Hkv, D) scratch, then
-// runs attention.c's own block algorithm (tpr__attention_causal) on it. So a
-// token's output is exactly what tpr_attention gives for the same run over a
-// contiguous cache, bit for bit, and it depends only on its run's data --
-// never on the other sequences of the batch (batch invariance).
+// token a run of 1). All runs go to attention_flash.c's blocked kernel in one
+// threaded call, which reads each run's keys and values in place through its
+// block table (a pool whose D stride is not 1 is first gathered run by run
+// into a contiguous scratch). A token's output is defined on a fixed grid of
+// key positions, so it is exactly what tpr_attention gives for the same run
+// over a contiguous cache, bit for bit, and it depends only on its run's data
+// -- never on the other sequences of the batch (batch invariance) nor on the
+// thread count.
 //
 // Every index is checked before anything is written (out, or the pool).
 #include <stdint.h>
@@ -73,14 +74,14 @@ typedef struct paged_run {
 } paged_run;
 
 // Splits the tokens into runs and checks every index the attention reads;
-// *n_runs runs go to runs (T entries). *max_ctx and *max_p: the largest
-// gather (rows) and score scratch (floats) a run needs.
+// *n_runs runs go to runs (T entries). *max_ctx: the longest run context
+// (rows); *n_blocks: the block table entries all runs read.
 static tpr_status plan_runs(const char *op, const tpr_tensor *bt, const tpr_tensor *seq, const tpr_tensor *pos,
                             int64_t NB, int64_t bs, paged_run *runs, int64_t *n_runs, int64_t *max_ctx,
-                            int64_t *max_p) {
+                            int64_t *n_blocks) {
   const int64_t T = seq->shape[0], B = bt->shape[0], MB = bt->shape[1], cap = MB * bs;
   int64_t nr = 0;
-  *max_ctx = 0, *max_p = 0;
+  *max_ctx = 0, *n_blocks = 0;
   for (int64_t t = 0; t < T; t++) {
     const int64_t s = at1(seq, t), p = at1(pos, t);
     if (s < 0) continue;  // a padded token: no run, zero output
@@ -109,9 +110,8 @@ static tpr_status plan_runs(const char *op, const tpr_tensor *bt, const tpr_tens
                         op, (long long)r->s, (long long)j, (long long)b, (long long)(r->t0 + r->n - 1),
                         (long long)(ctx - 1), (long long)NB);
     }
-    const int64_t np = tpr__attention_scratch_floats(r->n, ctx);
     *max_ctx = ctx > *max_ctx ? ctx : *max_ctx;
-    *max_p = np > *max_p ? np : *max_p;
+    *n_blocks += (ctx + bs - 1) / bs;
   }
   *n_runs = nr;
   return TPR_OK;
@@ -129,6 +129,12 @@ static void gather(float *dst, const tpr_tensor *pool, const tpr_tensor *bt, int
   }
 }
 
+// A pool the kernel reads in place: D stride 1.
+static tpr__kv_src pool_src(const tpr_tensor *pool) {
+  const int64_t *ps = pool->stride;
+  return (tpr__kv_src){.base = tpr_tensor_data(pool), .ld = ps[1], .hs = ps[2], .bstride = ps[0]};
+}
+
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
 // i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
 // attrs->f[0] = scale.
@@ -140,43 +146,58 @@ TPR_CPU_KERNEL(paged_attention) {
   if (!attrs || attrs->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: missing scale f[0]", op);
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2];
   const int64_t NB = kp->shape[0], bs = kp->shape[1], Hkv = kp->shape[2];
+  const int n_threads = ctx ? ((const tpr_cpu_ctx *)ctx)->n_threads : 1;
 
   paged_run *runs = malloc((size_t)(T > 0 ? T : 1) * sizeof *runs);
-  if (!runs) return TPR_FAIL(TPR_ERR_OOM, "%s: %lld runs", op, (long long)T);
-  int64_t n_runs = 0, max_ctx = 0, max_p = 0;
-  tpr_status rc = plan_runs("paged_attention", bt, seq, pos, NB, bs, runs, &n_runs, &max_ctx, &max_p);
-  float *o = tpr_tensor_data(out), *ks = NULL, *vs = NULL, *p = NULL;
+  tpr__attn_run *ar = malloc((size_t)(T > 0 ? T : 1) * sizeof *ar);
+  if (!runs || !ar) {
+    free(runs), free(ar);
+    return TPR_FAIL(TPR_ERR_OOM, "%s: %lld runs", op, (long long)T);
+  }
+  int64_t n_runs = 0, max_ctx = 0, n_blocks = 0;
+  tpr_status rc = plan_runs("paged_attention", bt, seq, pos, NB, bs, runs, &n_runs, &max_ctx, &n_blocks);
+  float *o = tpr_tensor_data(out), *ks = NULL, *vs = NULL;
+  int64_t *blocks = NULL;
   tpr__heads_view qv;
   memset(&qv, 0, sizeof qv);
   if (rc != TPR_OK) goto done;
   memset(o, 0, (size_t)(T * Hq * D) * sizeof *o);  // padded tokens' rows stay 0
   if (n_runs == 0 || Hq == 0 || D == 0) goto done;
-  if (!tpr__fits_blasint(max_ctx) || !tpr__fits_blasint(Hq * D) || !tpr__fits_blasint(Hkv * D)) {
-    rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: sizes exceed the BLAS integer range", op);
+  TPR_CHECK_GOTO(tpr__heads_view_init("q", q, T, &qv), rc, done);
+  const float scale = attrs->f[0];
+  for (int64_t i = 0; i < n_runs; i++) {
+    const paged_run *r = &runs[i];
+    ar[i] = (tpr__attn_run){.q = qv.base + r->t0 * qv.ld, .o = o + r->t0 * Hq * D, .n = r->n, .start = r->start};
+  }
+  if (D == 1 || (kp->stride[3] == 1 && vp->stride[3] == 1)) {  // in place: every run in one threaded call
+    blocks = malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof *blocks);
+    if (!blocks) {
+      rc = TPR_FAIL(TPR_ERR_OOM, "%s: %lld block table entries", op, (long long)n_blocks);
+      goto done;
+    }
+    for (int64_t i = 0, nb = 0; i < n_runs; i++) {
+      ar[i].blk_off = nb;
+      for (int64_t j = 0; j * bs < runs[i].start + runs[i].n; j++) blocks[nb++] = at2(bt, runs[i].s, j);
+    }
+    const tpr__kv_src ksrc = pool_src(kp), vsrc = pool_src(vp);
+    rc = tpr__attention_fwd(n_threads, op, ar, n_runs, qv.ld, qv.hstride, &ksrc, &vsrc, blocks, bs, Hq, Hkv, D,
+                            scale);
     goto done;
   }
   ks = malloc((size_t)(max_ctx * Hkv * D) * sizeof *ks);  // (ctx, Hkv, D) gathered keys
   vs = malloc((size_t)(max_ctx * Hkv * D) * sizeof *vs);  // and values
-  p = malloc((size_t)max_p * sizeof *p);                  // scores, then probabilities
-  if (!ks || !vs || !p) {
+  if (!ks || !vs) {
     rc = TPR_FAIL(TPR_ERR_OOM, "%s: scratch for %lld keys x %lld heads x %lld dims", op, (long long)max_ctx,
                   (long long)Hkv, (long long)D);
     goto done;
   }
-  TPR_CHECK_GOTO(tpr__heads_view_init("q", q, T, &qv), rc, done);
-  const tpr__heads_view kv = {.base = ks, .hstride = D, .ld = Hkv * D};
-  const tpr__heads_view vv = {.base = vs, .hstride = D, .ld = Hkv * D};
-  const float scale = attrs->f[0];
-  for (int64_t i = 0; i < n_runs; i++) {
-    const paged_run *r = &runs[i];
-    const int64_t ctx = r->start + r->n;
-    gather(ks, kp, bt, r->s, ctx);
-    gather(vs, vp, bt, r->s, ctx);
-    tpr__heads_view qr = qv;
-    qr.base += r->t0 * qv.ld;
-    tpr__attention_causal(&qr, &kv, &vv, r->n, Hq, Hkv, D, r->start, scale, o + r->t0 * Hq * D, p);
+  const tpr__kv_src kc = {.base = ks, .ld = Hkv * D, .hs = D}, vc = {.base = vs, .ld = Hkv * D, .hs = D};
+  for (int64_t i = 0; i < n_runs && rc == TPR_OK; i++) {
+    gather(ks, kp, bt, runs[i].s, runs[i].start + runs[i].n);
+    gather(vs, vp, bt, runs[i].s, runs[i].start + runs[i].n);
+    rc = tpr__attention_fwd(n_threads, op, &ar[i], 1, qv.ld, qv.hstride, &kc, &vc, NULL, 0, Hq, Hkv, D, scale);
   }
 done:
-  free(runs), free(ks), free(vs), free(p), free(qv.scratch);
+  free(runs), free(ar), free(blocks), free(ks), free(vs), free(qv.scratch);
   return rc;
 }
