@@ -18,10 +18,16 @@
 #include <unistd.h>
 
 #include <cblas.h>
+#include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#endif
 
 #include "engine/engine.h"
 #include "launch/args.h"
 #include "launch/bench_model.h"
+#include "launch/bench_model_profile.h"
 #include "launch/cli_util.h"
 #include "launch/model_cli.h"
 #include "runtime/rng.h"
@@ -30,25 +36,120 @@
 
 typedef struct roofline {
   double gemm_gflops;  // sgemm 1024^3 on this rank's threads
-  double read_gbs;     // streaming read of 256 MiB
+  double read_gbs;     // streaming read far past the last-level cache, on this rank's threads
+  int read_threads;
+  size_t read_bytes;   // this rank's buffer
 } roofline;
 
-static double measure_read(void) {
-  size_t n = (256u << 20) / sizeof(double);
-  double *x = malloc(n * sizeof *x), best = 0;
-  if (!x) return 0;
-  for (size_t i = 0; i < n; i++) x[i] = (double)(i & 7);
-  volatile double sink = 0;
-  for (int r = 0; r < 3; r++) {
-    double t0 = tpr_cli_now(), s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 3 < n; i += 4) s0 += x[i], s1 += x[i + 1], s2 += x[i + 2], s3 += x[i + 3];
-    sink += s0 + s1 + s2 + s3;
-    double g = (double)(n * sizeof *x) / (tpr_cli_now() - t0) * 1e-9;
-    if (g > best) best = g;
+// One thread's slice of the read probe: float adds into 4 x 8 independent
+// lanes, so the adds never limit the loads.
+#ifdef BENCH_X86
+__attribute__((target("avx2"))) static float sum_avx2(const float *x, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
+  }
+  float l[8], s = 0;
+  _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (int k = 0; k < 8; k++) s += l[k];
+  for (; i < n; i++) s += x[i];
+  return s;
+}
+#endif
+
+// Any x86-64 (or other) CPU: independent lanes the compiler vectorises
+// with the baseline ISA.
+static float sum_portable(const float *x, size_t n) {
+  float a[16] = {0}, s = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) a[k] += x[i + k];
+  for (int k = 0; k < 16; k++) s += a[k];
+  for (; i < n; i++) s += x[i];
+  return s;
+}
+
+// The buffer: 8 x the last-level cache, at least 1 GiB and at most 4 GiB
+// for the node, split over its ranks (all probe at once, so together they
+// stream the whole and the LLC they share holds a sliver of it).
+static size_t read_probe_bytes(void) {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  size_t node = (size_t)1 << 30;
+  if (llc > 0 && (size_t)llc * 8 > node) node = (size_t)llc * 8;
+  if (node > ((size_t)4 << 30)) node = (size_t)4 << 30;
+  size_t mine = node / (size_t)tpr_local_ranks_from_env();
+  if (mine < ((size_t)64 << 20)) mine = (size_t)64 << 20;
+  return mine & ~(size_t)4095;
+}
+
+// Read bandwidth of this rank: `threads` OpenMP threads (the count the
+// backend runs kernels on) each stream their slice (first touched by the
+// same thread, so pages sit on its NUMA node); a warm-up pass, then the
+// best of 3.
+static void measure_read(int threads, roofline *rf) {
+  size_t bytes = read_probe_bytes();
+  float *x = NULL;
+  while (!(x = aligned_alloc(64, bytes)) && bytes > ((size_t)64 << 20)) bytes /= 2;
+  rf->read_threads = threads, rf->read_bytes = x ? bytes : 0;
+  if (!x) return;
+  size_t n = bytes / sizeof *x;
+#ifdef BENCH_X86
+  bool avx2 = __builtin_cpu_supports("avx2");
+#endif
+  double best = 0;
+  volatile float sink = 0;
+  for (int pass = -1; pass < 3; pass++) {  // pass -1 writes the buffer (and warms the threads)
+    float total = 0;
+    double t0 = tpr_cli_now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      size_t lo = n * (size_t)t / (size_t)nt, hi = n * (size_t)(t + 1) / (size_t)nt;
+      if (pass < 0) {
+        for (size_t i = lo; i < hi; i++) x[i] = (float)(i & 7);
+      } else {
+#ifdef BENCH_X86
+        total += avx2 ? sum_avx2(x + lo, hi - lo) : sum_portable(x + lo, hi - lo);
+#else
+        total += sum_portable(x + lo, hi - lo);
+#endif
+      }
+    }
+    double g = (double)bytes / (tpr_cli_now() - t0) * 1e-9;
+    sink += total;
+    if (pass >= 0 && g > best) best = g;
   }
   (void)sink;
   free(x);
-  return best;
+  rf->read_gbs = best;
+}
+
+// Peak resident set in kB: Linux's VmHWM, which clear_refs can start over
+// (getrusage's ru_maxrss, which it cannot, where /proc is unreadable).
+static int64_t peak_rss_kb(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  if (kb >= 0) return kb;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+// Starts the peak over at the present RSS, so the read probe's buffer
+// (freed by now) does not count as the model's; false where refused.
+static bool reset_peak_rss(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  bool ok = f && fputs("5", f) >= 0;
+  if (f && fclose(f) != 0) ok = false;
+  return ok;
 }
 
 // Weights (elements) on this rank that a step of `tokens` tokens touches:
@@ -80,7 +181,7 @@ typedef struct bench_result {
 // engine until all finish. Steps with prompt tokens count as prefill, the
 // others as decode.
 static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_engine *g, int64_t batch, int64_t P,
-                               int64_t G, uint64_t seed, bench_result *r) {
+                               int64_t G, uint64_t seed, tpr_bench_profile *prof, bench_result *r) {
   tpr_engine *e = NULL;
   tpr_engine_opts eo = {.max_tokens_per_step = g->max_tokens_per_step};
   TPR_CHECK(tpr_engine_new(s, &eo, &e));
@@ -95,10 +196,12 @@ static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_eng
     rc = tpr_engine_submit(e, tok, P, &gp, &id);
   }
   if (rc == TPR_OK) rc = tpr_comm_agree(w->host, rc);
+  if (prof) tpr_bench_profile_start(prof);
   while (rc == TPR_OK) {
     tpr_engine_step_info info;
     rc = tpr_engine_step(e, &info);
     if (rc != TPR_OK || info.idle) break;
+    if (prof) tpr_bench_profile_step(prof, info.prefill_tokens > 0, info.seconds);
     r->steps++;
     if (info.prefill_tokens > 0) {
       r->prefill_s += info.seconds;
@@ -109,6 +212,7 @@ static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_eng
       r->decode_steps++;
     }
   }
+  if (prof) tpr_bench_profile_stop();
   free(tok);
   tpr_engine_free(e);
   return rc;
@@ -143,7 +247,8 @@ static tpr_status count_prefill_flops(tpr_session *s, int64_t batch, int64_t P, 
 }
 
 static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roofline *rf, const bench_result *r,
-                         int64_t batch, int64_t P, int64_t G, double load_s, const int64_t *rss_kb, bool json) {
+                         int64_t batch, int64_t P, int64_t G, double load_s, const int64_t *rss_kb,
+                         const tpr_bench_profile *prof, bool json) {
   // FLOPs: 2 x the weights a token multiplies on this rank (its k experts
   // only: step_weights at one token), the lm head on sampled rows only
   // (one per sequence in prefill), plus attention's 4 x heads_r x D x context.
@@ -173,7 +278,9 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
            (long long)r->decode_steps, per_step, (long long)r->prefill_program_tokens, r->prefill_gflop_sampled,
            r->prefill_gflop_all, (long long)rss_max * 1024);
     for (int i = 0; i < w->size; i++) printf("%s%lld", i ? "," : "", (long long)rss_kb[i] * 1024);
-    printf("]}\n");
+    printf("],\"machine_read_threads\":%d,\"machine_read_buffer_bytes\":%zu", rf->read_threads, rf->read_bytes);
+    if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
+    printf("}\n");
     return;
   }
   char b1[32];
@@ -184,8 +291,8 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
   printf("  %-34s %10s %14s %14s\n", "", "tokens/s", "per rank", "vs roofline");
   printf("  %-34s %10.1f %9.2f GF/s %13.1f%%  (sgemm %.1f GF/s)\n", "prefill", pre_tps, pre_gf,
          100 * pre_gf / rf->gemm_gflops, rf->gemm_gflops);
-  printf("  %-34s %10.1f %9.2f GB/s %13.1f%%  (read %.1f GB/s; %.2f GF/s)\n", "decode (weight reads)", dec_tps, dec_gbs,
-         100 * dec_gbs / rf->read_gbs, rf->read_gbs, dec_gf);
+  printf("  %-34s %10.1f %9.2f GB/s %13.1f%%  (read %.1f GB/s on %d threads; %.2f GF/s)\n", "decode (weight reads)",
+         dec_tps, dec_gbs, 100 * dec_gbs / rf->read_gbs, rf->read_gbs, rf->read_threads, dec_gf);
   char what[64];
   snprintf(what, sizeof what, "prefill program, T = %lld", (long long)r->prefill_program_tokens);
   printf("  %-34s %.3f GFLOP with logits at the %lld sampled rows, %.3f at every row (x%.2f)\n", what,
@@ -193,6 +300,7 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
          r->prefill_gflop_all, r->prefill_gflop_sampled / r->prefill_gflop_all);
   printf("  %-34s %s (max over %d ranks)\n", "peak RSS per rank", tpr_cli_bytes((uint64_t)rss_max * 1024, b1, sizeof b1),
          w->size);
+  if (prof) tpr_bench_profile_print(prof, w->size > 1 ? "rank 0" : "one rank");
 }
 
 // rm -r of the flat directory random_checkpoint made.
@@ -229,7 +337,7 @@ static tpr_status random_checkpoint(tpr_world *w, const char *config, uint64_t s
 int tpr_bench_model(int argc, char **argv) {
   const char *config = NULL, *model = NULL;
   int64_t batch = 1, P = 32, G = 16, seed = 1;
-  bool random_weights = false, json = false;
+  bool random_weights = false, json = false, profile = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   tpr_model_engine eng = {0};
@@ -242,12 +350,13 @@ int tpr_bench_model(int argc, char **argv) {
       {"gen-len", TPR_ARG_INT, &G, "generated tokens per sequence (default 16)"},
       {"seed", TPR_ARG_INT, &seed, "seed of the weights and prompts (default 1)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
+      {"profile", TPR_ARG_FLAG, &profile, "time every op of the steps: per op kind, prefill and decode apart (rank 0's)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_MODEL_ENGINE_ARGS(eng),
       TPR_WORLD_ARGS(wo),
   };
   const char *usage = "usage: [mpirun -np N] tpr bench model (--config FILE --random-weights | --model DIR) "
-                      "[--batch B --prompt-len P --gen-len G] [--json]";
+                      "[--batch B --prompt-len P --gen-len G] [--profile] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if ((!model) == (!(config && random_weights)) || batch < 1 || P < 1 || G < 1) {
@@ -269,27 +378,32 @@ int tpr_bench_model(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, P + G + 1, &eng, &dbg, &s);
   roofline rf = {0};
   bench_result r = {0};
-  int64_t *rss = calloc((size_t)(w.size > 0 ? w.size : 1), sizeof *rss);
+  tpr_bench_profile *prof = profile ? calloc(1, sizeof *prof) : NULL;
+  if (rc == TPR_OK && profile && !prof) rc = TPR_FAIL(TPR_ERR_OOM, "bench model --profile");
+  int64_t peak_before_probe = 0, *rss = calloc((size_t)(w.size > 0 ? w.size : 1), sizeof *rss);
   if (rc == TPR_OK) rc = tpr_comm_barrier(w.host);
   if (rc == TPR_OK) {
     rf.gemm_gflops = tpr_cli_sgemm_gflops();
-    rf.read_gbs = measure_read();
-    rc = run_workload(s, &w, &eng, batch, P, G, (uint64_t)seed, &r);
+    int threads = tpr_backend_cpu_threads(w.cpu);
+    peak_before_probe = peak_rss_kb();
+    measure_read(threads > 0 ? threads : omp_get_max_threads(), &rf);
+    if (!reset_peak_rss()) peak_before_probe = 0;  // the probe's buffer stays in the peak
+    rc = run_workload(s, &w, &eng, batch, P, G, (uint64_t)seed, prof, &r);
   }
   if (rc == TPR_OK && w.rank == 0)
     rc = count_prefill_flops(s, batch, P, eng.max_tokens_per_step, &r);
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  int64_t mine = ru.ru_maxrss;
+  int64_t mine = peak_rss_kb();
+  if (peak_before_probe > mine) mine = peak_before_probe;
   if (rc == TPR_OK) rc = tpr_comm_all_gather(w.host, &mine, rss, 1, TPR_I64);
   if (rc == TPR_OK && w.rank == 0) {
     tpr_shard_plan plan;
     tpr_model_config cfg = *tpr_session_config(s);
     rc = tpr_shard_plan_build(&cfg, w.size, 1, w.size, 1, TPR_F32, &plan);
-    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s, rss, json);
+    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s, rss, prof, json);
     if (rc == TPR_OK) tpr_shard_plan_free(&plan);
   }
   free(rss);
+  free(prof);
   tpr_session_close(s);  // unmaps the checkpoint before it is removed
   s = NULL;
   if (model == dir && w.rank == 0) remove_flat_dir(dir);

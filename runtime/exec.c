@@ -42,6 +42,12 @@ tpr_status tpr_exec_set_profiling(tpr_exec *e, bool on) {
 
 const double *tpr_exec_node_seconds(const tpr_exec *e) { return e->node_seconds; }
 
+// Thread-local: a rank's engine runs its programs on one thread, and other
+// threads' execs (tests running several) must not add to its totals.
+static _Thread_local tpr_exec_op_profile *op_profile;
+
+void tpr_exec_set_op_profile(tpr_exec_op_profile *p) { op_profile = p; }
+
 void tpr_exec_set_collectives(tpr_exec *e, const tpr_exec_collectives *c) {
   e->coll = c ? *c : (tpr_exec_collectives){0};
 }
@@ -244,6 +250,9 @@ tpr_status tpr_exec_run(tpr_exec *e) {
     if (p->values[v].kind != TPR_VALUE_NODE && !e->handles[v])
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "run: %s '%s' is not bound",
                       p->values[v].kind == TPR_VALUE_INPUT ? "input" : "param", p->values[v].name);
+  tpr_exec_op_profile *prof = op_profile;
+  double run_t0 = prof ? now_s() : 0;
+  bool timed = prof || e->node_seconds;
   TPR_CHECK(refresh_views(e));
   // Prefetch needs the nonblocking entries; without them every gather runs
   // at its own node.
@@ -254,7 +263,7 @@ tpr_status tpr_exec_run(tpr_exec *e) {
     if (tpr_op_is_view(node->op)) continue;
     const tpr_tensor *in[TPR_OP_MAX_INPUTS];
     node_inputs(e, node, in);
-    double t0 = e->node_seconds ? now_s() : 0;
+    double t0 = timed ? now_s() : 0;
     tpr_status rc = TPR_OK;
     if (prefetch) rc = start_prefetches(e, n, &cursor);
     if (rc != TPR_OK)
@@ -269,9 +278,11 @@ tpr_status tpr_exec_run(tpr_exec *e) {
       while (polled_from < cursor && !e->pending[e->gathers[polled_from]]) polled_from++;
       rc = poll_prefetches(e, polled_from, cursor);
     }
-    if (rc == TPR_OK && e->node_seconds) {
+    if (rc == TPR_OK && timed) {
       rc = tpr_backend_sync(e->be);
-      e->node_seconds[n] += now_s() - t0;
+      double dt = now_s() - t0;
+      if (e->node_seconds) e->node_seconds[n] += dt;
+      if (prof) prof->seconds[node->op] += dt, prof->calls[node->op]++;
     }
     if (rc != TPR_OK) {
       if (prefetch) drain_prefetches(e);
@@ -280,7 +291,9 @@ tpr_status tpr_exec_run(tpr_exec *e) {
       return TPR_FAIL(rc, "run: node %d (%s) failed: %s", n, tpr_op_name(node->op), msg);
     }
   }
-  return tpr_backend_sync(e->be);
+  tpr_status rc = tpr_backend_sync(e->be);
+  if (prof) prof->runs++, prof->run_seconds += now_s() - run_t0;
+  return rc;
 }
 
 tpr_status tpr_exec_output(tpr_exec *e, const char *name, const tpr_tensor **out) {

@@ -231,4 +231,20 @@ void tpr_exec_comm_reset(tpr_exec *e);
 tpr_status tpr_exec_set_profiling(tpr_exec *e, bool on);
 const double *tpr_exec_node_seconds(const tpr_exec *e);
 
+// Per-op-kind timing of every exec run on the calling thread while a sink
+// is set (one per thread, so an engine's execs, built lazily per step
+// shape, need not be found one by one): each node's wall time (the backend
+// synchronised after it) is added to seconds[op] and calls[op]; views take
+// none. runs/run_seconds count whole tpr_exec_run calls, so run_seconds
+// minus the op seconds is the exec's own overhead (binding views, syncs).
+// The caller owns the struct and resets it with memset; NULL switches it
+// off (then a run pays one branch per node).
+typedef struct tpr_exec_op_profile {
+  int64_t calls[TPR_OP_KIND_COUNT];
+  double seconds[TPR_OP_KIND_COUNT];
+  int64_t runs;
+  double run_seconds;
+} tpr_exec_op_profile;
+void tpr_exec_set_op_profile(tpr_exec_op_profile *p);
+
 #endif
