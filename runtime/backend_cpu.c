@@ -1,5 +1,22 @@
 // The CPU backend: host memory, OpenBLAS GEMM, plain C kernels. It is the
 // reference every other backend is compared against.
+//
+// Threads: one OpenMP runtime (libgomp) for everything. OpenBLAS is its
+// OpenMP build (CMakeLists.txt links it by path), so its GEMMs run on the
+// same pool as the kernels' `omp parallel` regions (cpu_threads.h) and two
+// pools never spin against each other. The count is set here, once per
+// backend: openblas_set_num_threads (which, in the OpenMP build, also sets
+// omp_set_num_threads for the host loops without a num_threads clause), and
+// ctx->n_threads, which every kernel passes as num_threads.
+//
+// Wait policy: libgomp's default lets an idle worker spin (GOMP_SPINCOUNT,
+// ~0.3M pause iterations) before it sleeps, so back-to-back kernels fork in
+// ~1 us instead of a futex wake. That is right when the process owns its
+// cores. On a host shared with other busy processes (more runnable threads
+// than cores) a spinning worker steals the time another thread needs, and
+// OMP_WAIT_POLICY=passive is the better setting. The runtime reads it at
+// load time, before any code of ours runs, so it belongs in the job's
+// environment, not here.
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +152,8 @@ tpr_status tpr_backend_cpu_new(const tpr_cpu_options *opts, tpr_backend **out) {
     return TPR_FAIL(TPR_ERR_OOM, "cpu backend");
   }
   ctx->n_threads = pick_threads(opts ? opts->n_threads : 0);
-  // OpenBLAS's thread pool is per process, so the last CPU backend created sets it.
+  // OpenBLAS's thread count is per process, so the last CPU backend created
+  // sets it; the kernels use their own backend's ctx->n_threads.
   openblas_set_num_threads(ctx->n_threads);
   b->vt = &cpu_vtable;
   b->ctx = ctx;

@@ -25,8 +25,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# libopenblas-openmp-dev: OpenBLAS's OpenMP build, so GEMMs and tpr's kernels
+# share one libgomp thread pool (CMakeLists.txt links it by path, whichever
+# build the libopenblas.so.0 alternative points at).
 packages=(build-essential cmake pkg-config git
-          openmpi-bin libopenmpi-dev libopenblas-dev libuv1-dev
+          openmpi-bin libopenmpi-dev libopenblas-openmp-dev libuv1-dev
           libprotobuf-c-dev protobuf-c-compiler libcjson-dev libcmocka-dev libxxhash-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -4,13 +4,45 @@
 // The strided iterator merges dims, so a contiguous x is one row and one
 // tpr_dtype_convert call over the whole tensor; strided rows are gathered
 // into a small stack buffer first because tpr_dtype_convert reads unit
-// stride only.
+// stride only. The flat element range is split over threads
+// (cpu_threads.h): every element's conversion is independent of the others.
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "strided.h"
 
 enum { CHUNK = 1024 };  // elements gathered per conversion call
+
+typedef struct cast_arg {
+  const char *x;
+  char *o;
+  tpr_dtype xt, ot;
+} cast_arg;
+
+// len elements of the row at it from column col; out rows are unit stride.
+static void cast_piece(const tpr__iter *it, int64_t col, int64_t len, int64_t q, void *arg) {
+  const cast_arg *p = arg;
+  const int64_t xsz = (int64_t)tpr_dtype_size(p->xt), osz = (int64_t)tpr_dtype_size(p->ot);
+  const char *src = p->x + (it->off[1] + col * it->inner[1]) * xsz;
+  char *dst = p->o + (it->off[0] + col * it->inner[0]) * osz;
+  if (p->xt == p->ot) {  // a plain strided copy
+    const int64_t one = 1;
+    tpr__strided_copy(dst, &one, src, &it->inner[1], 1, &len, (size_t)xsz);
+    return;
+  }
+  if (it->inner[1] == 1 || len == 1) {
+    tpr_dtype_convert(src, p->xt, dst, p->ot, (size_t)len);
+    return;
+  }
+  _Alignas(8) char buf[CHUNK * 8];  // 8 = the widest element
+  const int64_t step = it->inner[1] * xsz;
+  for (int64_t i0 = 0; i0 < len; i0 += CHUNK) {
+    int64_t m = len - i0 < CHUNK ? len - i0 : CHUNK;
+    for (int64_t i = 0; i < m; i++) memcpy(buf + i * xsz, src + (i0 + i) * step, (size_t)xsz);
+    tpr_dtype_convert(buf, p->xt, dst + i0 * osz, p->ot, (size_t)m);
+  }
+}
 
 // x (...) any dtype and strides; out (...) contiguous, out->dtype.
 TPR_CPU_KERNEL(cast) {
@@ -21,33 +53,13 @@ TPR_CPU_KERNEL(cast) {
                     tpr_dtype_name(out->dtype));
   if (!tpr_tensor_same_shape(x, out))
     return TPR_FAIL(TPR_ERR_SHAPE, "cast (cpu): x and out shapes differ");
-  const size_t xsz = tpr_dtype_size(x->dtype), osz = tpr_dtype_size(out->dtype);
-  const char *xd = tpr_tensor_data(x);
-  char *o = tpr_tensor_data(out);
   int64_t so[TPR_MAX_DIMS];
   tpr__contig_strides(out->ndim, out->shape, so);
-  if (x->dtype == out->dtype) {  // a plain strided copy
-    tpr__strided_copy(o, so, xd, x->stride, x->ndim, x->shape, xsz);
-    return TPR_OK;
-  }
   const int64_t *st[2] = {so, x->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, x->ndim, x->shape, 2, st)) return TPR_OK;
-  _Alignas(8) char buf[CHUNK * 8];  // 8 = the widest element
-  do {
-    const char *src = xd + it.off[1] * (int64_t)xsz;
-    char *dst = o + it.off[0] * (int64_t)osz;  // out rows are unit stride
-    if (it.inner[1] == 1 || it.n == 1) {
-      tpr_dtype_convert(src, x->dtype, dst, out->dtype, (size_t)it.n);
-      continue;
-    }
-    const int64_t step = it.inner[1] * (int64_t)xsz;
-    for (int64_t i0 = 0; i0 < it.n; i0 += CHUNK) {
-      int64_t m = it.n - i0 < CHUNK ? it.n - i0 : CHUNK;
-      for (int64_t i = 0; i < m; i++) memcpy(buf + i * xsz, src + (i0 + i) * step, xsz);
-      tpr_dtype_convert(buf, x->dtype, dst + i0 * (int64_t)osz, out->dtype, (size_t)m);
-    }
-  } while (tpr__iter_next(&it));
+  cast_arg arg = {tpr_tensor_data(x), tpr_tensor_data(out), x->dtype, out->dtype};
+  tpr__par_pieces(ctx, &it, cast_piece, &arg);
   return TPR_OK;
 }
 

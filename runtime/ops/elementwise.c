@@ -4,9 +4,14 @@
 // and the strided iterator merges dims so contiguous operands run one long
 // unit-stride row; the row loops below are written so the compiler can
 // vectorise the common stride patterns.
+//
+// The forward kernels split the flat element range over threads
+// (cpu_threads.h, tpr__par_pieces); every element is a pure
+// function of its inputs, so results do not depend on the thread count.
 #include <math.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "strided.h"
 
 static tpr_status check_f32(const char *op, const tpr_tensor *const *in, int n_in,
@@ -46,8 +51,21 @@ BINARY_ROW(mul_row, *)
 typedef void (*binary_row_fn)(float *, const float *, int64_t, const float *, int64_t,
                               int64_t);
 
+typedef struct binary_arg {
+  binary_row_fn row;
+  float *o;
+  const float *a, *b;
+} binary_arg;
+
+static void binary_piece(const tpr__iter *it, int64_t col, int64_t len, int64_t q, void *arg) {
+  const binary_arg *p = arg;
+  // out is contiguous, so its merged inner stride is 1 (or n == 1).
+  p->row(p->o + it->off[0] + col * it->inner[0], p->a + it->off[1] + col * it->inner[1], it->inner[1],
+         p->b + it->off[2] + col * it->inner[2], it->inner[2], len);
+}
+
 // a (...), b (...) broadcastable to out (...); out contiguous.
-static tpr_status run_binary(const char *op, binary_row_fn row, const tpr_tensor *const *in,
+static tpr_status run_binary(const void *ctx, const char *op, binary_row_fn row, const tpr_tensor *const *in,
                              int n_in, tpr_tensor *out) {
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected 2 inputs, got %d", op, n_in);
   TPR_CHECK(check_f32(op, in, n_in, out));
@@ -58,17 +76,13 @@ static tpr_status run_binary(const char *op, binary_row_fn row, const tpr_tensor
   const int64_t *st[3] = {so, sa, sb};
   tpr__iter it;
   if (!tpr__iter_init(&it, out->ndim, out->shape, 3, st)) return TPR_OK;
-  float *o = tpr_tensor_data(out);
-  const float *a = tpr_tensor_data(in[0]), *b = tpr_tensor_data(in[1]);
-  // out is contiguous, so its merged inner stride is 1 (or n == 1).
-  do {
-    row(o + it.off[0], a + it.off[1], it.inner[1], b + it.off[2], it.inner[2], it.n);
-  } while (tpr__iter_next(&it));
+  binary_arg arg = {row, tpr_tensor_data(out), tpr_tensor_data(in[0]), tpr_tensor_data(in[1])};
+  tpr__par_pieces(ctx, &it, binary_piece, &arg);
   return TPR_OK;
 }
 
-TPR_CPU_KERNEL(add) { return run_binary("add", add_row, in, n_in, out); }
-TPR_CPU_KERNEL(mul) { return run_binary("mul", mul_row, in, n_in, out); }
+TPR_CPU_KERNEL(add) { return run_binary(ctx, "add", add_row, in, n_in, out); }
+TPR_CPU_KERNEL(mul) { return run_binary(ctx, "mul", mul_row, in, n_in, out); }
 
 // silu(g) * u with sigmoid(g) from exp(-|g|), which never overflows: for
 // g >= 0 it is 1 / (1 + e), for g < 0 it is e / (1 + e). (g = -inf gives NaN
@@ -77,6 +91,23 @@ static inline float swiglu1(float g, float u) {
   float e = expf(-fabsf(g));
   float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
   return g * s * u;
+}
+
+typedef struct swiglu_arg {
+  float *o;
+  const float *g, *u;
+} swiglu_arg;
+
+static void swiglu_piece(const tpr__iter *it, int64_t col, int64_t len, int64_t q, void *arg) {
+  const swiglu_arg *p = arg;
+  float *orow = p->o + it->off[0] + col * it->inner[0];
+  const int64_t sg = it->inner[1], su = it->inner[2];
+  const float *grow = p->g + it->off[1] + col * sg, *urow = p->u + it->off[2] + col * su;
+  if (sg == 1 && su == 1) {
+    for (int64_t i = 0; i < len; i++) orow[i] = swiglu1(grow[i], urow[i]);
+  } else {
+    for (int64_t i = 0; i < len; i++) orow[i] = swiglu1(grow[i * sg], urow[i * su]);
+  }
 }
 
 // gate (..., F), up (..., F), out (..., F); same shapes, inputs strided.
@@ -91,19 +122,25 @@ TPR_CPU_KERNEL(swiglu) {
   const int64_t *st[3] = {so, in[0]->stride, in[1]->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, out->ndim, out->shape, 3, st)) return TPR_OK;
-  float *o = tpr_tensor_data(out);
-  const float *g = tpr_tensor_data(in[0]), *u = tpr_tensor_data(in[1]);
-  do {
-    float *orow = o + it.off[0];
-    const float *grow = g + it.off[1], *urow = u + it.off[2];
-    int64_t sg = it.inner[1], su = it.inner[2];
-    if (sg == 1 && su == 1) {
-      for (int64_t i = 0; i < it.n; i++) orow[i] = swiglu1(grow[i], urow[i]);
-    } else {
-      for (int64_t i = 0; i < it.n; i++) orow[i] = swiglu1(grow[i * sg], urow[i * su]);
-    }
-  } while (tpr__iter_next(&it));
+  swiglu_arg arg = {tpr_tensor_data(out), tpr_tensor_data(in[0]), tpr_tensor_data(in[1])};
+  tpr__par_pieces(ctx, &it, swiglu_piece, &arg);
   return TPR_OK;
+}
+
+typedef struct swiglu_bwd_arg {
+  float *dg, *du;  // (n) each, row-major
+  const float *g, *u, *d;
+} swiglu_bwd_arg;
+
+static void swiglu_bwd_piece(const tpr__iter *it, int64_t col, int64_t len, int64_t q, void *arg) {
+  const swiglu_bwd_arg *p = arg;
+  for (int64_t i = col, k = q; i < col + len; i++, k++) {  // the iterator keeps row-major order: k is the packed index
+    float gv = p->g[it->off[0] + i * it->inner[0]], uv = p->u[it->off[1] + i * it->inner[1]];
+    float dv = p->d[it->off[2] + i * it->inner[2]];
+    float e = expf(-fabsf(gv)), s = (gv >= 0.0f ? 1.0f : e) / (1.0f + e);
+    p->dg[k] = dv * uv * s * (1.0f + gv * (1.0f - s));
+    p->du[k] = dv * gv * s;
+  }
 }
 
 // gate, up, dy (...) same shape, any strides; out packed (dgate | dup), each
@@ -117,18 +154,9 @@ TPR_CPU_KERNEL(swiglu_bwd) {
   const int64_t *st[3] = {in[0]->stride, in[1]->stride, in[2]->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, in[0]->ndim, in[0]->shape, 3, st)) return TPR_OK;
-  float *dg = tpr_tensor_data(out), *du = dg + n;
-  const float *g = tpr_tensor_data(in[0]), *u = tpr_tensor_data(in[1]), *d = tpr_tensor_data(in[2]);
-  int64_t k = 0;  // the iterator keeps row-major order, so k is the packed index
-  do {
-    for (int64_t i = 0; i < it.n; i++, k++) {
-      float gv = g[it.off[0] + i * it.inner[0]], uv = u[it.off[1] + i * it.inner[1]];
-      float dv = d[it.off[2] + i * it.inner[2]];
-      float e = expf(-fabsf(gv)), s = (gv >= 0.0f ? 1.0f : e) / (1.0f + e);
-      dg[k] = dv * uv * s * (1.0f + gv * (1.0f - s));
-      du[k] = dv * gv * s;
-    }
-  } while (tpr__iter_next(&it));
+  float *dg = tpr_tensor_data(out);
+  swiglu_bwd_arg arg = {dg, dg + n, tpr_tensor_data(in[0]), tpr_tensor_data(in[1]), tpr_tensor_data(in[2])};
+  tpr__par_pieces(ctx, &it, swiglu_bwd_piece, &arg);
   return TPR_OK;
 }
 

@@ -4,12 +4,15 @@
 // Both move whole elements as bytes (no conversion), so one code path serves
 // every dtype. Every id is range-checked before anything is written: a bad id
 // returns TPR_ERR_INVALID_ARG, never reads out of bounds, and leaves out as
-// it was.
+// it was. The forward gathers split their rows over threads (cpu_threads.h):
+// pure copies, each out row written by one thread. The backward scatter-adds
+// stay on one thread (two tokens may add into one row, in token order).
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "strided.h"
 
 static tpr_status check_ids(const char *op, const tpr_tensor *ids) {
@@ -75,6 +78,8 @@ TPR_CPU_KERNEL(embedding) {
   const char *t = tpr_tensor_data(table);
   char *o = tpr_tensor_data(out);
   const int64_t one = 1, ts = table->stride[1];
+  const int nt = tpr__cpu_nt(ctx, n * H);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t p = 0; p < n; p++) {
     const char *row = t + vals[p] * table->stride[0] * (int64_t)esz;
     char *dst = o + p * H * (int64_t)esz;
@@ -126,6 +131,8 @@ TPR_CPU_KERNEL(index_select) {
   const size_t esz = tpr_dtype_size(x->dtype);
   const char *xd = tpr_tensor_data(x);
   char *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, tpr_tensor_numel(out));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t j = 0; j < n; j++)
     tpr__strided_copy(o + j * ostride[dim] * (int64_t)esz, os,
                       xd + vals[j] * x->stride[dim] * (int64_t)esz, xs, nd, shape, esz);
@@ -164,6 +171,8 @@ TPR_CPU_KERNEL(embedding_shard) {
   const char *t = tpr_tensor_data(table);
   char *o = tpr_tensor_data(out);
   const int64_t one = 1, ts = table->stride[1];
+  const int nt = tpr__cpu_nt(ctx, n * H);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t p = 0; p < n; p++) {
     char *dst = o + p * H * (int64_t)esz;
     if (none || vals[p] < lo || vals[p] - lo >= V) {

@@ -6,20 +6,37 @@
 // Routing is dense gates (N, E): a nonzero entry is an assignment. A
 // dispatched buffer holds one row per assignment in (expert, token) order,
 // so permute and unpermute find every row by walking the gates in that same
-// order -- no index tensor travels between them. Plain single-threaded
-// loops; every result is a fixed function of the inputs (and the seed).
+// order -- no index tensor travels between them. Every result is a fixed
+// function of the inputs (and the seed). permute, unpermute and their
+// backwards number the rows on one thread, then split rows or tokens over
+// threads (cpu_threads.h), each output element written by one thread in the
+// single-threaded order.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../rng.h"
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "grad_rules.h"
 #include "strided.h"
 
 // gates[t, e] of a (N, E) f32 tensor, any strides.
 static inline float gate_at(const tpr_tensor *g, const float *gd, int64_t t, int64_t e) {
   return gd[t * g->stride[0] + e * g->stride[1]];
+}
+
+// row[t * E + e] = the dispatched row of assignment (t, e) in (expert, token)
+// order, -1 for a zero gate; returns NULL when out of memory.
+static int64_t *number_rows(const tpr_tensor *g) {
+  const int64_t N = g->shape[0], E = g->shape[1];
+  int64_t *row = malloc((size_t)(N * E > 0 ? N * E : 1) * sizeof *row);
+  if (!row) return NULL;
+  const float *gd = tpr_tensor_data(g);
+  int64_t r = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < N; t++) row[t * E + e] = gate_at(g, gd, t, e) != 0.0f ? r++ : -1;
+  return row;
 }
 
 // Number of nonzero gates: the rows moe_permute writes.
@@ -251,14 +268,18 @@ TPR_CPU_KERNEL(moe_permute) {
   if (total > R)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_permute: %lld assignments (nonzero gates) do not fit R = %lld rows",
                     (long long)total, (long long)R);
-  const float *gd = tpr_tensor_data(g), *xd = tpr_tensor_data(x);
+  int64_t *row = number_rows(g);
+  if (!row) return TPR_FAIL(TPR_ERR_OOM, "moe_permute (cpu): (%lld, %lld) row numbers", (long long)N, (long long)E);
+  const float *xd = tpr_tensor_data(x);
   float *o = tpr_tensor_data(out);
   const int64_t one = 1;
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t t = 0; t < N; t++)
-      if (gate_at(g, gd, t, e) != 0.0f)
-        tpr__strided_copy(o + (row++) * H, &one, xd + t * x->stride[0], &x->stride[1], 1, &H, sizeof(float));
+  const int nt = tpr__cpu_nt(ctx, total * H);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < N; t++)
+    for (int64_t e = 0; e < E; e++)
+      if (row[t * E + e] >= 0)
+        tpr__strided_copy(o + row[t * E + e] * H, &one, xd + t * x->stride[0], &x->stride[1], 1, &H, sizeof(float));
+  free(row);
   return TPR_OK;
 }
 
@@ -267,7 +288,7 @@ TPR_CPU_KERNEL(moe_permute) {
 // f32 from 0 in ascending expert order (moe_experts' order). Rows past the
 // counted ones are never read. moe_unpermute is the weighted sum;
 // moe_permute's backward the plain one (the rows that copied x[t]).
-static tpr_status sum_rows(const char *op, const tpr_tensor *y, const tpr_tensor *g, int n_in, bool weighted,
+static tpr_status sum_rows(const void *ctx, const char *op, const tpr_tensor *y, const tpr_tensor *g, int n_in, bool weighted,
                            tpr_tensor *out) {
   if (n_in != 2 || y->ndim != 2 || g->ndim != 2 || out->ndim != 2 || out->shape[0] != g->shape[0] ||
       out->shape[1] != y->shape[1] || y->dtype != TPR_F32 || g->dtype != TPR_F32 || out->dtype != TPR_F32)
@@ -277,27 +298,32 @@ static tpr_status sum_rows(const char *op, const tpr_tensor *y, const tpr_tensor
   if (total > R)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld assignments (nonzero gates) need more rows than R = %lld", op,
                     (long long)total, (long long)R);
+  int64_t *row = number_rows(g);
+  if (!row) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): (%lld, %lld) row numbers", op, (long long)N, (long long)E);
   const float *gd = tpr_tensor_data(g), *yd = tpr_tensor_data(y);
   const int64_t ys0 = y->stride[0], ys1 = y->stride[1];
   float *o = tpr_tensor_data(out);
-  memset(o, 0, (size_t)(N * H) * sizeof *o);
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t t = 0; t < N; t++) {
-      const float gate = gate_at(g, gd, t, e);
-      if (gate == 0.0f) continue;
-      const float *yr = yd + (row++) * ys0, w = weighted ? gate : 1.0f;
-      float *orow = o + t * H;
+  const int nt = tpr__cpu_nt(ctx, (N + total) * H);
+  // Token t's row of out is one thread's: its rows added in ascending expert order.
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < N; t++) {
+    float *orow = o + t * H;
+    memset(orow, 0, (size_t)H * sizeof *orow);
+    for (int64_t e = 0; e < E; e++) {
+      if (row[t * E + e] < 0) continue;
+      const float *yr = yd + row[t * E + e] * ys0, w = weighted ? gate_at(g, gd, t, e) : 1.0f;
       if (weighted)
         for (int64_t j = 0; j < H; j++) orow[j] += w * yr[j * ys1];
       else
         for (int64_t j = 0; j < H; j++) orow[j] += yr[j * ys1];
     }
+  }
+  free(row);
   return TPR_OK;
 }
 
-TPR_CPU_KERNEL(moe_unpermute) { return sum_rows("moe_unpermute", in[0], in[1], n_in, true, out); }
-TPR_CPU_KERNEL(moe_permute_bwd) { return sum_rows("moe_permute_bwd", in[0], in[1], n_in, false, out); }
+TPR_CPU_KERNEL(moe_unpermute) { return sum_rows(ctx, "moe_unpermute", in[0], in[1], n_in, true, out); }
+TPR_CPU_KERNEL(moe_permute_bwd) { return sum_rows(ctx, "moe_permute_bwd", in[0], in[1], n_in, false, out); }
 
 // y (R, H), gates (N, E), dout (N, H); out packed (dy (R*H) | dgates (N*E)):
 // dy[row(t, e)] = gates[t, e] * dout[t] (uncounted rows 0), dgates[t, e] =
@@ -316,15 +342,19 @@ TPR_CPU_KERNEL(moe_unpermute_bwd) {
                     "y's R = %lld", (long long)total, (long long)R);
   const float *gd = tpr_tensor_data(g), *yd = tpr_tensor_data(y), *od = tpr_tensor_data(dout);
   const int64_t ys0 = y->stride[0], ys1 = y->stride[1], os0 = dout->stride[0], os1 = dout->stride[1];
+  int64_t *row = number_rows(g);
+  if (!row)
+    return TPR_FAIL(TPR_ERR_OOM, "moe_unpermute_bwd (cpu): (%lld, %lld) row numbers", (long long)N, (long long)E);
   float *dy = tpr_tensor_data(out), *dg = dy + R * H;
   memset(dy, 0, (size_t)tpr_tensor_numel(out) * sizeof *dy);
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t t = 0; t < N; t++) {
+  const int nt = tpr__cpu_nt(ctx, 2 * total * H);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < N; t++)
+    for (int64_t e = 0; e < E; e++) {
       const float gate = gate_at(g, gd, t, e);
-      if (gate == 0.0f) continue;
-      const float *yr = yd + row * ys0, *orow = od + t * os0;
-      float *dr = dy + (row++) * H;
+      if (row[t * E + e] < 0) continue;
+      const float *yr = yd + row[t * E + e] * ys0, *orow = od + t * os0;
+      float *dr = dy + row[t * E + e] * H;
       double dot = 0;
       for (int64_t j = 0; j < H; j++) {
         dr[j] = gate * orow[j * os1];
@@ -332,6 +362,7 @@ TPR_CPU_KERNEL(moe_unpermute_bwd) {
       }
       dg[t * E + e] = (float)dot;
     }
+  free(row);
   return TPR_OK;
 }
 

@@ -8,10 +8,15 @@
 // sum_squares accumulates in double (four interleaved lanes, also a fixed
 // order) and rounds once to f32, so each rank's partial carries one rounding
 // before the tp all-reduce adds them, whatever the slice length.
+//
+// The forward kernels split rows over threads (cpu_threads.h); a row is
+// always summed by one thread in the order above, so results do not depend
+// on the thread count.
 #include <math.h>
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "strided.h"
 
 static float sum_squares(const float *x, int64_t n) {  // x (n)
@@ -47,25 +52,27 @@ TPR_CPU_KERNEL(rms_norm) {
   if (tpr_tensor_numel(x) == 0) return TPR_OK;
   const float eps = attrs->f[0];
 
-  // Scratch for a strided x row and a strided weight.
-  float *buf = malloc(2 * (size_t)H * sizeof *buf);
-  if (!buf) return TPR_FAIL(TPR_ERR_OOM, "rms_norm (cpu): %lld floats of scratch", (long long)(2 * H));
-  const float *wv = unit_row(tpr_tensor_data(w), w->stride[0], H, buf + H);
+  const int64_t rows = tpr_tensor_numel(x) / H;
+  const int nt = tpr__cpu_nt(ctx, rows * H);
 
-  // Rows are visited in row-major order of the leading dims, as out stores them.
+  // Scratch for a strided x row per thread and a strided weight.
+  float *buf = malloc((size_t)(nt + 1) * (size_t)H * sizeof *buf);
+  if (!buf) return TPR_FAIL(TPR_ERR_OOM, "rms_norm (cpu): %lld floats of scratch", (long long)((nt + 1) * H));
+  const float *wv = unit_row(tpr_tensor_data(w), w->stride[0], H, buf + (int64_t)nt * H);
+
+  // Row r (row-major over the leading dims) goes to out's row r.
   const float *xd = tpr_tensor_data(x);
   float *o = tpr_tensor_data(out);
   const int64_t *st[1] = {x->stride};
   const int64_t xs = x->stride[x->ndim - 1];
   tpr__iter it;
-  if (tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) {
-    do {
-      for (int64_t r = 0; r < it.n; r++, o += H) {
-        const float *xr = unit_row(xd + it.off[0] + r * it.inner[0], xs, H, buf);
-        float inv = 1.0f / sqrtf(sum_squares(xr, H) / (float)H + eps);
-        for (int64_t i = 0; i < H; i++) o[i] = xr[i] * inv * wv[i];
-      }
-    } while (tpr__iter_next(&it));
+  tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st);  // not empty: numel > 0
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    float *orow = o + r * H;
+    const float *xr = unit_row(xd + tpr__iter_offset_at(&it, 0, r), xs, H, buf + omp_get_thread_num() * H);
+    float inv = 1.0f / sqrtf(sum_squares(xr, H) / (float)H + eps);
+    for (int64_t i = 0; i < H; i++) orow[i] = xr[i] * inv * wv[i];
   }
   free(buf);
   return TPR_OK;
@@ -96,9 +103,10 @@ TPR_CPU_KERNEL(sum_squares) {
   const int64_t *st[1] = {x->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
-  do {  // rows in row-major order of the leading dims, as out stores them
-    for (int64_t r = 0; r < it.n; r++) *o++ = (float)sum_squares_f64(xd + it.off[0] + r * it.inner[0], N, xs);
-  } while (tpr__iter_next(&it));
+  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
+  const int nt = tpr__cpu_nt(ctx, rows * N);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; r++) o[r] = (float)sum_squares_f64(xd + tpr__iter_offset_at(&it, 0, r), N, xs);
   return TPR_OK;
 }
 
@@ -123,15 +131,17 @@ TPR_CPU_KERNEL(rms_scale) {
   const int64_t *st[2] = {x->stride, ss->stride};
   tpr__iter it;
   if (N == 0 || !tpr__iter_init(&it, x->ndim - 1, x->shape, 2, st)) return TPR_OK;
-  do {
-    for (int64_t r = 0; r < it.n; r++, o += N) {
-      const float *xr = xd + it.off[0] + r * it.inner[0];
-      // torch, in f32: variance = sumsq / divisor; x * rsqrt(variance + eps); * weight.
-      const float variance = sd[it.off[1] + r * it.inner[1]] / divisor;
-      const float inv = 1.0f / sqrtf(variance + eps);
-      for (int64_t i = 0; i < N; i++) o[i] = (xr[i * xs] * inv) * wd[i * ws];
-    }
-  } while (tpr__iter_next(&it));
+  const int64_t rows = tpr__iter_rows(&it) * it.n;
+  const int nt = tpr__cpu_nt(ctx, rows * N);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = xd + tpr__iter_offset_at(&it, 0, r);
+    float *orow = o + r * N;
+    // torch, in f32: variance = sumsq / divisor; x * rsqrt(variance + eps); * weight.
+    const float variance = sd[tpr__iter_offset_at(&it, 1, r)] / divisor;
+    const float inv = 1.0f / sqrtf(variance + eps);
+    for (int64_t i = 0; i < N; i++) orow[i] = (xr[i * xs] * inv) * wd[i * ws];
+  }
   return TPR_OK;
 }
 

@@ -7,14 +7,16 @@
 //   freqs = inv_freq * position.float()                            (f32 product)
 //   cos = freqs.cos(), sin = freqs.sin()                           (f32)
 //   out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
-// cos/sin are computed once per token and reused by every head. Single-
-// threaded for now (the whole op is O(T * heads * D)). rope_bwd is the same
-// loop with the angles negated.
+// cos/sin are computed once per token and reused by every head. Tokens are
+// split over threads (cpu_threads.h); every token's values come from the
+// same code whichever thread runs it. rope_bwd is the same loop with the
+// angles negated.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "grad_rules.h"
 
 static int64_t load_index(const tpr_tensor *t, int64_t i) {  // element i of a 1-D i32/i64 tensor
@@ -34,7 +36,7 @@ static int64_t load_index(const tpr_tensor *t, int64_t i) {  // element i of a 1
 // (rope_bwd: the rotation is orthogonal, so its transpose is its inverse):
 // the same cos and sin, computed by the same code, with sin negated -- exact in
 // f32, so the forward and the backward use bit-identical angles.
-static tpr_status rope_run(const char *op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
+static tpr_status rope_run(void *ctx, const char *op, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
                            tpr_tensor *out, bool inverse) {
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected 2 inputs, got %d", op, n_in);
   const tpr_tensor *x = in[0], *pos = in[1];
@@ -52,15 +54,18 @@ static tpr_status rope_run(const char *op, const tpr_tensor *const *in, int n_in
   if (tpr_tensor_numel(x) == 0) return TPR_OK;
   const int64_t half = rd / 2;
   const float theta = attrs->f[0];
-  float *inv = malloc(3 * (size_t)half * sizeof *inv);  // inv_freq, then cos and sin of one token
-  if (!inv) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld floats of scratch", op, (long long)(3 * half));
-  float *cs = inv + half, *sn = cs + half;
+  const int nt = tpr__cpu_nt(ctx, T * NH * D);
+  // inv_freq, then cos and sin of one token per thread.
+  float *inv = malloc((1 + 2 * (size_t)nt) * (size_t)half * sizeof *inv);
+  if (!inv) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld floats of scratch", op, (long long)((1 + 2 * nt) * half));
   for (int64_t d = 0; d < half; d++) inv[d] = 1.0f / powf(theta, (float)(2 * d) / (float)rd);
 
   const float *xd = tpr_tensor_data(x);
-  float *o = tpr_tensor_data(out);
   const int64_t s0 = x->stride[0], s1 = x->stride[1], s2 = x->stride[2];
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
+    float *cs = inv + half * (1 + 2 * (int64_t)omp_get_thread_num()), *sn = cs + half;
+    float *o = (float *)tpr_tensor_data(out) + t * NH * D;
     const float p = (float)load_index(pos, t);
     for (int64_t d = 0; d < half; d++) {
       const float a = p * inv[d];
@@ -81,12 +86,12 @@ static tpr_status rope_run(const char *op, const tpr_tensor *const *in, int n_in
   return TPR_OK;
 }
 
-TPR_CPU_KERNEL(rope) { return rope_run("rope", in, n_in, attrs, out, false); }
+TPR_CPU_KERNEL(rope) { return rope_run(ctx, "rope", in, n_in, attrs, out, false); }
 
 // dy (T, heads, D), positions (T); rope's attrs; out dx (T, heads, D):
 //   dx[d] = dy[d]*c + dy[d+half]*s,  dx[d+half] = dy[d+half]*c - dy[d]*s,
 // dims past rotary_dim copied (their forward is the identity).
-TPR_CPU_KERNEL(rope_bwd) { return rope_run("rope_bwd", in, n_in, attrs, out, true); }
+TPR_CPU_KERNEL(rope_bwd) { return rope_run(ctx, "rope_bwd", in, n_in, attrs, out, true); }
 
 // Positions are integers: only x gets a cotangent.
 TPR__BWD_RULE(rope) {

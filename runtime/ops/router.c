@@ -6,11 +6,13 @@
 // go to the lower expert index, and a NaN score ranks below every number.
 // The chosen scores are summed in ascending expert order, not in selection
 // order, so the weights do not depend on how ties were broken among equals.
-// O(k * E) per token, plain loops on one thread.
+// O(k * E) per token; tokens are split over threads (cpu_threads.h), each
+// token's selection and weights computed by one thread as above.
 #include <math.h>
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "grad_rules.h"
 
 // a ranks above b: a larger number; any number beats NaN.
@@ -55,21 +57,25 @@ TPR_CPU_KERNEL(router_sigmoid_topk) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk (cpu): k = %lld outside [1, E = %lld]", (long long)k,
                     (long long)E);
   if (T == 0) return TPR_OK;
-  float *s = malloc(2 * (size_t)E * sizeof *s);  // sigmoid, then sigmoid + bias
-  unsigned char *chosen = malloc((size_t)E);
-  if (!s || !chosen) {
-    free(s), free(chosen);
+  const int nt = tpr__cpu_nt(ctx, T * E * (k + 2));  // k argmax passes plus the sigmoids and the writes
+  float *s_all = malloc(2 * (size_t)(nt * E) * sizeof *s_all);  // per thread: sigmoid, then sigmoid + bias
+  unsigned char *chosen_all = malloc((size_t)(nt * E));
+  if (!s_all || !chosen_all) {
+    free(s_all), free(chosen_all);
     return TPR_FAIL(TPR_ERR_OOM, "router_sigmoid_topk (cpu): %lld experts of scratch", (long long)E);
   }
-  float *score = s + E;
   const float *ld = tpr_tensor_data(lg), *bd = tpr_tensor_data(bias);
   const int64_t ls0 = lg->stride[0], ls1 = lg->stride[1], bs = bias->stride[0];
-  float *o = tpr_tensor_data(out);
-  for (int64_t t = 0; t < T; t++, o += E) {
+  float *out_d = tpr_tensor_data(out);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t th = omp_get_thread_num();
+    float *s = s_all + 2 * th * E, *score = s + E, *o = out_d + t * E;
+    unsigned char *chosen = chosen_all + th * E;
     const float sum = select_row(ld + t * ls0, ls1, bd, bs, E, k, s, score, chosen);
     for (int64_t e = 0; e < E; e++) o[e] = chosen[e] ? s[e] / sum : 0.0f;
   }
-  free(s), free(chosen);
+  free(s_all), free(chosen_all);
   return TPR_OK;
 }
 
@@ -93,18 +99,22 @@ TPR_CPU_KERNEL(router_sigmoid_topk_bwd) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk_bwd (cpu): k = %lld outside [1, E = %lld]",
                     (long long)k, (long long)E);
   if (T == 0) return TPR_OK;
-  float *s = malloc(2 * (size_t)E * sizeof *s);
-  unsigned char *chosen = malloc((size_t)E);
-  if (!s || !chosen) {
-    free(s), free(chosen);
+  const int nt = tpr__cpu_nt(ctx, T * E * (k + 3));
+  float *s_all = malloc(2 * (size_t)(nt * E) * sizeof *s_all);
+  unsigned char *chosen_all = malloc((size_t)(nt * E));
+  if (!s_all || !chosen_all) {
+    free(s_all), free(chosen_all);
     return TPR_FAIL(TPR_ERR_OOM, "router_sigmoid_topk_bwd (cpu): %lld experts of scratch", (long long)E);
   }
-  float *score = s + E;
   const float *ld = tpr_tensor_data(lg), *bd = tpr_tensor_data(bias), *dd = tpr_tensor_data(dy);
   const int64_t ls0 = lg->stride[0], ls1 = lg->stride[1], bs = bias->stride[0];
   const int64_t ds0 = dy->stride[0], ds1 = dy->stride[1];
-  float *o = tpr_tensor_data(out);
-  for (int64_t t = 0; t < T; t++, o += E) {
+  float *out_d = tpr_tensor_data(out);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t th = omp_get_thread_num();
+    float *s = s_all + 2 * th * E, *score = s + E, *o = out_d + t * E;
+    unsigned char *chosen = chosen_all + th * E;
     const float sum = select_row(ld + t * ls0, ls1, bd, bs, E, k, s, score, chosen);
     double dot = 0;  // sum_j w_j dy_j over the chosen j
     for (int64_t e = 0; e < E; e++)
@@ -118,7 +128,7 @@ TPR_CPU_KERNEL(router_sigmoid_topk_bwd) {
       o[e] = (float)(ds * (double)s[e] * (1.0 - (double)s[e]));
     }
   }
-  free(s), free(chosen);
+  free(s_all), free(chosen_all);
   return TPR_OK;
 }
 

@@ -5,10 +5,16 @@
 //   - a row whose entries are all -inf (fully masked) gives all zeros, not
 //     NaN, so a masked-out row contributes nothing downstream;
 //   - a row with a NaN or a +inf gives NaN (the error stays visible).
+//
+// Rows are split over threads (cpu_threads.h), each row done by one thread
+// in the order below, so results do not depend on the thread count. A
+// single long row (decode's T = 1 over a vocabulary) is not split: its sum
+// would then be combined in a thread-count-dependent order.
 #include <math.h>
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "strided.h"
 
 // Eight interleaved partial sums: fixed order, vectorisable (see norm.c).
@@ -56,10 +62,10 @@ TPR_CPU_KERNEL(softmax) {
   const int64_t *st[1] = {x->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
-  do {  // rows in row-major order of the leading dims, as out stores them
-    for (int64_t r = 0; r < it.n; r++, o += N)
-      softmax_row(xd + it.off[0] + r * it.inner[0], N == 1 ? 1 : xs, o, N);
-  } while (tpr__iter_next(&it));
+  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
+  const int nt = tpr__cpu_nt(ctx, rows * N);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; r++) softmax_row(xd + tpr__iter_offset_at(&it, 0, r), N == 1 ? 1 : xs, o + r * N, N);
   return TPR_OK;
 }
 
@@ -79,14 +85,16 @@ TPR_CPU_KERNEL(softmax_bwd) {
   const int64_t *st[2] = {y->stride, dy->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, y->ndim - 1, y->shape, 2, st)) return TPR_OK;
-  do {  // rows in row-major order of the leading dims, as out stores them
-    for (int64_t r = 0; r < it.n; r++, o += N) {
-      const float *yr = yd + it.off[0] + r * it.inner[0], *gr = gd + it.off[1] + r * it.inner[1];
-      double dot = 0;
-      for (int64_t i = 0; i < N; i++) dot += (double)gr[i * gs] * yr[i * ys];
-      for (int64_t i = 0; i < N; i++) o[i] = (float)(yr[i * ys] * (gr[i * gs] - dot));
-    }
-  } while (tpr__iter_next(&it));
+  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
+  const int nt = tpr__cpu_nt(ctx, rows * N);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *yr = yd + tpr__iter_offset_at(&it, 0, r), *gr = gd + tpr__iter_offset_at(&it, 1, r);
+    float *orow = o + r * N;
+    double dot = 0;
+    for (int64_t i = 0; i < N; i++) dot += (double)gr[i * gs] * yr[i * ys];
+    for (int64_t i = 0; i < N; i++) orow[i] = (float)(yr[i * ys] * (gr[i * gs] - dot));
+  }
   return TPR_OK;
 }
 

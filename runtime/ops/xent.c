@@ -10,13 +10,16 @@
 // Numerics: exp and log are evaluated in double and sums accumulate in
 // double in ascending column (or token) order, rounded once to f32, so
 // results are deterministic and independent of how the vocab is sharded up
-// to that final rounding.
+// to that final rounding. The (T, Vl) kernels split tokens over threads
+// (cpu_threads.h), each row summed by one thread in that order, so results
+// do not depend on the thread count either.
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_threads.h"
 #include "grad_rules.h"
 
 #define XENT_IGNORE (-100)
@@ -84,6 +87,8 @@ TPR_CPU_KERNEL(xent_max) {
   TPR_CHECK(shard_cols("xent_max", in[1], Vl, attrs->i[0], &lo, &nv));
   const float *ld = tpr_tensor_data(l);
   float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * nv);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     float m = -FLT_MAX;
     for (int64_t j = 0; j < nv; j++) {
@@ -106,6 +111,8 @@ TPR_CPU_KERNEL(xent_sumexp) {
   TPR_CHECK(shard_cols("xent_sumexp", in[2], Vl, attrs->i[0], &lo, &nv));
   const float *ld = tpr_tensor_data(l);
   float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * nv);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     double m = col_at(mx, t), acc = 0;
     for (int64_t j = 0; j < nv; j++) acc += exp((double)ld[t * l->stride[0] + j * l->stride[1]] - m);
@@ -123,6 +130,8 @@ TPR_CPU_KERNEL(xent_sumexp_bwd) {
   TPR_CHECK(shard_cols("xent_sumexp_bwd", in[2], Vl, attrs->i[0], &lo, &nv));
   const float *ld = tpr_tensor_data(l);
   float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * Vl);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     double m = col_at(mx, t), g = col_at(dy, t);
     for (int64_t j = 0; j < Vl; j++)
