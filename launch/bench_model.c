@@ -246,9 +246,10 @@ static tpr_status count_prefill_flops(tpr_session *s, int64_t batch, int64_t P, 
   return TPR_OK;
 }
 
+// wdt: the dtype the weight matrices are held in (bytes a decode step reads).
 static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roofline *rf, const bench_result *r,
-                         int64_t batch, int64_t P, int64_t G, double load_s, const int64_t *rss_kb,
-                         const tpr_bench_profile *prof, bool json) {
+                         int64_t batch, int64_t P, int64_t G, double load_s, tpr_dtype wdt, uint64_t weight_bytes,
+                         const int64_t *rss_kb, const tpr_bench_profile *prof, bool json) {
   // FLOPs: 2 x the weights a token multiplies on this rank (its k experts
   // only: step_weights at one token), the lm head on sampled rows only
   // (one per sequence in prefill), plus attention's 4 x heads_r x D x context.
@@ -261,7 +262,8 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
   double pre_gf = pre_flops / r->prefill_s * 1e-9, dec_gf = dec_flops / r->decode_s * 1e-9;
   // Bytes: a decode step reads the weights its tokens touch once.
   double per_step = r->decode_steps ? (double)r->decode_tokens / (double)r->decode_steps : 1;
-  double dec_gbs = 4.0 * step_weights(p, per_step, &head) * (double)r->decode_steps / r->decode_s * 1e-9;
+  double esize = (double)tpr_dtype_size(wdt);
+  double dec_gbs = esize * step_weights(p, per_step, &head) * (double)r->decode_steps / r->decode_s * 1e-9;
   int64_t rss_max = 0;
   for (int i = 0; i < w->size; i++)
     if (rss_kb[i] > rss_max) rss_max = rss_kb[i];
@@ -279,6 +281,8 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
            r->prefill_gflop_all, (long long)rss_max * 1024);
     for (int i = 0; i < w->size; i++) printf("%s%lld", i ? "," : "", (long long)rss_kb[i] * 1024);
     printf("],\"machine_read_threads\":%d,\"machine_read_buffer_bytes\":%zu", rf->read_threads, rf->read_bytes);
+    printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
+           (unsigned long long)weight_bytes, rf->read_gbs * 1e9 / (esize * step_weights(p, per_step, &head)) * per_step);
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
     printf("}\n");
     return;
@@ -288,6 +292,9 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
          "prompt %lld, gen %lld\n", tpr_model_family_name(p->config.family), p->tp, (long long)batch,
          (long long)r->steps, per_step, (long long)P, (long long)G);
   printf("  %-34s %.3f s\n", "load (random weights)", load_s);
+  printf("  %-34s %s, %s per rank (decode roofline %.1f tok/s)\n", "weights held", tpr_dtype_name(wdt),
+         tpr_cli_bytes(weight_bytes, b1, sizeof b1),
+         rf->read_gbs * 1e9 / (esize * step_weights(p, per_step, &head)) * per_step);
   printf("  %-34s %10s %14s %14s\n", "", "tokens/s", "per rank", "vs roofline");
   printf("  %-34s %10.1f %9.2f GF/s %13.1f%%  (sgemm %.1f GF/s)\n", "prefill", pre_tps, pre_gf,
          100 * pre_gf / rf->gemm_gflops, rf->gemm_gflops);
@@ -399,7 +406,8 @@ int tpr_bench_model(int argc, char **argv) {
     tpr_shard_plan plan;
     tpr_model_config cfg = *tpr_session_config(s);
     rc = tpr_shard_plan_build(&cfg, w.size, 1, w.size, 1, TPR_F32, &plan);
-    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s, rss, prof, json);
+    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s,
+                                  tpr_session_stats(s)->matrix_dtype, tpr_session_stats(s)->weight_bytes, rss, prof, json);
     if (rc == TPR_OK) tpr_shard_plan_free(&plan);
   }
   free(rss);

@@ -13,9 +13,10 @@ static inline tpr_weight_view tpr__weight_view(const void *data, tpr_dtype dt, i
 
 // out (M, N), row stride ldo = a (M, K), row stride lda @ W^T. At M <= 16
 // rows (decode, small batches) the skinny kernel reads W once at memory
-// speed; above, f32 W goes to sgemm as it is and a bf16 W is widened in
-// panels of rows into scratch, each panel one sgemm, so prefill runs near
-// the sgemm rate without a whole f32 copy of the weight.
+// speed; above, an f32 W goes to sgemm as it is and a bf16 W stays with the
+// skinny kernel in blocks of 64 rows (it runs near the sgemm rate there).
+// TPR_WEIGHT_PANELS=1 instead widens a bf16 W in panels of rows into
+// scratch, each panel one sgemm (the comparison tpr bench model can make).
 tpr_status tpr__weight_gemm(const tpr_cpu_ctx *ctx, const float *a, int64_t lda, int64_t M, int64_t K,
                             const tpr_weight_view *w, int64_t N, float *out, int64_t ldo);
 
