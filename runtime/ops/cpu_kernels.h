@@ -15,7 +15,7 @@ typedef struct tpr_cpu_ctx {
   tpr_status tpr__cpu_##name(void *ctx, const tpr_tensor *const *in, int n_in,           \
                              const tpr_op_attrs *attrs, tpr_tensor *out)
 
-TPR_CPU_KERNEL(matmul);        // matmul.c: OpenBLAS sgemm per batch
+TPR_CPU_KERNEL(matmul);        // matmul.c: sgemm per batch; bf16 or few-row weights via weight_gemm.h
 TPR_CPU_KERNEL(add);           // elementwise.c
 TPR_CPU_KERNEL(mul);           // elementwise.c
 TPR_CPU_KERNEL(swiglu);        // elementwise.c
@@ -28,10 +28,10 @@ TPR_CPU_KERNEL(sum_squares);          // norm.c: double accumulation
 TPR_CPU_KERNEL(rms_scale);            // norm.c
 TPR_CPU_KERNEL(embedding_shard);      // gather.c: any dtype table
 TPR_CPU_KERNEL(rope);                 // rope.c
-TPR_CPU_KERNEL(attention);            // attention.c: sgemm per head and query block
+TPR_CPU_KERNEL(attention);            // attention.c: attention_flash.c's tiles, online softmax
 TPR_CPU_KERNEL(cache_write);          // attention.c: writes its input 0 in place
 TPR_CPU_KERNEL(router_sigmoid_topk);  // router.c
-TPR_CPU_KERNEL(moe_experts);          // moe.c: grouped sgemm per expert
+TPR_CPU_KERNEL(moe_experts);          // moe.c: per expert, weight_gemm.h (f32 or bf16 experts)
 TPR_CPU_KERNEL(moe_grouped_ffn);      // moe.c: moe_experts' per-expert math on dispatched rows
 TPR_CPU_KERNEL(moe_capacity);         // moe_dispatch.c: drop past capacity, seeded reroute
 TPR_CPU_KERNEL(row_slice);            // moe_dispatch.c: any dtype
@@ -81,7 +81,7 @@ TPR_CPU_KERNEL(moe_aux_loss_bwd);   // moe_aux.c
 
 // -- paged attention
 TPR_CPU_KERNEL(paged_cache_write);  // paged_attention.c: writes its input 0 (the pool) in place
-TPR_CPU_KERNEL(paged_attention);    // paged_attention.c: per-run gather, then attention.c's block algorithm
+TPR_CPU_KERNEL(paged_attention);    // paged_attention.c: K/V read in place, attention_flash.c's tiles
 
 
 #endif

@@ -10,8 +10,9 @@
 # checkpoints are), then measures prefill and decode tokens/s of
 #   (a) transformers' MiniMaxM2ForCausalLM, float32, torch.set_num_threads(threads),
 #       greedy generate (scripts/bench/vs_transformers.py torch),
-#   (b) tpr bench model --model DIR with TPR_NUM_THREADS=threads,
-#   (c) tpr bench model under mpirun -np 2 (tp 2), one thread per rank
+#   (b) tpr bench model --model DIR with TPR_NUM_THREADS=threads, weights
+#       held in bf16 (as the checkpoint has them) and widened to f32,
+#   (c) the same under mpirun -np 2 (tp 2), one thread per rank
 #       (skipped by --no-tp2),
 # best of --runs each, and prints a table with tpr / transformers ratios
 # (--json: one object). transformers runs in scripts/reference/.venv (made by
@@ -86,14 +87,14 @@ fi
 grep '^{' "$work/hf.out" | tail -1 >> "$results"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# $1 label, $2 ranks, $3 threads per rank: the best of $runs bench runs.
+# $1 label, $2 ranks, $3 threads per rank, $4 --weight-dtype: the best of $runs bench runs.
 run_tpr() {
   local launch=() best="" i
   [ "$2" -gt 1 ] && launch=(mpirun -np "$2" --oversubscribe -x TPR_NUM_THREADS)
   for i in $(seq "$runs"); do
     log "  $1: ${launch[*]:+${launch[*]} }tpr bench model (TPR_NUM_THREADS=$3), run $i"
     if ! TPR_NUM_THREADS=$3 "${launch[@]}" build/bin/tpr bench model --model "$ckpt" --prompt-len "$prompt" \
-        --gen-len "$gen" --json > "$work/tpr.out" 2> "$work/tpr.err"; then
+        --gen-len "$gen" --weight-dtype "$4" --json > "$work/tpr.out" 2> "$work/tpr.err"; then
       echo "vs_transformers.sh: tpr bench model ($1) failed:" >&2; tail -20 "$work/tpr.err" >&2; exit 1
     fi
     grep '^{' "$work/tpr.out" | tail -1 >> "$work/tpr.runs"
@@ -110,7 +111,13 @@ print(json.dumps({"engine": "tpr", "label": label, "ranks": ranks, "threads_per_
 EOF
   rm -f "$work/tpr.runs"
 }
-run_tpr "tpr tp 1 ($threads thr)" 1 "$threads"
-[ "$tp2" = 1 ] && run_tpr "tpr tp 2 (mpirun -np 2, 1 thr each)" 2 1
+# bf16 weights as the checkpoint holds them (auto), and widened to f32 (the
+# same values transformers multiplies).
+run_tpr "tpr tp 1 ($threads thr), bf16 weights" 1 "$threads" bf16
+run_tpr "tpr tp 1 ($threads thr), f32 weights" 1 "$threads" f32
+if [ "$tp2" = 1 ]; then
+  run_tpr "tpr tp 2 (mpirun -np 2, 1 thr each), bf16" 2 1 bf16
+  run_tpr "tpr tp 2 (mpirun -np 2, 1 thr each), f32" 2 1 f32
+fi
 
 python3 scripts/bench/vs_transformers.py report --results "$results" $([ "$json" = 1 ] && echo --json)
