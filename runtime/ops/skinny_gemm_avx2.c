@@ -133,8 +133,42 @@ static const tile_fn tiles[3][2][MRMAX] = {
     {ROW_MR(DT_FP8, 4), ROW_MR(DT_FP8, 1)},
 };
 
+// One activation row against weight row n (f32 or bf16), four accumulators,
+// one weight row at a time: the single-row path of skinny_gemm_avx512.c
+// (short decode rows stream faster in address order than as a 4-row tile).
+AI void row_dot1(const tpr__sg_args *p, int64_t n, const int dt) {
+  const int64_t K = p->K, esz = dt == DT_F32 ? 4 : 2;
+  const char *wr = (const char *)p->w->data + n * p->w->ld * esz;
+  const float *x = p->a;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 s = _mm256_setzero_ps();
+  __m128i nan;
+  int64_t k = 0;
+  for (; k + 4 * VL <= K; k += 4 * VL)
+    for (int u = 0; u < 4; u++)
+      acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + u * VL), load_w(dt, wr + (k + u * VL) * esz, VL, s, &nan),
+                               acc[u]);
+  for (; k + VL <= K; k += VL)
+    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_w(dt, wr + k * esz, VL, s, &nan), acc[0]);
+  if (k < K)
+    acc[1] = _mm256_fmadd_ps(_mm256_maskload_ps(x + k, lanes(K - k)), load_w(dt, wr + k * esz, K - k, s, &nan),
+                             acc[1]);
+  p->out[n] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+static void rows_dot1_f32(const tpr__sg_args *p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_F32);
+}
+static void rows_dot1_bf16(const tpr__sg_args *p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_BF16);
+}
+
 void tpr__sg_rows_avx2(const tpr__sg_args *p, int64_t n0, int64_t n1) {
   int dt = p->w->dtype == TPR_F32 ? DT_F32 : p->w->dtype == TPR_BF16 ? DT_BF16 : DT_FP8;
+  if (p->M == 1 && dt != DT_FP8) {
+    (dt == DT_F32 ? rows_dot1_f32 : rows_dot1_bf16)(p, n0, n1);
+    return;
+  }
   for (int64_t n = n0; n < n1;) {
     int rr = n1 - n >= RR_MAX ? RR_MAX : 1;
     unsigned bad = 0;

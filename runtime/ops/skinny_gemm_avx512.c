@@ -126,8 +126,46 @@ static const tile_fn tiles[3][2][MRMAX] = {
     {ROW_MR(DT_FP8, 4), ROW_MR(DT_FP8, 1)},
 };
 
+// One activation row against weight row n (f32 or bf16): four accumulators
+// over the row so the FMA chain does not bound it, one row at a time so the
+// weights stream in address order. Decode's matmuls have short rows (K of
+// about a thousand): there, four interleaved row streams (the 4 x MR tile)
+// stay below the bandwidth one sequential stream reaches.
+AI void row_dot1(const tpr__sg_args *p, int64_t n, const int dt) {
+  const int64_t K = p->K, esz = dt == DT_F32 ? 4 : 2;
+  const char *wr = (const char *)p->w->data + n * p->w->ld * esz;
+  const float *x = p->a;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 s = _mm512_setzero_ps();
+  __m128i nan;
+  int64_t k = 0;
+  for (; k + 4 * VL <= K; k += 4 * VL)
+    for (int u = 0; u < 4; u++)
+      acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + u * VL), load_w(dt, wr + (k + u * VL) * esz, 0, 1, s, &nan),
+                               acc[u]);
+  for (; k + VL <= K; k += VL)
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load_w(dt, wr + k * esz, 0, 1, s, &nan), acc[0]);
+  if (k < K) {
+    __mmask16 km = (__mmask16)((1u << (K - k)) - 1);
+    acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(km, x + k), load_w(dt, wr + k * esz, km, 0, s, &nan), acc[1]);
+  }
+  __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  p->out[n] = _mm512_reduce_add_ps(t);
+}
+
+static void rows_dot1_f32(const tpr__sg_args *p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_F32);
+}
+static void rows_dot1_bf16(const tpr__sg_args *p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_BF16);
+}
+
 void tpr__sg_rows_avx512(const tpr__sg_args *p, int64_t n0, int64_t n1) {
   int dt = p->w->dtype == TPR_F32 ? DT_F32 : p->w->dtype == TPR_BF16 ? DT_BF16 : DT_FP8;
+  if (p->M == 1 && dt != DT_FP8) {
+    (dt == DT_F32 ? rows_dot1_f32 : rows_dot1_bf16)(p, n0, n1);
+    return;
+  }
   for (int64_t n = n0; n < n1;) {
     int rr = n1 - n >= 4 ? 4 : 1;
     unsigned bad = 0;
