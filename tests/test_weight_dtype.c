@@ -79,6 +79,44 @@ static void test_rounding_is_caught(void **state) {
   assert_true(rel > 1e-5);
 }
 
+// The logits at 1 and 2 threads, bitwise: every kernel a decode or a short
+// prefill runs reduces each output in one thread in a fixed order (skinny
+// GEMM, attention tiles, the row-split kernels); the 40-token prompt adds
+// OpenBLAS sgemm (f32 weights above 16 rows), whose split over threads
+// never cuts the inner dimension either. Negative control: a different
+// prompt's logits differ.
+static void test_thread_invariance(void **state) {
+  const char *dts[2] = {"bf16", "f32"}, *toks[2] = {tokens_long, tokens_short};
+  for (int d = 0; d < 2; d++)
+    for (int t = 0; t < 2; t++) {
+      const char *one = tt_path(tmp_dir, "t1.safetensors"), *two = tt_path(tmp_dir, "t2.safetensors");
+      const char *args1[] = {"TPR_NUM_THREADS=1", tpr_path, "forward", "--model", ck_bf16, "--weight-dtype", dts[d],
+                             "--tokens", toks[t], "--out", one, NULL};
+      const char *args2[] = {"TPR_NUM_THREADS=2", tpr_path, "forward", "--model", ck_bf16, "--weight-dtype", dts[d],
+                             "--tokens", toks[t], "--out", two, NULL};
+      run_result r = tt_run("/usr/bin/env", tmp_dir, args1, &(tt_run_opts){.timeout_s = 120});
+      assert_int_equal(r.code, 0);
+      tt_run_done(&r);
+      r = tt_run("/usr/bin/env", tmp_dir, args2, &(tt_run_opts){.timeout_s = 120});
+      assert_int_equal(r.code, 0);
+      tt_run_done(&r);
+      double rel = rel_diff(one, two);
+      printf("%s weights, %s prompt: logits at 1 vs 2 threads: rel diff %.3g\n", dts[d], t ? "5-token" : "40-token",
+             rel);
+      assert_true(rel == 0);
+    }
+  const char *other = tt_path(tmp_dir, "other.safetensors"), *one = tt_path(tmp_dir, "t1.safetensors");
+  forward(0, ck_bf16, "f32", tokens_long, other, "f32");
+  const char *args[] = {"TPR_NUM_THREADS=1", tpr_path, "forward", "--model", ck_f32, "--weight-dtype", "f32",
+                        "--tokens", tokens_long, "--out", one, NULL};
+  run_result r = tt_run("/usr/bin/env", tmp_dir, args, &(tt_run_opts){.timeout_s = 120});
+  assert_int_equal(r.code, 0);
+  tt_run_done(&r);
+  double rel = rel_diff(one, other);
+  printf("negative control: f32 vs bf16-rounded checkpoint at 1 thread: rel diff %.3g (must not be 0)\n", rel);
+  assert_true(rel > 0);
+}
+
 static void test_bad_flag(void **state) {
   run_result r = RUN(0, "forward", "--model", ck_bf16, "--weight-dtype", "fp4", "--tokens", "1,2", "--out",
                      tt_path(tmp_dir, "x.safetensors"));
@@ -106,6 +144,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bf16_equals_widened),
       cmocka_unit_test(test_rounding_is_caught),
+      cmocka_unit_test(test_thread_invariance),
       cmocka_unit_test(test_bad_flag),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
