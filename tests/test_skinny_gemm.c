@@ -41,7 +41,13 @@ static void wbuf_make(wbuf *b, tpr_dtype dt, int64_t N, int64_t K, int64_t ld, i
   }
   b->v = (tpr_weight_view){.data = b->data, .dtype = dt, .ld = ld};
   if (dt == TPR_F8E4M3) {
-    int64_t sld = (K + k_phase + 127) / 128 + tt_randint(0, 2);
+    // Scale blocks of 128 columns as checkpoints have them, or the finer
+    // per-rank blocks the loader keeps for a shard that starts mid-block.
+    static const int blocks[3] = {128, 64, 32};
+    int B = blocks[tt_randint(0, 2)];
+    k_phase %= B;
+    b->v.block = B == 128 ? 0 : B;
+    int64_t sld = (K + k_phase + B - 1) / B + tt_randint(0, 2);
     b->scale = malloc((size_t)(N * sld) * sizeof(float));
     for (int64_t i = 0; i < N * sld; i++)
       b->scale[i] = (float)(ldexp(tt_uniform(0.5, 1.0), (int)tt_randint(-12, 2)) * (tt_randint(0, 3) ? 1 : -1));
@@ -63,7 +69,7 @@ static double ref_w(const tpr_weight_view *v, int64_t n, int64_t k, int wrong) {
   size_t i = (size_t)(n * v->ld + k);
   if (v->dtype == TPR_F32) return ((const float *)v->data)[i];
   if (v->dtype == TPR_BF16) return tpr_bf16_to_f32(((const uint16_t *)v->data)[i]);
-  int64_t blk = (k + (wrong == 1 ? 0 : v->k_phase)) / 128;
+  int64_t blk = (k + (wrong == 1 ? 0 : v->k_phase)) / tpr__fp8_block(v);
   return (double)tpr_f8e4m3_to_f32(((const uint8_t *)v->data)[i]) * (double)v->scale[n * v->scale_ld + blk];
 }
 
@@ -197,7 +203,7 @@ static void test_dequant_rows_exact(void **state) {
         else if (dtypes[d] == TPR_BF16) want = tpr_bf16_to_f32(((uint16_t *)wb.data)[i]);
         else
           want = tpr_f8e4m3_to_f32(((uint8_t *)wb.data)[i]) *
-                 wb.scale[n * wb.v.scale_ld + (k + wb.v.k_phase) / 128];
+                 wb.scale[n * wb.v.scale_ld + (k + wb.v.k_phase) / tpr__fp8_block(&wb.v)];
         if (memcmp(&want, &dst[(n - n0) * K + k], 4) != 0) bad++;
       }
     printf("dequant %-6s rows [%lld, %lld) K=%lld: %lld of %lld values differ from the scalar conversion\n",

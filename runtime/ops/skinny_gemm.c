@@ -28,9 +28,12 @@ static tpr_status check_view(const char *fn, const tpr_weight_view *w, int64_t N
   if (w->ld < K) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: weight ld %lld < K %lld", fn, (long long)w->ld, (long long)K);
   if (N > 0 && K > 0 && !w->data) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: weight data is NULL", fn);
   if (w->dtype == TPR_F8E4M3) {
-    if (w->k_phase < 0 || w->k_phase >= TPR_FP8_BLOCK)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: k_phase %d outside [0, %d)", fn, w->k_phase, TPR_FP8_BLOCK);
-    int64_t blocks = (K + w->k_phase + TPR_FP8_BLOCK - 1) / TPR_FP8_BLOCK;
+    const int64_t B = tpr__fp8_block(w);
+    if (w->block < 0 || w->block > TPR_FP8_BLOCK)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: scale block %d outside [1, %d]", fn, w->block, TPR_FP8_BLOCK);
+    if (w->k_phase < 0 || w->k_phase >= B)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: k_phase %d outside [0, %lld)", fn, w->k_phase, (long long)B);
+    int64_t blocks = (K + w->k_phase + B - 1) / B;
     if (w->scale_ld < blocks)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: scale_ld %lld < %lld blocks of K=%lld at k_phase %d", fn,
                       (long long)w->scale_ld, (long long)blocks, (long long)K, w->k_phase);
@@ -65,7 +68,7 @@ static void dequant_seg(const tpr_weight_view *w, int64_t n, int64_t k0, int64_t
       const uint8_t *src = (const uint8_t *)w->data + n * w->ld + k0;
       const float *tab = tpr__fp8_table();
       const float *srow = w->scale + n * w->scale_ld;
-      for (int64_t j = 0; j < len; j++) dst[j] = tab[src[j]] * srow[(k0 + j + w->k_phase) / TPR_FP8_BLOCK];
+      for (int64_t j = 0; j < len; j++) dst[j] = tab[src[j]] * srow[(k0 + j + w->k_phase) / tpr__fp8_block(w)];
       break;
     }
     default: break;
@@ -75,7 +78,7 @@ static void dequant_seg(const tpr_weight_view *w, int64_t n, int64_t k0, int64_t
 // End of the segment that starts at column k0: the next FP8 block boundary.
 static int64_t seg_end(const tpr_weight_view *w, int64_t k0, int64_t K) {
   int64_t e = k0 + P_SEG;
-  if (w->dtype == TPR_F8E4M3) e = k0 + P_SEG - (k0 + w->k_phase) % TPR_FP8_BLOCK;
+  if (w->dtype == TPR_F8E4M3) e = k0 + tpr__fp8_block(w) - (k0 + w->k_phase) % tpr__fp8_block(w);
   return e < K ? e : K;
 }
 

@@ -18,11 +18,14 @@ typedef struct tpr_weight_view {  // W (N, K) row-major, row stride ld elements
   int64_t ld;                     // >= K
   const float *scale;             // FP8 only: (N, scale_ld) f32, the multiplier of each row's 128-column block; NULL otherwise
   int64_t scale_ld;               // >= ceil((K + k_phase) / 128)
-  int k_phase;                    // FP8: local column j lies in block (j + k_phase) / 128 (a shard that starts mid-block)
+  int k_phase;                    // FP8: local column j lies in block (j + k_phase) / block (a shard that starts mid-block)
+  int block;                      // FP8: columns per scale block; 0 means TPR_FP8_BLOCK (128). A shard's scales
+                                  // may be kept per row at a finer block that divides every rank's first column.
 } tpr_weight_view;
 
 // FP8 block width of the scales (DeepSeek/MiniMax "weight_block_size" 128).
 #define TPR_FP8_BLOCK 128
+static inline int64_t tpr__fp8_block(const tpr_weight_view *w) { return w->block > 0 ? w->block : TPR_FP8_BLOCK; }
 
 // out (M, N), row stride ldo = a (M, K) (row stride lda) @ W^T, any M >= 0
 // (fast for M <= 16). The dequantised weight is fp8(w[n,k]) * scale[n, (k +

@@ -84,8 +84,9 @@ AI unsigned tile(const tpr__sg_args *p, int64_t n, int64_t m0, const int RR, con
     __m256 s[RR_MAX];
     for (int r = 0; r < RR; r++) s[r] = _mm256_setzero_ps();
     if (dt == DT_FP8) {
-      int64_t blk = (k0 + w->k_phase) / TPR_FP8_BLOCK;
-      k1 = blk * TPR_FP8_BLOCK + TPR_FP8_BLOCK - w->k_phase;
+      const int64_t B = tpr__fp8_block(w);
+      int64_t blk = (k0 + w->k_phase) / B;
+      k1 = blk * B + B - w->k_phase;
       if (k1 > K) k1 = K;
       for (int r = 0; r < RR; r++) {
         float sc = srow[r][blk];
