@@ -47,6 +47,10 @@ typedef struct tpr_step_build_opts {
   // (engine/weight_dtype.h); NULL: all f32. A bf16 embedding table's rows are
   // widened to f32 as they are read.
   const tpr_dtype *kind_dtype;
+  // (plan->n_tensors) FP8 kinds: the scale block; their params come with a
+  // "<name>.scale" (R, ceil(C / block)) f32 param (experts: "...w13.scale",
+  // "...w2.scale"). NULL: none.
+  const int *kind_block;
 } tpr_step_build_opts;
 
 typedef struct tpr_family {

@@ -26,6 +26,35 @@ const char *tpr_session_model_dir(const tpr_session *s) { return s->o.model_dir;
 int64_t tpr_session_max_seq(const tpr_session *s) { return s->o.max_seq; }
 tpr_session_pool tpr_session_pool_info(const tpr_session *s) { return s->pool; }
 
+// FP8 experts: their scales stacked like the weights, s13 (E_r, 2F_r,
+// ceil(H / block)) = [s1; s3], s2 (E_r, H, ceil(F_r / block)).
+static tpr_status stack_expert_scales(tpr_session *s, int64_t L, int k1, int k3, int k2) {
+  const int64_t Er = s->plan.experts_per_rank, Fr = s->plan.expert_inter_per_rank, H = s->cfg.hidden_size;
+  const int block = s->kind_block[k1];
+  const int64_t n13 = (H + block - 1) / block, n2 = (Fr + block - 1) / block;
+  const size_t b1 = (size_t)(Fr * n13) * sizeof(float), b2 = (size_t)(H * n2) * sizeof(float);
+  tpr_tensor **sc = s->experts + 2 * s->cfg.num_layers + 2 * L;
+  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, 2 * Fr, n13}, &sc[0]));
+  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, H, n2}, &sc[1]));
+  char *h13 = malloc((size_t)Er * 2 * b1 + 1), *h2 = malloc((size_t)Er * b2 + 1);
+  tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "session: expert scale staging");
+  const tpr_load_item *base = tpr_loader_item(s->loader, 0);
+  for (int64_t e = 0; rc == TPR_OK && e < Er; e++) {
+    const tpr_load_item *it1, *it3, *it2;
+    rc = tpr_loader_find(s->loader, k1, L, e, &it1);
+    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k3, L, e, &it3);
+    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k2, L, e, &it2);
+    if (rc != TPR_OK) break;
+    memcpy(h13 + (size_t)e * 2 * b1, s->weights.scales[it1 - base], b1);
+    memcpy(h13 + (size_t)e * 2 * b1 + b1, s->weights.scales[it3 - base], b1);
+    memcpy(h2 + (size_t)e * b2, s->weights.scales[it2 - base], b2);
+  }
+  if (rc == TPR_OK) rc = tpr_tensor_from_host(sc[0], h13, (size_t)Er * 2 * b1);
+  if (rc == TPR_OK) rc = tpr_tensor_from_host(sc[1], h2, (size_t)Er * b2);
+  free(h13), free(h2);
+  return rc;
+}
+
 // Stacks a layer's local experts: w13 (E_r, 2F_r, H) = [w1; w3], w2 (E_r, H, F_r),
 // built in host memory and copied to the backend.
 static tpr_status stack_experts(tpr_session *s, int64_t L) {
@@ -60,6 +89,7 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
   if (rc == TPR_OK) rc = tpr_tensor_from_host(*w13, h13, (size_t)Er * 2 * blk);
   if (rc == TPR_OK) rc = tpr_tensor_from_host(*w2, h2, (size_t)Er * blk);
   free(h13), free(h2);
+  if (rc == TPR_OK && s->kind_block[k1] > 0) rc = stack_expert_scales(s, L, k1, k3, k2);
   return rc;
 }
 
@@ -72,29 +102,52 @@ static tpr_status weight_tensor(tpr_session *s, const tpr_shard_tensor *t, tpr_d
   return tpr_tensor_from_host(*out, host, tpr_tensor_nbytes(*out));
 }
 
+// The FP8 scale block each plan kind can be held at, agreed over the ranks
+// (the smallest; collective: every rank reaches it once the open agreed).
+static tpr_status agree_fp8_blocks(tpr_session *s) {
+  int n = s->plan.n_tensors;
+  int64_t *b = malloc((size_t)(n + 1) * sizeof *b);
+  if (!b) return TPR_FAIL(TPR_ERR_OOM, "session: FP8 blocks");
+  for (int k = 0; k < n; k++) b[k] = tpr_loader_fp8_block(s->loader, k);
+  tpr_status rc = tpr_comm_all_reduce(s->world, b, b, (size_t)n, TPR_I64, TPR_MIN);
+  for (int k = 0; rc == TPR_OK && k < n; k++) s->kind_block[k] = (int)b[k];
+  free(b);
+  return rc;
+}
+
+// The scales of FP8 weights, as tensors: item i's (R, ceil(C / block)).
+static tpr_status scale_tensor(tpr_session *s, const tpr_shard_tensor *t, int64_t i, tpr_tensor **out) {
+  int block = s->weights.block[i];
+  const int64_t shape[2] = {t->rank_shape[0], (t->rank_shape[1] + block - 1) / block};
+  if (s->be->vt->host_addressable) return tpr_tensor_wrap(s->be, TPR_F32, 2, shape, s->weights.scales[i], out);
+  TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 2, shape, out));
+  return tpr_tensor_from_host(*out, s->weights.scales[i], tpr_tensor_nbytes(*out));
+}
+
 static tpr_status load_weights(tpr_session *s) {
-  TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
-  s->kind_dtype = malloc((size_t)s->plan.n_tensors * sizeof *s->kind_dtype);
-  if (!s->kind_dtype) return TPR_FAIL(TPR_ERR_OOM, "session: weight dtypes");
   const char *const expert_kinds[3] = {s->family->expert_gate, s->family->expert_up, s->family->expert_down};
   TPR_CHECK(tpr_weight_dtypes(s->loader, &s->plan, s->o.training ? TPR_F32 : s->o.weight_dtype,
-                              s->be->vt->host_addressable, expert_kinds, s->kind_dtype));
-  TPR_CHECK(tpr_loader_load_all_as(s->loader, TPR_F32, s->kind_dtype, &s->weights));
+                              s->be->vt->host_addressable, expert_kinds, s->kind_dtype, s->kind_block));
+  TPR_CHECK(tpr_loader_load_all_as(s->loader, TPR_F32, s->kind_dtype, s->kind_block, &s->weights));
   s->stats.weight_bytes = s->weights.bytes_held;
   s->stats.matrix_dtype = TPR_F32;
   for (int k = 0; k < s->plan.n_tensors; k++)
-    if (s->kind_dtype[k] == TPR_BF16) s->stats.matrix_dtype = TPR_BF16;
+    if (s->kind_dtype[k] == TPR_F8E4M3 || (s->kind_dtype[k] == TPR_BF16 && s->stats.matrix_dtype == TPR_F32))
+      s->stats.matrix_dtype = s->kind_dtype[k];
   s->stats.bytes_read = s->weights.bytes_read;
   int64_t n = s->weights.n, layers = s->cfg.num_layers;
   s->item_tensors = calloc((size_t)n, sizeof *s->item_tensors);
-  s->experts = calloc((size_t)(2 * layers), sizeof *s->experts);
+  s->item_scales = calloc((size_t)n, sizeof *s->item_scales);
+  s->experts = calloc((size_t)(4 * layers), sizeof *s->experts);  // w13, w2, then their FP8 scales
   s->pools = calloc((size_t)(2 * layers), sizeof *s->pools);
-  if (!s->item_tensors || !s->experts || !s->pools) return TPR_FAIL(TPR_ERR_OOM, "session: weight handles");
+  if (!s->item_tensors || !s->item_scales || !s->experts || !s->pools)
+    return TPR_FAIL(TPR_ERR_OOM, "session: weight handles");
   for (int64_t i = 0; i < n; i++) {
     const tpr_load_item *it = &s->weights.items[i];
     if (it->local_expert >= 0) continue;  // stacked per layer below
     const tpr_shard_tensor *t = &s->plan.tensors[it->kind];
     TPR_CHECK(weight_tensor(s, t, s->weights.dtype[i], tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
+    if (s->weights.scales[i]) TPR_CHECK(scale_tensor(s, t, i, &s->item_scales[i]));
   }
   for (int64_t L = 0; L < layers; L++) TPR_CHECK(stack_experts(s, L));
   return TPR_OK;
@@ -137,14 +190,23 @@ static tpr_status alloc_pool(tpr_session *s) {
 
 tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
   char name[160];
-  for (int64_t i = 0; i < s->weights.n; i++)
+  for (int64_t i = 0; i < s->weights.n; i++) {
     if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
+    if (!s->item_scales || !s->item_scales[i]) continue;
+    snprintf(name, sizeof name, "%s.scale", s->weights.items[i].name);
+    TPR_CHECK(tpr_exec_bind(e, name, s->item_scales[i]));
+  }
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
     // FSDP training frees the full experts and binds their shards itself.
     tpr_family_expert_name(L, "w13", name, sizeof name);
     if (s->experts[2 * L]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
     tpr_family_expert_name(L, "w2", name, sizeof name);
     if (s->experts[2 * L + 1]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
+    tpr_tensor **sc = s->experts + 2 * s->cfg.num_layers + 2 * L;  // FP8: the stacked scales
+    tpr_family_expert_name(L, "w13.scale", name, sizeof name);
+    if (sc[0]) TPR_CHECK(tpr_exec_bind(e, name, sc[0]));
+    tpr_family_expert_name(L, "w2.scale", name, sizeof name);
+    if (sc[1]) TPR_CHECK(tpr_exec_bind(e, name, sc[1]));
     if (s->o.training) continue;  // training programs hold no KV pool
     tpr_family_pool_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));
@@ -225,7 +287,8 @@ static tpr_status program_for(tpr_session *s, int64_t T, int64_t N, step_program
                             .moe = s->o.moe,
                             .moe_stats = s->o.moe_stats,
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
-                            .kind_dtype = s->kind_dtype};
+                            .kind_dtype = s->kind_dtype,
+                            .kind_block = s->kind_block};
   tpr_status rc = tpr__session_make_program(s, build_step, &bo, &m->program);
   if (m->program) s->n_programs++;  // owned from here: close frees it
   TPR_CHECK(rc);
@@ -277,7 +340,10 @@ static tpr_status open_session(tpr_session *s) {
   if (o->moe_stats)
     TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
   TPR_CHECK(tpr_family_find(s->cfg.family, &s->family));
-  TPR_CHECK(load_weights(s));
+  TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
+  s->kind_dtype = malloc((size_t)s->plan.n_tensors * sizeof *s->kind_dtype);
+  s->kind_block = calloc((size_t)s->plan.n_tensors, sizeof *s->kind_block);
+  if (!s->kind_dtype || !s->kind_block) return TPR_FAIL(TPR_ERR_OOM, "session: weight dtypes");
   if (o->training) return TPR_OK;
   s->pool.batch = o->max_batch > 0 ? o->max_batch : 1;
   s->pool.block_size = o->block_size > 0 ? o->block_size : 16;
@@ -304,6 +370,8 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
   s->world = world;
   step_program *decode;
   tpr_status rc = tpr_comm_agree(world, open_session(s));
+  if (rc == TPR_OK) rc = tpr_comm_agree(world, agree_fp8_blocks(s));  // collective inside
+  if (rc == TPR_OK) rc = tpr_comm_agree(world, load_weights(s));
   if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, alloc_pool(s));  // collective inside
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
@@ -323,11 +391,12 @@ void tpr_session_close(tpr_session *s) {
   for (int i = 0; i < s->n_programs; i++) free_program(&s->programs[i]);
   int64_t layers = s->cfg.num_layers;
   for (int64_t i = 0; s->item_tensors && i < s->weights.n; i++) tpr_tensor_free(s->item_tensors[i]);
+  for (int64_t i = 0; s->item_scales && i < s->weights.n; i++) tpr_tensor_free(s->item_scales[i]);
   for (int64_t i = 0; i < 2 * layers; i++) {
-    if (s->experts) tpr_tensor_free(s->experts[i]);
+    if (s->experts) tpr_tensor_free(s->experts[i]), tpr_tensor_free(s->experts[2 * layers + i]);
     if (s->pools) tpr_tensor_free(s->pools[i]);
   }
-  free(s->item_tensors), free(s->kind_dtype), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
+  free(s->item_tensors), free(s->item_scales), free(s->kind_dtype), free(s->kind_block), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
   tpr_moe_stats_free(&s->moe_stats);
   tpr_tensor_free(s->rank);
   tpr_rank_weights_free(&s->weights);

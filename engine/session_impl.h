@@ -27,8 +27,10 @@ struct tpr_session {
   tpr_loader *loader;
   tpr_rank_weights weights;
   tpr_dtype *kind_dtype;               // (plan.n_tensors) the dtype each plan kind is held in (weight_dtype.h)
+  int *kind_block;                     // (plan.n_tensors) FP8 kinds: their scale block; 0 otherwise
   tpr_tensor **item_tensors;           // (weights.n) wrapped slices; NULL for expert items
-  tpr_tensor **experts;                // (2 * layers) stacked w13, w2 per layer
+  tpr_tensor **item_scales;            // (weights.n) FP8 items' scales (R, ceil(C / block)); NULL otherwise
+  tpr_tensor **experts;                // (4 * layers) stacked w13, w2 per layer, then FP8 scales s13, s2 per layer
   const tpr_family *family;
   tpr_session_pool pool;
   tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D)

@@ -2,6 +2,7 @@
 // measure `tpr load` and `tpr convert` without downloading a model.
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "launch/args.h"
 #include "launch/cli_util.h"
@@ -16,7 +17,9 @@ int tpr_cmd_make_checkpoint(int argc, char **argv) {
       {"config", TPR_ARG_STR, &config, "model config.json (required)"},
       {"out", TPR_ARG_STR, &out, "output directory, created if missing (required)"},
       {"seed", TPR_ARG_INT, &seed, "random seed (default 1)"},
-      {"dtype", TPR_ARG_STR, &dtype_name, "weight dtype: bf16, f16 or f32 (default bf16)"},
+      {"dtype", TPR_ARG_STR, &dtype_name,
+       "weight dtype: bf16, f16, f32, or fp8 (projections and experts FP8-E4M3 in 128x128 blocks with "
+       "weight_scale_inv, the rest bf16; default bf16)"},
       {"files", TPR_ARG_INT, &files, "number of .safetensors files (default 4)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object"},
   };
@@ -28,7 +31,8 @@ int tpr_cmd_make_checkpoint(int argc, char **argv) {
     fprintf(stderr, "tpr make-checkpoint: --config and --out are required\n%s\n", usage);
     return 2;
   }
-  if (!tpr_cli_load_dtype("make-checkpoint", dtype_name, &dt)) return 2;
+  if (!strcmp(dtype_name, "fp8")) dt = TPR_F8E4M3;
+  else if (!tpr_cli_load_dtype("make-checkpoint", dtype_name, &dt)) return 2;
   if (dt == TPR_LOAD_SOURCE_DTYPE) {
     fprintf(stderr, "tpr make-checkpoint: --dtype source means nothing here: there is no source\n");
     return 2;

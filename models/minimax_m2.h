@@ -60,6 +60,7 @@ typedef struct tpr_m2_build_opts {
   tpr_fsdp_opts fsdp;
   // Inference: the dtype of each plan kind's param (tpr_step_build_opts).
   const tpr_dtype *kind_dtype;
+  const int *kind_block;  // FP8 kinds' scale blocks (tpr_step_build_opts)
 } tpr_m2_build_opts;
 
 // Inference (engine/family.h's step interface) or, with o->training, the

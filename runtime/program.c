@@ -162,6 +162,11 @@ tpr_status tpr_pb_matmul(tpr_program *p, tpr_value_id a, tpr_value_id b, bool tr
   tpr_op_attrs at = {.n_i = 2, .i = {trans_a, trans_b}};
   return OP2(TPR_OP_MATMUL, a, b, &at);
 }
+tpr_status tpr_pb_matmul_fp8(tpr_program *p, tpr_value_id a, tpr_value_id w, tpr_value_id scale, int block,
+                             tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 3, .i = {0, 1, block}};
+  return tpr_program_op(p, TPR_OP_MATMUL, (const tpr_value_id[]){a, w, scale}, 3, &at, out);
+}
 tpr_status tpr_pb_add(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out) {
   return OP2(TPR_OP_ADD, a, b, NULL);
 }
@@ -301,6 +306,20 @@ tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_v
 tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
                               tpr_value_id *out) {
   return OP4(TPR_OP_MOE_EXPERTS, x, gates, w13, w2, NULL);
+}
+// The FP8 forms of the expert ops: scales (s13, s2) after the weights.
+static tpr_status expert_op_fp8(tpr_program *p, tpr_op_kind op, tpr_value_id x, tpr_value_id g_or_counts,
+                                const tpr_fp8_experts *f, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {f->block}};
+  return tpr_program_op(p, op, (const tpr_value_id[]){x, g_or_counts, f->w13, f->w2, f->s13, f->s2}, 6, &at, out);
+}
+tpr_status tpr_pb_moe_experts_fp8(tpr_program *p, tpr_value_id x, tpr_value_id gates, const tpr_fp8_experts *f,
+                                  tpr_value_id *out) {
+  return expert_op_fp8(p, TPR_OP_MOE_EXPERTS, x, gates, f, out);
+}
+tpr_status tpr_pb_moe_grouped_ffn_fp8(tpr_program *p, tpr_value_id x, tpr_value_id counts, const tpr_fp8_experts *f,
+                                      tpr_value_id *out) {
+  return expert_op_fp8(p, TPR_OP_MOE_GROUPED_FFN, x, counts, f, out);
 }
 
 // Expert parallelism.

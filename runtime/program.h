@@ -54,6 +54,10 @@ tpr_status tpr_program_value(const tpr_program *p, tpr_value_id v, tpr_tensor *d
 // Builder shorthands over tpr_program_op (same shapes as the eager ops).
 tpr_status tpr_pb_matmul(tpr_program *p, tpr_value_id a, tpr_value_id b, bool trans_a, bool trans_b,
                          tpr_value_id *out);
+// matmul's FP8 form: out (..., M, N) = a (..., M, K) @ (w (N, K) f8e4m3 *
+// scale (N, ceil(K/block)) f32)^T, each scale covering `block` columns.
+tpr_status tpr_pb_matmul_fp8(tpr_program *p, tpr_value_id a, tpr_value_id w, tpr_value_id scale, int block,
+                             tpr_value_id *out);
 tpr_status tpr_pb_add(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out);
 tpr_status tpr_pb_mul(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out);
 tpr_status tpr_pb_rms_norm(tpr_program *p, tpr_value_id x, tpr_value_id weight, float eps, tpr_value_id *out);
@@ -107,6 +111,16 @@ tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_v
                                       tpr_value_id *out);
 tpr_status tpr_pb_moe_experts(tpr_program *p, tpr_value_id x, tpr_value_id gates, tpr_value_id w13, tpr_value_id w2,
                               tpr_value_id *out);
+// FP8 experts: w13 (E, 2F, H), w2 (E, H, F) f8e4m3 with per-row scales s13
+// (E, 2F, ceil(H/block)), s2 (E, H, ceil(F/block)) f32.
+typedef struct tpr_fp8_experts {
+  tpr_value_id w13, w2, s13, s2;
+  int block;
+} tpr_fp8_experts;
+tpr_status tpr_pb_moe_experts_fp8(tpr_program *p, tpr_value_id x, tpr_value_id gates, const tpr_fp8_experts *f,
+                                  tpr_value_id *out);
+tpr_status tpr_pb_moe_grouped_ffn_fp8(tpr_program *p, tpr_value_id x, tpr_value_id counts, const tpr_fp8_experts *f,
+                                      tpr_value_id *out);
 // Expert parallelism (ops.h gives shapes and exact semantics).
 tpr_status tpr_pb_moe_capacity(tpr_program *p, tpr_value_id gates, int64_t top_k, float factor, bool reroute,
                                uint64_t seed, tpr_value_id *out);

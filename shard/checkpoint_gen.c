@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,24 @@ static tpr_status fill(const char *name, uint64_t seed, int64_t n, tpr_dtype dt,
   return TPR_OK;
 }
 
+// FP8-E4M3 in 128 x 128 blocks as DeepSeek-V3 and MiniMax-M2 release their
+// weights: each block's multiplier (scale_inv) maps its largest magnitude
+// to 448, E4M3's largest finite value. w (R, C) f32 -> q (R, C) bytes,
+// scale (ceil(R/128), ceil(C/128)) f32.
+static void quantize_fp8(const float *w, int64_t R, int64_t C, uint8_t *q, float *scale) {
+  const int64_t B = TPR_ST_FP8_BLOCK, SC = (C + B - 1) / B;
+  for (int64_t rb = 0; rb * B < R; rb++)
+    for (int64_t cb = 0; cb < SC; cb++) {
+      float amax = 0;
+      for (int64_t r = rb * B; r < R && r < (rb + 1) * B; r++)
+        for (int64_t c = cb * B; c < C && c < (cb + 1) * B; c++) amax = fmaxf(amax, fabsf(w[r * C + c]));
+      float sc = amax > 0 ? amax / 448.0f : 1.0f;
+      scale[rb * SC + cb] = sc;
+      for (int64_t r = rb * B; r < R && r < (rb + 1) * B; r++)
+        for (int64_t c = cb * B; c < C && c < (cb + 1) * B; c++) q[r * C + c] = tpr_f32_to_f8e4m3(w[r * C + c] / sc);
+    }
+}
+
 typedef struct gen {
   const tpr_shard_plan *p;
   tpr_load_item *items;
@@ -49,23 +68,53 @@ typedef struct gen {
 } gen;
 
 // Writes items [from, to) as file `name` in dir.
+// An FP8 item: its bytes into *q, its scale_inv into *scale (both malloc'ed)
+// and the scale's entry into e (name in sname[TPR_LOAD_NAME_MAX + 16]).
+static tpr_status fp8_item(gen *g, const tpr_load_item *it, const tpr_shard_tensor *k, void **q, void **scale,
+                           char *sname, int64_t *sshape) {
+  void *f = NULL;
+  TPR_CHECK(fill(it->name, g->seed, it->numel, TPR_F32, &f));
+  const int64_t R = k->rank_shape[0], C = k->rank_shape[1], B = TPR_ST_FP8_BLOCK;
+  sshape[0] = (R + B - 1) / B, sshape[1] = (C + B - 1) / B;
+  *q = malloc((size_t)(R * C) + 1);
+  *scale = malloc((size_t)(sshape[0] * sshape[1]) * sizeof(float) + 1);
+  tpr_status rc = *q && *scale ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory quantizing %s", it->name);
+  if (rc == TPR_OK) quantize_fp8(f, R, C, *q, *scale);
+  free(f);
+  snprintf(sname, TPR_LOAD_NAME_MAX + 16, "%s_scale_inv", it->name);
+  return rc;
+}
+
 static tpr_status write_file(gen *g, const char *dir, const char *name, int64_t from, int64_t to) {
-  int64_t m = to - from;
-  tpr_st_write_entry *e = calloc((size_t)(m ? m : 1), sizeof *e);
-  void **bufs = calloc((size_t)(m ? m : 1), sizeof *bufs);
+  int64_t m = to - from, ne = 0;
+  // Room for an FP8 item's scale_inv beside each item.
+  tpr_st_write_entry *e = calloc((size_t)(2 * m + 1), sizeof *e);
+  void **bufs = calloc((size_t)(2 * m + 1), sizeof *bufs);
+  char (*snames)[TPR_LOAD_NAME_MAX + 16] = calloc((size_t)(m + 1), sizeof *snames);
+  int64_t (*sshapes)[2] = calloc((size_t)(m + 1), sizeof *sshapes);
   char *path = tpr_path_join(dir, name);
-  tpr_status rc = e && bufs && path ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory");
+  tpr_status rc = e && bufs && snames && sshapes && path ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory");
   for (int64_t i = 0; rc == TPR_OK && i < m; i++) {
     const tpr_load_item *it = &g->items[from + i];
     const tpr_shard_tensor *k = &g->p->tensors[it->kind];
-    rc = fill(it->name, g->seed, it->numel, g->dt[from + i], &bufs[i]);
-    e[i] = (tpr_st_write_entry){it->name, g->dt[from + i], k->ndim, k->rank_shape, bufs[i]};
+    tpr_dtype dt = g->dt[from + i];
+    if (dt == TPR_F8E4M3) {
+      rc = fp8_item(g, it, k, &bufs[ne], &bufs[ne + 1], snames[i], sshapes[i]);
+      e[ne] = (tpr_st_write_entry){it->name, dt, k->ndim, k->rank_shape, bufs[ne]};
+      e[ne + 1] = (tpr_st_write_entry){snames[i], TPR_F32, 2, sshapes[i], bufs[ne + 1]};
+      if (rc == TPR_OK && !cJSON_AddStringToObject(g->weight_map, snames[i], name))
+        rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
+      ne += 2;
+    } else {
+      rc = fill(it->name, g->seed, it->numel, dt, &bufs[ne]);
+      e[ne++] = (tpr_st_write_entry){it->name, dt, k->ndim, k->rank_shape, bufs[ne - 1]};
+    }
     if (rc == TPR_OK && !cJSON_AddStringToObject(g->weight_map, it->name, name))
       rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
   }
-  if (rc == TPR_OK) rc = tpr_st_write(path, e, (int)m, (const char *const[]){"format", "pt", NULL});
-  for (int64_t i = 0; bufs && i < m; i++) free(bufs[i]);
-  free(bufs), free(e), free(path);
+  if (rc == TPR_OK) rc = tpr_st_write(path, e, (int)ne, (const char *const[]){"format", "pt", NULL});
+  for (int64_t i = 0; bufs && i < 2 * m + 1; i++) free(bufs[i]);
+  free(bufs), free(e), free(snames), free(sshapes), free(path);
   return rc;
 }
 
@@ -80,6 +129,14 @@ static tpr_status write_text(const char *dir, const char *name, const char *text
 static tpr_status generate(gen *g, const char *dir, int n_files, const char *cfg, size_t cfg_len) {
   for (int64_t i = 0; i < g->n; i++) {
     g->dt[i] = strstr(g->items[i].name, "e_score_correction_bias") ? TPR_F32 : g->base;
+    // FP8 releases quantize the projections and experts; embeddings, the lm
+    // head, the router and the norms stay bf16.
+    const char *nm = g->items[i].name;
+    if (g->base == TPR_F8E4M3)
+      g->dt[i] = g->p->tensors[g->items[i].kind].ndim == 2 && !strstr(nm, "embed_tokens") && !strstr(nm, "lm_head") &&
+                         !strstr(nm, ".gate.weight")
+                     ? TPR_F8E4M3
+                     : g->dt[i] == TPR_F32 ? TPR_F32 : TPR_BF16;
     g->total += (uint64_t)g->items[i].numel * tpr_dtype_size(g->dt[i]);
   }
   if (n_files > g->n) n_files = (int)g->n;

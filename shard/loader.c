@@ -165,8 +165,31 @@ tpr_status tpr_loader_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt,
   return TPR_OK;
 }
 
+bool tpr_loader_kind_fp8(const tpr_loader *l, int kind) {
+  if (!l || l->converted || kind < 0 || kind >= l->plan->n_tensors) return false;
+  return tpr__hf_kind_fp8(l, kind);
+}
+
+int tpr_loader_fp8_block(const tpr_loader *l, int kind) {
+  if (!l || l->converted || kind < 0 || kind >= l->plan->n_tensors) return 0;
+  return tpr__hf_fp8_block(l, kind);
+}
+
+tpr_status tpr_loader_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, uint8_t *dst, float *scale,
+                               uint64_t *bytes_read) {
+  if (!l || !it || !dst || !scale) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_loader_read_fp8: NULL argument");
+  if (l->converted)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "tpr_loader_read_fp8: a converted directory holds no FP8 (%s)", it->name);
+  int64_t i = item_index(l, it);
+  if (i < 0) return tpr__propagate(TPR_ERR_INVALID_ARG, __FILE__, __LINE__);
+  return tpr__hf_read_fp8(l, &l->items[i], block, dst, scale, bytes_read);
+}
+
 void tpr_rank_weights_free(tpr_rank_weights *w) {
   if (!w) return;
+  for (int64_t i = 0; w->scales && i < w->n; i++) free(w->scales[i]);
+  free(w->scales);
+  free(w->block);
   free(w->items);
   free(w->dtype);
   free(w->offset);
@@ -175,18 +198,21 @@ void tpr_rank_weights_free(tpr_rank_weights *w) {
 }
 
 tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *out) {
-  return tpr_loader_load_all_as(l, dt, NULL, out);
+  return tpr_loader_load_all_as(l, dt, NULL, NULL, out);
 }
 
-tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, tpr_rank_weights *out) {
+tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, const int *kind_block,
+                                  tpr_rank_weights *out) {
   memset(out, 0, sizeof *out);
   int64_t n = l->n;
   tpr_rank_weights w = {.n = n};
   w.items = malloc((size_t)(n ? n : 1) * sizeof *w.items);
   w.dtype = malloc((size_t)(n ? n : 1) * sizeof *w.dtype);
   w.offset = malloc((size_t)(n + 1) * sizeof *w.offset);
+  w.scales = calloc((size_t)(n ? n : 1), sizeof *w.scales);
+  w.block = calloc((size_t)(n ? n : 1), sizeof *w.block);
   tpr_status rc = TPR_OK;
-  if (!w.items || !w.dtype || !w.offset) {
+  if (!w.items || !w.dtype || !w.offset || !w.scales || !w.block) {
     rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
     goto fail;
   }
@@ -209,8 +235,22 @@ tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *
                   (unsigned long long)off);
     goto fail;
   }
-  for (int64_t i = 0; i < n; i++)
-    TPR_CHECK_GOTO(tpr_loader_read(l, &l->items[i], w.dtype[i], w.arena + w.offset[i], &w.bytes_read), rc, fail);
+  for (int64_t i = 0; i < n; i++) {
+    const tpr_load_item *it = &l->items[i];
+    int block = kind_block && w.dtype[i] == TPR_F8E4M3 ? kind_block[it->kind] : 0;
+    if (block <= 0) {
+      TPR_CHECK_GOTO(tpr_loader_read(l, it, w.dtype[i], w.arena + w.offset[i], &w.bytes_read), rc, fail);
+      continue;
+    }
+    const int64_t *rs = l->plan->tensors[it->kind].rank_shape, nsc = rs[0] * ((rs[1] + block - 1) / block);
+    if (!(w.scales[i] = malloc((size_t)(nsc + 1) * sizeof *w.scales[i]))) {
+      rc = TPR_FAIL(TPR_ERR_OOM, "rank %d: scales of %s", l->mesh.world_rank, it->name);
+      goto fail;
+    }
+    w.block[i] = block;
+    w.bytes_held += (uint64_t)nsc * sizeof(float);
+    TPR_CHECK_GOTO(tpr_loader_read_fp8(l, it, block, w.arena + w.offset[i], w.scales[i], &w.bytes_read), rc, fail);
+  }
   *out = w;
   return TPR_OK;
 fail:

@@ -75,6 +75,21 @@ tpr_dtype tpr_loader_item_dtype(const tpr_loader *l, const tpr_load_item *it);
 // of the wrong shape is TPR_ERR_FORMAT naming the tensor and the file.
 tpr_status tpr_loader_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, void *dst, uint64_t *bytes_read);
 
+// FP8 kept as FP8. The scale block (columns per scale) plan kind `kind` can
+// be held at on every rank of the mesh: a divisor of the checkpoint's block
+// width that each rank's runs of source columns start on; 0 when the kind
+// is not block-scaled FP8 in a Hugging Face directory (converted
+// directories hold no FP8), or its runs are too fine (under 16 columns).
+int tpr_loader_fp8_block(const tpr_loader *l, int kind);
+// Whether the checkpoint holds plan kind `kind` as block-scaled FP8
+// (whatever tpr_loader_fp8_block says of keeping it so).
+bool tpr_loader_kind_fp8(const tpr_loader *l, int kind);
+// Item it's raw FP8 bytes, laid out by the plan (rank_shape (R, C)), into
+// dst, and its scales into scale (R, ceil(C / block)) f32: the multiplier of
+// row i's block b (0 for padding). block as tpr_loader_fp8_block gives.
+tpr_status tpr_loader_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, uint8_t *dst, float *scale,
+                               uint64_t *bytes_read);
+
 // Every buffer of the rank, in one allocation.
 typedef struct tpr_rank_weights {
   int64_t n;             // tpr_loader_count
@@ -84,12 +99,17 @@ typedef struct tpr_rank_weights {
   uint8_t *arena;        // (bytes_held)
   uint64_t bytes_held;   // what the rank holds, zero padding included
   uint64_t bytes_read;   // checkpoint bytes read to fill it
+  float **scales;        // (n) FP8 items: (R, ceil(C / block)) f32 scales (tpr_loader_read_fp8); NULL otherwise
+  int *block;            // (n) their scale block; 0 otherwise
 } tpr_rank_weights;
 
 tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *out);
 // The same with a dtype per plan kind: item i gets kind_dt[items[i].kind]
 // (kind_dt has plan->n_tensors entries); dt is ignored when kind_dt is set.
-tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, tpr_rank_weights *out);
+// A kind of dtype TPR_F8E4M3 with kind_block[kind] > 0 is read raw by
+// tpr_loader_read_fp8, its scales into out->scales[i].
+tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, const int *kind_block,
+                                  tpr_rank_weights *out);
 void tpr_rank_weights_free(tpr_rank_weights *w);
 static inline void *tpr_rank_weights_data(const tpr_rank_weights *w, int64_t i) { return w->arena + w->offset[i]; }
 

@@ -184,3 +184,134 @@ tpr_status tpr__hf_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, vo
   if (bytes_read) *bytes_read += c.read;
   return TPR_OK;
 }
+
+// ---- FP8 kept as FP8: the rank's raw bytes and per-row scales.
+//
+// Every transform moves whole rows or whole columns, so an element (i, j) of
+// a rank's buffer comes from source (row_src[i], col_src[j]) (-1: padding,
+// a zero). A scale block of the rank's layout -- `block` columns of one row
+// -- must lie inside one source block of the checkpoint's scale_inv; the
+// block tpr__hf_fp8_block returns guarantees it on every rank.
+
+// row_src (rank rows), col_src (rank columns) of item it.
+static void source_maps(const tpr_loader *l, const tpr_load_item *it, int64_t *row_src, int64_t *col_src) {
+  const tpr_shard_plan *p = l->plan;
+  const tpr_shard_tensor *k = &p->tensors[it->kind];
+  const tpr_attn_plan *a = &p->attn;
+  const tpr_mesh *m = &l->mesh;
+  const int64_t R = k->rank_shape[0], C = k->rank_shape[1], D = a->head_dim;
+  const int64_t per = k->kv_layout ? a->kv_per_rank : a->q_per_rank;
+  const int32_t *map = k->kv_layout ? a->kv_head_map : a->q_head_map;
+  for (int64_t i = 0; i < R; i++) row_src[i] = i;
+  for (int64_t j = 0; j < C; j++) col_src[j] = j;
+  switch (k->transform) {
+    case TPR_XFORM_COLUMN_HEADS:
+      for (int64_t i = 0; i < R; i++) {
+        int32_t h = map[m->tp_rank * per + i / D];
+        row_src[i] = h < 0 ? -1 : h * D + i % D;
+      }
+      break;
+    case TPR_XFORM_ROW_HEADS:
+      for (int64_t j = 0; j < C; j++) {
+        int32_t h = map[m->tp_rank * per + j / D];
+        col_src[j] = h < 0 ? -1 : h * D + j % D;
+      }
+      break;
+    case TPR_XFORM_VOCAB:
+      for (int64_t i = 0; i < R; i++) row_src[i] = m->tp_rank * R + i < k->global_shape[0] ? m->tp_rank * R + i : -1;
+      break;
+    case TPR_XFORM_EXPERT_COLUMN:
+      for (int64_t i = 0; i < R; i++) row_src[i] = m->etp_rank * R + i;
+      break;
+    case TPR_XFORM_COLUMN:
+      for (int64_t i = 0; i < R; i++) row_src[i] = m->tp_rank * R + i;
+      break;
+    case TPR_XFORM_EXPERT_ROW:
+      for (int64_t j = 0; j < C; j++) col_src[j] = m->etp_rank * C + j;
+      break;
+    case TPR_XFORM_ROW:
+      for (int64_t j = 0; j < C; j++) col_src[j] = m->tp_rank * C + j;
+      break;
+    default: break;  // REPLICATE: the identity
+  }
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+// Every item of the kind this rank holds is block-scaled FP8 (a kind is one
+// dtype in the rank's layout; mixed kinds are held widened).
+bool tpr__hf_kind_fp8(const tpr_loader *l, int kind) {
+  bool any = false;
+  for (int64_t i = 0; i < l->n; i++) {
+    if (l->items[i].kind != kind) continue;
+    const tpr_st_tensor *t = tpr_st_find(l->set, l->items[i].name);
+    if (!t || !scale_of(l->set, t)) return false;
+    any = true;
+  }
+  return any;
+}
+
+int tpr__hf_fp8_block(const tpr_loader *l, int kind) {
+  const tpr_shard_tensor *k = &l->plan->tensors[kind];
+  if (k->ndim != 2 || !tpr__hf_kind_fp8(l, kind)) return 0;
+  int br, bc;
+  tpr__st_fp8_block(l->set, &br, &bc);
+  // The columns a rank's layout starts a run of source columns at: 0 for
+  // whole rows, every head (D) for head layouts, every rank's slice (C_r)
+  // for a column split. A block dividing all of them and bc stays inside
+  // one source block.
+  int64_t unit = bc;
+  if (k->transform == TPR_XFORM_ROW_HEADS) unit = l->plan->attn.head_dim;
+  if (k->transform == TPR_XFORM_ROW || k->transform == TPR_XFORM_EXPERT_ROW) unit = k->rank_shape[1];
+  int64_t g = gcd64(bc, unit);
+  return g >= 16 && g <= 128 ? (int)g : 0;
+}
+
+tpr_status tpr__hf_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, uint8_t *dst, float *scale,
+                            uint64_t *bytes_read) {
+  const tpr_st_tensor *t = NULL;
+  TPR_CHECK(find_checked(l, it, &t));
+  const tpr_st_tensor *st = scale_of(l->set, t);
+  const tpr_shard_tensor *k = &l->plan->tensors[it->kind];
+  if (!st || k->ndim != 2 || block < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: tensor '%s' is not a block-scaled FP8 matrix", t->path, it->name);
+  int br, bc;
+  tpr__st_fp8_block(l->set, &br, &bc);
+  const int64_t R = k->rank_shape[0], C = k->rank_shape[1], nb = (C + block - 1) / block;
+  const int64_t SR = st->shape[0], SC = st->shape[1];
+  int64_t *row_src = malloc((size_t)(R + C + 1) * sizeof *row_src), *col_src = row_src + R;
+  float *src_scale = malloc((size_t)(SR * SC + 1) * sizeof *src_scale);
+  tpr_status rc = row_src && src_scale ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory");
+  if (rc == TPR_OK) {  // the raw FP8 bytes, laid out by the plan
+    hf_ctx c = {.set = l->set, .t = t, .dt = TPR_F8E4M3, .esz = 1};
+    rc = transform(&c, l->plan, k, &l->mesh, dst);
+    if (bytes_read) *bytes_read += c.read;
+  }
+  if (rc == TPR_OK) rc = tpr_st_read(l->set, st->name, (const int64_t[]){0, 0}, (const int64_t[]){SR, SC}, TPR_F32,
+                                     src_scale);
+  if (rc == TPR_OK) source_maps(l, it, row_src, col_src);
+  for (int64_t i = 0; rc == TPR_OK && i < R; i++)
+    for (int64_t b = 0; rc == TPR_OK && b < nb; b++) {
+      int64_t sb = -1;  // the source column block of the block's real columns
+      for (int64_t j = b * block; j < (b + 1) * block && j < C; j++) {
+        if (col_src[j] < 0) continue;
+        if (sb < 0) sb = col_src[j] / bc;
+        else if (col_src[j] / bc != sb)
+          rc = TPR_FAIL(TPR_ERR_INTERNAL, "%s: scale block %lld of '%s' spans two source blocks", t->path,
+                        (long long)b, it->name);
+      }
+      // Padding (a zero row or columns) keeps scale 0: its bytes are zeros.
+      scale[i * nb + b] = row_src[i] < 0 || sb < 0 ? 0.0f : src_scale[(row_src[i] / br) * SC + sb];
+    }
+  tpr__drop_pages(t->data, t->nbytes);
+  tpr__drop_pages(st->data, st->nbytes);
+  free(row_src);
+  free(src_scale);
+  return rc;
+}

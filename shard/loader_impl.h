@@ -49,6 +49,11 @@ void tpr__drop_pages(const void *data, size_t nbytes);
 // Transform reads from a Hugging Face set (loader_hf.c).
 tpr_status tpr__hf_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, void *dst, uint64_t *bytes_read);
 tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it);
+// FP8 kept as FP8 (loader.h: tpr_loader_fp8_block, tpr_loader_read_fp8).
+int tpr__hf_fp8_block(const tpr_loader *l, int kind);
+bool tpr__hf_kind_fp8(const tpr_loader *l, int kind);
+tpr_status tpr__hf_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, uint8_t *dst, float *scale,
+                            uint64_t *bytes_read);
 
 // A converted directory (loader_conv.c): manifest checks at open, verified reads.
 tpr_status tpr__conv_open(tpr_loader *l);

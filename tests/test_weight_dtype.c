@@ -1,4 +1,4 @@
-// Weights held in bf16 (--weight-dtype): the logits of a bf16 checkpoint run
+// Weights held in bf16 or FP8 (--weight-dtype): the logits of a bf16 checkpoint run
 // with its matrices kept in bf16 equal those of the same checkpoint widened
 // to f32 at load (the same values: only the kernels' summation order
 // differs), alone and at tp 2, over a prompt long enough for the panel path
@@ -18,7 +18,7 @@
 #define FIX TPR_FIXTURES "/minimax_m2_tiny"
 
 static char tpr_path[4096], tmp_dir[] = "/tmp/tpr_test_weight_dtype_XXXXXX";
-static char ck_bf16[4200], ck_f32[4200], tokens_long[1024], tokens_short[256];
+static char ck_bf16[4200], ck_f32[4200], ck_fp8[4200], tokens_long[1024], tokens_short[256];
 
 static run_result run(int np, const char *const *args) {
   return tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = 120});
@@ -31,14 +31,16 @@ static void random_tokens(char *buf, size_t cap, int n) {
   for (int i = 0; i < n; i++) k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)tt_randint(0, 255));
 }
 
-// Logits of `model` held as `dtype` on np ranks (0: alone) into out; returns
-// the weight bytes rank 0 reported and checks the dtype it reports.
-static double forward(int np, const char *model, const char *dtype, const char *tokens, const char *out,
-                      const char *want_dtype) {
-  char tp[8];
+// Logits of `model` held as `dtype` on np ranks (0: alone) into out, with
+// --ep ep (0: the default); returns the weight bytes rank 0 reported and
+// checks the dtype it reports.
+static double forward_ep(int np, int ep, const char *model, const char *dtype, const char *tokens, const char *out,
+                         const char *want_dtype) {
+  char tp[8], eps[8];
   snprintf(tp, sizeof tp, "%d", np ? np : 1);
+  snprintf(eps, sizeof eps, "%d", ep ? ep : 1);
   cJSON *j = tt_json_of(RUN(np, "forward", "--model", model, "--weight-dtype", dtype, "--tokens", tokens, "--tp", tp,
-                            "--out", out, "--json"));
+                            "--ep", eps, "--out", out, "--json"));
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "weight_dtype");
   if (!cJSON_IsString(dt) || strcmp(dt->valuestring, want_dtype) != 0)
     fail_msg("--weight-dtype %s on %s: held %s, want %s", dtype, model, cJSON_IsString(dt) ? dt->valuestring : "?",
@@ -46,6 +48,11 @@ static double forward(int np, const char *model, const char *dtype, const char *
   double bytes = tt_json_num(j, "weight_bytes");
   cJSON_Delete(j);
   return bytes;
+}
+
+static double forward(int np, const char *model, const char *dtype, const char *tokens, const char *out,
+                      const char *want_dtype) {
+  return forward_ep(np, 0, model, dtype, tokens, out, want_dtype);
 }
 
 static double rel_diff(const char *a, const char *b) {
@@ -68,6 +75,35 @@ static void test_bf16_equals_widened(void **state) {
       assert_true(rel <= 1e-5);
       assert_true(held < 0.6 * full);  // the matrices dominate: about half the bytes
     }
+}
+
+// FP8-E4M3 in 128 x 128 blocks (tpr make-checkpoint --dtype fp8): held FP8
+// with per-row scales at the block every rank's slice allows (16 columns
+// here: the fixture's head_dim and its experts' width at etp 2), against
+// the same weights widened to f32 at load. Alone, tp 2 (heads and expert
+// widths split: blocks finer than 128) and ep 2 (the alltoall dispatcher's
+// grouped experts), prefill past 16 rows and short. Negative control:
+// holding the FP8 weights rounded to bf16 moves the logits past the bound.
+static void test_fp8_equals_widened(void **state) {
+  const char *toks[2] = {tokens_long, tokens_short};
+  const int meshes[3][2] = {{0, 0}, {2, 1}, {2, 2}};  // (np, ep)
+  for (int t = 0; t < 2; t++)
+    for (int m = 0; m < 3; m++) {
+      const char *kept = tt_path(tmp_dir, "kept.safetensors"), *wide = tt_path(tmp_dir, "wide.safetensors");
+      double held = forward_ep(meshes[m][0], meshes[m][1], ck_fp8, "auto", toks[t], kept, "f8e4m3");
+      double full = forward(0, ck_fp8, "f32", toks[t], wide, "f32");
+      double rel = rel_diff(kept, wide);
+      printf("fp8, %s, tp %d ep %d: held %.0f bytes per rank (f32 alone: %.0f); logits rel diff %.3g\n",
+             t ? "5 tokens" : "40 tokens", meshes[m][0] ? meshes[m][0] : 1, meshes[m][1] ? meshes[m][1] : 1, held,
+             full, rel);
+      assert_true(rel <= 1e-5);
+    }
+  const char *kept = tt_path(tmp_dir, "kept.safetensors"), *rounded = tt_path(tmp_dir, "rounded.safetensors");
+  forward(0, ck_fp8, "auto", tokens_long, kept, "f8e4m3");
+  forward(0, ck_fp8, "bf16", tokens_long, rounded, "bf16");
+  double rel = rel_diff(rounded, kept);
+  printf("negative control: fp8 weights rounded to bf16 vs held fp8: rel diff %.3g (must exceed 1e-5)\n", rel);
+  assert_true(rel > 1e-5);
 }
 
 static void test_rounding_is_caught(void **state) {
@@ -139,10 +175,15 @@ int main(void) {
   r = RUN(0, "make-checkpoint", "--config", FIX "/config.json", "--out", ck_f32, "--dtype", "f32", "--seed", seed);
   if (r.code) return fprintf(stderr, "make-checkpoint: %s\n", r.err), 1;
   tt_run_done(&r);
+  snprintf(ck_fp8, sizeof ck_fp8, "%s/fp8", tmp_dir);
+  r = RUN(0, "make-checkpoint", "--config", FIX "/config.json", "--out", ck_fp8, "--dtype", "fp8", "--seed", seed);
+  if (r.code) return fprintf(stderr, "make-checkpoint: %s\n", r.err), 1;
+  tt_run_done(&r);
   random_tokens(tokens_long, sizeof tokens_long, 40);
   random_tokens(tokens_short, sizeof tokens_short, 5);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bf16_equals_widened),
+      cmocka_unit_test(test_fp8_equals_widened),
       cmocka_unit_test(test_rounding_is_caught),
       cmocka_unit_test(test_thread_invariance),
       cmocka_unit_test(test_bad_flag),

@@ -77,7 +77,10 @@ static tpr_status allreduce_path(tpr_program *p, const tpr_shard_plan *plan, con
   } else if (Er != E) {
     return TPR_FAIL(TPR_ERR_INTERNAL, "moe: ep = 1 but %lld of %lld experts per rank", (long long)Er, (long long)E);
   }
-  TPR_CHECK(tpr_pb_moe_experts(p, x, gl, w13, w2, &y));  // (T, H) partial over ep and etp
+  if (o->fp8_block > 0)
+    TPR_CHECK(tpr_pb_moe_experts_fp8(p, x, gl, &(tpr_fp8_experts){w13, w2, o->s13, o->s2, o->fp8_block}, &y));
+  else
+    TPR_CHECK(tpr_pb_moe_experts(p, x, gl, w13, w2, &y));  // (T, H) partial over ep and etp
   if (plan->ep > 1) TPR_CHECK(tpr_pb_all_reduce(p, y, TPR_AXIS_EP, plan->ep, 0, &y));
   if (plan->etp > 1) TPR_CHECK(tpr_pb_all_reduce(p, y, TPR_AXIS_ETP, plan->etp, 0, &y));
   *out = y;
@@ -118,7 +121,11 @@ static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, cons
     recv_counts = counts, recv = send;
   }
   v->send_counts = counts, v->recv_counts = recv_counts;
-  TPR_CHECK(tpr_pb_moe_grouped_ffn(p, recv, recv_counts, w13, w2, &y));
+  if (o->fp8_block > 0)
+    TPR_CHECK(tpr_pb_moe_grouped_ffn_fp8(p, recv, recv_counts, &(tpr_fp8_experts){w13, w2, o->s13, o->s2, o->fp8_block},
+                                         &y));
+  else
+    TPR_CHECK(tpr_pb_moe_grouped_ffn(p, recv, recv_counts, w13, w2, &y));
   if (ep > 1)
     TPR_CHECK(tpr_pb_all_to_allv(p, y, recv_counts, counts, TPR_AXIS_EP, ep, send_rows, &back));
   else

@@ -56,6 +56,11 @@ typedef struct tpr_moe_opts {
   // Training: mark the replicated inputs where they enter rank-local expert
   // compute (grad_all_reduce over the group whose partial outputs are summed).
   bool mark_grads;
+  // Inference: FP8 experts (w13, w2 f8e4m3) with per-row scales s13, s2 in
+  // blocks of fp8_block columns (runtime/program.h, tpr_fp8_experts); 0:
+  // plain f32/bf16 experts, s13 and s2 unused.
+  int fp8_block;
+  tpr_value_id s13, s2;
 } tpr_moe_opts;
 
 // Checks options against a plan: a dispatcher the mesh cannot run, a bad

@@ -211,9 +211,33 @@ static tpr_status matmul_f32(const tpr_tensor *a, const float *ad, const tpr_ten
 }
 
 
+// The FP8 form (ops.h): a (..., M, K) @ (w (N, K) * scale (N, S))^T, the
+// scales per row and block of columns; the weight stays FP8 and is widened
+// in registers by the skinny kernel.
+static tpr_status matmul_fp8(const tpr_cpu_ctx *ctx, const tpr_tensor *a, const tpr_tensor *w,
+                             const tpr_tensor *scale, int block, tpr_tensor *out) {
+  const int64_t N = w->shape[0], K = w->shape[1], nb = out->ndim - 2;
+  int64_t sa[TPR_MAX_DIMS], so[TPR_MAX_DIMS], rows, lda;
+  TPR_CHECK(batch_strides("a", a, (int)nb, out->shape, sa));
+  tpr__contig_strides(out->ndim, out->shape, so);
+  tpr_weight_view v;
+  if (!weight_of(w, &v) || (scale->shape[1] > 1 && scale->stride[1] != 1) ||
+      !rows_of(a, false, (int)nb, sa, so, out->shape, K, &rows, &lda))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "matmul (cpu): an FP8 weight and its scales must be row-major, a's rows "
+                    "strided by one step");
+  v.scale = tpr_tensor_data(scale);
+  v.scale_ld = scale->shape[0] > 1 ? scale->stride[0] : scale->shape[1];
+  v.block = block;
+  return tpr__weight_gemm(ctx, tpr_tensor_data(a), lda, rows, K, &v, N, tpr_tensor_data(out), N);
+}
+
 // a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K) if i[1]] or
 // 2-D; out (..., M, N) contiguous.
 TPR_CPU_KERNEL(matmul) {
+  int block = attrs && attrs->n_i > 2 ? (int)attrs->i[2] : 0;
+  if (block > 0 && n_in == 3 && in[1]->dtype == TPR_F8E4M3 && in[2]->dtype == TPR_F32 && in[1]->ndim == 2 &&
+      in[0]->dtype == TPR_F32 && out->dtype == TPR_F32)
+    return tpr_tensor_numel(out) ? matmul_fp8(ctx, in[0], in[1], in[2], block, out) : TPR_OK;
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "matmul (cpu): expected 2 inputs, got %d", n_in);
   const tpr_tensor *a = in[0], *b = in[1];
   if ((a->dtype != TPR_F32 && a->dtype != TPR_BF16) || (b->dtype != TPR_F32 && b->dtype != TPR_BF16) ||

@@ -62,8 +62,10 @@ static const float *weight(const tpr_tensor *w, int64_t e, float *scratch, opera
 
 // The forward kernels read the experts in the dtype the session holds them.
 static bool weight_dtype_ok(const tpr_tensor *w13, const tpr_tensor *w2) {
-  return (w13->dtype == TPR_F32 || w13->dtype == TPR_BF16) && w2->dtype == w13->dtype;
+  return (w13->dtype == TPR_F32 || w13->dtype == TPR_BF16 || w13->dtype == TPR_F8E4M3) && w2->dtype == w13->dtype;
 }
+
+static bool w13_fp8(const tpr_tensor *const *in) { return in[2]->dtype == TPR_F8E4M3; }
 
 // silu(g) = g / (1 + exp(-g)), torch's formula; g << 0 gives -0, not NaN.
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
@@ -106,15 +108,25 @@ static tpr_status check_blas_range(const char *op, int64_t rows, int64_t F2, int
 // dtype, by tpr__weight_gemm: the skinny kernel at few rows (decode), sgemm
 // above. Other layouts: f32 through sgemm's transpose flags (or a copy), bf16
 // widened into wbuf.
-static tpr_status expert_gemm(const tpr_cpu_ctx *ctx, const tpr_tensor *w, int64_t e, const float *x, int64_t n,
-                              float *y, float *wbuf) {
+// An FP8 w (E, N, K) comes with its scales sc (E, N, S), one per row and
+// block of `block` columns (the op's FP8 form); sc is NULL otherwise.
+static tpr_status expert_gemm(const tpr_cpu_ctx *ctx, const tpr_tensor *w, const tpr_tensor *sc, int block, int64_t e,
+                              const float *x, int64_t n, float *y, float *wbuf) {
   const int64_t N = w->shape[1], K = w->shape[2], s1 = w->stride[1], s2 = w->stride[2];
   const size_t es = tpr_dtype_size(w->dtype);
   const char *we = (const char *)tpr_tensor_data(w) + (size_t)(e * w->stride[0]) * es;
   if ((K <= 1 || s2 == 1) && (N <= 1 || s1 >= K)) {
     tpr_weight_view v = tpr__weight_view(we, w->dtype, N > 1 ? s1 : max64(K, 1));
+    if (sc) {
+      if (sc->shape[2] > 1 && sc->stride[2] != 1)
+        return TPR_FAIL(TPR_ERR_UNSUPPORTED, "expert gemm (cpu): FP8 scales must have unit column stride");
+      v.scale = (const float *)tpr_tensor_data(sc) + e * sc->stride[0];
+      v.scale_ld = N > 1 ? sc->stride[1] : sc->shape[2];
+      v.block = block;
+    }
     return tpr__weight_gemm(ctx, x, K, n, K, &v, N, y, N);
   }
+  if (sc) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "expert gemm (cpu): FP8 experts must be row-major");
   if (w->dtype == TPR_F32) {
     operand l;
     const float *wf = weight(w, e, wbuf, &l);
@@ -132,25 +144,35 @@ static tpr_status expert_gemm(const tpr_cpu_ctx *ctx, const tpr_tensor *w, int64
 // (n, H): [w1 x | w3 x] = X_e @ w13[e]^T -> (n, 2F), SwiGLU into (n, F),
 // then @ w2[e]^T. w13 (E, 2F, H), w2 (E, H, F), any strides.
 // The up half: s->gu (n, 2F) = [w1 x | w3 x], s->act (n, F) = silu(h1) * h3.
-static tpr_status expert_up(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, int64_t e, int64_t n,
-                            const ffn_scratch *s) {
-  const int64_t F2 = w13->shape[1], F = F2 / 2;
-  TPR_CHECK(expert_gemm(ctx, w13, e, s->xe, n, s->gu, s->wbuf));
+// The experts of an op: weights, and in the FP8 form their scales.
+typedef struct experts {
+  const tpr_tensor *w13, *w2, *s13, *s2;  // s13, s2 NULL unless FP8
+  int block;
+} experts;
+
+static experts experts_of(const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs) {
+  int block = attrs && attrs->n_i > 0 ? (int)attrs->i[0] : 0;
+  bool fp8 = block > 0 && n_in == 6;
+  return (experts){in[2], in[3], fp8 ? in[4] : NULL, fp8 ? in[5] : NULL, block};
+}
+
+static tpr_status expert_up(const tpr_cpu_ctx *ctx, const experts *x, int64_t e, int64_t n, const ffn_scratch *s) {
+  const int64_t F2 = x->w13->shape[1], F = F2 / 2;
+  TPR_CHECK(expert_gemm(ctx, x->w13, x->s13, x->block, e, s->xe, n, s->gu, s->wbuf));
   for (int64_t i = 0; i < n; i++)
     for (int64_t f = 0; f < F; f++) s->act[i * F + f] = silu(s->gu[i * F2 + f]) * s->gu[i * F2 + F + f];
   return TPR_OK;
 }
 
 // The down half: s->y (n, H) = s->act @ w2[e]^T.
-static tpr_status expert_down(const tpr_cpu_ctx *ctx, const tpr_tensor *w2, int64_t e, int64_t n,
-                              const ffn_scratch *s) {
-  return expert_gemm(ctx, w2, e, s->act, n, s->y, s->wbuf);  // the up half's weight copy is no longer needed
+static tpr_status expert_down(const tpr_cpu_ctx *ctx, const experts *x, int64_t e, int64_t n, const ffn_scratch *s) {
+  // the up half's weight copy is no longer needed
+  return expert_gemm(ctx, x->w2, x->s2, x->block, e, s->act, n, s->y, s->wbuf);
 }
 
-static tpr_status expert_ffn(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, const tpr_tensor *w2, int64_t e,
-                             int64_t n, const ffn_scratch *s) {
-  TPR_CHECK(expert_up(ctx, w13, e, n, s));
-  return expert_down(ctx, w2, e, n, s);
+static tpr_status expert_ffn(const tpr_cpu_ctx *ctx, const experts *x, int64_t e, int64_t n, const ffn_scratch *s) {
+  TPR_CHECK(expert_up(ctx, x, e, n, s));
+  return expert_down(ctx, x, e, n, s);
 }
 
 // Copies row r of x (rows, H) (any strides) to dst (H) contiguous.
@@ -186,7 +208,9 @@ static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *ro
 
 // x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F); out (T, H) contiguous.
 TPR_CPU_KERNEL(moe_experts) {
-  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_experts (cpu): expected 4 inputs, got %d", n_in);
+  const experts ex = experts_of(in, n_in, attrs);
+  if (n_in != (ex.s13 ? 6 : 4) || (w13_fp8(in) && !ex.s13))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_experts (cpu): %d inputs do not fit its plain or FP8 form", n_in);
   const tpr_tensor *x = in[0], *g = in[1], *w13 = in[2], *w2 = in[3];
   if (x->dtype != TPR_F32 || g->dtype != TPR_F32 || !weight_dtype_ok(w13, w2) || out->dtype != TPR_F32)
     return TPR_FAIL(TPR_ERR_DTYPE, "moe_experts (cpu): x %s, gates %s, w13 %s, w2 %s, out %s; need f32, weights f32 "
@@ -218,7 +242,7 @@ TPR_CPU_KERNEL(moe_experts) {
       if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) idx[n++] = t;
     if (n == 0) continue;
     for (int64_t i = 0; i < n; i++) load_row(s.xe + i * H, x, idx[i]);
-    if ((rc = expert_ffn(ctx, w13, w2, e, n, &s)) != TPR_OK) break;
+    if ((rc = expert_ffn(ctx, &ex, e, n, &s)) != TPR_OK) break;
     for (int64_t i = 0; i < n; i++) {
       const float gate = gd[idx[i] * g->stride[0] + e * g->stride[1]];
       float *orow = o + idx[i] * H;
@@ -273,7 +297,9 @@ static tpr_status parse_counts(const char *op, const tpr_tensor *c, int64_t R, i
 // and its outputs go back to the same row positions of out; rows past the
 // counted ones are not written.
 TPR_CPU_KERNEL(moe_grouped_ffn) {
-  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn (cpu): expected 4 inputs, got %d", n_in);
+  const experts ex = experts_of(in, n_in, attrs);
+  if (n_in != (ex.s13 ? 6 : 4) || (w13_fp8(in) && !ex.s13))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe_grouped_ffn (cpu): %d inputs do not fit its plain or FP8 form", n_in);
   const tpr_tensor *x = in[0], *c = in[1], *w13 = in[2], *w2 = in[3];
   if (x->dtype != TPR_F32 || c->dtype != TPR_I32 || !weight_dtype_ok(w13, w2) || out->dtype != TPR_F32)
     return TPR_FAIL(TPR_ERR_DTYPE, "moe_grouped_ffn (cpu): x %s, counts %s, w13 %s, w2 %s, out %s; need f32 with "
@@ -304,7 +330,7 @@ TPR_CPU_KERNEL(moe_grouped_ffn) {
   for (int64_t e = 0; e < Er; e++) {
     int64_t n = gather_expert_rows(&rows, e, x, s.xe);
     if (n == 0) continue;
-    if ((rc = expert_ffn(ctx, w13, w2, e, n, &s)) != TPR_OK) goto done;
+    if ((rc = expert_ffn(ctx, &ex, e, n, &s)) != TPR_OK) goto done;
     scatter_expert_rows(&rows, e, s.y, H, o);
   }
 done:
@@ -343,7 +369,8 @@ static tpr_status expert_bwd(const tpr_cpu_ctx *ctx, const tpr_tensor *w13, cons
                              int64_t n, const float *gate, float *dgate, const ffn_scratch *s, float *dw13e,
                              float *dw2e) {
   const int64_t F2 = w13->shape[1], F = F2 / 2, H = w13->shape[2];
-  TPR_CHECK(expert_up(ctx, w13, e, n, s));
+  const experts ex = {w13, w2, NULL, NULL, 0};
+  TPR_CHECK(expert_up(ctx, &ex, e, n, s));
   operand l2, l13;
   const float *w2e = weight(w2, e, s->wbuf, &l2);
   // u = w2^T dy (n, F) into dgu's first F columns.

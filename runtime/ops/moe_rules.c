@@ -115,6 +115,7 @@ TPR__OP_RULE(moe_grouped_ffn) {
   const tpr_tensor *x = in[0], *c = in[1], *w13 = in[2], *w2 = in[3];
   TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
   TPR_CHECK(tpr__need_expert_dtypes(op, w13, w2));
+  TPR_CHECK(tpr__need_expert_scales(op, in, attrs));
   TPR_CHECK(tpr__need_ndim(op, x, 2, "x", "(R, H)"));
   TPR_CHECK(tpr__need_ndim(op, w13, 3, "w13", "(Er, 2F, H)"));
   TPR_CHECK(tpr__need_ndim(op, w2, 3, "w2", "(Er, H, F)"));

@@ -12,7 +12,16 @@ tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, co
 // A weight operand: f32, or bf16 kept as the checkpoint holds it (the CPU
 // kernels widen it as they read; the other backends take f32 only).
 tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const char *which);
-// The experts' w13 and w2: one weight dtype.
+// The FP8 form of matmul / moe_experts / moe_grouped_ffn (ops.h): the
+// scale block its attrs give, 0 for the plain form.
+int tpr__fp8_block_attr(tpr_op_kind op, const tpr_op_attrs *at);
+// An FP8 weight (..., N, K) with f32 scales (..., N, ceil(K / block)).
+tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,
+                                const char *which);
+// The expert ops' scales (in[4], in[5]) in their FP8 form; FP8 weights
+// without it are TPR_ERR_DTYPE.
+tpr_status tpr__need_expert_scales(const char *op, const tpr_tensor *const *in, const tpr_op_attrs *at);
+// The experts' w13 and w2: one weight dtype (or both FP8).
 tpr_status tpr__need_expert_dtypes(const char *op, const tpr_tensor *w13, const tpr_tensor *w2);
 tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t);  // i32 or i64
 tpr_status tpr__need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims);

@@ -14,7 +14,8 @@
 
 // Values are part of the serialized program format: append, never reorder.
 typedef enum tpr_op_kind {
-  TPR_OP_MATMUL = 0,        // in (a, b); i[0] trans_a, i[1] trans_b
+  TPR_OP_MATMUL = 0,        // in (a, b); i[0] trans_a, i[1] trans_b; FP8 form (i[2] = scale block > 0):
+                            // in (a, w (N, K) f8e4m3, scale (N, S) f32), trans_b, out = a @ (w * scale)^T
   TPR_OP_ADD = 1,           // in (a, b), numpy broadcasting
   TPR_OP_MUL = 2,           // in (a, b), numpy broadcasting
   TPR_OP_RMS_NORM = 3,      // in (x, weight); f[0] eps
@@ -42,7 +43,8 @@ typedef enum tpr_op_kind {
   TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale
   TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
   TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights
-  TPR_OP_MOE_EXPERTS = 23,      // in (x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F)); out (T, H)
+  TPR_OP_MOE_EXPERTS = 23,      // in (x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F)); out (T, H);
+                                // FP8 form (i[0] = scale block > 0): + s13 (E, 2F, S13), s2 (E, H, S2) f32
   // Expert parallelism (the alltoall dispatcher and capacity mode); shapes
   // and exact semantics at the typed wrappers below.
   TPR_OP_MOE_CAPACITY = 24,     // in (gates (T, E)); i[0] top_k, i[1] reroute, i[2] seed; f[0] factor; out (T, E)
@@ -51,7 +53,8 @@ typedef enum tpr_op_kind {
   TPR_OP_MOE_PERMUTE = 27,      // in (x (N, H), gates (N, E)); i[0] rows R; out (R, H)
   TPR_OP_ALL_TO_ALLV = 28,      // collective; in (x (Ri, C), send_counts (n*m) i32, recv_counts (n*m) i32);
                                 // i[0] axis, i[1] n, i[2] rows Ro; out (Ro, C)
-  TPR_OP_MOE_GROUPED_FFN = 29,  // in (x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F)); out (R, H)
+  TPR_OP_MOE_GROUPED_FFN = 29,  // in (x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F)); out (R, H);
+                                // FP8 form as moe_experts'
   TPR_OP_MOE_UNPERMUTE = 30,    // in (y (R, H), gates (N, E)); out (N, H)
   // Training (runtime/autodiff.h). A backward op with several results
   // returns them packed into one 1-D f32 tensor in the order listed ("packed
