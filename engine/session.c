@@ -26,6 +26,13 @@ const char *tpr_session_model_dir(const tpr_session *s) { return s->o.model_dir;
 int64_t tpr_session_max_seq(const tpr_session *s) { return s->o.max_seq; }
 tpr_session_pool tpr_session_pool_info(const tpr_session *s) { return s->pool; }
 
+double tpr_session_weight_element_bytes(const tpr_session *s, const char *kind) {
+  for (int k = 0; s->kind_dtype && k < s->plan.n_tensors; k++)
+    if (strstr(s->plan.tensors[k].name, kind))
+      return (double)tpr_dtype_size(s->kind_dtype[k]) + (s->kind_block[k] > 0 ? 4.0 / s->kind_block[k] : 0.0);
+  return 4.0;
+}
+
 // FP8 experts: their scales stacked like the weights, s13 (E_r, 2F_r,
 // ceil(H / block)) = [s1; s3], s2 (E_r, H, ceil(F_r / block)).
 static tpr_status stack_expert_scales(tpr_session *s, int64_t L, int k1, int k3, int k2) {

@@ -51,6 +51,12 @@ typedef struct tpr_session_opts {
 
 typedef struct tpr_session tpr_session;
 
+typedef struct tpr_session tpr_session;
+// Bytes a weight element of the first plan kind whose name contains `kind`
+// takes as held (its dtype, plus an FP8 kind's share of its scales); 4 when
+// no kind matches.
+double tpr_session_weight_element_bytes(const tpr_session *s, const char *kind);
+
 typedef struct tpr_session_info {
   double load_s;             // config, plan, weights, caches
   uint64_t weight_bytes;     // this rank's weights as held (opts.weight_dtype)

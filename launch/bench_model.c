@@ -157,16 +157,39 @@ static bool reset_peak_rss(void) {
 // under uniform routing (each of the rank's E/ep experts is hit with
 // probability 1 - (1 - k/E)^tokens; at one token that is k/ep experts).
 // The lm head's shard is *head (it runs on sampled rows only).
-static double step_weights(const tpr_shard_plan *p, double tokens, double *head) {
+// The bytes of each part per element as the session holds it (NULL: 1,
+// which makes the result a count of elements).
+typedef struct part_bytes {
+  double attn, router, experts, head;
+} part_bytes;
+
+static double step_parts(const tpr_shard_plan *p, double tokens, const part_bytes *b, double *head) {
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
+  const part_bytes one = {1, 1, 1, 1};
+  if (!b) b = &one;
   double H = (double)c->hidden_size, D = (double)c->head_dim, Fr = (double)p->expert_inter_per_rank;
   double E = (double)c->num_experts, k = (double)c->experts_per_tok;
   double attn = (2.0 * (double)a->q_per_rank + 2.0 * (double)a->kv_per_rank) * D * H;
   double hit = 1.0 - pow(1.0 - k / E, tokens);
-  double moe = E * H + E / p->ep * hit * 3.0 * Fr * H;
-  *head = (double)(p->vocab_padded / p->tp) * H;
-  return (double)c->num_layers * (attn + moe) + *head;
+  double moe = b->router * E * H + b->experts * E / p->ep * hit * 3.0 * Fr * H;
+  *head = b->head * (double)(p->vocab_padded / p->tp) * H;
+  return (double)c->num_layers * (b->attn * attn + moe) + *head;
+}
+
+static double step_weights(const tpr_shard_plan *p, double tokens, double *head) {
+  return step_parts(p, tokens, NULL, head);
+}
+
+// Bytes a decode step of `tokens` tokens reads, by the dtypes the session
+// holds each part in (bf16 and FP8 weights read half and a quarter).
+static double step_bytes(const tpr_session *s, const tpr_shard_plan *p, double tokens) {
+  const part_bytes b = {tpr_session_weight_element_bytes(s, "q_proj.weight"),
+                        tpr_session_weight_element_bytes(s, ".gate.weight"),
+                        tpr_session_weight_element_bytes(s, ".w1.weight"),
+                        tpr_session_weight_element_bytes(s, p->config.tie_word_embeddings ? "embed_tokens" : "lm_head")};
+  double head;
+  return step_parts(p, tokens, &b, &head);
 }
 
 typedef struct bench_result {
@@ -246,10 +269,11 @@ static tpr_status count_prefill_flops(tpr_session *s, int64_t batch, int64_t P, 
   return TPR_OK;
 }
 
-// wdt: the dtype the weight matrices are held in (bytes a decode step reads).
-static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roofline *rf, const bench_result *r,
-                         int64_t batch, int64_t P, int64_t G, double load_s, tpr_dtype wdt, uint64_t weight_bytes,
-                         const int64_t *rss_kb, const tpr_bench_profile *prof, bool json) {
+// wdt: the dtype the weight matrices are held in; s the session (the bytes a
+// decode step reads).
+static void print_result(const tpr_world *w, const tpr_session *s, const tpr_shard_plan *p, const roofline *rf,
+                         const bench_result *r, int64_t batch, int64_t P, int64_t G, double load_s, tpr_dtype wdt,
+                         uint64_t weight_bytes, const int64_t *rss_kb, const tpr_bench_profile *prof, bool json) {
   // FLOPs: 2 x the weights a token multiplies on this rank (its k experts
   // only: step_weights at one token), the lm head on sampled rows only
   // (one per sequence in prefill), plus attention's 4 x heads_r x D x context.
@@ -262,8 +286,8 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
   double pre_gf = pre_flops / r->prefill_s * 1e-9, dec_gf = dec_flops / r->decode_s * 1e-9;
   // Bytes: a decode step reads the weights its tokens touch once.
   double per_step = r->decode_steps ? (double)r->decode_tokens / (double)r->decode_steps : 1;
-  double esize = (double)tpr_dtype_size(wdt);
-  double dec_gbs = esize * step_weights(p, per_step, &head) * (double)r->decode_steps / r->decode_s * 1e-9;
+  const double dec_bytes = step_bytes(s, p, per_step), roof_tps = rf->read_gbs * 1e9 / dec_bytes * per_step;
+  double dec_gbs = dec_bytes * (double)r->decode_steps / r->decode_s * 1e-9;
   int64_t rss_max = 0;
   for (int i = 0; i < w->size; i++)
     if (rss_kb[i] > rss_max) rss_max = rss_kb[i];
@@ -282,7 +306,7 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
     for (int i = 0; i < w->size; i++) printf("%s%lld", i ? "," : "", (long long)rss_kb[i] * 1024);
     printf("],\"machine_read_threads\":%d,\"machine_read_buffer_bytes\":%zu", rf->read_threads, rf->read_bytes);
     printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
-           (unsigned long long)weight_bytes, rf->read_gbs * 1e9 / (esize * step_weights(p, per_step, &head)) * per_step);
+           (unsigned long long)weight_bytes, roof_tps);
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
     printf("}\n");
     return;
@@ -293,8 +317,7 @@ static void print_result(const tpr_world *w, const tpr_shard_plan *p, const roof
          (long long)r->steps, per_step, (long long)P, (long long)G);
   printf("  %-34s %.3f s\n", "load (random weights)", load_s);
   printf("  %-34s %s, %s per rank (decode roofline %.1f tok/s)\n", "weights held", tpr_dtype_name(wdt),
-         tpr_cli_bytes(weight_bytes, b1, sizeof b1),
-         rf->read_gbs * 1e9 / (esize * step_weights(p, per_step, &head)) * per_step);
+         tpr_cli_bytes(weight_bytes, b1, sizeof b1), roof_tps);
   printf("  %-34s %10s %14s %14s\n", "", "tokens/s", "per rank", "vs roofline");
   printf("  %-34s %10.1f %9.2f GF/s %13.1f%%  (sgemm %.1f GF/s)\n", "prefill", pre_tps, pre_gf,
          100 * pre_gf / rf->gemm_gflops, rf->gemm_gflops);
@@ -406,7 +429,7 @@ int tpr_bench_model(int argc, char **argv) {
     tpr_shard_plan plan;
     tpr_model_config cfg = *tpr_session_config(s);
     rc = tpr_shard_plan_build(&cfg, w.size, 1, w.size, 1, TPR_F32, &plan);
-    if (rc == TPR_OK) print_result(&w, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s,
+    if (rc == TPR_OK) print_result(&w, s, &plan, &rf, &r, batch, P, G, tpr_session_stats(s)->load_s,
                                   tpr_session_stats(s)->matrix_dtype, tpr_session_stats(s)->weight_bytes, rss, prof, json);
     if (rc == TPR_OK) tpr_shard_plan_free(&plan);
   }

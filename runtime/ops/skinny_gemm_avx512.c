@@ -154,6 +154,40 @@ AI void row_dot1(const tpr__sg_args *p, int64_t n, const int dt) {
   p->out[n] = _mm512_reduce_add_ps(t);
 }
 
+// The same for an FP8 row: block by block, each block's scale folded into
+// the widening multiply as in tile(). Returns 1 when the row needs the
+// portable path (a NaN byte, a scale too large for the bit trick).
+static unsigned row_dot1_fp8(const tpr__sg_args *p, int64_t n) {
+  const tpr_weight_view *w = p->w;
+  const int64_t K = p->K, B = tpr__fp8_block(w);
+  const char *wr = (const char *)w->data + n * w->ld;
+  const float *sr = w->scale + n * w->scale_ld, *x = p->a;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m128i nan = _mm_setzero_si128();
+  unsigned bad = 0;
+  for (int64_t k0 = 0; k0 < K;) {
+    int64_t blk = (k0 + w->k_phase) / B, k1 = blk * B + B - w->k_phase, k = k0;
+    if (k1 > K) k1 = K;
+    float sc = sr[blk];
+    if (!(fabsf(sc) < TPR__FP8_SCALE_FAST_MAX)) bad = 1;
+    __m512 s = _mm512_set1_ps(sc * 0x1p8f);
+    for (; k + 2 * VL <= k1; k += 2 * VL) {
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load_w(DT_FP8, wr + k, 0, 1, s, &nan), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + VL), load_w(DT_FP8, wr + k + VL, 0, 1, s, &nan), acc1);
+    }
+    for (; k + VL <= k1; k += VL)
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load_w(DT_FP8, wr + k, 0, 1, s, &nan), acc0);
+    if (k < k1) {
+      __mmask16 km = (__mmask16)((1u << (k1 - k)) - 1);
+      acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(km, x + k), load_w(DT_FP8, wr + k, km, 0, s, &nan), acc1);
+    }
+    k0 = k1;
+  }
+  if (_mm_movemask_epi8(_mm_cmpeq_epi8(nan, _mm_set1_epi8(0x7f)))) bad = 1;
+  p->out[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  return bad;
+}
+
 static void rows_dot1_f32(const tpr__sg_args *p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_F32);
 }
@@ -163,7 +197,12 @@ static void rows_dot1_bf16(const tpr__sg_args *p, int64_t n0, int64_t n1) {
 
 void tpr__sg_rows_avx512(const tpr__sg_args *p, int64_t n0, int64_t n1) {
   int dt = p->w->dtype == TPR_F32 ? DT_F32 : p->w->dtype == TPR_BF16 ? DT_BF16 : DT_FP8;
-  if (p->M == 1 && dt != DT_FP8) {
+  if (p->M == 1 && dt == DT_FP8) {
+    for (int64_t n = n0; n < n1; n++)
+      if (row_dot1_fp8(p, n)) tpr__sg_rows_portable(p, n, n + 1);
+    return;
+  }
+  if (p->M == 1) {
     (dt == DT_F32 ? rows_dot1_f32 : rows_dot1_bf16)(p, n0, n1);
     return;
   }
