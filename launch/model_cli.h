@@ -52,7 +52,7 @@ typedef struct tpr_model_mesh {
    "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
   {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"},                  \
   {"weight-dtype", TPR_ARG_STR, &(m).weight_dtype,                                                              \
-   "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 checkpoints stay bf16 on the cpu)"}
+   "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 and block-scaled FP8 stay as the checkpoint has them, on the cpu)"}
 
 // The batched engine's flags of run and bench model.
 typedef struct tpr_model_engine {
