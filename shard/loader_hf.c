@@ -284,6 +284,11 @@ tpr_status tpr__hf_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, u
   int br, bc;
   tpr__st_fp8_block(l->set, &br, &bc);
   const int64_t R = k->rank_shape[0], C = k->rank_shape[1], nb = (C + block - 1) / block;
+  if (st->ndim != 2 || st->shape[0] != (t->shape[0] + br - 1) / br || st->shape[1] != (t->shape[1] + bc - 1) / bc ||
+      !tpr_dtype_is_float(st->dtype) || st->dtype == TPR_F8E4M3)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: '%s' (%s, %d dims) does not hold one float scale per %d x %d block of FP8 "
+                    "weight '%s' (%lld, %lld)", st->path, st->name, tpr_dtype_name(st->dtype), st->ndim, br, bc,
+                    it->name, (long long)t->shape[0], (long long)t->shape[1]);
   const int64_t SR = st->shape[0], SC = st->shape[1];
   int64_t *row_src = malloc((size_t)(R + C + 1) * sizeof *row_src), *col_src = row_src + R;
   float *src_scale = malloc((size_t)(SR * SC + 1) * sizeof *src_scale);
