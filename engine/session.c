@@ -33,6 +33,18 @@ double tpr_session_weight_element_bytes(const tpr_session *s, const char *kind) 
   return 4.0;
 }
 
+// The weights' indices of layer L's local expert e in the kinds k (gate, up,
+// down).
+static tpr_status expert_items(tpr_session *s, int64_t L, int64_t e, const int *k, int64_t *idx) {
+  const tpr_load_item *base = tpr_loader_item(s->loader, 0);
+  for (int j = 0; j < 3; j++) {
+    const tpr_load_item *it;
+    TPR_CHECK(tpr_loader_find(s->loader, k[j], L, e, &it));
+    idx[j] = it - base;
+  }
+  return TPR_OK;
+}
+
 // FP8 experts: their scales stacked like the weights, s13 (E_r, 2F_r,
 // ceil(H / block)) = [s1; s3], s2 (E_r, H, ceil(F_r / block)).
 static tpr_status stack_expert_scales(tpr_session *s, int64_t L, int k1, int k3, int k2) {
@@ -45,16 +57,12 @@ static tpr_status stack_expert_scales(tpr_session *s, int64_t L, int k1, int k3,
   TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 3, (const int64_t[]){Er, H, n2}, &sc[1]));
   char *h13 = malloc((size_t)Er * 2 * b1 + 1), *h2 = malloc((size_t)Er * b2 + 1);
   tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "session: expert scale staging");
-  const tpr_load_item *base = tpr_loader_item(s->loader, 0);
+  int64_t idx[3];
   for (int64_t e = 0; rc == TPR_OK && e < Er; e++) {
-    const tpr_load_item *it1, *it3, *it2;
-    rc = tpr_loader_find(s->loader, k1, L, e, &it1);
-    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k3, L, e, &it3);
-    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k2, L, e, &it2);
-    if (rc != TPR_OK) break;
-    memcpy(h13 + (size_t)e * 2 * b1, s->weights.scales[it1 - base], b1);
-    memcpy(h13 + (size_t)e * 2 * b1 + b1, s->weights.scales[it3 - base], b1);
-    memcpy(h2 + (size_t)e * b2, s->weights.scales[it2 - base], b2);
+    if ((rc = expert_items(s, L, e, (const int[]){k1, k3, k2}, idx)) != TPR_OK) break;
+    memcpy(h13 + (size_t)e * 2 * b1, s->weights.scales[idx[0]], b1);
+    memcpy(h13 + (size_t)e * 2 * b1 + b1, s->weights.scales[idx[1]], b1);
+    memcpy(h2 + (size_t)e * b2, s->weights.scales[idx[2]], b2);
   }
   if (rc == TPR_OK) rc = tpr_tensor_from_host(sc[0], h13, (size_t)Er * 2 * b1);
   if (rc == TPR_OK) rc = tpr_tensor_from_host(sc[1], h2, (size_t)Er * b2);
@@ -79,16 +87,12 @@ static tpr_status stack_experts(tpr_session *s, int64_t L) {
   size_t blk = (size_t)(Fr * H) * tpr_dtype_size(dt);
   char *h13 = malloc((size_t)Er * 2 * blk + 1), *h2 = malloc((size_t)Er * blk + 1);
   tpr_status rc = h13 && h2 ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: expert staging");
-  const tpr_load_item *base = tpr_loader_item(s->loader, 0);
+  int64_t idx[3];
   for (int64_t e = 0; rc == TPR_OK && e < Er; e++) {
-    const tpr_load_item *it1, *it3, *it2;
-    rc = tpr_loader_find(s->loader, k1, L, e, &it1);
-    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k3, L, e, &it3);
-    if (rc == TPR_OK) rc = tpr_loader_find(s->loader, k2, L, e, &it2);
-    if (rc != TPR_OK) break;
-    memcpy(h13 + (size_t)e * 2 * blk, tpr_rank_weights_data(&s->weights, it1 - base), blk);
-    memcpy(h13 + (size_t)e * 2 * blk + blk, tpr_rank_weights_data(&s->weights, it3 - base), blk);
-    memcpy(h2 + (size_t)e * blk, tpr_rank_weights_data(&s->weights, it2 - base), blk);
+    if ((rc = expert_items(s, L, e, (const int[]){k1, k3, k2}, idx)) != TPR_OK) break;
+    memcpy(h13 + (size_t)e * 2 * blk, tpr_rank_weights_data(&s->weights, idx[0]), blk);
+    memcpy(h13 + (size_t)e * 2 * blk + blk, tpr_rank_weights_data(&s->weights, idx[1]), blk);
+    memcpy(h2 + (size_t)e * blk, tpr_rank_weights_data(&s->weights, idx[2]), blk);
   }
   tpr_tensor **w13 = &s->experts[2 * L], **w2 = &s->experts[2 * L + 1];
   if (rc == TPR_OK) rc = tpr_tensor_new(s->be, dt, 3, (const int64_t[]){Er, 2 * Fr, H}, w13);
