@@ -21,5 +21,6 @@ int tpr_cmd_mlp(int argc, char **argv);
 int tpr_cmd_plan(int argc, char **argv);
 int tpr_cmd_program(int argc, char **argv);
 int tpr_cmd_version(int argc, char **argv);
+// -- tokenizer commands
 
 #endif

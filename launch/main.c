@@ -15,6 +15,7 @@ static const tpr_command commands[] = {
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
     {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
+    // -- tokenizer commands
     {"train", "train a MiniMax-M2 model under mpirun (tp/ep/dp, AdamW, checkpoints)", tpr_cmd_train},
     {"version", "print the version and build options", tpr_cmd_version},
 };
