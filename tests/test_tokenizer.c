@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_util.h"
 #include "runtime/file_io.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -425,6 +426,51 @@ static void test_throughput(void **s) {
   throughput("metaspace");
 }
 
+// tpr tokenize / detokenize: the ids and text the library gives, clear errors.
+static void test_cli(void **s) {
+  char tpr[1024], tmp[64] = "/tmp/tpr_tok_cli_XXXXXX";
+  if (tt_tpr_path(tpr, sizeof tpr, "test_cli")) skip();
+  assert_non_null(mkdtemp(tmp));
+  cases cs = load_cases("metaspace");
+  const cJSON *c = cs.c[tt_randint(40, (int64_t)cs.n - 300)];  // a random generated string
+  const char *text = str(c, "t", "");
+  char want[65536] = "";
+  const cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(c, "ids"))
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", want[0] ? "," : "", e->valueint);
+  const char *a1[] = {"tokenize", "--model", FIX "/metaspace", "--text", text, NULL};
+  run_result r = tt_run_tpr(tpr, tmp, a1);
+  assert_int_equal(r.code, 0);
+  r.out[strcspn(r.out, "\n")] = 0;
+  assert_string_equal(r.out, want);
+  tt_run_done(&r);
+  const char *a2[] = {"detokenize", "--model", FIX "/metaspace", "--ids", want, "--skip-special", NULL};
+  r = tt_run_tpr(tpr, tmp, a2);
+  assert_int_equal(r.code, 0);
+  const char *wd = str(c, "ds", str(c, "d", text));
+  assert_true(strlen(r.out) == strlen(wd) + 1 && !memcmp(r.out, wd, strlen(wd)));
+  tt_run_done(&r);
+  const char *a3[] = {"tokenize", "--model", FIX "/bytelevel", "--text", "hi <|im_end|>", "--json", NULL};
+  cJSON *j = tt_json_of(tt_run_tpr(tpr, tmp, a3));
+  cJSON *toks = cJSON_GetObjectItem(j, "tokens");
+  assert_string_equal(cJSON_GetArrayItem(toks, cJSON_GetArraySize(toks) - 1)->valuestring, "<|im_end|>");
+  cJSON_Delete(j);
+  const char *a4[] = {"detokenize", "--model", FIX "/bytelevel", "--ids", "1,999999", NULL};
+  r = tt_run_tpr(tpr, tmp, a4);
+  print_message("tokenize '%.40s...' = %zu bytes of ids, as the library; bad id -> exit %d: %s\n", text, strlen(want),
+                r.code, r.err);
+  assert_int_equal(r.code, 2);
+  assert_non_null(strstr(r.err, "outside the vocab"));
+  tt_run_done(&r);
+  const char *a5[] = {"tokenize", "--model", "/nonexistent", "--text", "x", NULL};
+  r = tt_run_tpr(tpr, tmp, a5);
+  assert_int_equal(r.code, 1);
+  assert_non_null(strstr(r.err, "cannot open /nonexistent"));
+  tt_run_done(&r);
+  free_cases(&cs);
+  nftw(tmp, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -432,7 +478,7 @@ int main(void) {
       cmocka_unit_test(test_parity_llama),       cmocka_unit_test(test_negative_merge_order),
       cmocka_unit_test(test_negative_regex),     cmocka_unit_test(test_random_concat),
       cmocka_unit_test(test_specials_and_lookups), cmocka_unit_test(test_bad_files),
-      cmocka_unit_test(test_throughput),
+      cmocka_unit_test(test_throughput),         cmocka_unit_test(test_cli),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
