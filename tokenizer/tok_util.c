@@ -1,5 +1,6 @@
 // Shared tokenizer helpers: growable buffers, the string -> id and merge-pair
 // hash maps, UTF-8 handling and GPT-2's byte <-> character table.
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -272,10 +273,9 @@ bool tok_is_word_char(int32_t c) {
 // 68 bytes to U+0100.. in byte order.
 static uint16_t g_b2c[256];
 static int16_t g_c2b[0x144];
-static bool g_tables;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;  // tokenizers may load on several threads
 
-static void build_tables(void) {
-  if (g_tables) return;
+static void build_once(void) {
   int next = 0x100;
   for (int b = 0; b < 256; b++) {
     bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
@@ -283,8 +283,9 @@ static void build_tables(void) {
   }
   for (int c = 0; c < 0x144; c++) g_c2b[c] = -1;
   for (int b = 0; b < 256; b++) g_c2b[g_b2c[b]] = (int16_t)b;
-  g_tables = true;
 }
+
+static void build_tables(void) { pthread_once(&g_once, build_once); }
 
 int tok_byte_char(int b) {
   build_tables();
