@@ -1,0 +1,126 @@
+// Normalizers: Unicode normal forms (utf8proc), Prepend, Replace and
+// Sequence, applied to each text segment between added tokens.
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "tokenizer/tok_impl.h"
+
+typedef struct repl_ctx {
+  const char *s;
+  const char *with;
+  size_t prev;
+  tok_buf *out;
+} repl_ctx;
+
+static tpr_status on_repl(void *ctx, size_t st, size_t en) {
+  repl_ctx *c = ctx;
+  TPR_CHECK(tok_buf_put(c->out, c->s + c->prev, st - c->prev));
+  TPR_CHECK(tok_buf_put(c->out, c->with, strlen(c->with)));
+  c->prev = en;
+  return TPR_OK;
+}
+
+static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t n, tok_buf *out) {
+  out->n = 0;
+  switch (nm->kind) {
+    case TOK_NORM_NFC:
+    case TOK_NORM_NFD:
+    case TOK_NORM_NFKC:
+    case TOK_NORM_NFKD: {
+      int opts = UTF8PROC_STABLE | (nm->kind == TOK_NORM_NFC || nm->kind == TOK_NORM_NFKC ? UTF8PROC_COMPOSE
+                                                                                          : UTF8PROC_DECOMPOSE);
+      if (nm->kind == TOK_NORM_NFKC || nm->kind == TOK_NORM_NFKD) opts |= UTF8PROC_COMPAT;
+      utf8proc_uint8_t *r = NULL;
+      utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n, &r, opts);
+      if (l < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tokenizer: normalizer: %s", utf8proc_errmsg(l));
+      tpr_status rc = tok_buf_put(out, r, (size_t)l);
+      free(r);
+      return rc;
+    }
+    case TOK_NORM_PREPEND:
+      if (n) TPR_CHECK(tok_buf_put(out, nm->str, strlen(nm->str)));  // the reference skips empty text
+      return tok_buf_put(out, in, n);
+    case TOK_NORM_REPLACE: {
+      repl_ctx c = {in, nm->str, 0, out};
+      TPR_CHECK(tok_regex_each(&nm->re, run, in, n, on_repl, &c));
+      return tok_buf_put(out, in + c.prev, n - c.prev);
+    }
+  }
+  return TPR_OK;
+}
+
+tpr_status tok_normalize(const tpr_tokenizer *t, tok_run *run, const char *in, size_t n, tok_buf *out) {
+  out->n = 0;
+  if (t->n_norms == 0) return tok_buf_put(out, in, n);
+  tok_buf tmp = {0};
+  tpr_status rc = TPR_OK;
+  // Ping-pong between out and tmp so the last stage writes into out.
+  const char *src = in;
+  size_t sn = n;
+  for (int i = 0; i < t->n_norms; i++) {
+    tok_buf *dst = ((t->n_norms - 1 - i) % 2 == 0) ? out : &tmp;
+    TPR_CHECK_GOTO(apply(&t->norms[i], run, src, sn, dst), rc, done);
+    src = dst->p ? dst->p : "";
+    sn = dst->n;
+  }
+done:
+  free(tmp.p);
+  return rc;
+}
+
+static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_norm *nm) {
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+  const char *ty = cJSON_IsString(type) ? type->valuestring : "(none)";
+  memset(nm, 0, sizeof *nm);
+  if (!strcmp(ty, "NFC")) nm->kind = TOK_NORM_NFC;
+  else if (!strcmp(ty, "NFD")) nm->kind = TOK_NORM_NFD;
+  else if (!strcmp(ty, "NFKC")) nm->kind = TOK_NORM_NFKC;
+  else if (!strcmp(ty, "NFKD")) nm->kind = TOK_NORM_NFKD;
+  else if (!strcmp(ty, "Prepend")) {
+    nm->kind = TOK_NORM_PREPEND;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prepend");
+    if (!cJSON_IsString(p)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: normalizer Prepend has no prepend string", t->file);
+    nm->str = strdup(p->valuestring);
+  } else if (!strcmp(ty, "Replace")) {
+    nm->kind = TOK_NORM_REPLACE;
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+    const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "content");
+    if ((!cJSON_IsString(re) && !cJSON_IsString(str)) || !cJSON_IsString(c))
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: normalizer Replace needs pattern.String or pattern.Regex and content",
+                      t->file);
+    nm->str = strdup(c->valuestring);
+    TPR_CHECK(tok_regex_compile(t->file, "normalizer Replace",
+                                cJSON_IsString(re) ? re->valuestring : str->valuestring, !cJSON_IsString(re),
+                                &nm->re));
+  } else return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: normalizer type '%s' is not supported", t->file, ty);
+  if ((nm->kind == TOK_NORM_PREPEND || nm->kind == TOK_NORM_REPLACE) && !nm->str)
+    return TPR_FAIL(TPR_ERR_OOM, "%s: normalizer string", t->file);
+  return TPR_OK;
+}
+
+tpr_status tok_parse_normalizer(tpr_tokenizer *t, const void *json) {
+  const cJSON *j = json;
+  if (!j || cJSON_IsNull(j)) return TPR_OK;
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+  bool seq = cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0;
+  const cJSON *list = seq ? cJSON_GetObjectItemCaseSensitive(j, "normalizers") : NULL;
+  if (seq && !cJSON_IsArray(list))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: normalizer Sequence has no normalizers array", t->file);
+  int n = seq ? cJSON_GetArraySize(list) : 1;
+  t->norms = calloc((size_t)n + 1, sizeof *t->norms);
+  if (!t->norms) return TPR_FAIL(TPR_ERR_OOM, "%s: %d normalizers", t->file, n);
+  for (int i = 0; i < n; i++) {
+    const cJSON *e = seq ? cJSON_GetArrayItem(list, i) : j;
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (cJSON_IsString(et) && !strcmp(et->valuestring, "Sequence"))
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: a nested normalizer Sequence is not supported", t->file);
+    tpr_status rc = parse_one(t, e, &t->norms[t->n_norms]);
+    t->n_norms++;  // counted even on failure so free releases what parse_one made
+    TPR_CHECK(rc);
+  }
+  return TPR_OK;
+}
