@@ -16,6 +16,7 @@ static const tpr_command commands[] = {
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
     {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
     // -- tokenizer commands
+    // -- serve command
     {"tokenize", "encode text with a checkpoint's tokenizer.json and print the ids", tpr_cmd_tokenize},
     {"detokenize", "decode token ids with a checkpoint's tokenizer.json and print the text", tpr_cmd_detokenize},
     {"train", "train a MiniMax-M2 model under mpirun (tp/ep/dp, AdamW, checkpoints)", tpr_cmd_train},
