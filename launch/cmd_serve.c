@@ -1,0 +1,109 @@
+// tpr serve: an OpenAI-compatible HTTP server (serve/serve.h). Rank 0 serves
+// HTTP and drives the batched engine; every other rank runs the engine steps
+// rank 0 broadcasts.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "launch/args.h"
+#include "launch/cli_util.h"
+#include "launch/commands.h"
+#include "launch/model_cli.h"
+#include "runtime/file_io.h"
+#include "serve/serve.h"
+
+// config.json's eos_token_id (an id or a list: the first) and
+// max_position_embeddings; -1 / 0 when absent.
+static void read_config(const char *model, int64_t *eos, int64_t *max_pos) {
+  *eos = -1;
+  *max_pos = 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", model);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  if (tpr_file_read(path, &bytes, &len) != TPR_OK) return;
+  cJSON *j = cJSON_ParseWithLength((const char *)bytes, len);
+  free(bytes);
+  const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+  if (cJSON_IsArray(e)) e = cJSON_GetArrayItem(e, 0);
+  if (cJSON_IsNumber(e)) *eos = (int64_t)e->valuedouble;
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "max_position_embeddings");
+  if (cJSON_IsNumber(m)) *max_pos = (int64_t)m->valuedouble;
+  cJSON_Delete(j);
+}
+
+int tpr_cmd_serve(int argc, char **argv) {
+  const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL;
+  int64_t port = 8000, max_seq = 0, max_body = 1 << 20;
+  tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
+  tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
+  tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
+  tpr_model_engine eng = {0};
+  const tpr_arg args[] = {
+      {"model", TPR_ARG_STR, &model, "checkpoint directory with config.json and tokenizer.json"},
+      {"host", TPR_ARG_STR, &host, "address to listen on (default 127.0.0.1)"},
+      {"port", TPR_ARG_INT, &port, "TCP port (default 8000; 0: any free port, printed)"},
+      {"served-model-name", TPR_ARG_STR, &name, "the model id clients name (default: the directory's name)"},
+      {"max-seq", TPR_ARG_INT, &max_seq,
+       "longest sequence, prompt + max_tokens (default: max_position_embeddings, at most 4096)"},
+      {"max-body-bytes", TPR_ARG_INT, &max_body, "largest request body; larger ones get 413 (default 1 MiB)"},
+      {"port-file", TPR_ARG_STR, &port_file, "write the bound port to this file once listening (for scripts)"},
+      TPR_MODEL_ENGINE_ARGS(eng),
+      TPR_MODEL_MESH_ARGS(mesh),
+      TPR_WORLD_ARGS(wo),
+      TPR_MODEL_DEBUG_ARGS(dbg),
+  };
+  const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
+                      "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
+                      "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
+                      "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
+                      "POST /v1/chat/completions (ChatML template)";
+  tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
+  if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
+  if (!model) {
+    fprintf(stderr, "tpr serve: --model is required\n%s\n", usage);
+    return 2;
+  }
+  if (port < 0 || port > 65535 || max_body < 1) {
+    fprintf(stderr, "tpr serve: %s\n", max_body < 1 ? "--max-body-bytes must be >= 1" : "--port must be in [0, 65535]");
+    return 2;
+  }
+  int64_t eos = -1, max_pos = 0;
+  read_config(model, &eos, &max_pos);
+  if (max_seq == 0) max_seq = max_pos > 0 && max_pos < 4096 ? max_pos : 4096;
+  if (!eng.max_batch) eng.max_batch = 16;
+  char model_id[256];
+  if (!name) {
+    size_t l = strlen(model);
+    while (l > 1 && model[l - 1] == '/') l--;
+    size_t b = l;
+    while (b > 0 && model[b - 1] != '/') b--;
+    snprintf(model_id, sizeof model_id, "%.*s", (int)(l - b), model + b);
+    name = model_id;
+  }
+  tpr_tokenizer *tok = NULL;
+  tpr_world w;
+  tpr_session *s = NULL;
+  tpr_engine *e = NULL;
+  tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
+  if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, max_seq, &eng, &dbg, &s);
+  if (rc == TPR_OK && w.rank == 0) rc = tpr_tokenizer_load(model, &tok);
+  if (rc == TPR_OK && w.rank == 0 && eos < 0) eos = tpr_tokenizer_eos_id(tok);
+  rc = rc == TPR_OK ? tpr_comm_agree(w.host, rc) : rc;
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
+  if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
+  tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
+                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = tpr_session_max_seq(s)};
+  if (rc == TPR_OK) rc = tpr_serve_run(w.host, w.rank, e, tok, &so);
+  tpr_engine_free(e);
+  tpr_tokenizer_free(tok);
+  if (rc != TPR_OK) {
+    tpr_session_close(s);
+    return tpr_world_fail(&w, "serve");
+  }
+  tpr_session_close(s);
+  tpr_world_finish(&w);
+  return 0;
+}
