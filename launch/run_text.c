@@ -61,9 +61,9 @@ tpr_status run_text_update(run_text *r, const tpr_engine *e, int64_t id) {
   tpr_sched_seq_info si;
   TPR_CHECK(tpr_engine_result(e, id, &si));
   char *text;
-  size_t len;
-  TPR_CHECK(tpr_tokenizer_decode(r->tok, si.tokens + si.prompt_len, (size_t)(si.len - si.prompt_len), true, &text,
-                                 &len));
+  size_t len;  // ids in the model's padding past the tokenizer's vocabulary have no text
+  TPR_CHECK(tpr_tokenizer_decode_known(r->tok, si.tokens + si.prompt_len, (size_t)(si.len - si.prompt_len), true,
+                                       &text, &len));
   size_t cut = len;
   for (int i = 0; i < r->n_stops; i++) {
     const char *at = strstr(text, r->stops[i]);

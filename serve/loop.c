@@ -74,8 +74,9 @@ static void progress(serve_state *st, serve_req *r) {
   r->gen_seen = gen;
   char *text = NULL;
   size_t tl = 0;
-  if (tpr_tokenizer_decode(st->tok, si.tokens + si.prompt_len, (size_t)gen, true, &text, &tl) != TPR_OK) {
-    text = strdup("");
+  // Ids in the model's padding past the tokenizer's vocabulary have no text.
+  if (tpr_tokenizer_decode_known(st->tok, si.tokens + si.prompt_len, (size_t)gen, true, &text, &tl) != TPR_OK) {
+    text = strdup("");  // out of memory: the request ends with what was sent
     tl = 0;
   }
   if (!text) return;

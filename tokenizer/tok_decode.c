@@ -242,3 +242,16 @@ tpr_status tok_parse_decoder(tpr_tokenizer *t, const void *json) {
   }
   return TPR_OK;
 }
+
+tpr_status tpr_tokenizer_decode_known(const tpr_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                                      char **text, size_t *len) {
+  const int32_t vocab = tpr_tokenizer_vocab_size(t);
+  int32_t *known = malloc((n + 1) * sizeof *known);
+  if (!known) return TPR_FAIL(TPR_ERR_OOM, "tpr_tokenizer_decode_known: %zu ids", n);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] >= 0 && ids[i] < vocab) known[k++] = ids[i];
+  tpr_status rc = tpr_tokenizer_decode(t, known, k, skip_special, text, len);
+  free(known);
+  return rc;
+}

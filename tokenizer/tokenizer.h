@@ -56,6 +56,12 @@ tpr_status tpr_tokenizer_encode(const tpr_tokenizer *t, const char *text, size_t
 tpr_status tpr_tokenizer_decode(const tpr_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                                 char **text, size_t *len);
 
+// The same, leaving out ids outside [0, vocab size) instead of failing: a
+// model's vocabulary is often padded past its tokenizer's (rows no token
+// maps to), and a sampled padding id has no text.
+tpr_status tpr_tokenizer_decode_known(const tpr_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                                      char **text, size_t *len);
+
 // Number of ids (model vocab and added tokens: the largest id + 1).
 int32_t tpr_tokenizer_vocab_size(const tpr_tokenizer *t);
 // The token string of an id (NULL when out of range or unused); owned by t.
