@@ -15,6 +15,7 @@ tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const cha
 // The FP8 form of matmul / moe_experts / moe_grouped_ffn (ops.h): the
 // scale block its attrs give, 0 for the plain form.
 int tpr__fp8_block_attr(tpr_op_kind op, const tpr_op_attrs *at);
+int tpr__fp8_extra_inputs(tpr_op_kind op);  // inputs the FP8 form adds: the weights' scales
 // An FP8 weight (..., N, K) with f32 scales (..., N, ceil(K / block)).
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,
                                 const char *which);
