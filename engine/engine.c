@@ -301,6 +301,11 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   return TPR_OK;
 }
 
+tpr_status tpr_engine_cancel(tpr_engine *e, int64_t id) {
+  if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequences are cancelled on rank 0");
+  return tpr_sched_cancel(e->sched, id);
+}
+
 tpr_status tpr_engine_result(const tpr_engine *e, int64_t id, tpr_sched_seq_info *out) {
   if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: results are kept on rank 0");
   return tpr_sched_seq(e->sched, id, out);

@@ -77,6 +77,11 @@ typedef struct tpr_engine_step_info {
 // Collective: plans (rank 0), broadcasts, runs one step and samples.
 tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info);
 
+// Rank 0, between steps: ends a sequence now (a client went away, a stop
+// string was found): its blocks return to the pool at once, and the next
+// steps plan nothing more for it. Its tokens so far stay readable.
+tpr_status tpr_engine_cancel(tpr_engine *e, int64_t id);
+
 // Rank 0: a sequence's tokens so far (prompt then generated).
 tpr_status tpr_engine_result(const tpr_engine *e, int64_t id, tpr_sched_seq_info *out);
 

@@ -348,6 +348,22 @@ static tpr_status finish(tpr_sched *s, seq *q, int64_t id) {
   return TPR_OK;
 }
 
+tpr_status tpr_sched_cancel(tpr_sched *s, int64_t id) {
+  if (!s || id < 0 || id >= s->n_seqs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_cancel: no sequence %lld", (long long)id);
+  if (s->pending)  // the planned step holds the sequence's chunks and blocks
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_cancel: a planned step is waiting (cancel between steps)");
+  seq *q = &s->seqs[id];
+  if (q->state == SEQ_FINISHED) return TPR_OK;
+  if (q->state == SEQ_RUNNING) return finish(s, q, id);
+  replica *rp = &s->reps[q->replica];  // waiting: it holds no blocks
+  list_remove(&rp->waiting, id);
+  q->state = SEQ_FINISHED;
+  rp->unfinished--;
+  s->unfinished--;
+  return TPR_OK;
+}
+
 tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int32_t *const *sampled) {
   if (!s || !step) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: NULL %s", s ? "step" : "scheduler");
   if (!s->pending) {

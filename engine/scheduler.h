@@ -93,6 +93,13 @@ tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out);
 // and its blocks return to the pool. Token ids are not checked here.
 tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int32_t *const *sampled);
 
+// Ends sequence id now, as if it had finished: a running one returns its
+// blocks to the pool, a waiting one leaves the queue; its tokens so far stay
+// readable. Between steps only (a planned step not yet applied:
+// TPR_ERR_INVALID_ARG); an unknown id is TPR_ERR_INVALID_ARG; a finished one
+// is left as it is.
+tpr_status tpr_sched_cancel(tpr_sched *s, int64_t id);
+
 // A sequence's tokens so far: prompt then generated (valid until the next
 // call that changes the scheduler).
 typedef struct tpr_sched_seq_info {

@@ -65,8 +65,9 @@ static void progress(serve_state *st, serve_req *r) {
   }
   if (si.finished) r->engine_done = true;
   if (r->responded) return;
-  if (!r->conn) {  // the client went away; the sequence runs to its end
+  if (!r->conn) {  // the client went away: its sequence ends now and frees its blocks
     r->responded = true;
+    if (!r->engine_done && tpr_engine_cancel(st->e, r->seq) == TPR_OK) r->engine_done = true;
     return;
   }
   int64_t gen = si.len - si.prompt_len;
@@ -130,6 +131,8 @@ static void progress(serve_state *st, serve_req *r) {
   if (finish) {
     r->responded = true;
     st->m.generated_tokens += gen;
+    // A stop string ended the answer: the sequence stops generating.
+    if (!r->engine_done && tpr_engine_cancel(st->e, r->seq) == TPR_OK) r->engine_done = true;
   }
   free(text);
 }

@@ -419,6 +419,60 @@ static void expect_invalid(tpr_status rc, const char *word) {
 }
 
 // (g) Bad options, submits and updates are refused with a clear message.
+// One step: plan, then apply with token 7 sampled wherever a chunk samples.
+static tpr_sched_step plan_and_apply(tpr_sched *s) {
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(s, &st));
+  int32_t *sampled[1] = {calloc((size_t)(st.n_chunks ? st.n_chunks[0] : 0) + 1, sizeof(int32_t))};
+  for (int64_t i = 0; i < (st.n_chunks ? st.n_chunks[0] : 0); i++) sampled[0][i] = 7;
+  if (st.tokens > 0) TT_OK(tpr_sched_update(s, &st, (const int32_t *const *)sampled));
+  free(sampled[0]);
+  return st;
+}
+
+// (g) Cancelling: a running sequence returns its blocks at once and is never
+// planned again, a waiting one leaves the queue, the others run to their
+// end; cancelling while a plan is pending, or an unknown id, is refused.
+static void test_cancel(void **state) {
+  (void)state;
+  tpr_sched *s;
+  TT_OK(tpr_sched_new(&(tpr_sched_opts){1, 8, 4, 2, 64, 64}, &s));  // 8 blocks of 4, 2 sequences at a time
+  int32_t p[12];
+  for (int i = 0; i < 12; i++) p[i] = (int32_t)tt_randint(0, 999);
+  int64_t id[3];
+  for (int i = 0; i < 3; i++) TT_OK(tpr_sched_submit(s, p, 12, 8, -1, &id[i]));
+  plan_and_apply(s);  // 0 and 1 admitted (batch 2), 2 waits
+  int64_t held = tpr_sched_blocks_in_use(s, 0);
+  assert_true(held >= 6);  // 3 blocks of the 12-token prompt each
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(s, &st));
+  assert_int_equal(tpr_sched_cancel(s, id[0]), TPR_ERR_INVALID_ARG);  // a plan is pending
+  int32_t sampled[2] = {7, 7}, *sp[1] = {sampled};
+  TT_OK(tpr_sched_update(s, &st, (const int32_t *const *)sp));
+  held = tpr_sched_blocks_in_use(s, 0);
+  TT_OK(tpr_sched_cancel(s, id[0]));  // running
+  int64_t after = tpr_sched_blocks_in_use(s, 0);
+  TT_OK(tpr_sched_cancel(s, id[2]));  // waiting: no blocks
+  TT_OK(tpr_sched_cancel(s, id[2]));  // again: already finished
+  assert_int_equal(tpr_sched_cancel(s, 99), TPR_ERR_INVALID_ARG);
+  printf("cancel: blocks in use %lld -> %lld; %lld unfinished left\n", (long long)held, (long long)after,
+         (long long)tpr_sched_unfinished(s));
+  assert_true(after < held && after >= 3);  // sequence 1 keeps its own
+  assert_int_equal(tpr_sched_unfinished(s), 1);
+  for (int guard = 0; guard < 50 && tpr_sched_unfinished(s) > 0; guard++) {
+    st = plan_and_apply(s);
+    for (int64_t i = 0; i < (st.n_chunks ? st.n_chunks[0] : 0); i++)
+      assert_int_equal(st.chunks[0][i].seq, id[1]);  // nothing planned for the cancelled ones
+  }
+  tpr_sched_seq_info si;
+  TT_OK(tpr_sched_seq(s, id[1], &si));
+  assert_true(si.finished && si.len == 12 + 8);
+  TT_OK(tpr_sched_seq(s, id[0], &si));
+  assert_true(si.finished && si.len == 12 + 2);  // the tokens it had when cancelled
+  assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
+  tpr_sched_free(s);
+}
+
 static void test_bad_args(void **state) {
   (void)state;
   tpr_sched *s = NULL;
@@ -528,7 +582,7 @@ int main(void) {
       cmocka_unit_test(test_bad_args),         cmocka_unit_test(test_chunked_prefill),
       cmocka_unit_test(test_stop_token),       cmocka_unit_test(test_fcfs),
       cmocka_unit_test(test_preemption),       cmocka_unit_test(test_negative_controls),
-      cmocka_unit_test(test_random_runs),
+      cmocka_unit_test(test_random_runs),      cmocka_unit_test(test_cancel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

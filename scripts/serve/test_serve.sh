@@ -161,6 +161,21 @@ import socket, sys; s = socket.create_connection(('127.0.0.1', $(cat "$W/port"))
 KA=$(curl -s -v "$URL/health" "$URL/health" 2>&1 | grep -c "Re-using existing connection\|Reusing existing")
 [ "$KA" -ge 1 ] && pass "keep-alive: curl reused the connection" || fail "keep-alive not used"
 curl -s "$URL/metrics" | grep -q '^tpr_requests_total{status="413"}' && pass "/metrics" || fail "/metrics"
+# A client that goes away mid-stream: its sequence is cancelled (blocks back
+# to the pool), the server keeps answering.
+R=$(timeout 5 python3 -c "
+import socket, json
+s = socket.create_connection(('127.0.0.1', $(cat "$W/port")))
+b = json.dumps({'prompt': 'hello world', 'max_tokens': 40, 'temperature': 0, 'stream': True}).encode()
+s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n' % len(b) + b)
+print(s.recv(20).split(b' ')[1].decode()); s.close()")
+BLOCKS=1
+for _ in $(seq 50); do
+  BLOCKS=$(curl -s "$URL/metrics" | awk '/^tpr_kv_blocks_in_use /{print $2}')
+  [ "$BLOCKS" = 0 ] && break; sleep 0.1
+done
+[ "$R" = 200 ] && [ "$BLOCKS" = 0 ] && [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] &&
+  pass "client gone mid-stream: blocks in use back to 0, server healthy" || fail "disconnect: status '$R', blocks '$BLOCKS'"
 
 # -- idle CPU of every rank (a few ticks), then SIGTERM: exit 0 within a few seconds
 PIDS=$( [ "$NP" -gt 1 ] && pgrep -P "$SERVER" || echo "$SERVER")
