@@ -147,6 +147,11 @@ static void test_negative_controls(void **state) {
     for (int64_t i = 0; i < N * wb.v.scale_ld; i++) wb.scale[i] = (float)tt_uniform(0.5, 1.0);
     float a[3 * 300], out[3 * 5];
     tt_fill_normal(a, (size_t)(M * K), 1.0);
+    // The last column carries weight: w = +-1.0 (E4M3 0x38 / 0xB8) times
+    // a = +-16, so dropping it always moves each output by 16 x a scale (>= 0.5),
+    // not by a random byte that may be 2^-9.
+    for (int64_t n = 0; n < N; n++) ((uint8_t *)wb.data)[n * K + K - 1] = tt_randint(0, 1) ? 0x38 : 0xB8;
+    for (int64_t m = 0; m < M; m++) a[m * K + K - 1] = tt_randint(0, 1) ? 16.0f : -16.0f;
     TT_OK(tpr_skinny_gemm(a, K, M, K, &wb.v, N, out, N, 1));
     double ok = compare(a, K, M, K, &wb.v, N, out, N, 0);
     double scale_bad = compare(a, K, M, K, &wb.v, N, out, N, 1);
