@@ -51,7 +51,6 @@ typedef struct tpr_session_opts {
 
 typedef struct tpr_session tpr_session;
 
-typedef struct tpr_session tpr_session;
 // Bytes a weight element of the first plan kind whose name contains `kind`
 // takes as held (its dtype, plus an FP8 kind's share of its scales); 4 when
 // no kind matches.

@@ -33,7 +33,9 @@ static void usage(FILE *f) {
     fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].summary);
   fprintf(f,
           "\n'tpr <command> --help' describes a command's options.\n"
-          "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N, TPR_COMM_CHECK=1\n");
+          "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N, TPR_COMM_CHECK=1,\n"
+          "             TPR_CPU_ISA=portable|avx2|avx512 (cap the vector kernels),\n"
+          "             TPR_WEIGHT_PANELS=1 (bf16/FP8 above 16 rows: widened panels + sgemm)\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,6 +1,7 @@
 // Shared tokenizer helpers: growable buffers, the string -> id and merge-pair
 // hash maps, UTF-8 handling and GPT-2's byte <-> character table.
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -142,21 +143,29 @@ void tok_merges_free(tok_merges *m) {
 }
 
 // Length of the valid UTF-8 sequence at s (1..4), 0 if s does not start one.
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
+// A multi-byte lead byte c: the sequence length and the range its second
+// byte must lie in (no overlongs, no surrogates, nothing past U+10FFFF);
+// false when c leads no sequence.
+static bool lead_byte(unsigned c, size_t *len, unsigned *lo, unsigned *hi) {
+  *lo = 0x80, *hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) *len = 2;
   else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;  // no surrogates
+    *len = 3;
+    if (c == 0xE0) *lo = 0xA0;
+    if (c == 0xED) *hi = 0x9F;  // no surrogates
   } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else return 0;
+    *len = 4;
+    if (c == 0xF0) *lo = 0x90;
+    if (c == 0xF4) *hi = 0x8F;
+  } else return false;
+  return true;
+}
+
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  if (s[0] < 0x80) return 1;
+  size_t len;
+  unsigned lo, hi;
+  if (!lead_byte(s[0], &len, &lo, &hi)) return 0;
   if (n < 2 || s[1] < lo || s[1] > hi) return 0;
   for (size_t i = 2; i < len; i++)
     if (i >= n || (s[i] & 0xC0) != 0x80) return 0;
@@ -217,19 +226,9 @@ int tok_utf8_put(int32_t cp, char *o) {
 // The maximal prefix of an invalid sequence that could still start a valid
 // one is replaced by one U+FFFD (Unicode's "substitution of maximal subparts").
 static size_t invalid_run(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
   size_t len;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else return 1;
+  unsigned lo, hi;
+  if (!lead_byte(s[0], &len, &lo, &hi)) return 1;
   if (n < 2 || s[1] < lo || s[1] > hi) return 1;
   size_t i = 2;
   while (i < len && i < n && (s[i] & 0xC0) == 0x80) i++;

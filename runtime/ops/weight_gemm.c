@@ -7,6 +7,13 @@
 
 enum { SKINNY_BLOCK_ROWS = 64 };
 
+// TPR_WEIGHT_PANELS, read once: the environment is not scanned per matmul.
+static bool panels_forced(void) {
+  static int forced = -1;  // every thread that races here stores the same value
+  if (forced < 0) forced = getenv("TPR_WEIGHT_PANELS") != NULL;
+  return forced;
+}
+
 static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
 
 // Rows of a widened bf16 panel: about 1 MiB of f32, so the panel stays in
@@ -26,7 +33,7 @@ tpr_status tpr__weight_gemm(const tpr_cpu_ctx *ctx, const float *a, int64_t lda,
   if (!fits_blasint(M) || !fits_blasint(N) || !fits_blasint(K) || !fits_blasint(lda) || !fits_blasint(ldo) ||
       !fits_blasint(w->ld))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "weight gemm (cpu): dims or strides exceed the BLAS integer range");
-  if (w->dtype != TPR_F32 && !getenv("TPR_WEIGHT_PANELS")) {
+  if (w->dtype != TPR_F32 && !panels_forced()) {
     // The skinny kernel's register tiles run near the sgemm rate on a bf16
     // W (measured by tpr bench kernels: ~170 GF/s at 16 rows against ~100
     // for widened panels and sgemm at 512 rows on 2 Zen 4 threads), so a
