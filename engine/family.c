@@ -7,6 +7,7 @@
 
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2,
+    // -- families
 };
 
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {

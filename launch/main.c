@@ -17,6 +17,7 @@ static const tpr_command commands[] = {
     {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
     // -- tokenizer commands
     // -- serve command
+    // -- scale command
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming) under mpirun", tpr_cmd_serve},
     {"tokenize", "encode text with a checkpoint's tokenizer.json and print the ids", tpr_cmd_tokenize},
     {"detokenize", "decode token ids with a checkpoint's tokenizer.json and print the text", tpr_cmd_detokenize},
