@@ -431,6 +431,12 @@ tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out
 
 int64_t tpr_sched_unfinished(const tpr_sched *s) { return s ? s->unfinished : 0; }
 
+int64_t tpr_sched_waiting(const tpr_sched *s) {
+  int64_t n = 0;
+  for (int r = 0; s && r < s->o.replicas; r++) n += s->reps[r].waiting.n;
+  return n;
+}
+
 // -1 for a replica out of range (the header gives this query no status).
 int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica) {
   if (!s || replica < 0 || replica >= s->o.replicas) return -1;

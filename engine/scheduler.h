@@ -112,6 +112,7 @@ typedef struct tpr_sched_seq_info {
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out);
 
 int64_t tpr_sched_unfinished(const tpr_sched *s);
+int64_t tpr_sched_waiting(const tpr_sched *s);  // unfinished sequences holding no blocks (queued or preempted)
 int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica);
 int64_t tpr_sched_preemptions(const tpr_sched *s);  // total so far
 

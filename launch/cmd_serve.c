@@ -35,7 +35,8 @@ static void read_config(const char *model, int64_t *eos, int64_t *max_pos) {
 }
 
 int tpr_cmd_serve(int argc, char **argv) {
-  const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL;
+  const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL, *template_name = "auto";
+  double request_timeout = 30, drain_timeout = 60;
   int64_t port = 8000, max_seq = 0, max_body = 1 << 20;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
@@ -49,6 +50,15 @@ int tpr_cmd_serve(int argc, char **argv) {
       {"max-seq", TPR_ARG_INT, &max_seq,
        "longest sequence, prompt + max_tokens (default: max_position_embeddings, at most 4096)"},
       {"max-body-bytes", TPR_ARG_INT, &max_body, "largest request body; larger ones get 413 (default 1 MiB)"},
+      {"chat-template", TPR_ARG_STR, &template_name,
+       "chat template of /v1/chat/completions: auto (recognised from the checkpoint; ChatML when it has none), "
+       "chatml, minimax_m2"},
+      {"request-timeout", TPR_ARG_FLOAT, &request_timeout,
+       "seconds a client has to send a whole request, and an idle keep-alive connection stays open; 408 after "
+       "(default 30; 0: none)"},
+      {"drain-timeout", TPR_ARG_FLOAT, &drain_timeout,
+       "on SIGTERM/SIGINT, seconds in-flight requests may take to finish before they are cut off with 503 "
+       "(default 60; 0: no limit)"},
       {"port-file", TPR_ARG_STR, &port_file, "write the bound port to this file once listening (for scripts)"},
       TPR_MODEL_ENGINE_ARGS(eng),
       TPR_MODEL_MESH_ARGS(mesh),
@@ -57,9 +67,10 @@ int tpr_cmd_serve(int argc, char **argv) {
   };
   const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
+                      "       [--chat-template auto|chatml|minimax_m2] [--request-timeout S] [--drain-timeout S]\n"
                       "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
-                      "POST /v1/chat/completions (ChatML template)";
+                      "POST /v1/chat/completions";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!model) {
@@ -68,6 +79,18 @@ int tpr_cmd_serve(int argc, char **argv) {
   }
   if (port < 0 || port > 65535 || max_body < 1) {
     fprintf(stderr, "tpr serve: %s\n", max_body < 1 ? "--max-body-bytes must be >= 1" : "--port must be in [0, 65535]");
+    return 2;
+  }
+  if (!(request_timeout >= 0) || !(drain_timeout >= 0) || request_timeout > 86400 || drain_timeout > 86400) {
+    fprintf(stderr, "tpr serve: --request-timeout and --drain-timeout must be in [0, 86400] seconds\n");
+    return 2;
+  }
+  tpr_chat_template tmpl = TPR_CHAT_CHATML;
+  char tmpl_why[128] = "--chat-template";
+  if (strcmp(template_name, "auto") == 0) {
+    tmpl = tpr_chat_template_detect(model, tmpl_why, sizeof tmpl_why);
+  } else if (!tpr_chat_template_parse(template_name, &tmpl)) {
+    fprintf(stderr, "tpr serve: unknown --chat-template '%s' (auto, chatml, minimax_m2)\n", template_name);
     return 2;
   }
   int64_t eos = -1, max_pos = 0;
@@ -95,7 +118,13 @@ int tpr_cmd_serve(int argc, char **argv) {
   tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
-                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = tpr_session_max_seq(s)};
+                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = tpr_session_max_seq(s),
+                       .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout};
+  if (rc == TPR_OK && w.rank == 0 && tmpl == TPR_CHAT_NONE)
+    fprintf(stderr,
+            "tpr serve: warning: the checkpoint's chat template (%s) is not one tpr has built in; chat requests "
+            "get 400 until the server is started with --chat-template\n",
+            tmpl_why);
   if (rc == TPR_OK) rc = tpr_serve_run(w.host, w.rank, e, tok, &so);
   tpr_engine_free(e);
   tpr_tokenizer_free(tok);

@@ -1,12 +1,19 @@
-// Chat templates. ChatML is the default (and, for now, the only) template:
-//   <|im_start|>{role}\n{content}<|im_end|>\n   for each message, then
-//   <|im_start|>assistant\n                     the generation prompt.
-// Qwen and MiniMax tokenizers declare <|im_start|> / <|im_end|> as special
-// tokens, so the markers encode to single ids.
+// Chat templates, built in (tpr has no Jinja engine, so a checkpoint's own
+// template text is recognised, not run):
+//   chatml      <|im_start|>{role}\n{content}<|im_end|>\n per message, then
+//               <|im_start|>assistant\n  (Qwen2/Qwen3, Qwen3-MoE; any role)
+//   minimax_m2  ]~!b[ once, then ]~b]{role}\n{content}[e~[\n per message, the
+//               assistant's role written "ai", then ]~b]ai\n<think>\n
+//               (MiniMax-M2's turn markers; roles system, user, assistant,
+//               tool). The official template's default system prompt and
+//               tool-call rendering are not reproduced.
+// The markers are special tokens of those tokenizers, so each encodes to a
+// single id.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/file_io.h"
 #include "serve/serve.h"
 
 typedef struct sbuf {
@@ -49,12 +56,98 @@ static bool put_content(sbuf *b, const cJSON *content) {
   return true;
 }
 
-char *tpr_chat_render_chatml(const cJSON *messages, char *err, size_t errlen) {
+typedef struct template_def {
+  const char *name;
+  const char *begin, *turn_open, *turn_sep, *turn_close, *generation;
+  // Roles the template can render and how it writes them; NULL: any role, as given.
+  const char *const (*roles)[2];
+} template_def;
+
+static const char *const minimax_roles[][2] = {
+    {"system", "system"}, {"user", "user"}, {"assistant", "ai"}, {"tool", "tool"}, {NULL, NULL}};
+
+static const template_def templates[TPR_CHAT_TEMPLATE_COUNT] = {
+    [TPR_CHAT_CHATML] = {"chatml", "", "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n", NULL},
+    [TPR_CHAT_MINIMAX_M2] = {"minimax_m2", "]~!b[", "]~b]", "\n", "[e~[\n", "]~b]ai\n<think>\n", minimax_roles},
+};
+
+const char *tpr_chat_template_name(tpr_chat_template t) {
+  return t >= 0 && t < TPR_CHAT_TEMPLATE_COUNT ? templates[t].name : "none";
+}
+
+bool tpr_chat_template_parse(const char *s, tpr_chat_template *out) {
+  for (int t = 0; t < TPR_CHAT_TEMPLATE_COUNT; t++)
+    if (strcmp(s, templates[t].name) == 0) {
+      *out = (tpr_chat_template)t;
+      return true;
+    }
+  return false;
+}
+
+// Which built-in template a checkpoint's Jinja text is, by its markers.
+static tpr_chat_template recognise(const char *jinja) {
+  if (strstr(jinja, "]~b]")) return TPR_CHAT_MINIMAX_M2;
+  if (strstr(jinja, "<|im_start|>")) return TPR_CHAT_CHATML;
+  return TPR_CHAT_NONE;
+}
+
+tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, size_t whylen) {
+  char path[4096];
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  tpr_chat_template t = TPR_CHAT_CHATML;
+  snprintf(why, whylen, "no chat template in the checkpoint: ChatML, the default");
+  // Newer checkpoints keep the template in its own file.
+  snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
+  if (tpr_file_read(path, &bytes, &len) == TPR_OK) {
+    char *text = malloc(len + 1);
+    if (text) {
+      memcpy(text, bytes, len);
+      text[len] = 0;
+      t = recognise(text);
+      snprintf(why, whylen, "chat_template.jinja");
+      free(text);
+    }
+    free(bytes);
+    return t;
+  }
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
+  if (tpr_file_read(path, &bytes, &len) != TPR_OK) return t;
+  cJSON *j = cJSON_ParseWithLength((const char *)bytes, len);
+  free(bytes);
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+  if (cJSON_IsArray(ct)) {  // named templates: the "default" one
+    const cJSON *e;
+    const cJSON *found = NULL;
+    cJSON_ArrayForEach(e, ct) {
+      const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+      if (cJSON_IsString(n) && strcmp(n->valuestring, "default") == 0)
+        found = cJSON_GetObjectItemCaseSensitive(e, "template");
+    }
+    ct = found;
+  }
+  if (cJSON_IsString(ct)) {
+    t = recognise(ct->valuestring);
+    snprintf(why, whylen, "tokenizer_config.json's chat_template");
+  }
+  cJSON_Delete(j);
+  return t;
+}
+
+char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen) {
+  if (t < 0 || t >= TPR_CHAT_TEMPLATE_COUNT) {
+    snprintf(err, errlen,
+             "this model's chat template is not one tpr has built in (chatml, minimax_m2): start the server with "
+             "--chat-template NAME, or use /v1/completions with a prompt you render");
+    return NULL;
+  }
+  const template_def *d = &templates[t];
   if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
     snprintf(err, errlen, "'messages' must be a non-empty list of {role, content} objects");
     return NULL;
   }
   sbuf b = {0};
+  put(&b, d->begin);
   int i = 0;
   const cJSON *m;
   cJSON_ArrayForEach(m, messages) {
@@ -62,25 +155,36 @@ char *tpr_chat_render_chatml(const cJSON *messages, char *err, size_t errlen) {
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (!cJSON_IsString(role) || !role->valuestring[0]) {
       snprintf(err, errlen, "messages[%d].role must be a non-empty string", i);
-      free(b.p);
-      return NULL;
+      goto fail;
     }
-    put(&b, "<|im_start|>");
-    put(&b, role->valuestring);
-    put(&b, "\n");
+    const char *written = role->valuestring;
+    if (d->roles) {
+      written = NULL;
+      for (int r = 0; d->roles[r][0]; r++)
+        if (strcmp(d->roles[r][0], role->valuestring) == 0) written = d->roles[r][1];
+      if (!written) {
+        snprintf(err, errlen, "messages[%d].role '%.64s' has no place in the %s chat template", i, role->valuestring,
+                 d->name);
+        goto fail;
+      }
+    }
+    put(&b, d->turn_open);
+    put(&b, written);
+    put(&b, d->turn_sep);
     if (!put_content(&b, content)) {
       snprintf(err, errlen, "messages[%d].content must be a string or a list of text parts", i);
-      free(b.p);
-      return NULL;
+      goto fail;
     }
-    put(&b, "<|im_end|>\n");
+    put(&b, d->turn_close);
     i++;
   }
-  put(&b, "<|im_start|>assistant\n");
+  put(&b, d->generation);
   if (b.oom) {
     snprintf(err, errlen, "out of memory rendering the chat template");
-    free(b.p);
-    return NULL;
+    goto fail;
   }
   return b.p;
+fail:
+  free(b.p);
+  return NULL;
 }

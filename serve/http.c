@@ -1,13 +1,14 @@
-// HTTP/1.1 on libuv with Debian's http-parser: keep-alive, Content-Length and
-// chunked request bodies (the parser de-chunks them), a body size limit
-// (413), 400 on a request the parser rejects. One request at a time per
-// connection: after a complete request the parser is paused and reading stops
-// until the answer is written, so pipelined bytes wait in `pending`.
+// HTTP/1.1 connections on libuv; the bytes go through tpr_http_reader
+// (http_reader.c: keep-alive, Content-Length and chunked bodies, 413 past the
+// body limit, 400 on what the parser rejects). One request at a time per
+// connection: after a complete request reading stops until the answer is
+// written, so pipelined bytes wait in `pending`. A request that is not
+// complete within request_timeout seconds of its first byte (or of the
+// connection going idle) gets 408 and the connection closes, so a client
+// that sends one byte a second holds nothing for long.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <http_parser.h>
 
 #include "serve/serve.h"
 
@@ -24,10 +25,10 @@ struct tpr_http_conn {
   uv_tcp_t tcp;
   tpr_http_server *srv;
   tpr_http_conn *prev, *next;
-  http_parser parser;
-  char *url, *body;
-  size_t url_len, body_len;
-  bool too_big;      // the body passed max_body: answered 413, then closed
+  uv_timer_t timer;   // the request timeout
+  int open_handles;   // tcp and timer: freed when both have closed
+  tpr_http_reader rd;
+  bool grace_used;    // the timeout has waited one more loop turn
   bool busy;         // a request is waiting for its answer
   bool keep_alive;   // of the request being answered
   bool closing;
@@ -37,6 +38,17 @@ struct tpr_http_conn {
 };
 
 static void conn_read(tpr_http_conn *c, const char *data, size_t len);
+static void timer_start(tpr_http_conn *c);
+
+static int grow(char **p, size_t *len, const char *at, size_t n) {
+  char *q = realloc(*p, *len + n + 1);
+  if (!q) return -1;
+  memcpy(q + *len, at, n);
+  *len += n;
+  q[*len] = 0;
+  *p = q;
+  return 0;
+}
 
 const char *tpr_http_status_text(int status) {
   switch (status) {
@@ -44,6 +56,7 @@ const char *tpr_http_status_text(int status) {
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
@@ -53,8 +66,8 @@ const char *tpr_http_status_text(int status) {
 
 static void on_closed(uv_handle_t *h) {
   tpr_http_conn *c = h->data;
-  free(c->url);
-  free(c->body);
+  if (--c->open_handles > 0) return;
+  tpr_http_reader_free(&c->rd);
   free(c->pending);
   free(c);
 }
@@ -67,6 +80,7 @@ static void conn_close(tpr_http_conn *c) {
   if (c->next) c->next->prev = c->prev;
   // The handler learns that its pending answer has nowhere to go.
   if (c->busy && s->o.on_close) s->o.on_close(s->o.ctx, c);
+  uv_close((uv_handle_t *)&c->timer, on_closed);
   uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
@@ -116,13 +130,10 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
 // The answer to the current request is written: take the next one.
 static void conn_done(tpr_http_conn *c) {
   c->busy = c->streaming = false;
-  free(c->url);
-  free(c->body);
-  c->url = c->body = NULL;
-  c->url_len = c->body_len = 0;
+  tpr_http_reader_next(&c->rd);
   if (c->closing) return;
   if (!c->keep_alive || c->srv->closing) return;  // the write callback closes it
-  http_parser_pause(&c->parser, 0);
+  timer_start(c);
   char *p = c->pending;
   size_t n = c->pending_len;
   c->pending = NULL;
@@ -135,8 +146,8 @@ static void conn_done(tpr_http_conn *c) {
 static void send_head(tpr_http_conn *c, int status, const char *ctype, size_t len, bool chunked, const char *body,
                       size_t blen, bool close_after) {
   char head[512];
-  int h = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s", status, tpr_http_status_text(status),
-                   ctype, c->keep_alive && !c->srv->closing ? "Connection: keep-alive\r\n" : "Connection: close\r\n",
+  int h = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s", status,
+                   tpr_http_status_text(status), ctype, c->keep_alive && !c->srv->closing ? "Connection: keep-alive\r\n" : "Connection: close\r\n",
                    chunked ? "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n" : "");
   if (!chunked) h += snprintf(head + h, sizeof head - (size_t)h, "Content-Length: %zu\r\n\r\n", len);
   conn_write(c, head, (size_t)h, body, blen, close_after);
@@ -170,73 +181,24 @@ void tpr_http_stream_end(tpr_http_conn *c) {
   conn_done(c);
 }
 
-// --- parser callbacks --------------------------------------------------------
-static int grow(char **p, size_t *len, const char *at, size_t n) {
-  char *q = realloc(*p, *len + n + 1);
-  if (!q) return -1;
-  memcpy(q + *len, at, n);
-  *len += n;
-  q[*len] = 0;
-  *p = q;
-  return 0;
-}
-
-static int on_url(http_parser *p, const char *at, size_t n) {
-  tpr_http_conn *c = p->data;
-  return c->url_len + n > 8192 ? -1 : grow(&c->url, &c->url_len, at, n);
-}
-
-static int on_body(http_parser *p, const char *at, size_t n) {
-  tpr_http_conn *c = p->data;
-  if (c->body_len + n > c->srv->o.max_body) {
-    c->too_big = true;
-    return -1;
-  }
-  return grow(&c->body, &c->body_len, at, n);
-}
-
-static int on_message_begin(http_parser *p) {
-  tpr_http_conn *c = p->data;
-  free(c->url);
-  free(c->body);
-  c->url = c->body = NULL;
-  c->url_len = c->body_len = 0;
-  return 0;
-}
-
-static int on_headers_complete(http_parser *p) {
-  tpr_http_conn *c = p->data;
-  // A declared length past the limit is refused before reading it.
-  if (p->content_length != ULLONG_MAX && p->content_length > c->srv->o.max_body) {
-    c->too_big = true;
-    return -1;
-  }
-  return 0;
-}
-
-static int on_message_complete(http_parser *p) {
-  tpr_http_conn *c = p->data;
+// Answers a request the reader refused (or a timeout) and closes after it.
+static void conn_refuse(tpr_http_conn *c, int status, const char *msg) {
+  uv_timer_stop(&c->timer);
   c->busy = true;
-  c->keep_alive = http_should_keep_alive(p);
-  http_parser_pause(p, 1);  // one request at a time
-  return 0;
+  c->keep_alive = false;
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  if (c->srv->o.on_refused) c->srv->o.on_refused(c->srv->o.ctx, status);
+  char *j = tpr_oai_error_json(status, msg);
+  tpr_http_respond(c, status, "application/json", j ? j : "", j ? strlen(j) : 0);
+  free(j);
 }
-
-static const http_parser_settings settings = {
-    .on_message_begin = on_message_begin,
-    .on_url = on_url,
-    .on_body = on_body,
-    .on_headers_complete = on_headers_complete,
-    .on_message_complete = on_message_complete,
-};
 
 static void dispatch(tpr_http_conn *c) {
-  char empty[1] = "";
-  char *url = c->url ? c->url : empty;
-  char *q = strchr(url, '?');
-  if (q) *q = 0;
-  tpr_http_request r = {.method = (int)c->parser.method, .path = url, .body = c->body ? c->body : empty,
-                        .body_len = c->body_len};
+  uv_timer_stop(&c->timer);  // the answer may take as long as generation does
+  tpr_http_request r;
+  tpr_http_reader_request(&c->rd, &r);
+  c->busy = true;
+  c->keep_alive = tpr_http_reader_keep_alive(&c->rd);
   c->srv->o.handler(c->srv->o.ctx, c, &r);
 }
 
@@ -246,26 +208,44 @@ static void conn_read(tpr_http_conn *c, const char *data, size_t len) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     return;
   }
-  size_t used = http_parser_execute(&c->parser, &settings, data, len);
-  enum http_errno err = HTTP_PARSER_ERRNO(&c->parser);
-  if (err == HPE_PAUSED) {
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    if (used < len && grow(&c->pending, &c->pending_len, data + used, len - used) < 0) return conn_close(c);
-    dispatch(c);
+  size_t used = 0;
+  int status = 400;
+  char msg[160];
+  switch (tpr_http_reader_feed(&c->rd, data, len, &used, &status, msg, sizeof msg)) {
+    case TPR_HTTP_MORE:
+      return;
+    case TPR_HTTP_REQUEST:
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      if (used < len && grow(&c->pending, &c->pending_len, data + used, len - used) < 0) return conn_close(c);
+      return dispatch(c);
+    case TPR_HTTP_BAD:
+      conn_refuse(c, status, msg);
+      return;
+  }
+}
+
+// No complete request within the timeout: a half-sent request gets 408, an
+// idle keep-alive connection is closed quietly.
+static void on_timeout(uv_timer_t *t) {
+  tpr_http_conn *c = t->data;
+  if (c->busy || c->closing) return;
+  // libuv runs timers before it polls sockets, so bytes that arrived while
+  // rank 0 was in an engine step are still unread: one more loop turn first.
+  if (!c->grace_used) {
+    c->grace_used = true;
+    uv_timer_start(&c->timer, on_timeout, 1, 0);
     return;
   }
-  if (err != HPE_OK) {
-    c->busy = true;
-    c->keep_alive = false;
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    int status = c->too_big ? 413 : 400;
-    char msg[160];
-    if (c->too_big) snprintf(msg, sizeof msg, "request body larger than %zu bytes", c->srv->o.max_body);
-    else snprintf(msg, sizeof msg, "malformed HTTP request: %s", http_errno_description(err));
-    char *j = tpr_oai_error_json(status, msg);
-    tpr_http_respond(c, status, "application/json", j ? j : "", j ? strlen(j) : 0);
-    free(j);
-  }
+  if (!c->rd.started) return conn_close(c);
+  char msg[160];
+  snprintf(msg, sizeof msg, "no complete request within %.3g s", c->srv->o.request_timeout);
+  conn_refuse(c, 408, msg);
+}
+
+static void timer_start(tpr_http_conn *c) {
+  double t = c->srv->o.request_timeout;
+  c->grace_used = false;
+  if (t > 0) uv_timer_start(&c->timer, on_timeout, (uint64_t)(t * 1000.0 + 0.5), 0);
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -276,6 +256,7 @@ static void on_connection(uv_stream_t *server, int status) {
   c->srv = s;
   uv_tcp_init(s->loop, &c->tcp);
   c->tcp.data = c;
+  c->open_handles = 1;
   if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
     uv_close((uv_handle_t *)&c->tcp, on_closed);
     return;
@@ -283,8 +264,11 @@ static void on_connection(uv_stream_t *server, int status) {
   c->next = s->conns;
   if (s->conns) s->conns->prev = c;
   s->conns = c;
-  http_parser_init(&c->parser, HTTP_REQUEST);
-  c->parser.data = c;
+  tpr_http_reader_init(&c->rd, s->o.max_body);
+  uv_timer_init(s->loop, &c->timer);
+  c->timer.data = c;
+  c->open_handles = 2;
+  timer_start(c);
   uv_tcp_nodelay(&c->tcp, 1);
   uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }

@@ -72,6 +72,16 @@ static void progress(serve_state *st, serve_req *r) {
   }
   int64_t gen = si.len - si.prompt_len;
   if (gen == r->gen_seen && !si.finished) return;
+  if (gen > r->gen_seen) {
+    double now = serve_now();
+    if (r->gen_seen == 0) {
+      serve_observe(&st->m.ttft, now - r->t_submit);
+    } else {  // tokens that came in one step share its time
+      double per = (now - r->t_last_token) / (double)(gen - r->gen_seen);
+      for (int64_t k = r->gen_seen; k < gen; k++) serve_observe(&st->m.itl, per);
+    }
+    r->t_last_token = now;
+  }
   r->gen_seen = gen;
   char *text = NULL;
   size_t tl = 0;
@@ -93,8 +103,8 @@ static void progress(serve_state *st, serve_req *r) {
     }
   }
   if (!finish && si.finished)
-    finish = gen > 0 && st->o->eos >= 0 && si.tokens[si.len - 1] == st->o->eos ? "stop" : "length";
-  if (gen > 0 && !r->first_sent) serve_observe_ttft(st, serve_now() - r->t_submit);
+    finish = gen > 0 && !r->r.ignore_eos && st->o->eos >= 0 && si.tokens[si.len - 1] == st->o->eos ? "stop"
+                                                                                                   : "length";
   if (r->r.stream) {
     size_t stable = end;
     if (!finish) {
@@ -112,6 +122,11 @@ static void progress(serve_state *st, serve_req *r) {
       char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, NULL, finish, !r->first_sent);
       if (j) send_sse(r->conn, j);
       free(j);
+      if (r->r.include_usage) {
+        j = tpr_oai_usage_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, r->prompt_len, gen);
+        if (j) send_sse(r->conn, j);
+        free(j);
+      }
       send_sse(r->conn, "[DONE]");
       tpr_http_stream_end(r->conn);
     }
@@ -162,16 +177,49 @@ static void on_tick(uv_timer_t *t) {}  // wakes uv_run(UV_RUN_ONCE) so rank 0 br
 static void on_signal(uv_signal_t *h, int signum) {
   serve_state *st = h->data;
   if (st->stopping) return;
-  fprintf(stderr, "tpr serve: signal %d: finishing %s in-flight requests, then exiting\n", signum,
-          engine_busy(st) ? "the" : "no");
+  if (engine_busy(st) && st->o->drain_timeout > 0)
+    fprintf(stderr, "tpr serve: signal %d: finishing the in-flight requests (at most %.3g s), then exiting\n", signum,
+            st->o->drain_timeout);
+  else
+    fprintf(stderr, "tpr serve: signal %d: %s, then exiting\n", signum,
+            engine_busy(st) ? "finishing the in-flight requests" : "no request in flight");
   st->stopping = true;
+  st->t_stop = serve_now();
   tpr_http_stop_accepting(st->http);
 }
+
+// The drain ran past --drain-timeout: every unfinished sequence ends now; a
+// streaming client gets an error event, a waiting one a 503.
+static void cut_off(serve_state *st) {
+  const char *msg = "the server shut down before the answer was complete (--drain-timeout)";
+  int64_t n = 0;
+  for (serve_req *r = st->reqs; r; r = r->next) {
+    if (r->engine_done) continue;
+    if (tpr_engine_cancel(st->e, r->seq) == TPR_OK) r->engine_done = true;
+    n++;
+    if (!r->conn || r->responded) continue;
+    char *j = tpr_oai_error_json(503, msg);
+    if (r->r.stream) {
+      if (j) send_sse(r->conn, j);
+      tpr_http_stream_end(r->conn);
+    } else {
+      serve_count_status(st, 503);
+      tpr_http_respond(r->conn, 503, "application/json", j ? j : "{}", j ? strlen(j) : 2);
+    }
+    free(j);
+    r->responded = true;
+  }
+  fprintf(stderr, "tpr serve: drain timeout (%.3g s): %lld unfinished requests cut off\n", st->o->drain_timeout,
+          (long long)n);
+}
+
+static void on_refused(void *ctx, int status) { serve_count_status(ctx, status); }
 
 static tpr_status rank0_init(serve_state *st) {
   uv_loop_init(&st->loop);
   tpr_http_opts ho = {.host = st->o->host, .port = st->o->port, .max_body = st->o->max_body,
-                      .handler = serve_handle, .ctx = st, .on_close = serve_conn_closed};
+                      .request_timeout = st->o->request_timeout, .handler = serve_handle, .ctx = st,
+                      .on_close = serve_conn_closed, .on_refused = on_refused};
   tpr_status rc = tpr_http_listen(&st->loop, &ho, &st->http);
   if (rc != TPR_OK) {
     uv_run(&st->loop, UV_RUN_DEFAULT);
@@ -185,8 +233,8 @@ static tpr_status rank0_init(serve_state *st) {
   st->sigterm.data = st->sigint.data = st;
   uv_signal_start(&st->sigterm, on_signal, SIGTERM);
   uv_signal_start(&st->sigint, on_signal, SIGINT);
-  printf("tpr serve: model '%s' on http://%s:%d (context %lld tokens)\n", st->o->model_id, st->o->host,
-         tpr_http_port(st->http), (long long)st->o->max_seq);
+  printf("tpr serve: model '%s' on http://%s:%d (context %lld tokens, chat template %s)\n", st->o->model_id,
+         st->o->host, tpr_http_port(st->http), (long long)st->o->max_seq, tpr_chat_template_name(st->o->chat_template));
   fflush(stdout);
   if (st->o->port_file) {
     FILE *f = fopen(st->o->port_file, "w");
@@ -244,6 +292,9 @@ tpr_status tpr_serve_run(tpr_comm_t world, int rank, tpr_engine *e, const tpr_to
     int32_t flag = FLAG_IDLE;
     if (rank == 0) {
       uv_run(&st->loop, engine_busy(st) ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+      if (st->stopping && st->o->drain_timeout > 0 && engine_busy(st) &&
+          serve_now() - st->t_stop > st->o->drain_timeout)
+        cut_off(st);
       bool busy = engine_busy(st);
       flag = busy ? FLAG_STEP : st->stopping ? FLAG_STOP : FLAG_IDLE;
     }

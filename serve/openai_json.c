@@ -38,8 +38,17 @@ static bool num_field(const cJSON *j, const char *name, bool wants_int, double l
   return true;
 }
 
-bool tpr_oai_parse(const char *body, size_t len, bool chat, const char *model_id, tpr_oai_request *out, int *status,
-                   char *err, size_t errlen) {
+// An optional boolean (absent or null: false).
+static bool bool_field(const cJSON *j, const char *name, bool *out, char *err, size_t errlen, int *status) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+  if (!v || cJSON_IsNull(v)) return true;
+  if (!cJSON_IsBool(v)) return bad(err, errlen, status, 400, "'%s' must be a boolean", name);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
+                   tpr_oai_request *out, int *status, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   out->chat = chat;
   cJSON *j = cJSON_ParseWithLength(body, len);
@@ -68,7 +77,7 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const char *model_id
       bad(err, errlen, status, 400, "'%s' is required", "messages");
       goto done;
     }
-    out->prompt = tpr_chat_render_chatml(m, err, errlen);
+    out->prompt = tpr_chat_render(tmpl, m, err, errlen);
     if (!out->prompt) {
       *status = 400;
       goto done;
@@ -103,13 +112,18 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const char *model_id
   out->top_p = top_p;
   out->top_k = top_k < 0 ? 0 : (int64_t)top_k;  // -1: no limit (vLLM's spelling)
   out->seed = (int64_t)seed;
-  const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stream");
-  if (st && !cJSON_IsNull(st)) {
-    if (!cJSON_IsBool(st)) {
-      bad(err, errlen, status, 400, "'%s' must be a boolean", "stream");
-      goto done;
-    }
-    out->stream = cJSON_IsTrue(st);
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
+  if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so)) {
+    bad(err, errlen, status, 400, "'%s' must be an object", "stream_options");
+    goto done;
+  }
+  if (!bool_field(j, "stream", &out->stream, err, errlen, status) ||
+      !bool_field(j, "ignore_eos", &out->ignore_eos, err, errlen, status) ||
+      (cJSON_IsObject(so) && !bool_field(so, "include_usage", &out->include_usage, err, errlen, status)))
+    goto done;
+  if (out->include_usage && !out->stream) {
+    bad(err, errlen, status, 400, "'%s' is only allowed with stream: true", "stream_options");
+    goto done;
   }
   const cJSON *stop = cJSON_GetObjectItemCaseSensitive(j, "stop");
   if (stop && !cJSON_IsNull(stop)) {
@@ -167,6 +181,13 @@ static cJSON *envelope(bool chat, bool chunk, const char *id, int64_t created, c
   return j;
 }
 
+static void add_usage(cJSON *j, int64_t prompt_tokens, int64_t completion_tokens) {
+  cJSON *u = cJSON_AddObjectToObject(j, "usage");
+  cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt_tokens);
+  cJSON_AddNumberToObject(u, "completion_tokens", (double)completion_tokens);
+  cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt_tokens + completion_tokens));
+}
+
 char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
                             const char *finish_reason, int64_t prompt_tokens, int64_t completion_tokens) {
   cJSON *j = envelope(chat, false, id, created, model);
@@ -182,10 +203,17 @@ char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const ch
   cJSON_AddNullToObject(c, "logprobs");
   cJSON_AddStringToObject(c, "finish_reason", finish_reason);
   cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"), c);
-  cJSON *u = cJSON_AddObjectToObject(j, "usage");
-  cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt_tokens);
-  cJSON_AddNumberToObject(u, "completion_tokens", (double)completion_tokens);
-  cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt_tokens + completion_tokens));
+  add_usage(j, prompt_tokens, completion_tokens);
+  char *s = cJSON_PrintUnformatted(j);
+  cJSON_Delete(j);
+  return s;
+}
+
+char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
+                               int64_t completion_tokens) {
+  cJSON *j = envelope(chat, true, id, created, model);
+  cJSON_AddArrayToObject(j, "choices");
+  add_usage(j, prompt_tokens, completion_tokens);
   char *s = cJSON_PrintUnformatted(j);
   cJSON_Delete(j);
   return s;

@@ -2,6 +2,7 @@
 // /v1/completions, POST /v1/chat/completions. A request that passes its
 // checks becomes an engine sequence (submitted here, between steps); loop.c
 // streams its tokens back. Every bad request gets an OpenAI-shaped JSON error.
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,9 @@
 
 #include "serve/serve_impl.h"
 
-static const double ttft_bounds[SERVE_TTFT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
+static const double hist_bounds[SERVE_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                        0.1,   0.25,   0.5,   1,    2.5,   10};
+static const int status_codes[SERVE_N_STATUS - 1] = {200, 400, 404, 405, 408, 413, 500, 503};
 
 double serve_now(void) {
   struct timespec ts;
@@ -20,15 +23,16 @@ double serve_now(void) {
 }
 
 void serve_count_status(serve_state *st, int status) {
-  int i = status == 200 ? 0 : status == 400 ? 1 : status == 404 ? 2 : status == 405 ? 3 : status == 413 ? 4 : 5;
-  st->m.by_status[i]++;
+  int i = 0;
+  while (i < SERVE_N_STATUS - 1 && status_codes[i] != status) i++;
+  st->m.by_status[i]++;  // the last slot: any other status
 }
 
-void serve_observe_ttft(serve_state *st, double s) {
+void serve_observe(serve_hist *h, double s) {
   int b = 0;
-  while (b < SERVE_TTFT_BUCKETS && s > ttft_bounds[b]) b++;
-  st->m.ttft_count[b]++;
-  st->m.ttft_sum += s;
+  while (b < SERVE_HIST_BUCKETS && s > hist_bounds[b]) b++;
+  h->count[b]++;
+  h->sum += s;
 }
 
 static void respond(serve_state *st, tpr_http_conn *c, int status, const char *ctype, const char *body) {
@@ -55,43 +59,74 @@ static void models(serve_state *st, tpr_http_conn *c) {
   respond(st, c, 200, "application/json", body);
 }
 
-static void metrics(serve_state *st, tpr_http_conn *c) {
-  static const char *codes[6] = {"200", "400", "404", "405", "413", "5xx"};
-  int64_t running = 0;
-  for (serve_req *r = st->reqs; r; r = r->next) running += !r->engine_done;
-  char body[4096];
-  int n = snprintf(body, sizeof body, "# HELP tpr_requests_total HTTP requests answered, by status.\n"
-                                      "# TYPE tpr_requests_total counter\n");
-  for (int i = 0; i < 6; i++)
-    n += snprintf(body + n, sizeof body - (size_t)n, "tpr_requests_total{status=\"%s\"} %lld\n", codes[i],
-                  (long long)st->m.by_status[i]);
-  n += snprintf(body + n, sizeof body - (size_t)n,
-                "# HELP tpr_prompt_tokens_total Prompt tokens of accepted requests.\n"
-                "# TYPE tpr_prompt_tokens_total counter\ntpr_prompt_tokens_total %lld\n"
-                "# HELP tpr_generation_tokens_total Tokens generated for answered requests.\n"
-                "# TYPE tpr_generation_tokens_total counter\ntpr_generation_tokens_total %lld\n"
-                "# HELP tpr_running_sequences Sequences in the engine.\n"
-                "# TYPE tpr_running_sequences gauge\ntpr_running_sequences %lld\n"
-                "# HELP tpr_kv_blocks_in_use KV cache blocks in use (replica 0).\n"
-                "# TYPE tpr_kv_blocks_in_use gauge\ntpr_kv_blocks_in_use %lld\n"
-                "# HELP tpr_time_to_first_token_seconds From submission to the first generated token.\n"
-                "# TYPE tpr_time_to_first_token_seconds histogram\n",
-                (long long)st->m.prompt_tokens, (long long)st->m.generated_tokens, (long long)running,
-                (long long)tpr_engine_blocks_in_use(st->e, 0));
-  int64_t cum = 0;
-  for (int b = 0; b <= SERVE_TTFT_BUCKETS; b++) {
-    cum += st->m.ttft_count[b];
-    if (b < SERVE_TTFT_BUCKETS)
-      n += snprintf(body + n, sizeof body - (size_t)n, "tpr_time_to_first_token_seconds_bucket{le=\"%g\"} %lld\n",
-                    ttft_bounds[b], (long long)cum);
-    else
-      n += snprintf(body + n, sizeof body - (size_t)n, "tpr_time_to_first_token_seconds_bucket{le=\"+Inf\"} %lld\n",
-                    (long long)cum);
+// Appends printf-style text to a growing buffer (the metrics page).
+typedef struct text_buf {
+  char *p;
+  size_t len, cap;
+} text_buf;
+
+static void tb_printf(text_buf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(text_buf *t, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = t->p ? vsnprintf(t->p + t->len, t->cap - t->len, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = t->cap * 2 + (n > 0 ? (size_t)n : 0) + 4096;
+    char *q = realloc(t->p, cap);
+    if (!q) return;  // the page is cut short rather than lost
+    t->p = q;
+    t->cap = cap;
   }
-  snprintf(body + n, sizeof body - (size_t)n,
-           "tpr_time_to_first_token_seconds_sum %.6f\ntpr_time_to_first_token_seconds_count %lld\n", st->m.ttft_sum,
-           (long long)cum);
-  respond(st, c, 200, "text/plain; version=0.0.4", body);
+}
+
+static void metric_head(text_buf *t, const char *name, const char *type, const char *help) {
+  tb_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void histogram(text_buf *t, const char *name, const char *help, const serve_hist *h) {
+  metric_head(t, name, "histogram", help);
+  int64_t cum = 0;
+  for (int b = 0; b <= SERVE_HIST_BUCKETS; b++) {
+    cum += h->count[b];
+    if (b < SERVE_HIST_BUCKETS) tb_printf(t, "%s_bucket{le=\"%g\"} %lld\n", name, hist_bounds[b], (long long)cum);
+    else tb_printf(t, "%s_bucket{le=\"+Inf\"} %lld\n", name, (long long)cum);
+  }
+  tb_printf(t, "%s_sum %.6f\n%s_count %lld\n", name, h->sum, name, (long long)cum);
+}
+
+static void metrics(serve_state *st, tpr_http_conn *c) {
+  int64_t unfinished = 0;
+  for (serve_req *r = st->reqs; r; r = r->next) unfinished += !r->engine_done;
+  int64_t waiting = tpr_engine_waiting(st->e);
+  text_buf t = {0};
+  metric_head(&t, "tpr_requests_total", "counter", "HTTP requests answered, by status.");
+  for (int i = 0; i < SERVE_N_STATUS; i++) {
+    char code[8];
+    if (i < SERVE_N_STATUS - 1) snprintf(code, sizeof code, "%d", status_codes[i]);
+    else snprintf(code, sizeof code, "other");
+    tb_printf(&t, "tpr_requests_total{status=\"%s\"} %lld\n", code, (long long)st->m.by_status[i]);
+  }
+  metric_head(&t, "tpr_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
+  tb_printf(&t, "tpr_prompt_tokens_total %lld\n", (long long)st->m.prompt_tokens);
+  metric_head(&t, "tpr_generation_tokens_total", "counter", "Tokens generated for answered requests.");
+  tb_printf(&t, "tpr_generation_tokens_total %lld\n", (long long)st->m.generated_tokens);
+  metric_head(&t, "tpr_running_sequences", "gauge", "Sequences the engine is running (holding KV blocks).");
+  tb_printf(&t, "tpr_running_sequences %lld\n", (long long)(unfinished - waiting));
+  metric_head(&t, "tpr_waiting_sequences", "gauge", "Sequences waiting for KV blocks (queued or preempted).");
+  tb_printf(&t, "tpr_waiting_sequences %lld\n", (long long)waiting);
+  metric_head(&t, "tpr_kv_blocks_in_use", "gauge", "KV cache blocks in use (replica 0).");
+  tb_printf(&t, "tpr_kv_blocks_in_use %lld\n", (long long)tpr_engine_blocks_in_use(st->e, 0));
+  histogram(&t, "tpr_time_to_first_token_seconds", "From submission to the first generated token.", &st->m.ttft);
+  histogram(&t, "tpr_inter_token_latency_seconds", "Between consecutive generated tokens of a request.",
+            &st->m.itl);
+  if (!t.p) return respond(st, c, 500, "text/plain", "out of memory\n");
+  respond(st, c, 200, "text/plain; version=0.0.4", t.p);
+  free(t.p);
 }
 
 // Tokenizes, checks and submits a generation request.
@@ -99,7 +134,8 @@ static void generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *
   char err[512];
   int status = 400;
   tpr_oai_request q;
-  if (!tpr_oai_parse(hr->body, hr->body_len, chat, st->o->model_id, &q, &status, err, sizeof err))
+  if (!tpr_oai_parse(hr->body, hr->body_len, chat, st->o->chat_template, st->o->model_id, &q, &status, err,
+                     sizeof err))
     return respond_error(st, c, status, err);
   int32_t *ids = NULL;
   size_t n = 0;
@@ -118,7 +154,7 @@ static void generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *
     goto fail;
   }
   tpr_gen_params g = {.max_new = q.max_tokens,
-                      .stop_token = st->o->eos,
+                      .stop_token = q.ignore_eos ? -1 : st->o->eos,
                       .sampling = {.temperature = q.temperature, .top_k = q.top_k, .top_p = q.top_p,
                                    .seed = (uint64_t)q.seed}};
   int64_t seq;
@@ -139,7 +175,7 @@ static void generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *
   r->seq = seq;
   r->prompt_len = (int64_t)n;
   r->created = (int64_t)time(NULL);
-  r->t_submit = serve_now();
+  r->t_submit = r->t_last_token = serve_now();
   snprintf(r->id, sizeof r->id, "%s-%lld", chat ? "chatcmpl" : "cmpl", (long long)st->next_id++);
   // Appended, so sequences are reported in submission order.
   serve_req **tail = &st->reqs;

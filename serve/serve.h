@@ -20,18 +20,13 @@
 #include "collectives/tpr_comm.h"
 #include "engine/engine.h"
 #include "runtime/status.h"
+#include "serve/http_reader.h"
 #include "tokenizer/tokenizer.h"
 
 // --- http.c -----------------------------------------------------------------
 typedef struct tpr_http_conn tpr_http_conn;
 typedef struct tpr_http_server tpr_http_server;
 
-typedef struct tpr_http_request {
-  int method;         // http-parser's enum http_method
-  char *path;         // without the query string
-  char *body;         // NUL-terminated
-  size_t body_len;
-} tpr_http_request;
 
 // Called once per complete request; the handler answers with exactly one of
 // tpr_http_respond or tpr_http_stream_begin ... tpr_http_stream_end, now or
@@ -42,10 +37,13 @@ typedef struct tpr_http_opts {
   const char *host;
   int port;
   size_t max_body;  // larger bodies: 413
+  double request_timeout;  // seconds for a whole request to arrive (408 after); <= 0: none
   tpr_http_handler handler;
   void *ctx;
   // Called when a connection whose answer is still pending goes away.
   void (*on_close)(void *ctx, tpr_http_conn *c);
+  // Called when the HTTP layer itself answers an error (400, 408, 413).
+  void (*on_refused)(void *ctx, int status);
 } tpr_http_opts;
 
 tpr_status tpr_http_listen(uv_loop_t *loop, const tpr_http_opts *o, tpr_http_server **out);
@@ -64,6 +62,28 @@ void tpr_http_stream_send(tpr_http_conn *c, const char *data, size_t len);  // o
 void tpr_http_stream_end(tpr_http_conn *c);
 const char *tpr_http_status_text(int status);
 
+// --- chat_template.c --------------------------------------------------------
+// Built-in chat templates (the formats are described in chat_template.c).
+typedef enum tpr_chat_template {
+  TPR_CHAT_NONE = -1,  // the checkpoint declares a template tpr does not have: chat requests get 400
+  TPR_CHAT_CHATML = 0,
+  TPR_CHAT_MINIMAX_M2 = 1,
+  TPR_CHAT_TEMPLATE_COUNT
+} tpr_chat_template;
+
+const char *tpr_chat_template_name(tpr_chat_template t);  // "chatml", "minimax_m2"; "none"
+bool tpr_chat_template_parse(const char *s, tpr_chat_template *out);
+// The template a checkpoint declares (chat_template.jinja, else
+// tokenizer_config.json's chat_template), recognised by its markers; ChatML
+// when it declares none; TPR_CHAT_NONE when it declares one tpr lacks. why:
+// where the answer came from.
+tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, size_t whylen);
+// messages: a cJSON array of {role, content} (content a string or a list of
+// {"type":"text","text":...} parts). Returns the prompt (malloc'ed), or NULL
+// with err set: a bad message list, a role the template cannot render, or
+// TPR_CHAT_NONE.
+char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen);
+
 // --- openai_json.c ----------------------------------------------------------
 #define TPR_SERVE_MAX_STOP 4
 
@@ -76,28 +96,27 @@ typedef struct tpr_oai_request {
   char *stop[TPR_SERVE_MAX_STOP];
   int n_stop;
   bool stream;
+  bool include_usage;      // stream_options.include_usage: a last chunk with the usage
+  bool ignore_eos;         // vLLM's extension: generate max_tokens whatever comes
 } tpr_oai_request;
 
 // Parses a body. On a bad request returns false with *status (400 / 404)
 // and err set to the message.
-bool tpr_oai_parse(const char *body, size_t len, bool chat, const char *model_id, tpr_oai_request *out, int *status,
-                   char *err, size_t errlen);
+// chat: messages rendered with `tmpl` (tpr_chat_render).
+bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
+                   tpr_oai_request *out, int *status, char *err, size_t errlen);
 void tpr_oai_request_free(tpr_oai_request *r);
 // {"error":{"message":..., "type":..., "code":status}} (malloc'ed).
 char *tpr_oai_error_json(int status, const char *message);
 // Full (non-streamed) response body (malloc'ed).
 char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
                             const char *finish_reason, int64_t prompt_tokens, int64_t completion_tokens);
+// The last streamed chunk of stream_options.include_usage: no choices, the usage.
+char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
+                               int64_t completion_tokens);
 // One streamed chunk; text NULL: none; finish NULL: null; first: chat's role delta.
 char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
                          const char *finish_reason, bool first);
-
-// --- chat_template.c --------------------------------------------------------
-// ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
-// "<|im_start|>assistant\n". messages: a cJSON array of {role, content}
-// (content a string or a list of {"type":"text","text":...} parts).
-// Returns NULL with err set on a bad message list.
-char *tpr_chat_render_chatml(const cJSON *messages, char *err, size_t errlen);
 
 // --- loop.c / routes.c ------------------------------------------------------
 typedef struct tpr_serve_opts {
@@ -108,6 +127,9 @@ typedef struct tpr_serve_opts {
   const char *port_file;   // rank 0 writes the bound port here (tests), NULL: none
   int32_t eos;             // -1: none
   int64_t max_seq;
+  tpr_chat_template chat_template;
+  double request_timeout;  // seconds for a request to arrive whole (408 after)
+  double drain_timeout;    // seconds SIGTERM waits for in-flight requests; then they are cut off (503)
 } tpr_serve_opts;
 
 // Collective: serves until SIGTERM/SIGINT (rank 0) and the drain.

@@ -6,10 +6,14 @@
 # on a free port. Checks: /health, /v1/models; greedy completions equal
 # `tpr run --prompt-ids` on the tokenized prompt (detokenized); streamed
 # chunks concatenate to the non-streamed text and end with [DONE]; chat with
-# ChatML equals the completion of the rendered template; 8 concurrent clients
-# x 2 requests (half streamed) all answer as alone; bad requests get the
-# right status and OpenAI-shaped errors, and /health still answers after;
-# SIGTERM exits 0 on every rank within a few seconds.
+# ChatML equals the completion of the rendered template; 32 concurrent
+# clients x 4 requests (half streamed) all answer as alone, none lost or
+# duplicated; bad requests get the right status and OpenAI-shaped errors, a
+# client sending one byte every 0.3 s gets 408 while others are answered, and
+# /health still answers after; SIGTERM exits 0 on every rank within a few
+# seconds. A second server (context 4096, a MiniMax-M2 chat template in
+# tokenizer_config.json) renders chat with it, refuses a role it lacks, and
+# on SIGTERM cuts a long stream off at --drain-timeout, exiting 0.
 set -u
 TPR=$1 FIX=$2 MPIEXEC=$3 NP=$4
 W=$(mktemp -d /tmp/tpr_serve_test.XXXXXX)
@@ -32,20 +36,21 @@ PY
 cp "$FIX/tokenizer/bytelevel/tokenizer.json" "$FIX/tokenizer/bytelevel/tokenizer_config.json" "$W/m/"
 EOS=$("$TPR" tokenize --model "$W/m" --text "<|im_end|>")
 
-launch() {  # launch [extra serve flags...]: starts the server, waits for its port
+launch() {  # launch MODEL_DIR [extra serve flags...]: starts the server, waits for its port
+  local dir=$1; shift
   rm -f "$W/port"
   if [ "$NP" -gt 1 ]; then
-    "$MPIEXEC" -np "$NP" --oversubscribe "$TPR" serve --model "$W/m" --port 0 --port-file "$W/port" "$@" \
+    "$MPIEXEC" -np "$NP" --oversubscribe "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" \
       >"$W/server.log" 2>&1 &
   else
-    "$TPR" serve --model "$W/m" --port 0 --port-file "$W/port" "$@" >"$W/server.log" 2>&1 &
+    "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" >"$W/server.log" 2>&1 &
   fi
   SERVER=$!
   for _ in $(seq 300); do [ -s "$W/port" ] && break; sleep 0.1; done
   [ -s "$W/port" ] || { cat "$W/server.log"; echo "server did not start"; exit 1; }
   URL="http://127.0.0.1:$(cat "$W/port")"
 }
-launch
+launch "$W/m" --request-timeout 2
 
 # -- health and models
 [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] && pass "/health" || fail "/health"
@@ -79,6 +84,16 @@ NIDS=$("$TPR" tokenize --model "$W/m" --text "$P" | tr ',' '\n' | wc -l)
 [[ "$USAGE" == "$NIDS 12 text_completion" ]] && pass "usage: $USAGE (prompt $NIDS ids)" || fail "usage '$USAGE', prompt $NIDS ids"
 STREAMED=$(curl -sN "$URL/v1/completions" -d "$(body "$P" 12 1)" | sse_text)
 [ "$STREAMED" = "$GOT" ] && pass "streamed chunks concatenate to the completion" || fail "streamed '$STREAMED' != '$GOT'"
+# stream_options.include_usage: a last chunk with no choices and the usage;
+# ignore_eos: exactly max_tokens generated, finish_reason length.
+U=$(curl -sN "$URL/v1/completions" -d "{\"prompt\": \"hello world\", \"max_tokens\": 30, \"temperature\": 0, \"stream\": true, \"ignore_eos\": true, \"stream_options\": {\"include_usage\": true}}" |
+  python3 -c "
+import json, sys
+lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
+assert lines[-1] == 'data: [DONE]'
+last = json.loads(lines[-2][6:]); fin = json.loads(lines[-3][6:])
+print(len(last['choices']), last['usage']['completion_tokens'], fin['choices'][0]['finish_reason'])")
+[ "$U" = "0 30 length" ] && pass "include_usage + ignore_eos: usage chunk, 30 tokens, finish length" || fail "include_usage: '$U'"
 # Negative control: a different prompt gives a different answer (the comparison can fail).
 OTHER=$(curl -s "$URL/v1/completions" -d "$(body "$P zz" 12 0)" | json 'd["choices"][0]["text"]')
 [ "$OTHER" != "$GOT" ] && pass "control: another prompt answers differently" || fail "control: same text for another prompt"
@@ -108,22 +123,49 @@ if [ ${#GOT} -ge 4 ]; then
   [ "$ST" = "$PREFIX" ] && [ "$FR" = stop ] && pass "stop '$STOP' cuts the text (finish_reason stop)" || fail "stop: '$ST' ($FR) != '$PREFIX'"
 fi
 
-# -- 8 concurrent clients x 2 requests (one streamed, one not): same as alone
+# -- 32 concurrent clients x 4 requests (two streamed, two not): every
+# answer as alone, every request answered once (distinct ids, 128 more 200s)
+req_ok() { curl -s "$URL/metrics" | awk '/^tpr_requests_total\{status="200"\}/{print $2}'; }
+OK0=$(req_ok)
 declare -a CP CE
-for c in $(seq 0 7); do CP[$c]=$(prompt_for $((seed + c))); CE[$c]=$(expected "${CP[$c]}" 10); done
-for c in $(seq 0 7); do
+for c in $(seq 0 31); do CP[$c]=$(prompt_for $((seed + c))); CE[$c]=$(expected "${CP[$c]}" 10); done
+for c in $(seq 0 31); do
   (
-    curl -s "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 0)" | json 'd["choices"][0]["text"]' >"$W/c$c.a"
-    curl -sN "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 1)" | sse_text >"$W/c$c.b"
+    for k in 0 1; do
+      curl -s "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 0)" | json 'json.dumps([d["id"], d["choices"][0]["text"]])' >"$W/c$c.$k.a"
+      curl -sN "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 1)" | python3 -c "
+import json, sys
+lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
+assert lines[-1] == 'data: [DONE]', 'no [DONE]'
+chunks = [json.loads(l[6:]) for l in lines[:-1]]
+assert len({c['id'] for c in chunks}) == 1, 'chunks of one stream carry different ids'
+print(json.dumps([chunks[0]['id'], ''.join(c['choices'][0].get('text', '') for c in chunks)]))" >"$W/c$c.$k.b"
+    done
   ) &
 done
 wait $(jobs -p | grep -v "^$SERVER$") 2>/dev/null
-ok=0
-for c in $(seq 0 7); do
-  [ "$(cat "$W/c$c.a")" = "${CE[$c]}" ] && ok=$((ok + 1))
-  [ "$(cat "$W/c$c.b")" = "${CE[$c]}" ] && ok=$((ok + 1))
-done
-[ $ok -eq 16 ] && pass "8 concurrent clients x 2 requests: 16/16 as alone" || fail "concurrent: $ok/16 right"
+for c in $(seq 0 31); do printf '%s' "${CE[$c]}" >"$W/e$c"; done
+read -r ok NIDS < <(python3 - "$W" <<'PY'
+import json, sys
+w, ok, ids = sys.argv[1], 0, []
+for c in range(32):
+    want = open(f"{w}/e{c}").read()
+    for k in (0, 1):
+        for s in "ab":
+            try:
+                rid, text = json.load(open(f"{w}/c{c}.{k}.{s}"))
+            except Exception:
+                continue
+            ok += text.rstrip("\n") == want  # $(...) dropped the expected text's trailing newlines
+            ids.append(rid)
+print(ok, len(set(ids)))
+PY
+)
+OK1=$(( $(req_ok) - 1 ))  # the first /metrics read counted itself after it was rendered
+[ $ok -eq 128 ] && [ "$NIDS" -eq 128 ] && [ $((OK1 - OK0)) -eq 128 ] &&
+  pass "32 concurrent clients x 4 requests: 128/128 as alone, 128 distinct ids, 128 answered" ||
+  { fail "concurrent: $ok/128 right, $NIDS distinct ids, $((OK1 - OK0)) 200s"; curl -s "$URL/metrics" | grep status;
+    for c in 0 1 2 3; do echo "want: $(cat "$W/e$c")"; cat "$W/c$c".*; done; tail -5 "$W/server.log"; }
 
 # -- bad requests: status and an OpenAI-shaped error; the server lives on
 check_status() {  # check_status WANT NAME curl-args...
@@ -156,11 +198,48 @@ check_status 200 "chunked request body" "$URL/v1/completions" -H "Transfer-Encod
 R=$(printf 'BROKEN\r\n\r\n' | timeout 5 python3 -c "
 import socket, sys; s = socket.create_connection(('127.0.0.1', $(cat "$W/port"))); s.sendall(sys.stdin.buffer.read()); print(s.recv(100).split(b' ')[1].decode())")
 [ "$R" = 400 ] && pass "garbage request line -> 400" || fail "garbage request line -> '$R'"
+# A client sending one byte every 0.3 s: 408 after --request-timeout 2,
+# while a normal request on another connection is answered at once.
+python3 - "$(cat "$W/port")" >"$W/slow" 2>&1 <<'PY' &
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+t0 = time.time()
+req = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{"prompt": "hello", "max_tokens": 2}    '
+try:
+    for b in req:
+        s.sendall(bytes([b]))
+        time.sleep(0.3)
+    print("sent whole request", round(time.time() - t0, 2))
+except OSError:
+    pass
+s.settimeout(5)
+try:
+    head = s.recv(200)
+    print(head.split(b" ")[1].decode(), round(time.time() - t0, 2))
+except Exception as e:
+    print("no answer", e)
+PY
+SLOW=$!
+sleep 0.5
+T0=$(date +%s.%N)
+FAST=$(curl -s "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 2}' | json 'd["object"]')
+FAST_S=$(python3 -c "print(f'{$(date +%s.%N) - $T0:.2f}')")
+wait $SLOW
+read -r SCODE STIME <"$W/slow"
+[ "$FAST" = text_completion ] && python3 -c "import sys; sys.exit(not $FAST_S < 1.5)" &&
+  pass "a request beside the slow client answered in $FAST_S s" || fail "request beside the slow client: '$FAST' in $FAST_S s"
+[ "$SCODE" = 408 ] && python3 -c "import sys; sys.exit(not 1.8 < $STIME < 4)" &&
+  pass "slow client (1 byte / 0.3 s) -> 408 after $STIME s" || fail "slow client: '$(cat "$W/slow")'"
 [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] && pass "/health after the bad requests" || fail "server died"
 # keep-alive: two requests on one connection
 KA=$(curl -s -v "$URL/health" "$URL/health" 2>&1 | grep -c "Re-using existing connection\|Reusing existing")
 [ "$KA" -ge 1 ] && pass "keep-alive: curl reused the connection" || fail "keep-alive not used"
-curl -s "$URL/metrics" | grep -q '^tpr_requests_total{status="413"}' && pass "/metrics" || fail "/metrics"
+METRICS=$(curl -s "$URL/metrics")
+ITL=$(echo "$METRICS" | awk '/^tpr_inter_token_latency_seconds_count /{print $2}')
+TTFT=$(echo "$METRICS" | awk '/^tpr_time_to_first_token_seconds_count /{print $2}')
+echo "$METRICS" | grep -q '^tpr_requests_total{status="413"} 2$' && echo "$METRICS" | grep -q '^tpr_requests_total{status="408"} 1$' &&
+  echo "$METRICS" | grep -q '^tpr_waiting_sequences 0$' && [ "${ITL:-0}" -gt 1000 ] && [ "${TTFT:-0}" -gt 128 ] &&
+  pass "/metrics: 413 x2, 408 x1, $TTFT first tokens, $ITL inter-token latencies" || fail "/metrics: ITL '$ITL' TTFT '$TTFT'"
 # A client that goes away mid-stream: its sequence is cancelled (blocks back
 # to the pool), the server keeps answering.
 R=$(timeout 5 python3 -c "
@@ -195,6 +274,41 @@ if kill -0 "$SERVER" 2>/dev/null; then fail "still running 10 s after SIGTERM"; 
   wait "$SERVER"; RC=$?
   echo "exit after SIGTERM: $(python3 -c "print(f'{$(date +%s.%N) - $T0:.2f}')") s, status $RC"
   [ $RC -eq 0 ] && pass "SIGTERM: exit 0 on every rank" || { fail "SIGTERM: exit $RC"; cat "$W/server.log"; }
+fi
+SERVER=""
+
+# -- a second server: context 4096, a MiniMax-M2 chat template declared by
+# the checkpoint (recognised by --chat-template auto), --drain-timeout 0.5
+cp -r "$W/m" "$W/m2"
+python3 - "$W/m2" <<'PY'
+import json, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json")); c["max_position_embeddings"] = 4096; json.dump(c, open(d + "/config.json", "w"))
+t = json.load(open(d + "/tokenizer_config.json"))
+t["chat_template"] = "{{ ']~!b[' }}{% for m in messages %}]~b]{{ m.role }}\n{{ m.content }}[e~[\n{% endfor %}]~b]ai\n<think>\n"
+json.dump(t, open(d + "/tokenizer_config.json", "w"))
+PY
+launch "$W/m2" --drain-timeout 0.5
+grep -q "chat template minimax_m2" "$W/server.log" && pass "auto: the checkpoint's template is minimax_m2" || fail "template not detected: $(head -3 "$W/server.log")"
+MCHAT=$(curl -s "$URL/v1/chat/completions" -d '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0}' | json 'd["choices"][0]["message"]["content"]')
+MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>\n' 8)
+[ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the MiniMax-M2 rendering" || fail "minimax chat '$MCHAT' != '$MEXP'"
+check_status 400 "a role minimax_m2 has no place for" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
+# SIGTERM during a long stream: cut off after 0.5 s with an error event; exit 0.
+curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": true}' >"$W/long" &
+LONG=$!
+for _ in $(seq 100); do [ -s "$W/long" ] && break; sleep 0.05; done
+T0=$(date +%s.%N)
+if [ "$NP" -gt 1 ]; then kill -TERM $(pgrep -P "$SERVER"); else kill -TERM "$SERVER"; fi
+wait $LONG
+for _ in $(seq 100); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$SERVER" 2>/dev/null; then fail "drain: still running 10 s after SIGTERM"; else
+  wait "$SERVER"; RC=$?
+  DT=$(python3 -c "print(f'{$(date +%s.%N) - $T0:.2f}')")
+  NCHUNK=$(grep -c '^data: {"id"' "$W/long")
+  grep -q 'drain-timeout' "$W/long" && [ $RC -eq 0 ] && python3 -c "import sys; sys.exit(not $DT < 4)" &&
+    pass "drain timeout: stream cut off after $NCHUNK chunks with an error event, exit 0 in $DT s" ||
+    { fail "drain: rc $RC after $DT s, $(tail -c 300 "$W/long")"; tail -5 "$W/server.log"; }
 fi
 SERVER=""
 echo "np $NP: $fails failure(s)"

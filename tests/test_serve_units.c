@@ -1,0 +1,187 @@
+// Units of tpr serve without sockets: the built-in chat templates (exact
+// renderings, roles a template cannot place, detection from a checkpoint
+// directory) and the HTTP request reader fed random splits of a byte stream.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "serve/serve.h"
+#include "test_util.h"
+
+static char *render(tpr_chat_template t, const char *messages_json, char *err, size_t errlen) {
+  cJSON *m = cJSON_Parse(messages_json);
+  assert_non_null(m);
+  char *out = tpr_chat_render(t, m, err, errlen);
+  cJSON_Delete(m);
+  return out;
+}
+
+static const char *conversation =
+    "[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+    "\"text\":\"hi \"},{\"type\":\"text\",\"text\":\"there\"}]},{\"role\":\"assistant\",\"content\":\"yes\"},"
+    "{\"role\":\"user\",\"content\":\"日本\"}]";
+
+static void test_templates_render(void **state) {
+  (void)state;
+  char err[256];
+  char *c = render(TPR_CHAT_CHATML, conversation, err, sizeof err);
+  assert_non_null(c);
+  assert_string_equal(c,
+                      "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+                      "<|im_start|>assistant\nyes<|im_end|>\n<|im_start|>user\n日本<|im_end|>\n"
+                      "<|im_start|>assistant\n");
+  free(c);
+  char *m = render(TPR_CHAT_MINIMAX_M2, conversation, err, sizeof err);
+  assert_non_null(m);
+  assert_string_equal(m,
+                      "]~!b[]~b]system\nbe brief[e~[\n]~b]user\nhi there[e~[\n]~b]ai\nyes[e~[\n"
+                      "]~b]user\n日本[e~[\n]~b]ai\n<think>\n");
+  free(m);
+  printf("chatml and minimax_m2 render a 4-message conversation exactly\n");
+}
+
+static void test_templates_refuse(void **state) {
+  (void)state;
+  char err[256];
+  // ChatML takes any role; MiniMax-M2's template has no place for "critic".
+  const char *odd = "[{\"role\":\"critic\",\"content\":\"x\"}]";
+  char *c = render(TPR_CHAT_CHATML, odd, err, sizeof err);
+  assert_non_null(c);
+  free(c);
+  assert_null(render(TPR_CHAT_MINIMAX_M2, odd, err, sizeof err));
+  assert_non_null(strstr(err, "'critic'"));
+  assert_non_null(strstr(err, "minimax_m2"));
+  assert_null(render(TPR_CHAT_NONE, conversation, err, sizeof err));
+  assert_non_null(strstr(err, "--chat-template"));
+  assert_null(render(TPR_CHAT_CHATML, "[]", err, sizeof err));
+  assert_null(render(TPR_CHAT_CHATML, "[{\"role\":\"user\",\"content\":5}]", err, sizeof err));
+  assert_null(render(TPR_CHAT_CHATML, "[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]", err, sizeof err));
+  printf("refused: a role minimax_m2 lacks, no template, empty list, bad content (last: %s)\n", err);
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE *f = fopen(p, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_templates_detect(void **state) {
+  (void)state;
+  char dir[] = "/tmp/tpr_chat_tmpl.XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char why[128];
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_CHATML);  // none declared
+  write_file(dir, "tokenizer_config.json",
+             "{\"chat_template\": \"{% for m in messages %}]~b]{{m.role}}{% endfor %}\"}");
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_MINIMAX_M2);
+  write_file(dir, "tokenizer_config.json",
+             "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"]~b]\"}, {\"name\": \"default\", "
+             "\"template\": \"<|im_start|>{{m}}\"}]}");
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_CHATML);
+  write_file(dir, "tokenizer_config.json", "{\"chat_template\": \"[INST] {{ m }} [/INST]\"}");
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_NONE);
+  // chat_template.jinja takes precedence over tokenizer_config.json.
+  write_file(dir, "chat_template.jinja", "]~!b[]~b]system");
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_MINIMAX_M2);
+  assert_string_equal(why, "chat_template.jinja");
+  char p[512];
+  snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+  unlink(p);
+  rmdir(dir);
+  printf("detected: none -> chatml, ]~b] -> minimax_m2, named default, [INST] -> none, .jinja first\n");
+}
+
+// Feeds `stream` in random pieces; returns the requests seen (path and body
+// joined as "PATH|BODY;") or a BAD status.
+static void read_all(const char *stream, size_t len, size_t max_body, char *out, size_t outcap, int *bad) {
+  tpr_http_reader rd;
+  tpr_http_reader_init(&rd, max_body);
+  out[0] = 0;
+  *bad = 0;
+  size_t pos = 0;
+  char *pending = NULL;  // bytes past a complete request, fed again after it
+  size_t plen = 0;
+  while (pos < len || plen) {
+    const char *data;
+    size_t n;
+    if (plen) {
+      data = pending;
+      n = plen;
+    } else {
+      n = (size_t)tt_randint(1, 40);
+      if (n > len - pos) n = len - pos;
+      data = stream + pos;
+      pos += n;
+    }
+    size_t used = 0;
+    int status = 0;
+    char msg[160];
+    tpr_http_feed f = tpr_http_reader_feed(&rd, data, n, &used, &status, msg, sizeof msg);
+    char *rest = NULL;
+    size_t rlen = 0;
+    if (f == TPR_HTTP_REQUEST && used < n) {
+      rlen = n - used;
+      rest = malloc(rlen);
+      memcpy(rest, data + used, rlen);
+    }
+    free(pending);
+    pending = rest;
+    plen = rlen;
+    if (f == TPR_HTTP_BAD) {
+      *bad = status;
+      break;
+    }
+    if (f == TPR_HTTP_REQUEST) {
+      tpr_http_request r;
+      tpr_http_reader_request(&rd, &r);
+      size_t l = strlen(out);
+      snprintf(out + l, outcap - l, "%s|%s;", r.path, r.body);
+      tpr_http_reader_next(&rd);
+    }
+  }
+  free(pending);
+  tpr_http_reader_free(&rd);
+}
+
+static void test_http_reader(void **state) {
+  (void)state;
+  const char *stream =
+      "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+      "GET /health HTTP/1.1\r\nHost: a\r\n\r\n"
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+  char out[512];
+  int bad;
+  for (int trial = 0; trial < 200; trial++) {  // random splits of the same bytes
+    read_all(stream, strlen(stream), 100, out, sizeof out, &bad);
+    assert_int_equal(bad, 0);
+    assert_string_equal(out, "/v1/completions|hello;/health|;/v1/chat/completions|abcde;");
+  }
+  // Negative controls: the body limit, a chunked body past it, garbage.
+  read_all(stream, strlen(stream), 4, out, sizeof out, &bad);
+  assert_int_equal(bad, 413);
+  const char *chunked = "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n4\r\nefgh\r\n0\r\n\r\n";
+  read_all(chunked, strlen(chunked), 6, out, sizeof out, &bad);
+  assert_int_equal(bad, 413);
+  read_all("BROKEN\r\n\r\n", 10, 100, out, sizeof out, &bad);
+  assert_int_equal(bad, 400);
+  printf("3 pipelined requests read alike over 200 random splits; 413 x2 and 400 refused\n");
+}
+
+int main(void) {
+  tt_seed_from_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_templates_render),
+      cmocka_unit_test(test_templates_refuse),
+      cmocka_unit_test(test_templates_detect),
+      cmocka_unit_test(test_http_reader),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
