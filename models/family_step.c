@@ -43,14 +43,14 @@ tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr
   return tpr_program_param(c->p, name, kind_dtype(c, i), t->ndim, t->rank_shape, out);
 }
 
-tpr_status tpr_fstep_scales(tpr_fstep *c, const char *name, int ndim, const int64_t *shape, int block,
+tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,
                             tpr_value_id *out) {
   char sname[192];
   int64_t sshape[TPR_MAX_DIMS];
   memcpy(sshape, shape, (size_t)ndim * sizeof *sshape);
   sshape[ndim - 1] = (shape[ndim - 1] + block - 1) / block;
   snprintf(sname, sizeof sname, "%s.scale", name);
-  return tpr_program_param(c->p, sname, TPR_F32, ndim, sshape, out);
+  return tpr_program_param(p, sname, TPR_F32, ndim, sshape, out);
 }
 
 tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tpr_fweight *out) {
@@ -61,12 +61,12 @@ tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tp
   if (out->block <= 0) return TPR_OK;
   char name[160];
   tpr_family_param_name(pattern, layer, name, sizeof name);
-  return tpr_fstep_scales(c, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
+  return tpr_fstep_scales(c->p, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
 }
 
-tpr_status tpr_fstep_linear(tpr_fstep *c, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out) {
-  if (w->block > 0) return tpr_pb_matmul_fp8(c->p, x, w->w, w->scale, w->block, out);
-  return tpr_pb_matmul(c->p, x, w->w, false, true, out);
+tpr_status tpr_fstep_linear(tpr_program *p, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out) {
+  if (w->block > 0) return tpr_pb_matmul_fp8(p, x, w->w, w->scale, w->block, out);
+  return tpr_pb_matmul(p, x, w->w, false, true, out);
 }
 
 tpr_status tpr_fstep_fill(tpr_program *p, tpr_value_id like, float value, tpr_value_id *out) {
@@ -101,7 +101,7 @@ tpr_status tpr_fstep_attend(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_i
   float scale = (float)(1.0 / sqrt((double)D));
   TPR_CHECK(tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, scale, &att));  // (T, qr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){c->T, qr * D}, &att));
-  TPR_CHECK(tpr_fstep_linear(c, att, wo, &o));  // (T, H) partial over tp
+  TPR_CHECK(tpr_fstep_linear(c->p, att, wo, &o));  // (T, H) partial over tp
   TPR_CHECK(tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &o));
   return tpr_pb_add(c->p, x, o, out);
 }
@@ -128,8 +128,8 @@ tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id g
   TPR_CHECK(tpr_program_param(c->p, n2, kind_dtype(c, ek), 3, s2, &w2));
   tpr_moe_opts mo = c->o->moe;
   if ((mo.fp8_block = kind_block(c, ek)) > 0) {  // FP8 experts: their stacked scales
-    TPR_CHECK(tpr_fstep_scales(c, n13, 3, s13, mo.fp8_block, &mo.s13));
-    TPR_CHECK(tpr_fstep_scales(c, n2, 3, s2, mo.fp8_block, &mo.s2));
+    TPR_CHECK(tpr_fstep_scales(c->p, n13, 3, s13, mo.fp8_block, &mo.s13));
+    TPR_CHECK(tpr_fstep_scales(c->p, n2, 3, s2, mo.fp8_block, &mo.s2));
   }
   TPR_CHECK(tpr_moe_build(c->p, c->plan, &mo, L, c->rank, h, gates, w13, w2, y, &v));
   if (!c->o->moe_stats) return TPR_OK;

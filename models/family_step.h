@@ -42,11 +42,12 @@ tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind);
 tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr_value_id *out);
 // The same for a matrix the program multiplies by, with its FP8 scales.
 tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tpr_fweight *out);
+// (Also used by models/minimax_m2.c, whose params differ in training.)
 // name's FP8 scales "<name>.scale": shape with its last dim in blocks.
-tpr_status tpr_fstep_scales(tpr_fstep *c, const char *name, int ndim, const int64_t *shape, int block,
+tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,
                             tpr_value_id *out);
 // x (T, K) @ W^T -> (T, N), W (N, K) in whatever dtype it is held.
-tpr_status tpr_fstep_linear(tpr_fstep *c, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out);
+tpr_status tpr_fstep_linear(tpr_program *p, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out);
 
 // tokens -> x (T, H) f32 replicated over tp (vocab-parallel rows, all-reduced).
 // embed: the table param (the lm head when tied).

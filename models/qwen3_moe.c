@@ -46,9 +46,9 @@ static tpr_status attention(tpr_fstep *c, const tpr_qwen3_build_opts *o, int64_t
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.self_attn.q_norm.weight", L, &qn));   // (D)
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.self_attn.k_norm.weight", L, &kn));   // (D)
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));               // (T, H)
-  TPR_CHECK(tpr_fstep_linear(c, h, &wq, &q));  // (T, qr*D)
-  TPR_CHECK(tpr_fstep_linear(c, h, &wk, &k));  // (T, kr*D)
-  TPR_CHECK(tpr_fstep_linear(c, h, &wv, &v));
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));  // (T, qr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));  // (T, kr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
   TPR_CHECK(qk_norm(c, o, q, qn, qr, &q));  // (T, qr, D)
   TPR_CHECK(qk_norm(c, o, k, kn, kr, &k));  // (T, kr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
@@ -69,7 +69,7 @@ static tpr_status mlp(tpr_fstep *c, int64_t L, tpr_value_id x, tpr_value_id *out
     tpr_fweight gate;
     tpr_value_id logits, gates;
     TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.gate.weight", L, &gate));  // (E, H)
-    TPR_CHECK(tpr_fstep_linear(c, h, &gate, &logits));                              // (T, E)
+    TPR_CHECK(tpr_fstep_linear(c->p, h, &gate, &logits));                              // (T, E)
     TPR_CHECK(tpr_router_softmax_topk(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &gates));
     TPR_CHECK(tpr_fstep_moe(c, L, h, gates, &y));
   } else {
@@ -78,10 +78,10 @@ static tpr_status mlp(tpr_fstep *c, int64_t L, tpr_value_id x, tpr_value_id *out
     TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.gate_proj.weight", L, &wg));  // (F/tp, H)
     TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.up_proj.weight", L, &wu));
     TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.down_proj.weight", L, &wd));  // (H, F/tp)
-    TPR_CHECK(tpr_fstep_linear(c, h, &wg, &g));
-    TPR_CHECK(tpr_fstep_linear(c, h, &wu, &u));
+    TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
+    TPR_CHECK(tpr_fstep_linear(c->p, h, &wu, &u));
     TPR_CHECK(tpr_pb_swiglu(c->p, g, u, &a));       // (T, F/tp)
-    TPR_CHECK(tpr_fstep_linear(c, a, &wd, &y));     // (T, H) partial over tp
+    TPR_CHECK(tpr_fstep_linear(c->p, a, &wd, &y));     // (T, H) partial over tp
     TPR_CHECK(tpr_pb_all_reduce(c->p, y, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &y));
   }
   return tpr_pb_add(c->p, x, y, out);

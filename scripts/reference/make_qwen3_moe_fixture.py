@@ -2,8 +2,10 @@
 """Writes the Qwen3-MoE golden-test fixture (tests/fixtures/qwen3_moe_tiny):
 a tiny random checkpoint built with Hugging Face transformers' own
 Qwen3MoeForCausalLM (config: configs/qwen3_moe_tiny.json -- a dense
-mlp_only layer, nq != nkv, head_dim != hidden/nq, 8 experts top-2,
-norm_topk_prob), and that model's outputs on it.
+mlp_only layer, nq != nkv, 8 experts top-2, norm_topk_prob -- with head_dim
+overridden to 8 (--head-dim) so that nq * head_dim != hidden_size: the
+config file keeps 16, which the config and plan tests read), and that
+model's outputs on it.
 
     scripts/reference/.venv/bin/python scripts/reference/make_qwen3_moe_fixture.py
 
@@ -73,6 +75,7 @@ def main():
     ap.add_argument("--len-a", type=int, default=11)
     ap.add_argument("--len-b", type=int, default=5)
     ap.add_argument("--gen", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=8, help="overrides the config's head_dim (0: keep it)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -82,6 +85,8 @@ def main():
 
     with open(args.config) as f:
         cfg = {k: v for k, v in json.load(f).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    if args.head_dim:
+        cfg["head_dim"] = args.head_dim
     config = Qwen3MoeConfig(**cfg)
     if config.head_dim * config.num_attention_heads == config.hidden_size:
         fail("the config's head_dim equals hidden_size / num_attention_heads; the fixture wants them apart")
