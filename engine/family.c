@@ -4,10 +4,12 @@
 #include <string.h>
 
 #include "models/minimax_m2.h"
+#include "models/qwen3_moe.h"
 
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2,
     // -- families
+    &tpr_family_qwen3_moe,
 };
 
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {

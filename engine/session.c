@@ -160,7 +160,8 @@ static tpr_status load_weights(tpr_session *s) {
     TPR_CHECK(weight_tensor(s, t, s->weights.dtype[i], tpr_rank_weights_data(&s->weights, i), &s->item_tensors[i]));
     if (s->weights.scales[i]) TPR_CHECK(scale_tensor(s, t, i, &s->item_scales[i]));
   }
-  for (int64_t L = 0; L < layers; L++) TPR_CHECK(stack_experts(s, L));
+  for (int64_t L = 0; L < layers; L++)  // dense-MLP layers (qwen3_moe) hold no experts
+    if (tpr_model_config_layer_is_moe(&s->cfg, L)) TPR_CHECK(stack_experts(s, L));
   return TPR_OK;
 }
 

@@ -1,4 +1,4 @@
-// tpr bench model: prefill and decode speed of MiniMax-M2 under tensor
+// tpr bench model: prefill and decode speed of any engine family under tensor
 // parallelism, beside this machine's own roofline measured in the same run
 // (an sgemm rate and a memory read bandwidth, every rank measuring at once,
 // as they share the machine while the model runs).

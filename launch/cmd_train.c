@@ -190,6 +190,13 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
+  // The backward exists for minimax_m2 only: other families are refused by
+  // name before any weight is read (a resumed run was minimax_m2 to begin with).
+  tpr_model_config mc;
+  if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
+      mc.family != TPR_FAMILY_MINIMAX_M2)
+    rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
+                  "training supports minimax_m2", tpr_model_family_name(mc.family));
   tpr_session_opts so;
   if (rc == TPR_OK) rc = tpr_cli_session_opts(&w, dir, &mesh, o.seq_len, &dbg, &so);
   if (rc == TPR_OK) {

@@ -14,7 +14,7 @@ static const tpr_command commands[] = {
     {"mlp", "run a tensor-parallel SwiGLU MLP block program, checked against the unsharded block", tpr_cmd_mlp},
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
-    {"run", "generate from a MiniMax-M2 checkpoint under mpirun (tensor-parallel)", tpr_cmd_run},
+    {"run", "generate from a checkpoint (minimax_m2, qwen3_moe) under mpirun (tensor-parallel)", tpr_cmd_run},
     // -- tokenizer commands
     // -- serve command
     // -- scale command

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "minimax_m2_impl.h"
+#include "models/family_step.h"
 #include "runtime/autodiff.h"
 #include "shard/fsdp.h"
 #include "shard/mesh.h"
@@ -65,31 +66,6 @@ static tpr_status declare(m2_ctx *c, const char *name, tpr_dtype dt, int ndim, c
 static tpr_dtype kind_dtype(const m2_ctx *c, int kind) { return c->o->kind_dtype ? c->o->kind_dtype[kind] : TPR_F32; }
 static int kind_block(const m2_ctx *c, int kind) { return c->o->kind_block ? c->o->kind_block[kind] : 0; }
 
-// A weight matrix as the program reads it: the param, and for FP8 its
-// scales param and block.
-typedef struct m2_weight {
-  tpr_value_id w, scale;
-  int block;  // 0: f32 or bf16
-} m2_weight;
-
-// x (T, K) @ W^T -> (T, N), W (N, K) in whatever dtype it is held.
-static tpr_status linear(m2_ctx *c, tpr_value_id x, const m2_weight *w, tpr_value_id *out) {
-  if (w->block > 0) return tpr_pb_matmul_fp8(c->p, x, w->w, w->scale, w->block, out);
-  return tpr_pb_matmul(c->p, x, w->w, false, true, out);
-}
-
-// Declares name's FP8 scales (rows, ceil(cols / block)), rows/cols the
-// weight's last two dims, leading dims kept.
-static tpr_status declare_scales(m2_ctx *c, const char *name, int ndim, const int64_t *shape, int block,
-                                 tpr_value_id *out) {
-  char sname[192];
-  int64_t sshape[TPR_MAX_DIMS];
-  memcpy(sshape, shape, (size_t)ndim * sizeof *sshape);
-  sshape[ndim - 1] = (shape[ndim - 1] + block - 1) / block;
-  snprintf(sname, sizeof sname, "%s.scale", name);
-  return tpr_program_param(c->p, sname, TPR_F32, ndim, sshape, out);
-}
-
 static tpr_status find_kind(const m2_ctx *c, const char *pattern, int *kind) {
   for (int i = 0; i < c->plan->n_tensors; i++)
     if (strcmp(c->plan->tensors[i].name, pattern) == 0) return *kind = i, TPR_OK;
@@ -109,15 +85,15 @@ static tpr_status param(m2_ctx *c, const char *pattern, int64_t layer, tpr_value
 
 // A weight matrix the program multiplies by (linear): its param, and its
 // scales when the session holds it FP8.
-static tpr_status weight(m2_ctx *c, const char *pattern, int64_t layer, m2_weight *out) {
+static tpr_status weight(m2_ctx *c, const char *pattern, int64_t layer, tpr_fweight *out) {
   int i = -1;
   TPR_CHECK(find_kind(c, pattern, &i));
-  *out = (m2_weight){.block = kind_block(c, i)};
+  *out = (tpr_fweight){.block = kind_block(c, i)};
   TPR_CHECK(param(c, pattern, layer, &out->w));
   if (out->block <= 0) return TPR_OK;
   char name[160];
   tpr_family_param_name(pattern, layer, name, sizeof name);
-  return declare_scales(c, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
+  return tpr_fstep_scales(c->p, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
 }
 
 static tpr_status all_reduce(m2_ctx *c, tpr_mesh_axis axis, int n, tpr_value_id x, tpr_value_id *out) {
@@ -160,7 +136,7 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   const tpr_step_shape *st = &c->o->step;
   int64_t T = c->T, D = cfg->head_dim, qr = a->q_per_rank, kr = a->kv_per_rank;
   tpr_value_id ln, qn, kn, kp, vp, h, q, k, v, q3, k3, v3, qr3, kr3, done, att, att2, o;
-  m2_weight wq, wk, wv, wo;
+  tpr_fweight wq, wk, wv, wo;
   TPR_CHECK(param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(weight(c, "model.layers.{L}.self_attn.q_proj.weight", L, &wq));  // (qr*D, H)
   TPR_CHECK(weight(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
@@ -179,9 +155,9 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
 
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   TPR_CHECK(mark_tp(c, TPR_M2_MARKS_COLUMN, &h));  // column-parallel q/k/v
-  TPR_CHECK(linear(c, h, &wq, &q));  // (T, qr*D)
-  TPR_CHECK(linear(c, h, &wk, &k));  // (T, kr*D)
-  TPR_CHECK(linear(c, h, &wv, &v));
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));  // (T, qr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));  // (T, kr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
   TPR_CHECK(qk_norm(c, q, qn, qr * D, a->q_norm_divisor, &q));
   TPR_CHECK(qk_norm(c, k, kn, kr * D, a->k_norm_divisor, &k));
   TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, qr, D}, &q3));
@@ -201,7 +177,7 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
     TPR_CHECK(tpr_pb_paged_attention(c->p, qr3, kp, vp, c->blocks, c->seq, c->positions, scale, &att));  // (T, qr, D)
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att2));
-  TPR_CHECK(linear(c, att2, &wo, &o));  // (T, H) partial over tp
+  TPR_CHECK(tpr_fstep_linear(c->p, att2, &wo, &o));  // (T, H) partial over tp
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, c->plan->tp, o, &o));
   return tpr_pb_add(c->p, x, o, out);
 }
@@ -226,7 +202,7 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   const tpr_model_config *cfg = &c->plan->config;
   int64_t H = cfg->hidden_size, Er = c->plan->experts_per_rank, Fr = c->plan->expert_inter_per_rank;
   tpr_value_id ln, bias, w13, w2, h, logits, gates, y;
-  m2_weight gate;
+  tpr_fweight gate;
   tpr_moe_values v;
   TPR_CHECK(param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(weight(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &gate));  // (E, H)
@@ -238,7 +214,7 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   tpr_family_expert_name(L, "w2", name, sizeof name);
   TPR_CHECK(declare(c, name, edt, 3, (const int64_t[]){Er, H, Fr}, true, true, &w2));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
-  TPR_CHECK(linear(c, h, &gate, &logits));  // (T, E) f32
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &gate, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
   if (c->router_logits) c->router_logits[L] = logits;
   if (c->o->training) {  // tokens per expert as routed, for the bias update (models/minimax_m2_train.h)
@@ -251,9 +227,9 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   mo.mark_grads = c->o->training && !(c->o->skip_grad_marks & TPR_M2_MARKS_COLUMN);
   if ((mo.fp8_block = expert_block(c)) > 0) {  // FP8 experts: their stacked scales
     tpr_family_expert_name(L, "w13", name, sizeof name);
-    TPR_CHECK(declare_scales(c, name, 3, (const int64_t[]){Er, 2 * Fr, H}, mo.fp8_block, &mo.s13));
+    TPR_CHECK(tpr_fstep_scales(c->p, name, 3, (const int64_t[]){Er, 2 * Fr, H}, mo.fp8_block, &mo.s13));
     tpr_family_expert_name(L, "w2", name, sizeof name);
-    TPR_CHECK(declare_scales(c, name, 3, (const int64_t[]){Er, H, Fr}, mo.fp8_block, &mo.s2));
+    TPR_CHECK(tpr_fstep_scales(c->p, name, 3, (const int64_t[]){Er, H, Fr}, mo.fp8_block, &mo.s2));
   }
   TPR_CHECK(tpr_moe_build(c->p, c->plan, &mo, L, c->rank, h, gates, w13, w2, &y, &v));
   if (c->o->moe_stats) {

@@ -193,7 +193,17 @@ static tpr_status parse_qwen3_moe(const cJSON *root, const char *origin, tpr_mod
   TPR_CHECK(parse_common(root, origin, c));
   TPR_CHECK(parse_attention(root, origin, false, 1e4, c));
   TPR_CHECK(get_int(root, origin, "moe_intermediate_size", true, 0, &c->moe_intermediate_size));
-  TPR_CHECK(get_int(root, origin, "num_experts", true, 0, &c->num_experts));
+  // Hub configs say num_experts; transformers 5's save_pretrained writes its
+  // attribute-map name num_local_experts. Either, and both only if equal.
+  int64_t local = 0;
+  TPR_CHECK(get_int(root, origin, "num_experts", false, 0, &c->num_experts));
+  TPR_CHECK(get_int(root, origin, "num_local_experts", false, 0, &local));
+  if (!item(root, "num_experts") && !item(root, "num_local_experts"))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: missing required key \"num_experts\" (or \"num_local_experts\")", origin);
+  if (item(root, "num_experts") && item(root, "num_local_experts") && local != c->num_experts)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"num_experts\" %lld disagrees with \"num_local_experts\" %lld", origin,
+                    (long long)c->num_experts, (long long)local);
+  if (!item(root, "num_experts")) c->num_experts = local;
   TPR_CHECK(get_int(root, origin, "num_experts_per_tok", true, 0, &c->experts_per_tok));
   TPR_CHECK(get_bool(root, origin, "norm_topk_prob", false, &c->norm_topk_prob));
   int64_t step;
@@ -209,18 +219,39 @@ static tpr_status parse_qwen3_moe(const cJSON *root, const char *origin, tpr_mod
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mlp_only_layers\" entries must be layer indices in [0, %lld)", origin,
                       (long long)c->num_layers);
   }
-  c->num_moe_layers = 0;
-  for (int64_t l = 0; l < c->num_layers; l++) {
-    bool dense = (l + 1) % step != 0;
-    cJSON_ArrayForEach(e, only) dense |= (int64_t)e->valuedouble == l;
-    c->num_moe_layers += !dense;
+  c->decoder_sparse_step = step;
+  cJSON_ArrayForEach(e, only) {
+    int64_t l = (int64_t)e->valuedouble;
+    if (l >= 256)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"mlp_only_layers\" entry %lld: layers past 255 are not supported", origin,
+                      (long long)l);
+    c->mlp_only_mask[l / 64] |= 1ull << (l % 64);
   }
+  c->num_moe_layers = 0;
+  for (int64_t l = 0; l < c->num_layers; l++) c->num_moe_layers += tpr_model_config_layer_is_moe(c, l);
+  // Variants the qwen3_moe builder does not run are refused by name here,
+  // before a plan or a load is made of them.
+  bool bias = false, sliding = false;
+  TPR_CHECK(get_bool(root, origin, "attention_bias", false, &bias));
+  TPR_CHECK(get_bool(root, origin, "use_sliding_window", false, &sliding));
+  if (bias)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen3_moe with \"attention_bias\": true is not supported (q/k/v/o biases)",
+                    origin);
+  if (sliding)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen3_moe with \"use_sliding_window\": true is not supported (every layer "
+                    "attends the whole sequence here)", origin);
   if (c->num_moe_layers < c->num_layers)
     TPR_CHECK(get_int(root, origin, "intermediate_size", true, 0, &c->dense_intermediate_size));
   c->router = TPR_ROUTER_SOFTMAX;
   c->routing_bias = false;
   c->qk_norm = TPR_QK_NORM_PER_HEAD;
   return TPR_OK;
+}
+
+bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l) {
+  int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+  bool only = l >= 0 && l < 256 && (c->mlp_only_mask[l / 64] >> (l % 64) & 1);
+  return !only && (l + 1) % step == 0;
 }
 
 tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *origin) {

@@ -69,7 +69,15 @@ typedef struct tpr_model_config {
   // mlp_only_layers / decoder_sparse_step); num_moe_layers + dense = num_layers.
   int64_t num_moe_layers;
   int64_t dense_intermediate_size;  // width of those dense MLPs (0 when none)
+  // Which layers those are (qwen3_moe): decoder_sparse_step (0 read as 1)
+  // and mlp_only_layers as a bit set (indices < 256; the parser refuses more).
+  int64_t decoder_sparse_step;
+  uint64_t mlp_only_mask[4];
 } tpr_model_config;
+
+// Whether layer l runs the MoE block (else a dense MLP): Qwen3MoeDecoderLayer's
+// rule, l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l);
 
 // "minimax_m2", "qwen3_moe", "hunyuan_v1_moe"; "?" if invalid.
 const char *tpr_model_family_name(tpr_model_family f);

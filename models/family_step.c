@@ -1,0 +1,152 @@
+#include "models/family_step.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/mesh.h"
+
+tpr_status tpr_fstep_begin(tpr_fstep *c) {
+  const tpr_step_shape *st = &c->o->shape;
+  const char *fam = c->family->name;
+  if (st->tokens < 1 || st->samples < 1 || st->batch < 1 || st->max_blocks < 1 || st->pool_blocks < 1 ||
+      st->block_size < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: bad step shape (T %lld, N %lld, B %lld, MB %lld, NB %lld, bs %lld)", fam,
+                    (long long)st->tokens, (long long)st->samples, (long long)st->batch, (long long)st->max_blocks,
+                    (long long)st->pool_blocks, (long long)st->block_size);
+  TPR_CHECK(tpr_moe_opts_check(&c->o->moe, c->plan));
+  int64_t T = c->T = st->tokens;
+  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
+  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
+  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
+  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
+  TPR_CHECK(tpr_program_input(c->p, "slot_mapping", TPR_I32, 1, (const int64_t[]){T}, &c->slots));
+  TPR_CHECK(tpr_program_input(c->p, "seq", TPR_I32, 1, (const int64_t[]){T}, &c->seq));
+  return tpr_program_input(c->p, "block_tables", TPR_I32, 2, (const int64_t[]){st->batch, st->max_blocks}, &c->blocks);
+}
+
+static tpr_dtype kind_dtype(const tpr_fstep *c, int kind) { return c->o->kind_dtype ? c->o->kind_dtype[kind] : TPR_F32; }
+static int kind_block(const tpr_fstep *c, int kind) { return c->o->kind_block ? c->o->kind_block[kind] : 0; }
+
+tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind) {
+  for (int i = 0; i < c->plan->n_tensors; i++)
+    if (strcmp(c->plan->tensors[i].name, pattern) == 0) return *kind = i, TPR_OK;
+  return TPR_FAIL(TPR_ERR_INTERNAL, "%s: the plan has no tensor %s", c->family->name, pattern);
+}
+
+tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr_value_id *out) {
+  int i = -1;
+  TPR_CHECK(tpr_fstep_kind(c, pattern, &i));
+  const tpr_shard_tensor *t = &c->plan->tensors[i];
+  char name[160];
+  tpr_family_param_name(pattern, layer, name, sizeof name);
+  return tpr_program_param(c->p, name, kind_dtype(c, i), t->ndim, t->rank_shape, out);
+}
+
+tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,
+                            tpr_value_id *out) {
+  char sname[192];
+  int64_t sshape[TPR_MAX_DIMS];
+  memcpy(sshape, shape, (size_t)ndim * sizeof *sshape);
+  sshape[ndim - 1] = (shape[ndim - 1] + block - 1) / block;
+  snprintf(sname, sizeof sname, "%s.scale", name);
+  return tpr_program_param(p, sname, TPR_F32, ndim, sshape, out);
+}
+
+tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tpr_fweight *out) {
+  int i = -1;
+  TPR_CHECK(tpr_fstep_kind(c, pattern, &i));
+  *out = (tpr_fweight){.block = kind_block(c, i)};
+  TPR_CHECK(tpr_fstep_param(c, pattern, layer, &out->w));
+  if (out->block <= 0) return TPR_OK;
+  char name[160];
+  tpr_family_param_name(pattern, layer, name, sizeof name);
+  return tpr_fstep_scales(c->p, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
+}
+
+tpr_status tpr_fstep_linear(tpr_program *p, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out) {
+  if (w->block > 0) return tpr_pb_matmul_fp8(p, x, w->w, w->scale, w->block, out);
+  return tpr_pb_matmul(p, x, w->w, false, true, out);
+}
+
+tpr_status tpr_fstep_fill(tpr_program *p, tpr_value_id like, float value, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_f = 1, .f = {value}};
+  return tpr_program_op(p, TPR_OP_FILL, &like, 1, &at, out);
+}
+
+tpr_status tpr_fstep_embed(tpr_fstep *c, tpr_value_id *embed, tpr_value_id *x) {
+  TPR_CHECK(tpr_fstep_param(c, "model.embed_tokens.weight", 0, embed));  // (V'/tp, H)
+  TPR_CHECK(tpr_pb_embedding_shard(c->p, *embed, c->tokens, c->rank_tp, x));  // (T, H) partial over tp
+  tpr_tensor ev;
+  TPR_CHECK(tpr_program_value(c->p, *x, &ev));
+  if (ev.dtype != TPR_F32) TPR_CHECK(tpr_pb_cast(c->p, *x, TPR_F32, x));  // a bf16 table's rows, widened
+  return tpr_pb_all_reduce(c->p, *x, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, x);
+}
+
+tpr_status tpr_fstep_attend(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                            const tpr_fweight *wo, tpr_value_id x, tpr_value_id *out) {
+  const tpr_step_shape *st = &c->o->shape;
+  int64_t D = c->plan->config.head_dim, qr = c->plan->attn.q_per_rank, kr = c->plan->attn.kv_per_rank;
+  const int64_t pool[4] = {st->pool_blocks, st->block_size, kr, D};
+  char name[160];
+  tpr_value_id kp, vp, done, att, o;
+  tpr_family_pool_name(L, "k", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pool, &kp));
+  tpr_family_pool_name(L, "v", name, sizeof name);
+  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pool, &vp));
+  // The writes come first: a token attends its own sequence's rows up to its
+  // position, this step's included.
+  TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, k, c->slots, &done));
+  TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v, c->slots, &done));
+  float scale = (float)(1.0 / sqrt((double)D));
+  TPR_CHECK(tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, scale, &att));  // (T, qr, D)
+  TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){c->T, qr * D}, &att));
+  TPR_CHECK(tpr_fstep_linear(c->p, att, wo, &o));  // (T, H) partial over tp
+  TPR_CHECK(tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &o));
+  return tpr_pb_add(c->p, x, o, out);
+}
+
+// The first plan kind holding the family's expert gate projection: the
+// session holds the three expert kinds in its dtype and block.
+static int expert_kind(const tpr_fstep *c) {
+  for (int i = 0; i < c->plan->n_tensors; i++)
+    if (strstr(c->plan->tensors[i].name, c->family->expert_gate)) return i;
+  return -1;
+}
+
+tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id gates, tpr_value_id *y) {
+  int64_t H = c->plan->config.hidden_size, Er = c->plan->experts_per_rank, Fr = c->plan->expert_inter_per_rank;
+  int ek = expert_kind(c);
+  if (ek < 0) return TPR_FAIL(TPR_ERR_INTERNAL, "%s: the plan has no expert weights", c->family->name);
+  const int64_t s13[3] = {Er, 2 * Fr, H}, s2[3] = {Er, H, Fr};
+  char n13[160], n2[160], name[160];
+  tpr_value_id w13, w2;
+  tpr_moe_values v;
+  tpr_family_expert_name(L, "w13", n13, sizeof n13);
+  tpr_family_expert_name(L, "w2", n2, sizeof n2);
+  TPR_CHECK(tpr_program_param(c->p, n13, kind_dtype(c, ek), 3, s13, &w13));
+  TPR_CHECK(tpr_program_param(c->p, n2, kind_dtype(c, ek), 3, s2, &w2));
+  tpr_moe_opts mo = c->o->moe;
+  if ((mo.fp8_block = kind_block(c, ek)) > 0) {  // FP8 experts: their stacked scales
+    TPR_CHECK(tpr_fstep_scales(c->p, n13, 3, s13, mo.fp8_block, &mo.s13));
+    TPR_CHECK(tpr_fstep_scales(c->p, n2, 3, s2, mo.fp8_block, &mo.s2));
+  }
+  TPR_CHECK(tpr_moe_build(c->p, c->plan, &mo, L, c->rank, h, gates, w13, w2, y, &v));
+  if (!c->o->moe_stats) return TPR_OK;
+  snprintf(name, sizeof name, "moe_gates.%lld", (long long)L);
+  TPR_CHECK(tpr_program_output(c->p, v.gates, name));
+  snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
+  if (v.gates != gates) TPR_CHECK(tpr_program_output(c->p, gates, name));
+  return TPR_OK;
+}
+
+tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head) {
+  // Logits only where a token is sampled: the lm head (the largest GEMM of a
+  // small model) and its all-gather run on N rows, not T.
+  tpr_value_id rows, xs, logits;
+  TPR_CHECK(tpr_program_input(c->p, "sample_rows", TPR_I32, 1, (const int64_t[]){c->o->shape.samples}, &rows));
+  TPR_CHECK(tpr_pb_index_select(c->p, x, 0, rows, &xs));            // (N, H)
+  TPR_CHECK(tpr_pb_matmul(c->p, head, xs, false, true, &logits));  // (V'/tp, N)
+  TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, c->plan->tp, &logits));  // (V', N)
+  return tpr_program_output(c->p, logits, "logits_t");
+}

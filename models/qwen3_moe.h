@@ -1,0 +1,45 @@
+// Qwen3-MoE (transformers' Qwen3MoeForCausalLM), tensor-parallel inference:
+// one rank-agnostic SPMD step program (engine/family.h's interface).
+//
+//   x = vocab-parallel embedding (all-reduce over tp)
+//   per layer L:
+//     h = rms_norm(x, input_layernorm)
+//     q, k, v = h Wq_r^T, h Wk_r^T, h Wv_r^T            column-parallel heads
+//     q = rms_norm(q.view(T, qr, D), q_norm (D))         per head, over head_dim,
+//     k likewise with k_norm                            BEFORE RoPE; local to the
+//                                                       rank: no collective
+//     q, k = NeoX RoPE over the whole head (rotary_dim = D)
+//     x += allreduce_tp(paged_attention(q, k, v) Wo_r^T)
+//     h = rms_norm(x, post_attention_layernorm)
+//     MoE layer (models/layers/moe.h): g = top-k of softmax(h Wg^T),
+//       renormalised if norm_topk_prob; x += sum_e g_e down_e(silu(gate_e h) * up_e h)
+//     dense layer (mlp_only_layers, decoder_sparse_step):
+//       x += allreduce_tp(down_r(silu(gate_r h) * up_r h))  column/row-parallel
+//   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
+//
+// Not built: attention biases and sliding-window attention (the config parser
+// refuses both by name), training (tpr train refuses the family).
+#ifndef TPR_QWEN3_MOE_H
+#define TPR_QWEN3_MOE_H
+
+#include "engine/family.h"
+
+// Negative controls of the parity tests (never in real runs).
+typedef enum tpr_qwen3_qk_control {
+  TPR_QWEN3_QK_PER_HEAD = 0,   // the model: RMS over each head's D
+  TPR_QWEN3_QK_FULL_LOCAL,     // RMS over the rank's whole q/k slice (the M2 norm without its all-reduce)
+  TPR_QWEN3_QK_FULL_ALLREDUCE, // RMS over the whole projection, sums all-reduced over tp (the M2 norm)
+} tpr_qwen3_qk_control;
+
+typedef struct tpr_qwen3_build_opts {
+  tpr_step_build_opts step;
+  tpr_qwen3_qk_control qk_control;
+} tpr_qwen3_build_opts;
+
+tpr_status tpr_qwen3_build(const tpr_shard_plan *plan, const tpr_qwen3_build_opts *o, tpr_program **out);
+
+// The engine's entry (engine/family.c). Its build_step maps the session's
+// per_rank_qk_norm control to TPR_QWEN3_QK_FULL_LOCAL.
+extern const tpr_family tpr_family_qwen3_moe;
+
+#endif
