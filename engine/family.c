@@ -5,11 +5,19 @@
 
 #include "models/minimax_m2.h"
 #include "models/qwen3_moe.h"
+// -- family headers: hunyuan
+
+// -- family headers: mrope
+
 
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2,
     // -- families
     &tpr_family_qwen3_moe,
+    // -- families: hunyuan
+
+    // -- families: mrope
+
 };
 
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {

@@ -17,6 +17,8 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_MINIMAX_M2] = "minimax_m2",
     [TPR_FAMILY_QWEN3_MOE] = "qwen3_moe",
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
+    // -- families: mrope
+
 };
 
 const char *tpr_model_family_name(tpr_model_family f) {
@@ -324,6 +326,8 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
   } else if (strcmp(type, "qwen3_moe") == 0) {
     c.family = TPR_FAMILY_QWEN3_MOE;
     TPR_CHECK_GOTO(parse_qwen3_moe(root, origin, &c), rc, done);
+    // -- families: mrope
+
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"model_type\" \"hunyuan_v1_moe\" is not supported yet", origin);
     goto done;

@@ -21,6 +21,8 @@ typedef enum tpr_model_family {
   TPR_FAMILY_MINIMAX_M2 = 0,   // "minimax_m2"
   TPR_FAMILY_QWEN3_MOE = 1,    // "qwen3_moe"
   TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe": recognised, not parsed yet
+  // -- families: mrope
+
   TPR_FAMILY_COUNT
 } tpr_model_family;
 
