@@ -256,6 +256,15 @@ done
 [ "$R" = 200 ] && [ "$BLOCKS" = 0 ] && [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] &&
   pass "client gone mid-stream: blocks in use back to 0, server healthy" || fail "disconnect: status '$R', blocks '$BLOCKS'"
 
+# -- the official openai client (optional: needs it in the reference venv)
+VENV_PY="$(dirname "$0")/../reference/.venv/bin/python"
+if [ -x "$VENV_PY" ] && "$VENV_PY" -c "import openai" 2>/dev/null; then
+  "$VENV_PY" "$(dirname "$0")/../reference/check_openai_client.py" "$URL" >"$W/openai.log" 2>&1 &&
+    pass "openai client: $(tail -1 "$W/openai.log")" || { fail "openai client"; cat "$W/openai.log"; }
+else
+  echo "skipped: the openai client check (no scripts/reference/.venv with openai)"
+fi
+
 # -- idle CPU of every rank (a few ticks), then SIGTERM: exit 0 within a few seconds
 PIDS=$( [ "$NP" -gt 1 ] && pgrep -P "$SERVER" || echo "$SERVER")
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
