@@ -29,6 +29,8 @@ struct tpr_http_conn {
   int open_handles;   // tcp and timer: freed when both have closed
   tpr_http_reader rd;
   bool grace_used;    // the timeout has waited one more loop turn
+  int writes_pending; // queued in libuv, not yet on the wire
+  bool close_when_flushed;  // closing, once the answer already queued is written
   bool busy;         // a request is waiting for its answer
   bool keep_alive;   // of the request being answered
   bool closing;
@@ -93,8 +95,19 @@ typedef struct write_req {
 
 static void on_written(uv_write_t *w, int status) {
   write_req *r = (write_req *)w;
-  if ((status < 0 || r->close_after) && !r->c->closing) conn_close(r->c);
+  tpr_http_conn *c = r->c;
+  c->writes_pending--;
+  bool done = status < 0 || r->close_after || (c->close_when_flushed && c->writes_pending == 0);
+  if (done && !c->closing) conn_close(c);
   free(r);
+}
+
+// Closes an idle connection, but only after what is queued for it is
+// written: uv_close would drop the end of an answer still in libuv's queue.
+static void conn_close_flushed(tpr_http_conn *c) {
+  if (c->writes_pending == 0) return conn_close(c);
+  c->close_when_flushed = true;
+  uv_read_stop((uv_stream_t *)&c->tcp);
 }
 
 static void conn_write(tpr_http_conn *c, const char *a, size_t alen, const char *b, size_t blen, bool close_after) {
@@ -112,7 +125,9 @@ static void conn_write(tpr_http_conn *c, const char *a, size_t alen, const char 
   if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
     free(r);
     conn_close(c);
+    return;
   }
+  c->writes_pending++;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -236,7 +251,7 @@ static void on_timeout(uv_timer_t *t) {
     uv_timer_start(&c->timer, on_timeout, 1, 0);
     return;
   }
-  if (!c->rd.started) return conn_close(c);
+  if (!c->rd.started) return conn_close_flushed(c);
   char msg[160];
   snprintf(msg, sizeof msg, "no complete request within %.3g s", c->srv->o.request_timeout);
   conn_refuse(c, 408, msg);
@@ -307,7 +322,7 @@ void tpr_http_stop_accepting(tpr_http_server *s) {
   // Idle keep-alive connections would otherwise hold the drain open.
   for (tpr_http_conn *c = s->conns, *n; c; c = n) {
     n = c->next;
-    if (!c->busy) conn_close(c);
+    if (!c->busy) conn_close_flushed(c);
   }
 }
 

@@ -149,7 +149,7 @@ read -r ok NIDS < <(python3 - "$W" <<'PY'
 import json, sys
 w, ok, ids = sys.argv[1], 0, []
 for c in range(32):
-    want = open(f"{w}/e{c}").read()
+    want = open(f"{w}/e{c}", newline="").read()  # keep "\r\n" as it is
     for k in (0, 1):
         for s in "ab":
             try:
