@@ -1,0 +1,147 @@
+// tpr scale's model: the alpha-beta fit recovers known alpha and beta from
+// noisy synthetic bench comm rows (and a wrong bus factor does not), and the
+// step-time predictor reproduces step times computed by hand for two tiny
+// meshes (docs/scale.md lists the calls counted).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "scale/alphabeta.h"
+#include "scale/stepmodel.h"
+#include "test_util.h"
+
+// Rows as bench comm measures them: sizes 8 B .. 64 MiB by 4x at n = 2, 4, 8,
+// each time multiplied by (1 + 0.3% noise).
+static size_t synth(tpr_coll op, double alpha, double beta, tpr_comm_sample *s) {
+  size_t n = 0;
+  for (int ranks = 2; ranks <= 8; ranks *= 2)
+    for (double size = 8; size <= 64.0 * 1048576; size *= 4) {
+      double t = alpha * tpr_scale_latency_steps(ranks) + beta * size * tpr_scale_bus_factor(op, ranks);
+      s[n++] = (tpr_comm_sample){.op = op, .ranks = ranks, .size = size, .time_s = t * (1 + 0.003 * tt_normal()),
+                                 .transport = "mpi"};
+    }
+  return n;
+}
+
+static double wrong_factor(tpr_coll op, int n) {  // all_reduce's factor without the 2: reduce-scatter's
+  return op == TPR_COLL_ALL_REDUCE ? (double)(n - 1) / n : tpr_scale_bus_factor(op, n);
+}
+static double no_n_factor(tpr_coll op, int n) { return 1; }  // the bus factor forgotten: algbw
+
+static void test_fit_recovers(void **state) {
+  tpr_comm_sample s[64];
+  for (int op = 0; op < TPR_COLL_COUNT; op++) {
+    double alpha = tt_uniform(2e-6, 50e-6), beta = 1 / tt_uniform(1e9, 50e9);
+    size_t n = synth((tpr_coll)op, alpha, beta, s);
+    tpr_ab ab;
+    TT_OK(tpr_scale_fit_ab(s, n, (tpr_coll)op, "mpi", NULL, &ab));
+    double ea = fabs(ab.alpha / alpha - 1), eb = fabs(ab.beta / beta - 1);
+    printf("  %-15s alpha %.3g s (err %.3f%%), bus bw %.3g GB/s (err %.3f%%), rms residual %.3f%%, %d rows\n",
+           tpr_coll_name((tpr_coll)op), ab.alpha, 100 * ea, 1e-9 / ab.beta, 100 * eb, 100 * ab.rms_rel, ab.points);
+    assert_true(ea < 0.01);
+    assert_true(eb < 0.01);
+    assert_int_equal(ab.points, (int)n);
+  }
+}
+
+// Negative control: all_reduce rows fitted with a wrong bus factor must not
+// recover beta within 1% (it is what makes the fit specific to the op).
+static void test_fit_wrong_factor(void **state) {
+  tpr_comm_sample s[64];
+  double alpha = tt_uniform(2e-6, 50e-6), beta = 1 / tt_uniform(1e9, 50e9);
+  size_t n = synth(TPR_COLL_ALL_REDUCE, alpha, beta, s);
+  tpr_bus_factor_fn wrong[] = {wrong_factor, no_n_factor};
+  for (int i = 0; i < 2; i++) {
+    tpr_ab ab;
+    TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", wrong[i], &ab));
+    double eb = fabs(ab.beta / beta - 1);
+    printf("  wrong factor %d: beta err %.1f%%, rms residual %.2f%%\n", i, 100 * eb, 100 * ab.rms_rel);
+    assert_true(eb > 0.05);
+  }
+  // One size at one rank count cannot separate alpha from beta; another transport has no rows.
+  tpr_ab ab;
+  for (size_t i = 0; i < n; i++) s[i].size = 1024, s[i].ranks = 4;
+  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", NULL, &ab), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "nccl", NULL, &ab), TPR_ERR_INVALID_ARG);
+}
+
+// Round numbers: every collective alpha 10 us per round, 1 ns per bus byte;
+// 1 GFLOP/s and 1 GB/s; f32 everywhere.
+static const tpr_scale_config tiny = {.hidden = 4, .layers = 1, .heads = 2, .kv_heads = 1, .head_dim = 2,
+                                      .expert_ffn = 4, .experts = 2, .top_k = 1, .vocab = 8};
+static tpr_scale_hw round_hw(void) {
+  tpr_scale_hw hw = {.name = "round", .gemm_flops = 1e9, .mem_bw = 1e9, .ranks_per_node = 8, .param_bytes = 4,
+                     .act_bytes = 4};
+  for (int k = 0; k < TPR_COLL_COUNT; k++) hw.intra[k] = hw.inter[k] = (tpr_ab){.alpha = 1e-5, .beta = 1e-9, .points = 1};
+  return hw;
+}
+
+static void test_predict_by_hand(void **state) {
+  tpr_scale_hw hw = round_hw();
+  tpr_scale_pred p;
+  // Mesh A: decode, world 2 = tp 2 (etp 2, ep 1: the all-reduce dispatcher), one token, context 3.
+  // Calls (n = 2: one round; all_reduce 1 bus byte per byte, all_gather 1/2):
+  //   all_reduce: embedding 16 B, qk-norm 2 x 4 B, o_proj 16 B, expert output over etp 16 B -> 5 rounds, 56 B
+  //   all_gather: logits 8 x 1 x 4 = 32 B -> 1 round, 16 bus bytes
+  //   comm = 6 x 10 us + 72 ns
+  // Compute: FLOPs 144/2 (attention) + 16 (router) + 96/2 (expert) + 64/2 (head) = 168;
+  //   bytes (dense 40 + head 16 + sampled-row embedding 16 + half the experts 24) x 4 = 384 -> 384 ns.
+  tpr_scale_mesh a = {.world = 2, .tp = 2};
+  TT_OK(tpr_scale_mesh_resolve(&a));
+  assert_int_equal(a.etp, 2);
+  tpr_scale_work wa = {.kind = TPR_WL_DECODE, .tokens = 1, .context = 3, .samples = 1};
+  TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));
+  double want_a = 384e-9 + 6e-5 + 72e-9;
+  printf("  mesh A (decode tp2): %.6g s (hand %.6g), flops %.0f, bytes %.0f\n", p.step_s, want_a, p.flops, p.bytes);
+  assert_true(fabs(p.flops - 168) < 1e-9 && fabs(p.bytes - 384) < 1e-9);
+  assert_true(fabs(p.step_s / want_a - 1) < 1e-12);
+  // Mesh B: train, world 2 = dp 2 = ep 2 (etp 1, edp 1), FSDP, 2 tokens, context 1.
+  //   all_to_all: counts 8 B x 1, tokens 32 B x 4 (dispatch, combine, both backward) -> 5 rounds, 68 bus bytes
+  //   all_reduce over the world: 12 B + 16 B -> 2 rounds, 28 B
+  //   FSDP: dense (64 params) gathered twice, scattered once, 256 B; embeddings+head (64) the same
+  //     -> 6 rounds, 3 x 2 x 128 = 768 bus bytes
+  //   comm = 13 x 10 us + 864 ns
+  // Compute: forward 224 + 32 + 192 + 128 = 576 FLOPs, x3 = 1728; bytes 3 x 176 x 4 + 7 x 4 x 88 = 4576 -> 4576 ns.
+  tpr_scale_mesh b = {.world = 2, .dp = 2, .ep = 2, .fsdp = true};
+  TT_OK(tpr_scale_mesh_resolve(&b));
+  assert_int_equal(b.tp, 1);
+  assert_int_equal(b.etp, 1);
+  tpr_scale_work wb = {.kind = TPR_WL_TRAIN, .tokens = 2, .context = 1, .samples = 2};
+  TT_OK(tpr_scale_predict(&tiny, &b, &wb, &hw, &p));
+  double want_b = 4576e-9 + 1.3e-4 + 864e-9;
+  printf("  mesh B (train dp2 ep2 fsdp): %.6g s (hand %.6g), flops %.0f, bytes %.0f, %.0f all_to_all calls\n",
+         p.step_s, want_b, p.flops, p.bytes, p.coll_calls[TPR_COLL_ALL_TO_ALL]);
+  assert_true(fabs(p.flops - 1728) < 1e-9 && fabs(p.bytes - 4576) < 1e-9);
+  assert_true(fabs(p.step_s / want_b - 1) < 1e-12);
+  assert_true(fabs(p.tokens_per_s - 4 / want_b) < 1e-6 * p.tokens_per_s);
+  // Negative control: all_reduce with a wrong bus factor changes mesh A by more than the tolerance.
+  hw.intra[TPR_COLL_ALL_REDUCE].beta *= 2;
+  TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));
+  printf("  mesh A with all_reduce's bus bytes doubled: %.9g s vs %.9g\n", p.step_s, want_a);
+  assert_true(fabs(p.step_s / want_a - 1) > 1e-4);
+}
+
+static void test_bad_inputs(void **state) {
+  tpr_scale_mesh m = {.world = 6, .tp = 4};
+  assert_int_equal(tpr_scale_mesh_resolve(&m), TPR_ERR_INVALID_ARG);
+  m = (tpr_scale_mesh){.world = 4, .tp = 2, .ep = 3};
+  assert_int_equal(tpr_scale_mesh_resolve(&m), TPR_ERR_INVALID_ARG);
+  tpr_scale_hw hw = round_hw();
+  hw.intra[TPR_COLL_ALL_GATHER].points = 0;  // no fit: refused, not a zero-cost collective
+  m = (tpr_scale_mesh){.world = 2, .tp = 2};
+  TT_OK(tpr_scale_mesh_resolve(&m));
+  tpr_scale_work w = {.kind = TPR_WL_DECODE, .tokens = 1, .context = 1, .samples = 1};
+  tpr_scale_pred p;
+  assert_int_equal(tpr_scale_predict(&tiny, &m, &w, &hw, &p), TPR_ERR_INVALID_ARG);
+}
+
+int main(void) {
+  printf("seed %llu\n", (unsigned long long)tt_seed_from_env());
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fit_recovers),
+      cmocka_unit_test(test_fit_wrong_factor),
+      cmocka_unit_test(test_predict_by_hand),
+      cmocka_unit_test(test_bad_inputs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
