@@ -114,7 +114,7 @@ static void comm_rows(const sweep *s, int np) {
   char path[1200], cmd[4096];
   snprintf(path, sizeof path, "%s/comm_np%d.jsonl", s->out, np);
   if (access(path, F_OK) == 0) return;  // measured already: one per machine and np
-  snprintf(cmd, sizeof cmd, "'%s' -np %d '%s' bench comm -o all -b 8 -e 4M -f 4 -n 20 -w 3 -c 0 --json > '%s' "
+  snprintf(cmd, sizeof cmd, "'%s' -np %d '%s' bench comm -o all -b 8 -e 1M -f 4 -n 20 -w 3 -c 0 --json > '%s' "
            "2>>'%s/log'", s->mpirun, np, s->tpr, path, s->out);
   if (system(cmd) != 0) fprintf(stderr, "tpr scale run: bench comm at np %d failed (see %s/log)\n", np, s->out);
 }

@@ -6,7 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cjson/cJSON.h>
+#include <string.h>
+
 #include "scale/alphabeta.h"
+#include "scale/results.h"
 #include "scale/stepmodel.h"
 #include "test_util.h"
 
@@ -135,6 +139,67 @@ static void test_bad_inputs(void **state) {
   assert_int_equal(tpr_scale_predict(&tiny, &m, &w, &hw, &p), TPR_ERR_INVALID_ARG);
 }
 
+// A results.jsonl line as tpr scale run writes it (docs/scale.md).
+static const char good_line[] =
+    "{\"schema\":\"tpr.scale.v1\",\"workload\":\"train\",\"config\":\"c.json\",\"mode\":\"weak\",\"np\":4,\"tp\":2,"
+    "\"dp\":2,\"ep\":2,\"etp\":2,\"tokens_per_step\":32,\"context\":16,\"samples\":32,\"repeats\":3,"
+    "\"step_s\":{\"median\":0.004,\"q1\":0.0038,\"q3\":0.0045},\"tokens_per_s\":{\"median\":16000,\"q1\":15000,"
+    "\"q3\":17000},\"phases_s\":{\"compute\":0.003},\"bytes_per_step\":{\"all_reduce\":1024},"
+    "\"peak_rss_bytes\":2e7,\"machine\":{\"cores\":2,\"sgemm_gflops\":80,\"read_gbs\":15,\"mpi\":\"Open MPI\"},"
+    "\"command\":\"tpr train\"}";
+
+// Each edit breaks one rule of the schema; each must be refused.
+static const struct {
+  const char *from, *to, *why;
+} breaks[] = {
+    {"\"schema\":\"tpr.scale.v1\"", "\"schema\":\"tpr.scale.v0\"", "schema version"},
+    {"\"step_s\":", "\"steps\":", "step_s missing"},
+    {"\"np\":4", "\"np\":\"4\"", "np a string"},
+    {"\"tp\":2", "\"tp\":3", "np != dp*tp"},
+    {"\"ep\":2,\"etp\":2", "\"ep\":3,\"etp\":1", "ep*etp not dividing np"},
+    {"\"q1\":0.0038", "\"q1\":0.0041", "q1 > median"},
+    {"\"workload\":\"train\"", "\"workload\":\"serve\"", "unknown workload"},
+    {"\"mode\":\"weak\"", "\"mode\":\"both\"", "unknown mode"},
+    {"\"cores\":2", "\"cores\":0", "machine.cores 0"},
+    {"\"mpi\":\"Open MPI\"", "\"mpi\":7", "machine.mpi a number"},
+};
+
+static void test_results_schema(void **state) {
+  cJSON *j = cJSON_Parse(good_line);
+  assert_non_null(j);
+  TT_OK(tpr_scale_result_validate(j));
+  tpr_scale_point p;
+  TT_OK(tpr_scale_point_from_json(j, &p));
+  assert_int_equal(p.mesh.world, 4);
+  assert_true(p.mesh.fsdp);
+  assert_true(p.step_s == 0.004);
+  cJSON_Delete(j);
+  for (size_t i = 0; i < sizeof breaks / sizeof breaks[0]; i++) {
+    char line[sizeof good_line + 64];
+    const char *at = strstr(good_line, breaks[i].from);
+    assert_non_null(at);
+    snprintf(line, sizeof line, "%.*s%s%s", (int)(at - good_line), good_line, breaks[i].to,
+             at + strlen(breaks[i].from));
+    j = cJSON_Parse(line);
+    assert_non_null(j);
+    tpr_status st = tpr_scale_result_validate(j);
+    printf("  %-26s -> %s\n", breaks[i].why, tpr_status_name(st));
+    assert_int_equal(st, TPR_ERR_FORMAT);
+    cJSON_Delete(j);
+  }
+}
+
+static void test_quartiles(void **state) {
+  double x[] = {5, 1, 4, 2, 3};
+  double q1, m, q3;
+  tpr_scale_quartiles(x, 5, &q1, &m, &q3);
+  printf("  quartiles of 1..5: %g %g %g\n", q1, m, q3);
+  assert_true(q1 == 2 && m == 3 && q3 == 4);
+  double y[] = {4, 1, 3, 2};
+  tpr_scale_quartiles(y, 4, &q1, &m, &q3);
+  assert_true(q1 == 1.75 && m == 2.5 && q3 == 3.25);  // numpy.percentile's linear interpolation
+}
+
 int main(void) {
   printf("seed %llu\n", (unsigned long long)tt_seed_from_env());
   const struct CMUnitTest tests[] = {
@@ -142,6 +207,8 @@ int main(void) {
       cmocka_unit_test(test_fit_wrong_factor),
       cmocka_unit_test(test_predict_by_hand),
       cmocka_unit_test(test_bad_inputs),
+      cmocka_unit_test(test_results_schema),
+      cmocka_unit_test(test_quartiles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
