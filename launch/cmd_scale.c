@@ -273,6 +273,7 @@ static const tpr_command subs[] = {
     {"run", "launch a sweep of meshes with mpirun; DIR/results.jsonl", tpr_scale_run},
     {"model", "calibrate the step-time model on a sweep (--calibrate DIR); prediction errors", cmd_model},
     {"predict", "step time, tokens/s, compute/comm split of large meshes (hardware presets)", cmd_predict},
+    {"plot", "PNGs of a sweep with gnuplot: scaling + ideal, efficiency, breakdown, predicted vs measured", tpr_scale_plot},
 };
 
 int tpr_cmd_scale(int argc, char **argv) {

@@ -126,7 +126,9 @@ tpr_status tpr_scale_read_results(const char *path, tpr_scale_point **points, si
     rc = j ? tpr_scale_point_from_json(j, &p) : TPR_FAIL(TPR_ERR_FORMAT, "not JSON");
     cJSON_Delete(j);
     if (rc != TPR_OK) {
-      rc = TPR_FAIL(rc, "scale: %s:%d does not follow %s", path, lineno, TPR_SCALE_SCHEMA);
+      char why[512];
+      snprintf(why, sizeof why, "%s", tpr_last_error());
+      rc = TPR_FAIL(rc, "scale: %s:%d does not follow %s: %s", path, lineno, TPR_SCALE_SCHEMA, why);
       break;
     }
     tpr_scale_point *grown = realloc(*points, (*n + 1) * sizeof *grown);
