@@ -66,8 +66,11 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
       rc = tpr_scale_read_comm(path, &rows, &nrows);
   }
   for (int k = 0; k < TPR_COLL_COUNT && rc == TPR_OK; k++) {
-    if (tpr_scale_fit_ab(rows, nrows, (tpr_coll)k, "mpi", NULL, &hw->intra[k]) != TPR_OK) hw->intra[k].points = 0;
+    if (tpr_scale_fit_ab(rows, nrows, (tpr_coll)k, "mpi", 0, NULL, &hw->intra[k]) != TPR_OK) hw->intra[k].points = 0;
     hw->inter[k] = hw->intra[k];
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)  // rank counts without rows (or one size) stay unfitted
+      if (tpr_scale_fit_ab(rows, nrows, (tpr_coll)k, "mpi", g, NULL, &hw->by_ranks[k][g]) != TPR_OK)
+        hw->by_ranks[k][g].points = 0;
   }
   free(rows);
   TPR_CHECK(rc);
@@ -156,11 +159,16 @@ static int cmd_model(int argc, char **argv) {
   printf("calibrated on %s: sgemm %.1f GFLOP/s, read %.1f GB/s per rank, %.0f cores; fixed cost per step: train "
          "%.3f ms, prefill %.3f ms, decode %.3f ms\n", dir, hw.gemm_flops * 1e-9, hw.mem_bw * 1e-9, hw.cores,
          hw.t_fixed[0] * 1e3, hw.t_fixed[1] * 1e3, hw.t_fixed[2] * 1e3);
-  printf("%-15s %12s %14s %10s %6s\n", "collective", "alpha us", "bus GB/s", "rms resid", "rows");
+  printf("%-15s %6s %12s %14s %10s %6s\n", "collective", "ranks", "alpha us", "bus GB/s", "rms resid", "rows");
   for (int k = 0; k < TPR_COLL_COUNT; k++)
-    if (hw.intra[k].points)
-      printf("%-15s %12.2f %14.3f %9.1f%% %6d\n", tpr_coll_name((tpr_coll)k), hw.intra[k].alpha * 1e6,
-             1e-9 / hw.intra[k].beta, 100 * hw.intra[k].rms_rel, hw.intra[k].points);
+    for (int g = 0; g < TPR_SCALE_FIT_RANKS; g++) {
+      const tpr_ab *ab = g ? &hw.by_ranks[k][g] : &hw.intra[k];
+      char ranks[8] = "all";
+      if (g) snprintf(ranks, sizeof ranks, "%d", g);
+      if (ab->points)
+        printf("%-15s %6s %12.2f %14.3f %9.1f%% %6d\n", tpr_coll_name((tpr_coll)k), ranks, ab->alpha * 1e6,
+               1e-9 / ab->beta, 100 * ab->rms_rel, ab->points);
+    }
   double med, worst;
   int held;
   snprintf(path, sizeof path, "%s/model.json", dir);
@@ -226,8 +234,8 @@ static int cmd_predict(int argc, char **argv) {
   else w.tokens = batch, w.context = prompt + gen / 2, w.samples = batch;
   printf("tpr scale predict: %s, %s, %lld tokens per replica per step, hardware %s\n", config, workload,
          (long long)w.tokens, hw.name);
-  printf("%5s %3s %4s %4s %3s %4s  %11s %13s %8s %8s  %s\n", "np", "tp", "dp", "ep", "etp", "edp", "step ms",
-         "tokens/s", "compute", "comm", "comm by kind (ms)");
+  printf("%5s %3s %4s %4s %3s %4s  %11s %13s %10s %8s %8s  %s\n", "np", "tp", "dp", "ep", "etp", "edp", "step ms",
+         "tokens/s", "TFLOP/s/r", "compute", "comm", "comm by kind (ms)");
   for (int i = 0; i < nnp; i++) {
     int np = nps[i], t = (int)(tp < np ? tp : np), e = (int)(ep ? (ep < np ? ep : np) : (cfg.experts < np ? cfg.experts : np));
     tpr_scale_mesh m = {.world = np, .tp = t, .ep = e, .etp = (int)etp};
@@ -238,8 +246,11 @@ static int cmd_predict(int argc, char **argv) {
     m.fsdp = wl == TPR_WL_TRAIN && m.dp > 1;
     tpr_scale_pred p;
     if (tpr_scale_predict(&cfg, &m, &w, &hw, &p) != TPR_OK) return fail("predict");
-    printf("%5d %3d %4d %4d %3d %4d  %11.3f %13.1f %7.1f%% %7.1f%% ", np, m.tp, m.dp, m.ep, m.etp,
-           np / (m.ep * m.etp), p.step_s * 1e3, p.tokens_per_s, 100 * p.compute_s / p.step_s, 100 * p.comm_s / p.step_s);
+    // TFLOP/s/r: the model's FLOPs per rank over the whole step, the figure
+    // training reports quote per GPU (Megatron's "TFLOPS").
+    printf("%5d %3d %4d %4d %3d %4d  %11.3f %13.1f %10.1f %7.1f%% %7.1f%% ", np, m.tp, m.dp, m.ep, m.etp,
+           np / (m.ep * m.etp), p.step_s * 1e3, p.tokens_per_s, p.flops / p.step_s * 1e-12, 100 * p.compute_s / p.step_s,
+           100 * p.comm_s / p.step_s);
     for (int k = 0; k < TPR_COLL_COUNT; k++)
       if (p.coll_s[k] > 0) printf(" %s %.2f", tpr_coll_name((tpr_coll)k), p.coll_s[k] * 1e3);
     printf("\n");

@@ -50,19 +50,36 @@ typedef struct sweep {
   char mpi[128], tokens[1024];
 } sweep;
 
-// Runs a shell command, returns the last line of its stdout that starts
-// with '{' and contains `key` (malloc'ed) or NULL; stderr goes to DIR/log.
-static char *run_json(const sweep *s, const char *cmd, const char *key) {
+// Runs a shell command; returns the lines of its stdout that start with '{'
+// (malloc'ed, '\n'-separated) or NULL if it failed; stderr goes to DIR/log.
+static char *run_lines(const sweep *s, const char *cmd) {
   char full[8192];
   snprintf(full, sizeof full, "%s 2>>'%s/log'", cmd, s->out);
   FILE *p = popen(full, "r");
   if (!p) return NULL;
-  char line[65536], *last = NULL;
-  while (fgets(line, sizeof line, p))
-    if (line[0] == '{' && strstr(line, key)) free(last), last = strdup(line);
-  int st = pclose(p);
-  if (st != 0) free(last), last = NULL;
-  return last;
+  char line[65536], *all = NULL;
+  size_t len = 0;
+  while (fgets(line, sizeof line, p)) {
+    if (line[0] != '{') continue;
+    size_t k = strlen(line);
+    char *grown = realloc(all, len + k + 1);
+    if (!grown) break;
+    all = grown;
+    memcpy(all + len, line, k + 1);
+    len += k;
+  }
+  if (pclose(p) != 0) free(all), all = NULL;
+  return all;
+}
+
+// The last JSON line containing key (malloc'ed) or NULL.
+static char *run_json(const sweep *s, const char *cmd, const char *key) {
+  char *all = run_lines(s, cmd), *last = NULL;
+  for (char *l = all ? strtok(all, "\n") : NULL; l; l = strtok(NULL, "\n"))
+    if (strstr(l, key)) last = l;
+  char *out = last ? strdup(last) : NULL;
+  free(all);
+  return out;
 }
 
 static double num(const cJSON *j, const char *k) {
@@ -119,15 +136,16 @@ static void comm_rows(const sweep *s, int np) {
   if (system(cmd) != 0) fprintf(stderr, "tpr scale run: bench comm at np %d failed (see %s/log)\n", np, s->out);
 }
 
+// One run: its step time, tokens/s, phases and peak RSS (the largest rank's).
+// Train phases: forward+backward, gradient sync, optimizer, exposed FSDP
+// communication (medians over the timed steps); inference: the step.
+#define N_PHASES 4
 typedef struct sample {
-  double step, tps, ph[6], rss;
+  double step, tps, ph[N_PHASES], rss;
 } sample;
 
-static const char *train_phases[6] = {"fwd_bwd_ms", "grad_sync_ms", "optimizer_ms", "fsdp_all_gather_ms",
-                                      "fsdp_reduce_scatter_ms", "fsdp_exposed_ms"};
-static const char *phase_names[2][6] = {
-    {"compute", "grad_sync", "optimizer", "fsdp_all_gather", "fsdp_reduce_scatter", "exposed_comm"},
-    {"step", NULL, NULL, NULL, NULL, NULL}};
+static const char *phase_names[2][N_PHASES] = {{"compute", "grad_sync", "optimizer", "exposed_comm"},
+                                               {"step", NULL, NULL, NULL}};
 
 static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica, sample *out) {
   char cmd[4096];
@@ -141,18 +159,39 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
              "--batch %lld --prompt-len %lld --gen-len %lld --tp %d --dp %d --ep %d --json", s->mpirun, m->world, bin,
              s->config, (long long)(per_replica * m->dp), (long long)s->prompt, (long long)s->gen, m->tp, m->dp, m->ep);
   }
-  char *line = run_json(s, cmd, s->wl == TPR_WL_TRAIN ? "\"summary\"" : "\"bench model\"");
-  cJSON *j = line ? cJSON_Parse(line) : NULL;
-  free(line);
-  if (!j) return fprintf(stderr, "tpr scale run: no JSON from: %s (see %s/log)\n", cmd, s->out), false;
   *out = (sample){0};
   const cJSON *rss = NULL;
+  cJSON *j = NULL;
   if (s->wl == TPR_WL_TRAIN) {
-    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(j, "summary");
-    out->step = num(sum, "ms_per_step") * 1e-3, out->tps = num(sum, "tokens_per_s");
-    for (int k = 0; k < 6; k++) out->ph[k] = num(sum, train_phases[k]) * 1e-3;
-    rss = cJSON_GetObjectItemCaseSensitive(sum, "peak_rss_bytes");
+    // The median over the timed steps (the first is warm-up), not the
+    // summary's mean: a step the machine's other load delayed counts once.
+    char *all = run_lines(s, cmd);
+    double v[6][256];
+    int ns = 0;
+    for (char *l = all ? strtok(all, "\n") : NULL; l; l = strtok(NULL, "\n")) {
+      cJSON *x = cJSON_Parse(l);
+      const cJSON *step = cJSON_GetObjectItemCaseSensitive(x, "step");
+      if (cJSON_IsNumber(step) && step->valuedouble >= 1 && ns < 256) {
+        v[0][ns] = num(x, "ms") * 1e-3, v[1][ns] = num(x, "fwd_bwd_ms") * 1e-3, v[2][ns] = num(x, "grad_sync_ms") * 1e-3;
+        v[3][ns] = num(x, "optimizer_ms") * 1e-3;
+        v[4][ns] = num(cJSON_GetObjectItemCaseSensitive(x, "fsdp"), "exposed_ms") * 1e-3;
+        ns++;
+      }
+      if (cJSON_GetObjectItemCaseSensitive(x, "summary")) cJSON_Delete(j), j = x, x = NULL;
+      cJSON_Delete(x);
+    }
+    free(all);
+    if (!j || !ns) return cJSON_Delete(j), fprintf(stderr, "tpr scale run: no steps from: %s (see %s/log)\n", cmd, s->out), false;
+    double q1, q3;
+    tpr_scale_quartiles(v[0], (size_t)ns, &q1, &out->step, &q3);
+    for (int k = 1; k < 5; k++) tpr_scale_quartiles(v[k], (size_t)ns, &q1, &out->ph[k - 1], &q3);
+    out->tps = out->step > 0 ? (double)(s->seq * per_replica * m->dp) / out->step : 0;
+    rss = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "summary"), "peak_rss_bytes");
   } else {
+    char *line = run_json(s, cmd, "\"bench model\"");
+    j = line ? cJSON_Parse(line) : NULL;
+    free(line);
+    if (!j) return fprintf(stderr, "tpr scale run: no JSON from: %s (see %s/log)\n", cmd, s->out), false;
     double tps = num(j, s->wl == TPR_WL_DECODE ? "decode_tok_s" : "prefill_tok_s");
     double per_step = s->wl == TPR_WL_DECODE ? num(j, "decode_tokens_per_step") : (double)(per_replica * s->prompt * m->dp);
     out->tps = tps, out->step = tps > 0 ? per_step / tps : 0, out->ph[0] = out->step;
@@ -224,7 +263,7 @@ static bool point(const sweep *s, tpr_scale_mesh *m, FILE *results) {
   for (int i = 0; i < n; i++) x[i] = runs[i].tps;
   cJSON_AddItemToObject(j, "tokens_per_s", stats(x, n));
   cJSON *ph = cJSON_CreateObject();
-  for (int k = 0; k < 6; k++) {
+  for (int k = 0; k < N_PHASES; k++) {
     const char *name = phase_names[s->wl == TPR_WL_TRAIN ? 0 : 1][k];
     if (!name) continue;
     for (int i = 0; i < n; i++) x[i] = runs[i].ph[k];

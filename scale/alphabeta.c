@@ -41,7 +41,7 @@ double tpr_ab_time(const tpr_ab *ab, tpr_coll op, int n, double size) {
   return ab->alpha * tpr_scale_latency_steps(n) + ab->beta * size * tpr_scale_bus_factor(op, n);
 }
 
-tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport,
+tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport, int ranks,
                             tpr_bus_factor_fn factor, tpr_ab *out) {
   if (!factor) factor = tpr_scale_bus_factor;
   *out = (tpr_ab){0};
@@ -50,7 +50,7 @@ tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, con
   int used = 0;
   for (size_t i = 0; i < n; i++) {
     if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
-    if (transport && strcmp(s[i].transport, transport)) continue;
+    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
     double L = tpr_scale_latency_steps(s[i].ranks), x = s[i].size * factor(op, s[i].ranks), w = 1 / (s[i].time_s * s[i].time_s);
     sll += w * L * L, slx += w * L * x, sxx += w * x * x, slt += w * L * s[i].time_s, sxt += w * x * s[i].time_s;
     used++;
@@ -66,7 +66,7 @@ tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, con
   double r2 = 0;
   for (size_t i = 0; i < n; i++) {
     if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
-    if (transport && strcmp(s[i].transport, transport)) continue;
+    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
     double pred = out->alpha * tpr_scale_latency_steps(s[i].ranks) + out->beta * s[i].size * factor(op, s[i].ranks);
     r2 += (pred / s[i].time_s - 1) * (pred / s[i].time_s - 1);
   }

@@ -56,11 +56,13 @@ typedef struct tpr_comm_sample {
 } tpr_comm_sample;
 
 // Least squares of time = alpha * steps(n) + beta * size * factor(op, n) over
-// the samples of one op and transport (factor NULL: tpr_scale_bus_factor).
+// the samples of one op and transport (factor NULL: tpr_scale_bus_factor);
+// ranks > 0 keeps only the rows measured at that many ranks (a fit for that
+// group size alone), 0 pools every rank count.
 // Weighted by 1/time so small and large messages count alike (relative
 // error). Fewer than two usable rows, or rows that cannot separate alpha from
 // beta, are TPR_ERR_INVALID_ARG naming the op.
-tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport,
+tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport, int ranks,
                             tpr_bus_factor_fn factor, tpr_ab *out);
 
 // Appends the rows of a `tpr bench comm --json` output file (header lines

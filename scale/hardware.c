@@ -72,6 +72,18 @@ tpr_status tpr_scale_hw_write(const char *path, const tpr_scale_hw *hw) {
     if (hw->intra[k].points) cJSON_AddItemToObject(intra, tpr_coll_name((tpr_coll)k), ab_json(&hw->intra[k]));
     if (hw->inter[k].points) cJSON_AddItemToObject(inter, tpr_coll_name((tpr_coll)k), ab_json(&hw->inter[k]));
   }
+  cJSON *by = cJSON_CreateObject();
+  for (int k = 0; k < TPR_COLL_COUNT; k++) {
+    cJSON *op = NULL;
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
+      if (!hw->by_ranks[k][g].points) continue;
+      if (!op) op = cJSON_AddObjectToObject(by, tpr_coll_name((tpr_coll)k));
+      char key[8];
+      snprintf(key, sizeof key, "%d", g);
+      cJSON_AddItemToObject(op, key, ab_json(&hw->by_ranks[k][g]));
+    }
+  }
+  cJSON_AddItemToObject(j, "by_ranks", by);
   cJSON_AddItemToObject(j, "intra", intra);
   cJSON_AddItemToObject(j, "inter", inter);
   char *text = cJSON_Print(j);
@@ -115,6 +127,16 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
       *ab = (tpr_ab){num(a, "alpha_s"), num(a, "beta_s_per_byte"), num(a, "rms_rel_residual"), (int)num(a, "points")};
     }
   }
+  const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_ranks");
+  for (int k = 0; k < TPR_COLL_COUNT; k++)
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
+      char key[8];
+      snprintf(key, sizeof key, "%d", g);
+      const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(by, tpr_coll_name((tpr_coll)k)), key);
+      if (a)
+        out->by_ranks[k][g] = (tpr_ab){num(a, "alpha_s"), num(a, "beta_s_per_byte"), num(a, "rms_rel_residual"),
+                                       (int)num(a, "points")};
+    }
   cJSON_Delete(j);
   if (!(out->gemm_flops > 0) || !(out->mem_bw > 0) || out->ranks_per_node < 1)
     return TPR_FAIL(TPR_ERR_FORMAT, "scale: %s lacks gemm_flops, mem_bw or ranks_per_node", path);

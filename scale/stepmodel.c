@@ -191,7 +191,9 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
   int n = tpr_scale_step_calls(c, m, w, hw, calls);
   for (int i = 0; i < n; i++) {
     const tpr_scale_call *k = &calls[i];
-    const tpr_ab *ab = k->group * k->stride <= hw->ranks_per_node ? &hw->intra[k->op] : &hw->inter[k->op];
+    bool intra = k->group * k->stride <= hw->ranks_per_node;
+    const tpr_ab *ab = intra ? &hw->intra[k->op] : &hw->inter[k->op];
+    if (intra && k->group < TPR_SCALE_FIT_RANKS && hw->by_ranks[k->op][k->group].points) ab = &hw->by_ranks[k->op][k->group];
     if (!ab->points) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale: hardware '%s' has no %s fit for %d ranks", hw->name,
                                      tpr_coll_name(k->op), k->group);
     out->coll_s[k->op] += k->count * tpr_ab_time(ab, k->op, k->group, k->size);

@@ -43,6 +43,7 @@ typedef struct tpr_scale_work {
   int64_t samples;  // rows whose logits are computed (inference: batch; train: tokens)
 } tpr_scale_work;
 
+#define TPR_SCALE_FIT_RANKS 17  // group sizes 2..16
 typedef struct tpr_scale_hw {
   char name[32];
   double gemm_flops;    // per rank, achieved (FLOP/s)
@@ -52,7 +53,11 @@ typedef struct tpr_scale_hw {
   double t_fixed[3];    // per workload, seconds per step (calibrated)
   int param_bytes;      // weight element size in compute (4 f32 on the cpu, 2 bf16 on GPUs)
   int act_bytes;        // activation element size in the collectives
-  tpr_ab intra[TPR_COLL_COUNT], inter[TPR_COLL_COUNT];
+  tpr_ab intra[TPR_COLL_COUNT], inter[TPR_COLL_COUNT];  // pooled over rank counts: any group size
+  // Fits of one group size alone (inside a node), used for that size where
+  // present: on one machine they see what the pooled latency term cannot,
+  // such as ranks outnumbering cores.
+  tpr_ab by_ranks[TPR_COLL_COUNT][TPR_SCALE_FIT_RANKS];
 } tpr_scale_hw;
 
 typedef struct tpr_scale_pred {

@@ -38,7 +38,7 @@ static void test_fit_recovers(void **state) {
     double alpha = tt_uniform(2e-6, 50e-6), beta = 1 / tt_uniform(1e9, 50e9);
     size_t n = synth((tpr_coll)op, alpha, beta, s);
     tpr_ab ab;
-    TT_OK(tpr_scale_fit_ab(s, n, (tpr_coll)op, "mpi", NULL, &ab));
+    TT_OK(tpr_scale_fit_ab(s, n, (tpr_coll)op, "mpi", 0, NULL, &ab));
     double ea = fabs(ab.alpha / alpha - 1), eb = fabs(ab.beta / beta - 1);
     printf("  %-15s alpha %.3g s (err %.3f%%), bus bw %.3g GB/s (err %.3f%%), rms residual %.3f%%, %d rows\n",
            tpr_coll_name((tpr_coll)op), ab.alpha, 100 * ea, 1e-9 / ab.beta, 100 * eb, 100 * ab.rms_rel, ab.points);
@@ -46,6 +46,24 @@ static void test_fit_recovers(void **state) {
     assert_true(eb < 0.01);
     assert_int_equal(ab.points, (int)n);
   }
+}
+
+// Rows whose latency jumps at 8 ranks (ranks outnumbering cores): the fit at
+// ranks = 8 alone recovers that alpha; the pooled fit cannot.
+static void test_fit_by_ranks(void **state) {
+  tpr_comm_sample s[64];
+  double alpha = tt_uniform(2e-6, 50e-6), beta = 1 / tt_uniform(1e9, 50e9);
+  size_t n = synth(TPR_COLL_ALL_GATHER, alpha, beta, s);
+  for (size_t i = 0; i < n; i++)
+    if (s[i].ranks == 8) s[i].time_s += 9 * alpha * tpr_scale_latency_steps(8);  // alpha x 10 at n = 8
+  tpr_ab at8, pooled;
+  TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_GATHER, "mpi", 8, NULL, &at8));
+  TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_GATHER, "mpi", 0, NULL, &pooled));
+  double e8 = fabs(at8.alpha / (10 * alpha) - 1), ep = fabs(pooled.alpha / (10 * alpha) - 1);
+  printf("  alpha at 8 ranks: fit at 8 err %.3f%% (%d rows), pooled err %.1f%%\n", 100 * e8, at8.points, 100 * ep);
+  assert_true(e8 < 0.01 && fabs(at8.beta / beta - 1) < 0.01);
+  assert_int_equal(at8.points, (int)n / 3);
+  assert_true(ep > 0.1);
 }
 
 // Negative control: all_reduce rows fitted with a wrong bus factor must not
@@ -57,7 +75,7 @@ static void test_fit_wrong_factor(void **state) {
   tpr_bus_factor_fn wrong[] = {wrong_factor, no_n_factor};
   for (int i = 0; i < 2; i++) {
     tpr_ab ab;
-    TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", wrong[i], &ab));
+    TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", 0, wrong[i], &ab));
     double eb = fabs(ab.beta / beta - 1);
     printf("  wrong factor %d: beta err %.1f%%, rms residual %.2f%%\n", i, 100 * eb, 100 * ab.rms_rel);
     assert_true(eb > 0.05);
@@ -65,8 +83,8 @@ static void test_fit_wrong_factor(void **state) {
   // One size at one rank count cannot separate alpha from beta; another transport has no rows.
   tpr_ab ab;
   for (size_t i = 0; i < n; i++) s[i].size = 1024, s[i].ranks = 4;
-  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", NULL, &ab), TPR_ERR_INVALID_ARG);
-  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "nccl", NULL, &ab), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "mpi", 0, NULL, &ab), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_REDUCE, "nccl", 0, NULL, &ab), TPR_ERR_INVALID_ARG);
 }
 
 // Round numbers: every collective alpha 10 us per round, 1 ns per bus byte;
@@ -205,6 +223,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fit_recovers),
       cmocka_unit_test(test_fit_wrong_factor),
+      cmocka_unit_test(test_fit_by_ranks),
       cmocka_unit_test(test_predict_by_hand),
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_results_schema),
