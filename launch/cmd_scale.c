@@ -28,6 +28,13 @@ static int cmp_d(const void *a, const void *b) {
 
 static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
 
+// The points calibration uses: every single-rank point (t_fixed) and, with
+// sync_on_tp, the tensor-parallel meshes (tp = np, ep = 1: the fewest
+// collectives per step) for t_sync at their np. Every other point is held out.
+static bool is_calibration(const tpr_scale_point *p, bool sync_on_tp) {
+  return p->mesh.world == 1 || (sync_on_tp && p->mesh.tp == p->mesh.world && p->mesh.ep == 1);
+}
+
 // Every point of a results file comes from one config (a sweep's): read once.
 static tpr_status points_config(const tpr_scale_point *pts, size_t n, tpr_scale_config *cfg) {
   for (size_t i = 1; i < n; i++)
@@ -42,8 +49,8 @@ static tpr_status points_config(const tpr_scale_point *pts, size_t n, tpr_scale_
 // description, t_fixed from the single-rank points (their median residual
 // over the roofline). Points with np > 1 are not used.
 static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const tpr_scale_point *pts, size_t n,
-                            tpr_scale_hw *hw) {
-  *hw = (tpr_scale_hw){.ranks_per_node = 1 << 20, .param_bytes = 4, .act_bytes = 4};
+                            bool sync_on_tp, tpr_scale_hw *hw) {
+  *hw = (tpr_scale_hw){.ranks_per_node = 1 << 20, .param_bytes = 4, .act_bytes = 4, .sync_on_tp = sync_on_tp};
   snprintf(hw->name, sizeof hw->name, "calibrated");
   if (!n) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: %s/results.jsonl has no points", dir);
   hw->gemm_flops = pts[0].sgemm_gflops * 1e9, hw->mem_bw = pts[0].read_gbs * 1e9, hw->cores = pts[0].cores;
@@ -86,14 +93,29 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
     if (m) qsort(r, m, sizeof *r, cmp_d);
     hw->t_fixed[w] = m ? r[m / 2] : 0;
   }
+  // t_sync[np]: the median over the calibration meshes at np of what their
+  // steps took beyond the model so far, per collective call.
+  for (int g = 2; sync_on_tp && g < TPR_SCALE_FIT_RANKS; g++) {
+    double r[256];
+    size_t m = 0;
+    for (size_t i = 0; i < n && m < 256; i++) {
+      if (pts[i].mesh.world != g || !is_calibration(&pts[i], true)) continue;
+      tpr_scale_pred p;
+      TPR_CHECK(tpr_scale_predict(cfg, &pts[i].mesh, &pts[i].work, hw, &p));
+      if (p.calls > 0) r[m++] = fmax(0, (pts[i].step_s - p.step_s) / p.calls);
+    }
+    if (m) qsort(r, m, sizeof *r, cmp_d);
+    hw->t_sync[g] = m ? r[m / 2] : 0;
+  }
   return TPR_OK;
 }
 
 // Predicts every point, prints the table and writes DIR/predictions.jsonl;
-// *median and *worst: absolute relative error over points with np > 1 (not
-// used for calibration).
+// *median and *worst: absolute relative error over the points calibration
+// did not use.
 static tpr_status errors(const char *dir, const tpr_scale_config *cfg, const tpr_scale_point *pts, size_t n,
-                         const tpr_scale_hw *hw, bool print, double *median, double *worst, int *held_out) {
+                         const tpr_scale_hw *hw, bool sync_on_tp, bool print, double *median, double *worst,
+                         int *held_out) {
   char path[1200];
   snprintf(path, sizeof path, "%s/predictions.jsonl", dir);
   FILE *f = fopen(path, "w");
@@ -109,7 +131,7 @@ static tpr_status errors(const char *dir, const tpr_scale_config *cfg, const tpr
     rc = tpr_scale_predict(cfg, &pts[i].mesh, &pts[i].work, hw, &p);
     if (rc != TPR_OK) break;
     double err = p.step_s / pts[i].step_s - 1;
-    bool calib = pts[i].mesh.world == 1;
+    bool calib = is_calibration(&pts[i], sync_on_tp);
     if (!calib && e) e[m++] = fabs(err);
     const tpr_scale_mesh *k = &pts[i].mesh;
     if (print)
@@ -137,13 +159,23 @@ static const char model_usage[] =
     "factors), takes the roofline (sgemm rate, read bandwidth) from DIR/results.jsonl's machine description and\n"
     "the per-step fixed cost from its single-rank points, writes DIR/model.json, predicts every measured point\n"
     "from its mesh and config alone (DIR/predictions.jsonl) and prints the error of each, with the median and\n"
-    "worst absolute error over the points not used for calibration (np > 1).";
+    "worst absolute error over the points not used for calibration (default: every point with np > 1).\n"
+    "--calibrate-on tp also fits a per-call synchronisation cost at each np from the tp = np, ep = 1 meshes\n"
+    "(then held out no more).";
 
 static int cmd_model(int argc, char **argv) {
   const char *dir = NULL;
-  const tpr_arg args[] = {{"calibrate", TPR_ARG_STR, &dir, "sweep directory of tpr scale run"}};
-  tpr_args_result ar = tpr_args_parse(argc, argv, args, 1, model_usage);
+  const char *on = "single";
+  const tpr_arg args[] = {
+      {"calibrate", TPR_ARG_STR, &dir, "sweep directory of tpr scale run"},
+      {"calibrate-on", TPR_ARG_STR, &on,
+       "single (default): the single-rank points only; tp: also the tp = np, ep = 1 meshes (t_sync per np)"},
+  };
+  tpr_args_result ar = tpr_args_parse(argc, argv, args, 2, model_usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
+  if (strcmp(on, "tp") && strcmp(on, "single"))
+    return fprintf(stderr, "tpr scale model: --calibrate-on '%s' (tp, single)\n", on), 2;
+  bool sync_on_tp = !strcmp(on, "tp");
   if (!dir) return fprintf(stderr, "tpr scale model: --calibrate DIR is required\n%s\n", model_usage), 2;
   char path[1200];
   snprintf(path, sizeof path, "%s/results.jsonl", dir);
@@ -152,13 +184,15 @@ static int cmd_model(int argc, char **argv) {
   tpr_scale_config cfg;
   tpr_scale_hw hw;
   if (tpr_scale_read_results(path, &pts, &n) != TPR_OK || points_config(pts, n, &cfg) != TPR_OK ||
-      calibrate(dir, &cfg, pts, n, &hw) != TPR_OK) {
+      calibrate(dir, &cfg, pts, n, sync_on_tp, &hw) != TPR_OK) {
     free(pts);
     return fail("model");
   }
   printf("calibrated on %s: sgemm %.1f GFLOP/s, read %.1f GB/s per rank, %.0f cores; fixed cost per step: train "
          "%.3f ms, prefill %.3f ms, decode %.3f ms\n", dir, hw.gemm_flops * 1e-9, hw.mem_bw * 1e-9, hw.cores,
          hw.t_fixed[0] * 1e3, hw.t_fixed[1] * 1e3, hw.t_fixed[2] * 1e3);
+  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
+    if (hw.t_sync[g] > 0) printf("  synchronisation cost per collective call at np %d: %.1f us\n", g, hw.t_sync[g] * 1e6);
   printf("%-15s %6s %12s %14s %10s %6s\n", "collective", "ranks", "alpha us", "bus GB/s", "rms resid", "rows");
   for (int k = 0; k < TPR_COLL_COUNT; k++)
     for (int g = 0; g < TPR_SCALE_FIT_RANKS; g++) {
@@ -172,7 +206,7 @@ static int cmd_model(int argc, char **argv) {
   double med, worst;
   int held;
   snprintf(path, sizeof path, "%s/model.json", dir);
-  if (tpr_scale_hw_write(path, &hw) != TPR_OK || errors(dir, &cfg, pts, n, &hw, true, &med, &worst, &held) != TPR_OK) {
+  if (tpr_scale_hw_write(path, &hw) != TPR_OK || errors(dir, &cfg, pts, n, &hw, sync_on_tp, true, &med, &worst, &held) != TPR_OK) {
     free(pts);
     return fail("model");
   }
@@ -271,7 +305,7 @@ static int cmd_predict(int argc, char **argv) {
       rc = tpr_scale_hw_read(path, &mh);
     }
     if (rc == TPR_OK) printf("\nthe model on the points measured in %s:\n", dir);
-    if (rc == TPR_OK) rc = errors(dir, &pc, pts, n, &mh, true, &med, &worst, &held);
+    if (rc == TPR_OK) rc = errors(dir, &pc, pts, n, &mh, mh.sync_on_tp, true, &med, &worst, &held);
     free(pts);
     if (rc != TPR_OK) return fail("predict");
     printf("prediction error on %d point(s) not used for calibration: median %.1f%%, worst %.1f%%\n", held,

@@ -84,6 +84,15 @@ tpr_status tpr_scale_hw_write(const char *path, const tpr_scale_hw *hw) {
     }
   }
   cJSON_AddItemToObject(j, "by_ranks", by);
+  cJSON *sync = cJSON_CreateObject();
+  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
+    if (hw->t_sync[g] > 0) {
+      char key[8];
+      snprintf(key, sizeof key, "%d", g);
+      cJSON_AddNumberToObject(sync, key, hw->t_sync[g]);
+    }
+  cJSON_AddItemToObject(j, "t_sync_s", sync);
+  cJSON_AddStringToObject(j, "calibration_points", hw->sync_on_tp ? "np1+tp" : "np1");
   cJSON_AddItemToObject(j, "intra", intra);
   cJSON_AddItemToObject(j, "inter", inter);
   char *text = cJSON_Print(j);
@@ -114,6 +123,8 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
   snprintf(out->name, sizeof out->name, "%s", cJSON_IsString(name) ? name->valuestring : "calibrated");
   out->gemm_flops = num(j, "gemm_flops"), out->mem_bw = num(j, "mem_bw"), out->cores = num(j, "cores");
   out->ranks_per_node = (int)num(j, "ranks_per_node");
+  const cJSON *cp = cJSON_GetObjectItemCaseSensitive(j, "calibration_points");
+  out->sync_on_tp = cJSON_IsString(cp) && !strcmp(cp->valuestring, "np1+tp");
   out->param_bytes = (int)num(j, "param_bytes"), out->act_bytes = (int)num(j, "act_bytes");
   const cJSON *fixed = cJSON_GetObjectItemCaseSensitive(j, "t_fixed_s");
   for (int w = 0; w < 3; w++) out->t_fixed[w] = num(fixed, tpr_workload_name((tpr_workload)w));
@@ -127,7 +138,12 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
       *ab = (tpr_ab){num(a, "alpha_s"), num(a, "beta_s_per_byte"), num(a, "rms_rel_residual"), (int)num(a, "points")};
     }
   }
-  const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_ranks");
+  const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_ranks"), *sync = cJSON_GetObjectItemCaseSensitive(j, "t_sync_s");
+  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
+    char key[8];
+    snprintf(key, sizeof key, "%d", g);
+    out->t_sync[g] = num(sync, key);
+  }
   for (int k = 0; k < TPR_COLL_COUNT; k++)
     for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
       char key[8];

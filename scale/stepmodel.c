@@ -199,11 +199,14 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
     out->coll_s[k->op] += k->count * tpr_ab_time(ab, k->op, k->group, k->size);
     out->coll_bytes[k->op] += k->count * k->size;
     out->coll_calls[k->op] += k->count;
+    out->calls += k->count;
   }
+  if (m->world < TPR_SCALE_FIT_RANKS && m->world <= hw->ranks_per_node) out->sync_s = out->calls * hw->t_sync[m->world];
   tpr_scale_step_work(c, m, w, hw, &out->flops, &out->bytes);
   double node = m->world < hw->ranks_per_node ? m->world : hw->ranks_per_node;
   double s = hw->cores > 0 && node > hw->cores ? node / hw->cores : 1;
   out->compute_s = s * (hw->t_fixed[w->kind] + fmax(out->flops / hw->gemm_flops, out->bytes / hw->mem_bw));
+  out->comm_s = out->sync_s;
   for (int k = 0; k < TPR_COLL_COUNT; k++) out->comm_s += out->coll_s[k];
   out->step_s = out->compute_s + out->comm_s;
   out->tokens_per_s = (double)w->tokens * m->dp / out->step_s;

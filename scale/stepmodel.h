@@ -58,11 +58,18 @@ typedef struct tpr_scale_hw {
   // present: on one machine they see what the pooled latency term cannot,
   // such as ranks outnumbering cores.
   tpr_ab by_ranks[TPR_COLL_COUNT][TPR_SCALE_FIT_RANKS];
+  // Seconds per collective call of a step at this many ranks on one node,
+  // beyond its alpha-beta time: the wait for a peer that is not running
+  // (ranks sharing cores, other load), which back-to-back bench comm calls
+  // do not see. Calibrated on measured steps (tpr scale model); 0 in presets.
+  double t_sync[TPR_SCALE_FIT_RANKS];
+  bool sync_on_tp;  // calibrated: t_sync from the tp = np meshes (else single-rank points only)
 } tpr_scale_hw;
 
 typedef struct tpr_scale_pred {
   double step_s, tokens_per_s;          // tokens_per_s: the whole world's
-  double compute_s, comm_s;
+  double compute_s, comm_s;             // comm_s includes sync_s
+  double sync_s, calls;                 // t_sync's share; collective calls per step
   double coll_s[TPR_COLL_COUNT];        // per kind, per step
   double coll_bytes[TPR_COLL_COUNT];    // nccl-tests size summed per kind, per rank per step
   double coll_calls[TPR_COLL_COUNT];
