@@ -53,7 +53,15 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
   *hw = (tpr_scale_hw){.ranks_per_node = 1 << 20, .param_bytes = 4, .act_bytes = 4, .sync_on_tp = sync_on_tp};
   snprintf(hw->name, sizeof hw->name, "calibrated");
   if (!n) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: %s/results.jsonl has no points", dir);
-  hw->gemm_flops = pts[0].sgemm_gflops * 1e9, hw->mem_bw = pts[0].read_gbs * 1e9, hw->cores = pts[0].cores;
+  // The roofline: the median of the sweeps' machine descriptions (each
+  // sweep measures the machine once; several sweeps may share a DIR).
+  double *v = malloc(2 * n * sizeof *v);
+  if (!v) return TPR_FAIL(TPR_ERR_OOM, "scale model: %zu points", n);
+  for (size_t i = 0; i < n; i++) v[i] = pts[i].sgemm_gflops, v[n + i] = pts[i].read_gbs;
+  qsort(v, n, sizeof *v, cmp_d);
+  qsort(v + n, n, sizeof *v, cmp_d);
+  hw->gemm_flops = v[n / 2] * 1e9, hw->mem_bw = v[n + n / 2] * 1e9, hw->cores = pts[0].cores;
+  free(v);
   DIR *d = opendir(dir);
   if (!d) return TPR_FAIL(TPR_ERR_IO, "scale model: cannot list %s", dir);
   char names[64][256];  // sorted: a fixed read order, so the fit is deterministic
@@ -110,17 +118,18 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
   return TPR_OK;
 }
 
-// Predicts every point, prints the table and writes DIR/predictions.jsonl;
+// Predicts every point, prints the table and (write) DIR/predictions.jsonl;
 // *median and *worst: absolute relative error over the points calibration
 // did not use.
 static tpr_status errors(const char *dir, const tpr_scale_config *cfg, const tpr_scale_point *pts, size_t n,
-                         const tpr_scale_hw *hw, bool sync_on_tp, bool print, double *median, double *worst,
+                         const tpr_scale_hw *hw, bool sync_on_tp, bool write, double *median, double *worst,
                          int *held_out) {
+  const bool print = true;
   char path[1200];
   snprintf(path, sizeof path, "%s/predictions.jsonl", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) return TPR_FAIL(TPR_ERR_IO, "scale model: cannot write %s", path);
-  double *e = calloc(n + 1, sizeof *e);
+  FILE *f = write ? fopen(path, "w") : NULL;
+  if (write && !f) return TPR_FAIL(TPR_ERR_IO, "scale model: cannot write %s", path);
+  double *e = calloc(n + 1, sizeof *e), *ew = calloc(n + 1, sizeof *ew);
   int m = 0;
   if (print)
     printf("%-8s %4s %3s %3s %3s %3s  %12s %12s %12s %12s %8s\n", "workload", "np", "tp", "dp", "ep", "etp",
@@ -138,13 +147,26 @@ static tpr_status errors(const char *dir, const tpr_scale_config *cfg, const tpr
       printf("%-8s %4d %3d %3d %3d %3d  %12.3f %12.3f %12.3f %12.3f %+7.1f%%%s\n", tpr_workload_name(pts[i].workload),
              k->world, k->tp, k->dp, k->ep, k->etp, pts[i].step_s * 1e3, (pts[i].step_q3 - pts[i].step_q1) * 1e3,
              p.step_s * 1e3, p.comm_s * 1e3, 100 * err, calib ? "  (calibration)" : "");
-    fprintf(f, "{\"workload\":\"%s\",\"np\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,\"measured_s\":%.6g,"
+    if (f) fprintf(f, "{\"workload\":\"%s\",\"np\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,\"measured_s\":%.6g,"
             "\"q1_s\":%.6g,\"q3_s\":%.6g,\"predicted_s\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,\"error\":%.6g,"
             "\"calibration\":%s}\n", tpr_workload_name(pts[i].workload), k->world, k->tp, k->dp, k->ep, k->etp,
             pts[i].step_s, pts[i].step_q1, pts[i].step_q3, p.step_s, p.compute_s, p.comm_s, err,
             calib ? "true" : "false");
   }
-  if (fclose(f) && rc == TPR_OK) rc = TPR_FAIL(TPR_ERR_IO, "scale model: writing %s", path);
+  if (f && fclose(f) && rc == TPR_OK) rc = TPR_FAIL(TPR_ERR_IO, "scale model: writing %s", path);
+  for (int w = 0; print && rc == TPR_OK && e && ew && w < 3; w++) {  // per workload
+    int mw = 0;
+    for (size_t i = 0; i < n; i++) {
+      tpr_scale_pred p;
+      if (pts[i].workload != (tpr_workload)w || is_calibration(&pts[i], sync_on_tp)) continue;
+      if (tpr_scale_predict(cfg, &pts[i].mesh, &pts[i].work, hw, &p) == TPR_OK) ew[mw++] = fabs(p.step_s / pts[i].step_s - 1);
+    }
+    if (!mw) continue;
+    qsort(ew, (size_t)mw, sizeof *ew, cmp_d);
+    printf("%-8s held out: %d point(s), median absolute error %.1f%%, worst %.1f%%\n", tpr_workload_name((tpr_workload)w),
+           mw, 100 * (mw % 2 ? ew[mw / 2] : (ew[mw / 2 - 1] + ew[mw / 2]) / 2), 100 * ew[mw - 1]);
+  }
+  free(ew);
   if (e && m) qsort(e, (size_t)m, sizeof *e, cmp_d);
   *median = e && m ? (m % 2 ? e[m / 2] : (e[m / 2 - 1] + e[m / 2]) / 2) : 0;
   *worst = e && m ? e[m - 1] : 0;
@@ -282,7 +304,7 @@ static int cmd_predict(int argc, char **argv) {
     if (tpr_scale_predict(&cfg, &m, &w, &hw, &p) != TPR_OK) return fail("predict");
     // TFLOP/s/r: the model's FLOPs per rank over the whole step, the figure
     // training reports quote per GPU (Megatron's "TFLOPS").
-    printf("%5d %3d %4d %4d %3d %4d  %11.3f %13.1f %10.1f %7.1f%% %7.1f%% ", np, m.tp, m.dp, m.ep, m.etp,
+    printf("%5d %3d %4d %4d %3d %4d  %11.3f %13.1f %10.3g %7.1f%% %7.1f%% ", np, m.tp, m.dp, m.ep, m.etp,
            np / (m.ep * m.etp), p.step_s * 1e3, p.tokens_per_s, p.flops / p.step_s * 1e-12, 100 * p.compute_s / p.step_s,
            100 * p.comm_s / p.step_s);
     for (int k = 0; k < TPR_COLL_COUNT; k++)
@@ -305,7 +327,7 @@ static int cmd_predict(int argc, char **argv) {
       rc = tpr_scale_hw_read(path, &mh);
     }
     if (rc == TPR_OK) printf("\nthe model on the points measured in %s:\n", dir);
-    if (rc == TPR_OK) rc = errors(dir, &pc, pts, n, &mh, mh.sync_on_tp, true, &med, &worst, &held);
+    if (rc == TPR_OK) rc = errors(dir, &pc, pts, n, &mh, mh.sync_on_tp, false, &med, &worst, &held);
     free(pts);
     if (rc != TPR_OK) return fail("predict");
     printf("prediction error on %d point(s) not used for calibration: median %.1f%%, worst %.1f%%\n", held,
