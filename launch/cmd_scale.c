@@ -36,12 +36,26 @@ static bool is_calibration(const tpr_scale_point *p, bool sync_on_tp) {
 }
 
 // Every point of a results file comes from one config (a sweep's): read once.
-static tpr_status points_config(const tpr_scale_point *pts, size_t n, tpr_scale_config *cfg) {
+// A relative path is as the sweep was run: from the working directory, else
+// from DIR's ancestors (a committed sweep under docs/ names configs/...).
+static tpr_status points_config(const char *dir, const tpr_scale_point *pts, size_t n, tpr_scale_config *cfg) {
+  if (!n) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: %s/results.jsonl has no points", dir);
   for (size_t i = 1; i < n; i++)
     if (strcmp(pts[i].config, pts[0].config))
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: results mix configs %s and %s (one sweep per directory)",
                       pts[0].config, pts[i].config);
-  return tpr_scale_config_read(pts[0].config, cfg);
+  const char *c = pts[0].config;
+  if (c[0] != '/' && access(c, R_OK) != 0) {
+    char up[4096] = "";
+    for (int k = 1; k <= 4; k++) {
+      char path[8192];
+      size_t len = strlen(up);
+      snprintf(up + len, sizeof up - len, "../");
+      snprintf(path, sizeof path, "%s/%s%s", dir, up, c);
+      if (access(path, R_OK) == 0) return tpr_scale_config_read(path, cfg);
+    }
+  }
+  return tpr_scale_config_read(c, cfg);
 }
 
 // The machine's hardware description: alpha-beta fits of DIR/comm_np*.jsonl
@@ -205,7 +219,7 @@ static int cmd_model(int argc, char **argv) {
   size_t n = 0;
   tpr_scale_config cfg;
   tpr_scale_hw hw;
-  if (tpr_scale_read_results(path, &pts, &n) != TPR_OK || points_config(pts, n, &cfg) != TPR_OK ||
+  if (tpr_scale_read_results(path, &pts, &n) != TPR_OK || points_config(dir, pts, n, &cfg) != TPR_OK ||
       calibrate(dir, &cfg, pts, n, sync_on_tp, &hw) != TPR_OK) {
     free(pts);
     return fail("model");
@@ -321,7 +335,7 @@ static int cmd_predict(int argc, char **argv) {
     int held;
     snprintf(path, sizeof path, "%s/results.jsonl", dir);
     tpr_status rc = tpr_scale_read_results(path, &pts, &n);
-    if (rc == TPR_OK) rc = points_config(pts, n, &pc);
+    if (rc == TPR_OK) rc = points_config(dir, pts, n, &pc);
     if (rc == TPR_OK) {
       snprintf(path, sizeof path, "%s/model.json", dir);
       rc = tpr_scale_hw_read(path, &mh);

@@ -113,11 +113,17 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
   *out = (tpr_scale_hw){0};
   FILE *f = fopen(path, "rb");
   if (!f) return TPR_FAIL(TPR_ERR_IO, "scale: cannot open %s (write it with tpr scale model --calibrate DIR)", path);
-  static char text[1 << 16];
-  size_t len = fread(text, 1, sizeof text - 1, f);
+  char *text = malloc(1 << 20);  // model.json is a few KB
+  size_t len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+  bool whole = text && feof(f);
   fclose(f);
+  if (!whole) {
+    free(text);
+    return TPR_FAIL(TPR_ERR_FORMAT, "scale: %s is not a model.json (over 1 MiB or unreadable)", path);
+  }
   text[len] = 0;
   cJSON *j = cJSON_Parse(text);
+  free(text);
   if (!j) return TPR_FAIL(TPR_ERR_FORMAT, "scale: %s is not JSON", path);
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
   snprintf(out->name, sizeof out->name, "%s", cJSON_IsString(name) ? name->valuestring : "calibrated");

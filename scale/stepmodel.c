@@ -184,6 +184,10 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
   if (!(hw->gemm_flops > 0) || !(hw->mem_bw > 0) || hw->ranks_per_node < 1 || hw->act_bytes < 1 || hw->param_bytes < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale: hardware '%s' needs gemm_flops, mem_bw > 0, ranks_per_node, "
                     "act_bytes, param_bytes >= 1", hw->name);
+  if (m->world < 1 || m->tp < 1 || m->dp < 1 || m->ep < 1 || m->etp < 1 || m->dp * m->tp != m->world ||
+      m->world % (m->ep * m->etp))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale: mesh world %d tp %d dp %d ep %d etp %d is inconsistent "
+                    "(tpr_scale_mesh_resolve first)", m->world, m->tp, m->dp, m->ep, m->etp);
   if ((unsigned)w->kind > TPR_WL_DECODE || w->tokens < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale: workload %d with %lld tokens per step", (int)w->kind,
                     (long long)w->tokens);

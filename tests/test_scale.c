@@ -155,6 +155,9 @@ static void test_bad_inputs(void **state) {
   tpr_scale_work w = {.kind = TPR_WL_DECODE, .tokens = 1, .context = 1, .samples = 1};
   tpr_scale_pred p;
   assert_int_equal(tpr_scale_predict(&tiny, &m, &w, &hw, &p), TPR_ERR_INVALID_ARG);
+  hw = round_hw();
+  m.dp = 2;  // world 2 = tp 2 x dp 2 is no mesh
+  assert_int_equal(tpr_scale_predict(&tiny, &m, &w, &hw, &p), TPR_ERR_INVALID_ARG);
 }
 
 // A results.jsonl line as tpr scale run writes it (docs/scale.md).
