@@ -94,62 +94,91 @@ static void params(const tpr_scale_config *c, const tpr_scale_mesh *m, double *d
   *edges = 2 * (double)c->vocab * H / m->tp;
 }
 
-int tpr_scale_step_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
-                         const tpr_scale_hw *hw, tpr_scale_call *calls) {
-  int n = 0;
+// The collectives of the step's program (forward, and backward in training):
+// what tpr_m2_build emits for the mesh (test_scale counts them in the real
+// programs). Backward: a grad_all_reduce mark becomes an all-reduce over its
+// group, an all-to-all(v) another one, a reduce-scatter an all-gather; an
+// all-gather whose output is replicated needs nothing (its cotangent is
+// sliced).
+static int program_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
+                         const tpr_scale_hw *hw, tpr_scale_call *calls, int n) {
   const bool train = w->kind == TPR_WL_TRAIN;
   const double T = (double)w->tokens, H = (double)c->hidden, L = (double)c->layers, E = (double)c->experts;
   const double k = (double)(c->top_k < c->experts ? c->top_k : c->experts), A = hw->act_bytes;
-  const int tp = m->tp, ep = m->ep, etp = m->etp, edp = m->world / (ep * etp);
-  const double bwd = train ? 1 : 0;  // a backward mirror of each call (marks: all-reduce; gathers: scatters)
+  const double D = (double)c->head_dim, bwd = train ? 1 : 0;
+  const int tp = m->tp, ep = m->ep, etp = m->etp;
   // Embedding: vocab-parallel rows summed over tp.
   add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * H * A, 1);
-  // Attention per layer: the QK-norm's two sums of squares, o_proj's
-  // row-parallel output; backward: the input's and the sums' marks.
+  // Attention per layer: the QK-norm's sums of squares (q, k) and o_proj's
+  // row-parallel output; backward: the sums' and the norm weights' marks and
+  // the column-parallel input's.
   add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * 4, 2 * L * (1 + bwd));
+  add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, (double)c->heads * D * 4, L * bwd);
+  add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, (double)c->kv_heads * D * 4, L * bwd);
   add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * H * A, L * (1 + bwd));
   if (ep > 1 || m->dp > 1) {  // the all-to-all dispatcher (tpr's auto choice)
     double Ts = ceil(T / tp), N = etp * Ts;
-    add(calls, &n, TPR_COLL_ALL_GATHER, etp, 1, N * H * A, L);
+    add(calls, &n, TPR_COLL_ALL_GATHER, etp, 1, N * H * A, L);  // tokens and gates to every F slice
     add(calls, &n, TPR_COLL_ALL_GATHER, etp, 1, N * E * 4, L);
-    add(calls, &n, TPR_COLL_ALL_TO_ALL, ep, etp, E * 4, L);
+    add(calls, &n, TPR_COLL_ALL_TO_ALL, ep, etp, E * 4, L);  // counts (no backward)
     add(calls, &n, TPR_COLL_ALL_TO_ALL, ep, etp, N * k * H * A, 2 * L * (1 + bwd));
     add(calls, &n, TPR_COLL_REDUCE_SCATTER, etp, 1, N * H * A, L);
     add(calls, &n, TPR_COLL_ALL_GATHER, tp, 1, tp * Ts * H * A, L);
-    if (train) {  // backward: gathers scatter, the scatter gathers, the slices' marks sum over tp and etp
-      add(calls, &n, TPR_COLL_REDUCE_SCATTER, etp, 1, N * (H * A + E * 4), L);
-      add(calls, &n, TPR_COLL_ALL_GATHER, etp, 1, N * H * A, L);
-      add(calls, &n, TPR_COLL_REDUCE_SCATTER, tp, 1, tp * Ts * H * A, L);
-      add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * (H * A + E * 4), L);
-    }
-  } else {  // all-reduce dispatcher: partial expert outputs summed over ep, then etp
+    add(calls, &n, TPR_COLL_ALL_GATHER, etp, 1, N * H * A, L * bwd);  // the reduce-scatter's backward
+    add(calls, &n, TPR_COLL_ALL_REDUCE, etp, 1, N * H * A, L * bwd);  // marks: gathered tokens, gates over etp
+    add(calls, &n, TPR_COLL_ALL_REDUCE, etp, 1, N * E * 4, L * bwd);
+    add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * H * A, L * bwd);   // marks: x, gates before the tp slice
+    add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * E * 4, L * bwd);
+  } else {  // all-reduce dispatcher: partial outputs summed over ep, then etp; marks on x and gates
     add(calls, &n, TPR_COLL_ALL_REDUCE, ep, etp, T * H * A, L * (1 + bwd));
     add(calls, &n, TPR_COLL_ALL_REDUCE, etp, 1, T * H * A, L * (1 + bwd));
+    add(calls, &n, TPR_COLL_ALL_REDUCE, ep, etp, T * E * 4, L * bwd);
+    add(calls, &n, TPR_COLL_ALL_REDUCE, etp, 1, T * E * 4, L * bwd);
   }
-  if (train) {
-    // Vocab-parallel loss: max, sum of exponentials, target logit; the final
-    // norm's output mark; the loss and load statistics over the world.
+  if (train) {  // vocab-parallel loss: max, sum of exponentials, target logit; the head input's mark
     add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * 4, 3);
     add(calls, &n, TPR_COLL_ALL_REDUCE, tp, 1, T * H * A, 1);
-    add(calls, &n, TPR_COLL_ALL_REDUCE, m->world, 1, 12, 1);
-    add(calls, &n, TPR_COLL_ALL_REDUCE, m->world, 1, L * E * 8, 1);
-    double dl, el, edges;
-    params(c, m, &dl, &el, &edges);
-    if (m->dp > 1 && m->fsdp) {  // per layer: gather for forward and again for backward, scatter the gradients
-      add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, dl * 4, 2 * L);
-      add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, dl * 4, L);
-      add(calls, &n, TPR_COLL_ALL_GATHER, edp, ep * etp, el * 4, 2 * L);
-      add(calls, &n, TPR_COLL_REDUCE_SCATTER, edp, ep * etp, el * 4, L);
-      add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, edges * 4, 2);
-      add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, edges * 4, 1);
-    } else {  // plain data parallelism: every gradient all-reduced once
-      add(calls, &n, TPR_COLL_ALL_REDUCE, m->dp, tp, (dl * L + edges) * 4, 1);
-      add(calls, &n, TPR_COLL_ALL_REDUCE, edp, ep * etp, el * L * 4, 1);
-    }
-  } else {
-    add(calls, &n, TPR_COLL_ALL_GATHER, tp, 1, (double)c->vocab * (double)w->samples * 4, 1);  // logits
+  } else {  // logits of the sampled rows
+    add(calls, &n, TPR_COLL_ALL_GATHER, tp, 1, (double)c->vocab * (double)w->samples * 4, 1);
   }
   return n;
+}
+
+// Trained tensors per layer (q, k, v, o, q_norm, k_norm, two norms, router;
+// the experts' w13 and w2) and outside the layers (embedding, head, norm):
+// FSDP gathers and scatters, and plain DP all-reduces, one tensor per call.
+enum { DENSE_TENSORS = 9, EXPERT_TENSORS = 2, EDGE_TENSORS = 3 };
+
+int tpr_scale_step_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
+                         const tpr_scale_hw *hw, tpr_scale_call *calls) {
+  int n = program_calls(c, m, w, hw, calls, 0);
+  if (w->kind != TPR_WL_TRAIN) return n;
+  const double L = (double)c->layers, E = (double)c->experts;
+  const int tp = m->tp, ep = m->ep, etp = m->etp, edp = m->world / (ep * etp);
+  // The trainer: loss and expert-load statistics over the world.
+  add(calls, &n, TPR_COLL_ALL_REDUCE, m->world, 1, 12, 1);
+  add(calls, &n, TPR_COLL_ALL_REDUCE, m->world, 1, L * E * 8, 1);
+  double dl, el, edges;
+  params(c, m, &dl, &el, &edges);
+  const double dn = DENSE_TENSORS * L + EDGE_TENSORS, en = EXPERT_TENSORS * L, dbytes = (dl * L + edges) * 4 / dn,
+               ebytes = el * L * 4 / en;
+  if (m->dp > 1 && m->fsdp) {
+    // Every trained tensor gathered for forward and again for backward (but
+    // the one used last in forward, still whole), its gradient scattered.
+    add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, dbytes, 2 * dn - 1);
+    add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, dbytes, dn);
+    add(calls, &n, TPR_COLL_ALL_GATHER, edp, ep * etp, ebytes, 2 * en);
+    add(calls, &n, TPR_COLL_REDUCE_SCATTER, edp, ep * etp, ebytes, en);
+  } else {  // plain data parallelism: every gradient all-reduced
+    add(calls, &n, TPR_COLL_ALL_REDUCE, m->dp, tp, dbytes, dn);
+    add(calls, &n, TPR_COLL_ALL_REDUCE, edp, ep * etp, ebytes, en);
+  }
+  return n;
+}
+
+int tpr_scale_program_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
+                            const tpr_scale_hw *hw, tpr_scale_call *calls) {
+  return program_calls(c, m, w, hw, calls, 0);
 }
 
 void tpr_scale_step_work(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,

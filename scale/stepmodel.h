@@ -85,9 +85,15 @@ typedef struct tpr_scale_call {
   double size;      // nccl-tests size (bytes)
   double count;     // calls per step
 } tpr_scale_call;
-#define TPR_SCALE_MAX_CALLS 32
+#define TPR_SCALE_MAX_CALLS 40
+// Every call of a step: the program's (below), the trainer's statistics, and
+// training's gradient sync (FSDP gathers and scatters, or DP all-reduces).
 int tpr_scale_step_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
                          const tpr_scale_hw *hw, tpr_scale_call *calls);
+
+// The calls of the step's program alone (forward, backward in training).
+int tpr_scale_program_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
+                            const tpr_scale_hw *hw, tpr_scale_call *calls);
 
 tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
                              const tpr_scale_hw *hw, tpr_scale_pred *out);

@@ -9,6 +9,9 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
+#include "cli_util.h"
+#include "models/minimax_m2.h"
+#include "runtime/ops/ops.h"
 #include "scale/alphabeta.h"
 #include "scale/results.h"
 #include "scale/stepmodel.h"
@@ -120,9 +123,10 @@ static void test_predict_by_hand(void **state) {
   // Mesh B: train, world 2 = dp 2 = ep 2 (etp 1, edp 1), FSDP, 2 tokens, context 1.
   //   all_to_all: counts 8 B x 1, tokens 32 B x 4 (dispatch, combine, both backward) -> 5 rounds, 68 bus bytes
   //   all_reduce over the world: 12 B + 16 B -> 2 rounds, 28 B
-  //   FSDP: dense (64 params) gathered twice, scattered once, 256 B; embeddings+head (64) the same
-  //     -> 6 rounds, 3 x 2 x 128 = 768 bus bytes
-  //   comm = 13 x 10 us + 864 ns
+  //   FSDP over dp 2, one call per trained tensor: 9 in the layer + 3 outside = 12 tensors holding
+  //     64 + 64 params (512 B, 128/3 B each), each gathered twice (the last one once) and scattered once
+  //     -> 35 rounds, 35 x 64/3 = 2240/3 bus bytes (the experts: edp 1, nothing)
+  //   comm = 42 x 10 us + (68 + 28 + 2240/3) ns
   // Compute: forward 224 + 32 + 192 + 128 = 576 FLOPs, x3 = 1728; bytes 3 x 176 x 4 + 7 x 4 x 88 = 4576 -> 4576 ns.
   tpr_scale_mesh b = {.world = 2, .dp = 2, .ep = 2, .fsdp = true};
   TT_OK(tpr_scale_mesh_resolve(&b));
@@ -130,7 +134,7 @@ static void test_predict_by_hand(void **state) {
   assert_int_equal(b.etp, 1);
   tpr_scale_work wb = {.kind = TPR_WL_TRAIN, .tokens = 2, .context = 1, .samples = 2};
   TT_OK(tpr_scale_predict(&tiny, &b, &wb, &hw, &p));
-  double want_b = 4576e-9 + 1.3e-4 + 864e-9;
+  double want_b = 4576e-9 + 4.2e-4 + (96 + 2240.0 / 3) * 1e-9;
   printf("  mesh B (train dp2 ep2 fsdp): %.6g s (hand %.6g), flops %.0f, bytes %.0f, %.0f all_to_all calls\n",
          p.step_s, want_b, p.flops, p.bytes, p.coll_calls[TPR_COLL_ALL_TO_ALL]);
   assert_true(fabs(p.flops - 1728) < 1e-9 && fabs(p.bytes - 4576) < 1e-9);
@@ -221,6 +225,102 @@ static void test_quartiles(void **state) {
   assert_true(q1 == 1.75 && m == 2.5 && q3 == 3.25);  // numpy.percentile's linear interpolation
 }
 
+// Collectives per kind in a program tpr_m2_build emits (all_to_allv counted
+// as all_to_all), and the model's inventory for the same mesh.
+static void program_counts(const tpr_model_config *mc, int tp, int ep, int etp, int dp, bool training, int skip,
+                           bool fsdp, int got[TPR_COLL_COUNT], int *gathers) {
+  tpr_shard_plan pl;
+  TT_OK(tpr_shard_plan_build(mc, tp, ep, etp, dp, TPR_F32, &pl));
+  tpr_m2_build_opts bo = {.tokens = 32, .training = training, .aux_coef = 0.01, .skip_grad_marks = skip,
+                          .fsdp = {.on = fsdp, .param_dtype = TPR_F32, .prefetch = true, .reshard = true}};
+  if (!training) bo.step = (tpr_step_shape){.tokens = 32, .samples = 1, .batch = 1, .max_blocks = 4, .pool_blocks = 8,
+                                            .block_size = 16};
+  tpr_program *p;
+  TT_OK(tpr_m2_build(&pl, &bo, &p));
+  memset(got, 0, TPR_COLL_COUNT * sizeof *got);
+  *gathers = 0;
+  for (int n = 0; n < tpr_program_num_nodes(p); n++) {
+    tpr_op_kind k = tpr_program_node_op(p, n);
+    got[TPR_COLL_ALL_REDUCE] += k == TPR_OP_ALL_REDUCE;
+    got[TPR_COLL_ALL_GATHER] += k == TPR_OP_ALL_GATHER;
+    got[TPR_COLL_REDUCE_SCATTER] += k == TPR_OP_REDUCE_SCATTER;
+    got[TPR_COLL_ALL_TO_ALL] += k == TPR_OP_ALL_TO_ALL || k == TPR_OP_ALL_TO_ALLV;
+    *gathers += k == TPR_OP_PARAM_GATHER;
+  }
+  tpr_program_free(p);
+  tpr_shard_plan_free(&pl);
+}
+
+static void model_counts(const tpr_scale_config *c, int tp, int ep, int etp, int dp, bool training,
+                         double want[TPR_COLL_COUNT]) {
+  tpr_scale_mesh m = {.world = tp * dp, .tp = tp, .dp = dp, .ep = ep, .etp = etp};
+  TT_OK(tpr_scale_mesh_resolve(&m));
+  tpr_scale_work w = {.kind = training ? TPR_WL_TRAIN : TPR_WL_DECODE, .tokens = 32, .context = 16, .samples = 1};
+  tpr_scale_hw hw = round_hw();
+  tpr_scale_call calls[TPR_SCALE_MAX_CALLS];
+  int n = tpr_scale_program_calls(c, &m, &w, &hw, calls);
+  memset(want, 0, TPR_COLL_COUNT * sizeof *want);
+  for (int i = 0; i < n; i++) want[calls[i].op] += calls[i].count;
+}
+
+// The model's call list against the collectives in tpr's own programs
+// (training: forward and backward) on the tiny config, for both MoE
+// dispatchers and every axis; FSDP's param gathers and gradient scatters.
+static void test_program_counts(void **state) {
+  char dir[4096], path[4200];
+  tt_configs_dir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/minimax_m2_tiny.json", dir);
+  tpr_model_config mc;
+  tpr_scale_config sc;
+  TT_OK(tpr_model_config_load(path, &mc));
+  TT_OK(tpr_scale_config_read(path, &sc));
+  // tp > 1 throughout: at tp 1 the program keeps its tp all-reduces as
+  // one-rank identities (nothing moves), which the model leaves out.
+  static const int meshes[][4] = {{2, 1, 2, 1}, {4, 1, 4, 1}, {2, 2, 1, 1}, {4, 2, 2, 1}, {2, 2, 1, 2}, {4, 2, 1, 2},
+                                  {8, 4, 2, 1}, {2, 1, 1, 2}};  // tp, ep, etp, dp
+  int got[TPR_COLL_COUNT], gathers;
+  double want[TPR_COLL_COUNT];
+  for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++)
+    for (int training = 0; training < 2; training++) {
+      const int *k = meshes[i];
+      program_counts(&mc, k[0], k[1], k[2], k[3], training, 0, false, got, &gathers);
+      model_counts(&sc, k[0], k[1], k[2], k[3], training, want);
+      printf("  tp %d ep %d etp %d dp %d %-6s program AR %2d AG %d RS %d A2A %d | model %2.0f %.0f %.0f %.0f\n", k[0],
+             k[1], k[2], k[3], training ? "train" : "decode", got[0], got[1], got[2], got[3], want[0], want[1], want[2],
+             want[3]);
+      for (int c = 0; c < TPR_COLL_COUNT; c++) assert_int_equal(got[c], (int)want[c]);
+    }
+  // Negative control: without the QK-norm marks the program has 4 all-reduces
+  // per layer fewer, and the comparison sees it.
+  program_counts(&mc, 2, 1, 2, 1, true, TPR_M2_MARKS_QK_NORM, false, got, &gathers);
+  model_counts(&sc, 2, 1, 2, 1, true, want);
+  printf("  without QK-norm marks: program %d all-reduces, model %.0f\n", got[0], want[0]);
+  assert_int_equal((int)want[0] - got[0], 4 * (int)sc.layers);
+  // FSDP (dp 2): one gradient reduce-scatter per trained tensor, as counted;
+  // one gather per tensor for forward and one more for backward, less the
+  // tensor used last in forward (not resharded before its backward).
+  tpr_scale_mesh m = {.world = 4, .tp = 2, .dp = 2, .ep = 2, .etp = 1, .fsdp = true};
+  TT_OK(tpr_scale_mesh_resolve(&m));
+  tpr_scale_work w = {.kind = TPR_WL_TRAIN, .tokens = 32, .context = 16, .samples = 32};
+  tpr_scale_hw hw = round_hw();
+  tpr_scale_call calls[TPR_SCALE_MAX_CALLS];
+  int n = tpr_scale_step_calls(&sc, &m, &w, &hw, calls), n_prog = tpr_scale_program_calls(&sc, &m, &w, &hw, calls + n);
+  double ag = 0, rs = 0;
+  for (int i = 0; i < n; i++) {
+    ag += calls[i].op == TPR_COLL_ALL_GATHER ? calls[i].count : 0;
+    rs += calls[i].op == TPR_COLL_REDUCE_SCATTER ? calls[i].count : 0;
+  }
+  for (int i = n; i < n + n_prog; i++) {  // the program's own, leaving the FSDP ones
+    ag -= calls[i].op == TPR_COLL_ALL_GATHER ? calls[i].count : 0;
+    rs -= calls[i].op == TPR_COLL_REDUCE_SCATTER ? calls[i].count : 0;
+  }
+  program_counts(&mc, 2, 2, 1, 2, true, 0, true, got, &gathers);
+  int rs_fsdp = got[TPR_COLL_REDUCE_SCATTER];  // the etp = 1 program has no other reduce-scatter
+  printf("  FSDP dp 2: program %d param gathers, %d gradient reduce-scatters; model %.0f, %.0f\n", gathers, rs_fsdp, ag, rs);
+  assert_int_equal(rs_fsdp, (int)rs);
+  assert_int_equal(gathers, (int)ag);
+}
+
 int main(void) {
   printf("seed %llu\n", (unsigned long long)tt_seed_from_env());
   const struct CMUnitTest tests[] = {
@@ -231,6 +331,7 @@ int main(void) {
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_results_schema),
       cmocka_unit_test(test_quartiles),
+      cmocka_unit_test(test_program_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
