@@ -24,6 +24,7 @@ int tpr_cmd_version(int argc, char **argv);
 // -- tokenizer commands
 // -- serve command
 // -- scale command
+int tpr_cmd_scale(int argc, char **argv);
 int tpr_cmd_serve(int argc, char **argv);
 int tpr_cmd_tokenize(int argc, char **argv);
 int tpr_cmd_detokenize(int argc, char **argv);

@@ -18,6 +18,7 @@ static const tpr_command commands[] = {
     // -- tokenizer commands
     // -- serve command
     // -- scale command
+    {"scale", "scaling sweeps, a calibrated step-time model, predictions to large meshes, plots", tpr_cmd_scale},
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming) under mpirun", tpr_cmd_serve},
     {"tokenize", "encode text with a checkpoint's tokenizer.json and print the ids", tpr_cmd_tokenize},
     {"detokenize", "decode token ids with a checkpoint's tokenizer.json and print the text", tpr_cmd_detokenize},

@@ -1,0 +1,133 @@
+// alpha-beta fits of the collectives (see alphabeta.h).
+#include "scale/alphabeta.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const names[TPR_COLL_COUNT] = {
+    [TPR_COLL_ALL_REDUCE] = "all_reduce",   [TPR_COLL_ALL_GATHER] = "all_gather",
+    [TPR_COLL_REDUCE_SCATTER] = "reduce_scatter", [TPR_COLL_ALL_TO_ALL] = "all_to_all",
+    [TPR_COLL_BROADCAST] = "broadcast",
+};
+
+const char *tpr_coll_name(tpr_coll c) { return (unsigned)c < TPR_COLL_COUNT ? names[c] : "?"; }
+
+int tpr_coll_from_name(const char *name) {
+  for (int k = 0; name && k < TPR_COLL_COUNT; k++)
+    if (!strcmp(name, names[k])) return k;
+  return -1;
+}
+
+double tpr_scale_bus_factor(tpr_coll op, int n) {
+  if (n <= 1) return 0;
+  double f = (double)(n - 1) / n;
+  switch (op) {
+    case TPR_COLL_ALL_REDUCE: return 2 * f;
+    case TPR_COLL_ALL_GATHER:
+    case TPR_COLL_REDUCE_SCATTER:
+    case TPR_COLL_ALL_TO_ALL: return f;
+    case TPR_COLL_BROADCAST: return 1;
+    default: return 0;
+  }
+}
+
+double tpr_scale_latency_steps(int n) { return n <= 1 ? 0 : ceil(log2((double)n)); }
+
+double tpr_ab_time(const tpr_ab *ab, tpr_coll op, int n, double size) {
+  if (n <= 1) return 0;
+  return ab->alpha * tpr_scale_latency_steps(n) + ab->beta * size * tpr_scale_bus_factor(op, n);
+}
+
+tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport, int ranks,
+                            tpr_bus_factor_fn factor, tpr_ab *out) {
+  if (!factor) factor = tpr_scale_bus_factor;
+  *out = (tpr_ab){0};
+  // Weighted normal equations of min sum ((t - a*L - b*x) / t)^2.
+  double sll = 0, slx = 0, sxx = 0, slt = 0, sxt = 0;
+  int used = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
+    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
+    double L = tpr_scale_latency_steps(s[i].ranks), x = s[i].size * factor(op, s[i].ranks), w = 1 / (s[i].time_s * s[i].time_s);
+    sll += w * L * L, slx += w * L * x, sxx += w * x * x, slt += w * L * s[i].time_s, sxt += w * x * s[i].time_s;
+    used++;
+  }
+  double det = sll * sxx - slx * slx;
+  if (used < 2 || !(fabs(det) > 1e-12 * sll * sxx))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale: alpha-beta fit of %s over %s: %d usable rows%s", tpr_coll_name(op),
+                    transport ? transport : "any transport", used,
+                    used < 2 ? " (needs >= 2 at n > 1)" : " cannot separate latency from bandwidth (one size only?)");
+  out->alpha = (slt * sxx - sxt * slx) / det;
+  out->beta = (sll * sxt - slx * slt) / det;
+  out->points = used;
+  double r2 = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
+    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
+    double pred = out->alpha * tpr_scale_latency_steps(s[i].ranks) + out->beta * s[i].size * factor(op, s[i].ranks);
+    r2 += (pred / s[i].time_s - 1) * (pred / s[i].time_s - 1);
+  }
+  out->rms_rel = sqrt(r2 / used);
+  return TPR_OK;
+}
+
+static const char *jstr(const cJSON *j, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static bool jnum(const cJSON *j, const char *k, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+  if (!cJSON_IsNumber(v)) return false;
+  *out = v->valuedouble;
+  return true;
+}
+
+tpr_status tpr_scale_read_comm(const char *path, tpr_comm_sample **samples, size_t *n) {
+  FILE *f = fopen(path, "r");
+  if (!f) return TPR_FAIL(TPR_ERR_IO, "scale: cannot open bench comm output %s", path);
+  char line[4096];
+  int lineno = 0, op = -1, ranks = 0;
+  char transport[16] = "";
+  tpr_status rc = TPR_OK;
+  while (rc == TPR_OK && fgets(line, sizeof line, f)) {
+    lineno++;
+    if (line[0] != '{') continue;  // mpirun's or the shell's own lines
+    cJSON *j = cJSON_Parse(line);
+    if (!j) {
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "scale: %s:%d is not JSON", path, lineno);
+      break;
+    }
+    const char *kind = jstr(j, "kind");
+    double v, size, us;
+    if (kind && !strcmp(kind, "header")) {
+      op = tpr_coll_from_name(jstr(j, "op"));
+      ranks = jnum(j, "ranks", &v) ? (int)v : 0;
+      const char *b = jstr(j, "backend");
+      snprintf(transport, sizeof transport, "%s", b ? b : "?");
+      if (ranks < 1) rc = TPR_FAIL(TPR_ERR_FORMAT, "scale: %s:%d: header without ranks", path, lineno);
+    } else if (kind && !strcmp(kind, "result")) {
+      if (ranks < 1) {
+        rc = TPR_FAIL(TPR_ERR_FORMAT, "scale: %s:%d: result before any header", path, lineno);
+      } else if (!jnum(j, "size", &size) || !jnum(j, "time_us", &us)) {
+        rc = TPR_FAIL(TPR_ERR_FORMAT, "scale: %s:%d: result without size or time_us", path, lineno);
+      } else if (op >= 0) {  // sendrecv rows are skipped: no step issues one
+        tpr_comm_sample *grown = realloc(*samples, (*n + 1) * sizeof **samples);
+        if (!grown) {
+          rc = TPR_FAIL(TPR_ERR_OOM, "scale: comm samples");
+        } else {
+          *samples = grown;
+          grown[*n] = (tpr_comm_sample){.op = (tpr_coll)op, .ranks = ranks, .size = size, .time_s = us * 1e-6};
+          snprintf(grown[*n].transport, sizeof grown[*n].transport, "%s", transport);
+          (*n)++;
+        }
+      }
+    }
+    cJSON_Delete(j);
+  }
+  fclose(f);
+  return rc;
+}
