@@ -10,7 +10,12 @@
 //  - negative control (a): query/key layernorm before RoPE (Qwen3's order)
 //    instead of after must break the parity bound;
 //  - negative control (b): the shared expert dropped (a copy of the
-//    checkpoint whose shared_mlp.down_proj is zero) must break it.
+//    checkpoint whose shared_mlp.down_proj is zero) must break it;
+//  - capacity mode (factor 1, re-routing, a fresh seed): the logits on this
+//    mesh equal those of a one-rank session on every rank (same drops, same
+//    re-routing draws: the decision does not depend on the layout) within
+//    1e-5, some assignments were dropped and re-routed, and the logits
+//    differ from dropless ones (the mode did something).
 // The prefix length comes from a fresh seed each run (printed; TPR_TEST_SEED).
 #include "test_util.h"
 
@@ -64,6 +69,17 @@ static tpr_session *open_session(const char *dir, bool control) {
                         .per_rank_qk_norm = control, .force_tp_rank = -1};
   tpr_session *s = NULL;
   TT_OK(tpr_session_open(&o, world, tt_cpu(), &s));
+  return s;
+}
+
+// A session in capacity mode (factor 1, re-routing with `seed`) on comm at
+// the mesh given.
+static tpr_session *open_capacity(tpr_comm_t comm, int t, int d, int e, uint64_t seed) {
+  tpr_session_opts o = {.model_dir = FIX, .max_seq = TA + NG, .max_batch = 1, .tp = t, .dp = d, .ep = e,
+                        .force_tp_rank = -1, .moe_stats = true,
+                        .moe = {.capacity_factor = 1.0, .reroute_dropped = true, .seed = seed}};
+  tpr_session *s = NULL;
+  TT_OK(tpr_session_open(&o, comm, tt_cpu(), &s));
   return s;
 }
 
@@ -192,6 +208,38 @@ static void test_control_no_shared_expert(void **state) {
   if (!(e > BOUND)) fail_msg("without the shared expert the logits passed the parity bound (%.3g <= %.0e)", e, BOUND);
 }
 
+static void test_capacity_layouts(void **state) {
+  (void)state;
+  int64_t seed = R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
+  TT_OK(tpr_comm_broadcast(world, &seed, &seed, 1, TPR_I64, 0));
+  static float mesh[TA * V], one[TA * V];
+  tpr_session *s = open_capacity(world, tp, dp, ep, (uint64_t)seed);
+  TT_OK(tpr_session_forward(s, ref.a, TA, 0, mesh));
+  tpr_moe_stats st;
+  TT_OK(tpr_session_moe_stats(s, &st));
+  int64_t dropped = 0, rerouted = 0, layers = st.layers;
+  for (int64_t l = 0; l < layers; l++) dropped += st.dropped[l], rerouted += st.rerouted[l];
+  tpr_moe_stats_free(&st);
+  tpr_session_close(s);
+  tpr_comm_t alone;  // every rank on its own: the one-rank reference
+  TT_OK(tpr_comm_split(world, R, 0, "alone", &alone));
+  s = open_capacity(alone, 1, 1, 1, (uint64_t)seed);
+  TT_OK(tpr_session_forward(s, ref.a, TA, 0, one));
+  tpr_session_close(s);
+  tpr_comm_free(alone);
+  double e = m2_rel_err(mesh, one, TA * V), vs_dropless = m2_rel_err(one, ref.logits_a, TA * V);
+  float worst = (float)e;
+  TT_OK(tpr_comm_all_reduce(world, &worst, &worst, 1, TPR_F32, TPR_MAX));
+  if (R == 0)
+    printf("capacity 1.0 + re-routing (seed %lld), tp %d dp %d ep %d: %lld dropped, %lld re-routed over %lld layers; "
+           "vs one rank %.3g (bound %.0e, worst rank %.3g); vs dropless transformers %.3g\n", (long long)seed, tp, dp,
+           ep, (long long)dropped, (long long)rerouted, (long long)layers, e, KV_BOUND, worst, vs_dropless);
+  if (!(worst <= KV_BOUND)) fail_msg("capacity-mode logits depend on the layout: %.3g of max |logit|", worst);
+  if (dropped == 0 || rerouted == 0) fail_msg("capacity 1.0 dropped %lld, re-routed %lld", (long long)dropped,
+                                              (long long)rerouted);
+  if (!(vs_dropless > BOUND)) fail_msg("capacity mode changed nothing (%.3g vs dropless)", vs_dropless);
+}
+
 int main(int argc, char **argv) {
   world = tt_mpi_world(&argc, &argv);
   R = tpr_comm_rank(world);
@@ -208,6 +256,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_greedy_cached),
       cmocka_unit_test(test_control_norm_before_rope),
       cmocka_unit_test(test_control_no_shared_expert),
+      cmocka_unit_test(test_capacity_layouts),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   return tt_mpi_finish(world, failed);
