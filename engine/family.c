@@ -6,6 +6,7 @@
 #include "models/minimax_m2.h"
 #include "models/qwen3_moe.h"
 // -- family headers: hunyuan
+#include "models/hunyuan_moe.h"
 
 // -- family headers: mrope
 
@@ -15,6 +16,7 @@ static const tpr_family *const families[] = {
     // -- families
     &tpr_family_qwen3_moe,
     // -- families: hunyuan
+    &tpr_family_hunyuan_v1_moe,
 
     // -- families: mrope
 

@@ -60,12 +60,13 @@ tpr_status tpr__moe_layers(const char *json, size_t len, const char *origin, con
 
 typedef enum layer_set { LAYERS_NONE, LAYERS_ALL, LAYERS_MOE, LAYERS_DENSE } layer_set;
 
-// Which layers a kind has: per-expert kinds and the MoE router live in MoE
-// layers (the router is the one replicated per-layer kind whose count is not
-// num_layers), dense column/row MLPs in the others, the rest in every layer.
+// Which layers a kind has: per-expert kinds, shared experts (flagged
+// moe_layers) and the MoE router live in MoE layers (the router is the one
+// replicated per-layer kind whose count is not num_layers), dense column/row
+// MLPs in the others, the rest in every layer.
 static layer_set kind_layers(const tpr_shard_plan *p, const tpr_shard_tensor *t) {
   if (!strstr(t->name, "{L}")) return LAYERS_NONE;
-  if (strstr(t->name, "{E}")) return LAYERS_MOE;
+  if (strstr(t->name, "{E}") || t->moe_layers) return LAYERS_MOE;
   if (t->transform == TPR_XFORM_COLUMN || t->transform == TPR_XFORM_ROW) return LAYERS_DENSE;
   return t->count == p->config.num_layers ? LAYERS_ALL : LAYERS_MOE;
 }

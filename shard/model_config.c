@@ -250,6 +250,91 @@ static tpr_status parse_qwen3_moe(const cJSON *root, const char *origin, tpr_mod
   return TPR_OK;
 }
 
+// An int or, as hub configs write it per layer, a list of equal ints (the
+// Hunyuan-A13B config says "moe_topk": [8, 8, ...]); per-layer values that
+// differ are refused by name.
+static tpr_status get_int_or_uniform_list(const cJSON *root, const char *origin, const char *key, int64_t dflt,
+                                          int64_t *out) {
+  const cJSON *v = item(root, key);
+  if (!cJSON_IsArray(v)) return get_int(root, origin, key, false, dflt, out);
+  const cJSON *e;
+  bool first = true;
+  cJSON_ArrayForEach(e, v) {
+    if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || fabs(e->valuedouble) > (double)SIZE_CAP)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" entries must be integers", origin, key);
+    if (!first && (int64_t)e->valuedouble != *out)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"%s\" differs between layers (%lld and %g): per-layer values are "
+                      "not supported", origin, key, (long long)*out, e->valuedouble);
+    *out = (int64_t)e->valuedouble, first = false;
+  }
+  if (first) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" is an empty list", origin, key);
+  return TPR_OK;
+}
+
+// Hunyuan-MoE: transformers' HunYuanMoEV1Config / HunYuanMoEV1ForCausalLM.
+// Every layer is an MoE layer: num_experts routed SwiGLU experts (softmax
+// top-moe_topk, always renormalised) beside one shared MLP, both of width
+// intermediate_size; per-head query/key layernorm after RoPE. What the
+// current transformers code has and tpr does not run is refused by name;
+// hub keys of Tencent's original code that transformers ignores but that
+// change the model (cross-layer attention, other shared/expert widths) are
+// refused too rather than silently dropped.
+static tpr_status parse_hunyuan_v1_moe(const cJSON *root, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(parse_common(root, origin, c));
+  TPR_CHECK(parse_attention(root, origin, false, 1e4, c));
+  TPR_CHECK(get_int(root, origin, "intermediate_size", true, 0, &c->moe_intermediate_size));
+  c->shared_expert_intermediate_size = c->moe_intermediate_size;
+  const cJSON *ne = item(root, "num_experts");
+  if (cJSON_IsArray(ne))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with a per-layer \"num_experts\" list is not supported",
+                    origin);
+  TPR_CHECK(get_int(root, origin, "num_experts", false, 1, &c->num_experts));  // the class default: 1
+  TPR_CHECK(get_int_or_uniform_list(root, origin, "moe_topk", 1, &c->experts_per_tok));
+  const cJSON *rope = item(root, "rope_parameters");
+  const char *rope_type = "default";
+  if (cJSON_IsObject(rope)) {
+    const cJSON *t = item(rope, "rope_type");
+    if (!t) t = item(rope, "type");
+    if (t && !cJSON_IsString(t)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rope_parameters.rope_type\" must be a string", origin);
+    if (t) rope_type = t->valuestring;
+  }
+  if (strcmp(rope_type, "default") != 0 || item(root, "rope_scaling"))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with RoPE scaling (rope type \"%s\"%s) is not supported: "
+                    "only the default rotary", origin, rope_type, item(root, "rope_scaling") ? ", rope_scaling" : "");
+  bool flag = false;
+  TPR_CHECK(get_bool(root, origin, "attention_bias", false, &flag));
+  if (flag)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with \"attention_bias\": true is not supported (q/k/v/o "
+                    "biases)", origin);
+  TPR_CHECK(get_bool(root, origin, "use_cla", false, &flag));
+  if (flag)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with \"use_cla\": true (cross-layer KV sharing) is not "
+                    "supported; transformers ignores it too", origin);
+  bool mixed = true, qk = true;
+  TPR_CHECK(get_bool(root, origin, "use_mixed_mlp_moe", true, &mixed));
+  TPR_CHECK(get_bool(root, origin, "use_qk_norm", true, &qk));
+  if (!mixed || !qk)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with \"%s\": false is not supported (transformers' "
+                    "model always has it)", origin, !mixed ? "use_mixed_mlp_moe" : "use_qk_norm");
+  int64_t v = 0;
+  TPR_CHECK(get_int_or_uniform_list(root, origin, "num_shared_expert", 1, &v));
+  if (v != 1)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with \"num_shared_expert\" %lld is not supported (one "
+                    "shared MLP)", origin, (long long)v);
+  TPR_CHECK(get_int_or_uniform_list(root, origin, "moe_intermediate_size", c->moe_intermediate_size, &v));
+  if (v != c->moe_intermediate_size)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: hunyuan_v1_moe with \"moe_intermediate_size\" %lld != "
+                    "\"intermediate_size\" %lld is not supported (transformers builds both at intermediate_size)",
+                    origin, (long long)v, (long long)c->moe_intermediate_size);
+  c->router = TPR_ROUTER_SOFTMAX;
+  c->routing_bias = false;
+  c->norm_topk_prob = true;  // HunYuanMoEV1Gate always renormalises the chosen weights
+  c->qk_norm = TPR_QK_NORM_PER_HEAD;
+  c->qk_norm_after_rope = true;
+  c->num_moe_layers = c->num_layers;
+  return TPR_OK;
+}
+
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l) {
   int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
   bool only = l >= 0 && l < 256 && (c->mlp_only_mask[l / 64] >> (l % 64) & 1);
@@ -329,10 +414,10 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
     // -- families: mrope
 
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
-    rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"model_type\" \"hunyuan_v1_moe\" is not supported yet", origin);
-    goto done;
+    c.family = TPR_FAMILY_HUNYUAN_V1_MOE;
+    TPR_CHECK_GOTO(parse_hunyuan_v1_moe(root, origin, &c), rc, done);
   } else {
-    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe)", origin, type);
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe, hunyuan_v1_moe)", origin, type);
     goto done;
   }
   TPR_CHECK_GOTO(tpr_model_config_validate(&c, origin), rc, done);

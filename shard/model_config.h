@@ -20,7 +20,7 @@
 typedef enum tpr_model_family {
   TPR_FAMILY_MINIMAX_M2 = 0,   // "minimax_m2"
   TPR_FAMILY_QWEN3_MOE = 1,    // "qwen3_moe"
-  TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe": recognised, not parsed yet
+  TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe"
   // -- families: mrope
 
   TPR_FAMILY_COUNT
@@ -55,6 +55,7 @@ typedef struct tpr_model_config {
   double rope_theta;
   double rms_norm_eps;
   tpr_qk_norm qk_norm;
+  bool qk_norm_after_rope;     // Hunyuan: q/k are roped first, then normalised (Qwen3: norm, then RoPE)
   bool tie_word_embeddings;    // lm_head shares embed_tokens (no lm_head tensor)
 
   // Mixture of experts.
@@ -65,7 +66,7 @@ typedef struct tpr_model_config {
   bool routing_bias;             // e_score_correction_bias added for selection only
   bool norm_topk_prob;           // renormalise the chosen k weights to sum to 1
   double router_aux_loss_coef;   // weight of the load-balancing loss in training (default 0.001)
-  int64_t shared_expert_intermediate_size;  // 0: no shared expert
+  int64_t shared_expert_intermediate_size;  // 0: no shared expert; else one SwiGLU MLP of this width on every token
 
   // Layers with a dense MLP instead of the MoE block (qwen3_moe's
   // mlp_only_layers / decoder_sparse_step); num_moe_layers + dense = num_layers.

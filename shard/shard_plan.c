@@ -64,24 +64,37 @@ static void kv_layout(tpr_shard_plan *p) { p->tensors[p->n_tensors - 1].kv_layou
 // Family-specific checkpoint names; everything else is shared.
 typedef struct names {
   const char *moe_gate, *moe_bias, *expert_up_gate, *expert_up, *expert_down;
+  const char *q_norm, *k_norm;  // per-head QK-norm weights (NULL: self_attn.q_norm / k_norm)
+  const char *shared_gate, *shared_up, *shared_down;  // the shared expert, when the config has one
 } names;
 
 static const names minimax_names = {
-    "model.layers.{L}.block_sparse_moe.gate.weight",
-    "model.layers.{L}.block_sparse_moe.e_score_correction_bias",
-    "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
-    "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
-    "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight",
+    .moe_gate = "model.layers.{L}.block_sparse_moe.gate.weight",
+    .moe_bias = "model.layers.{L}.block_sparse_moe.e_score_correction_bias",
+    .expert_up_gate = "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+    .expert_up = "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
+    .expert_down = "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight",
 };
 static const names qwen3_names = {
-    "model.layers.{L}.mlp.gate.weight",
-    NULL,
-    "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
-    "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
-    "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+    .moe_gate = "model.layers.{L}.mlp.gate.weight",
+    .expert_up_gate = "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+    .expert_up = "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+    .expert_down = "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
 };
 
-static tpr_status add_attention(tpr_shard_plan *p) {
+static const names hunyuan_names = {
+    .moe_gate = "model.layers.{L}.mlp.gate.wg.weight",
+    .expert_up_gate = "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+    .expert_up = "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+    .expert_down = "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+    .q_norm = "model.layers.{L}.self_attn.query_layernorm.weight",
+    .k_norm = "model.layers.{L}.self_attn.key_layernorm.weight",
+    .shared_gate = "model.layers.{L}.mlp.shared_mlp.gate_proj.weight",
+    .shared_up = "model.layers.{L}.mlp.shared_mlp.up_proj.weight",
+    .shared_down = "model.layers.{L}.mlp.shared_mlp.down_proj.weight",
+};
+
+static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
   int64_t L = c->num_layers, H = c->hidden_size, D = c->head_dim;
@@ -104,8 +117,10 @@ static tpr_status add_attention(tpr_shard_plan *p) {
                   a->nkv_eff * D, 0));
     kv_layout(p);
   } else if (c->qk_norm == TPR_QK_NORM_PER_HEAD) {
-    TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_REPLICATE, L, D, 0, D, 0));
-    TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_REPLICATE, L, D, 0, D, 0));
+    TPR_CHECK(add(p, n->q_norm ? n->q_norm : "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_REPLICATE, L, D,
+                  0, D, 0));
+    TPR_CHECK(add(p, n->k_norm ? n->k_norm : "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_REPLICATE, L, D,
+                  0, D, 0));
   }
   return add(p, "model.layers.{L}.post_attention_layernorm.weight", TPR_XFORM_REPLICATE, L, H, 0, H, 0);
 }
@@ -119,6 +134,20 @@ static tpr_status add_mlp(tpr_shard_plan *p, const names *n) {
   TPR_CHECK(add(p, n->expert_up_gate, TPR_XFORM_EXPERT_COLUMN, experts, I, H, Ir, H));  // (I, H) -> (I/etp, H)
   TPR_CHECK(add(p, n->expert_up, TPR_XFORM_EXPERT_COLUMN, experts, I, H, Ir, H));
   TPR_CHECK(add(p, n->expert_down, TPR_XFORM_EXPERT_ROW, experts, H, I, H, Ir));  // (H, I) -> (H, I/etp)
+  int64_t S = c->shared_expert_intermediate_size;
+  if (S) {  // beside the routed experts of each MoE layer, sharded over tp like a dense MLP
+    if (!n->shared_gate)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "plan: %s has no shared expert", tpr_model_family_name(c->family));
+    if (S % p->tp)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: the shared expert width %lld does not split over tp=%d",
+                      (long long)S, p->tp);
+    TPR_CHECK(add(p, n->shared_gate, TPR_XFORM_COLUMN, Lm, S, H, S / p->tp, H));  // (S, H) -> (S/tp, H)
+    p->tensors[p->n_tensors - 1].moe_layers = true;
+    TPR_CHECK(add(p, n->shared_up, TPR_XFORM_COLUMN, Lm, S, H, S / p->tp, H));
+    p->tensors[p->n_tensors - 1].moe_layers = true;
+    TPR_CHECK(add(p, n->shared_down, TPR_XFORM_ROW, Lm, H, S, H, S / p->tp));  // (H, S) -> (H, S/tp)
+    p->tensors[p->n_tensors - 1].moe_layers = true;
+  }
   int64_t Ld = c->num_layers - Lm, F = c->dense_intermediate_size;
   if (Ld > 0) {
     if (F % p->tp)
@@ -145,8 +174,6 @@ tpr_status tpr_shard_plan_build(const tpr_model_config *c, int tp, int ep, int e
   if (c->moe_intermediate_size % etp)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: the expert width %lld does not split over etp=%d",
                     (long long)c->moe_intermediate_size, etp);
-  if (c->shared_expert_intermediate_size)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "plan: shared experts are not planned yet");
   tpr_shard_plan *p = out;
   p->config = *c;
   p->dtype = dtype;
@@ -155,11 +182,13 @@ tpr_status tpr_shard_plan_build(const tpr_model_config *c, int tp, int ep, int e
   p->experts_per_rank = c->num_experts / ep;
   p->expert_inter_per_rank = c->moe_intermediate_size / etp;
   TPR_CHECK(tpr_attn_plan_build(c->num_heads, c->num_kv_heads, c->head_dim, tp, &p->attn));
-  const names *n = c->family == TPR_FAMILY_MINIMAX_M2 ? &minimax_names : &qwen3_names;
+  const names *n = c->family == TPR_FAMILY_MINIMAX_M2        ? &minimax_names
+                   : c->family == TPR_FAMILY_HUNYUAN_V1_MOE ? &hunyuan_names
+                                                            : &qwen3_names;
   int64_t H = c->hidden_size, V = c->vocab_size, Vr = p->vocab_padded / tp;
   tpr_status rc = TPR_OK;
   TPR_CHECK_GOTO(add(p, "model.embed_tokens.weight", TPR_XFORM_VOCAB, 1, V, H, Vr, H), rc, fail);
-  TPR_CHECK_GOTO(add_attention(p), rc, fail);
+  TPR_CHECK_GOTO(add_attention(p, n), rc, fail);
   TPR_CHECK_GOTO(add_mlp(p, n), rc, fail);
   TPR_CHECK_GOTO(add(p, "model.norm.weight", TPR_XFORM_REPLICATE, 1, H, 0, H, 0), rc, fail);
   if (!c->tie_word_embeddings) TPR_CHECK_GOTO(add(p, "lm_head.weight", TPR_XFORM_VOCAB, 1, V, H, Vr, H), rc, fail);

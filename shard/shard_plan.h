@@ -91,6 +91,7 @@ typedef struct tpr_shard_tensor {
   int64_t rank_shape[2];      // the buffer every rank holds (identical on all ranks)
   tpr_shard_transform transform;
   bool kv_layout;             // *_HEADS transforms: laid out like the KV heads (else like Q)
+  bool moe_layers;            // a per-layer kind of the MoE layers only, not an expert (a shared expert)
   int64_t count;              // tensors of this kind one rank holds (layers x local experts)
   uint64_t rank_bytes;        // count * numel(rank_shape) * dtype size
 } tpr_shard_tensor;

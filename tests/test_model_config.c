@@ -181,7 +181,7 @@ static void test_bad_configs(void **state) {
       {"hidden_size", "null", "missing", TPR_ERR_FORMAT},
       // Unknown or not-yet-supported families.
       {"model_type", "\"llama\"", "llama", TPR_ERR_FORMAT},
-      {"model_type", "\"hunyuan_v1_moe\"", "not supported", TPR_ERR_UNSUPPORTED},
+      {"model_type", "\"qwen2_moe\"", "qwen2_moe", TPR_ERR_FORMAT},
       // Wrong JSON types.
       {"model_type", "3", "string", TPR_ERR_FORMAT},
       {"hidden_size", "\"3072\"", "integer", TPR_ERR_FORMAT},

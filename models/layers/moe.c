@@ -140,6 +140,32 @@ static tpr_status alltoall_path(tpr_program *p, const tpr_shard_plan *plan, cons
   return TPR_OK;
 }
 
+tpr_status tpr_moe_capacity_gates(tpr_program *p, const tpr_moe_opts *o, int64_t top_k, int64_t layer,
+                                  tpr_value_id gates, tpr_value_id *out) {
+  uint64_t seed = o->seed ^ ((uint64_t)(layer + 1) * 0x9e3779b97f4a7c15ull);  // a stream per layer
+  tpr_value_id c;
+  TPR_CHECK(tpr_pb_moe_capacity(p, gates, top_k, (float)o->capacity_factor, o->reroute_dropped, seed, &c));
+  if (!o->reroute_dropped || !o->reroute_own_prob) return *out = c, TPR_OK;
+  tpr_tensor d;
+  TPR_CHECK(tpr_program_value(p, c, &d));
+  const int64_t T = d.shape[0], E = d.shape[1];
+  tpr_value_id c1, cc, like, one, ind, kept, a, b, nb, sum;
+  tpr_op_attrs one_at = {.n_f = 1, .f = {1.0f}}, neg = {.n_f = 1, .f = {-1.0f}};
+  TPR_CHECK(tpr_pb_reshape(p, c, 2, (const int64_t[]){T * E, 1}, &c1));  // one element per row
+  TPR_CHECK(tpr_pb_mul(p, c1, c1, &cc));
+  TPR_CHECK(tpr_pb_slice(p, c1, 0, 0, 1, &like));  // (1, 1) -> (1): a shape to fill
+  TPR_CHECK(tpr_pb_reshape(p, like, 1, (const int64_t[]){1}, &like));
+  TPR_CHECK(tpr_program_op(p, TPR_OP_FILL, &like, 1, &one_at, &one));
+  TPR_CHECK(tpr_pb_rms_scale(p, c1, cc, one, 1.0f, 1e-30f, &ind));  // c / |c|: 1 or 0
+  TPR_CHECK(tpr_pb_reshape(p, ind, 2, (const int64_t[]){T, E}, &ind));
+  TPR_CHECK(tpr_pb_mul(p, c, o->chosen, &kept));  // (T, E) kept gates
+  TPR_CHECK(tpr_pb_mul(p, ind, o->probs, &a));     // probs wherever c routes
+  TPR_CHECK(tpr_pb_mul(p, a, o->chosen, &b));      // ... where the router chose: not re-routed
+  TPR_CHECK(tpr_program_op(p, TPR_OP_SCALE, &b, 1, &neg, &nb));
+  TPR_CHECK(tpr_pb_add(p, kept, a, &sum));
+  return tpr_pb_add(p, sum, nb, out);
+}
+
 tpr_status tpr_moe_build(tpr_program *p, const tpr_shard_plan *plan, const tpr_moe_opts *o, int64_t layer,
                          tpr_value_id rank, tpr_value_id x, tpr_value_id router_gates, tpr_value_id w13,
                          tpr_value_id w2, tpr_value_id *out, tpr_moe_values *v) {
@@ -148,11 +174,7 @@ tpr_status tpr_moe_build(tpr_program *p, const tpr_shard_plan *plan, const tpr_m
   if (!v) v = &unused;
   *v = (tpr_moe_values){-1, -1, -1};
   tpr_value_id g = router_gates;
-  if (o->capacity_factor > 0) {
-    uint64_t seed = o->seed ^ ((uint64_t)(layer + 1) * 0x9e3779b97f4a7c15ull);  // a stream per layer
-    TPR_CHECK(tpr_pb_moe_capacity(p, g, plan->config.experts_per_tok, (float)o->capacity_factor, o->reroute_dropped,
-                                  seed, &g));
-  }
+  if (o->capacity_factor > 0) TPR_CHECK(tpr_moe_capacity_gates(p, o, plan->config.experts_per_tok, layer, g, &g));
   v->gates = g;
   if (tpr_moe_dispatch_resolve(o->dispatch, plan) == TPR_MOE_DISPATCH_ALLTOALL)
     return alltoall_path(p, plan, o, rank, x, g, w13, w2, out, v);

@@ -52,6 +52,14 @@ typedef struct tpr_moe_opts {
   tpr_moe_dispatch dispatch;
   double capacity_factor;  // 0: dropless
   bool reroute_dropped;    // capacity mode only
+  // Re-routing's gate. false (MiniMax, the default): a re-routed assignment
+  // keeps the weight it had at the expert that dropped it. true (Hunyuan,
+  // seed 003's top-1 gating): it takes its new expert's own router
+  // probability probs[t, e']; kept assignments keep their gates either way.
+  // probs (T, E): the router's softmax; chosen (T, E): 1 where the router
+  // picked the expert, else 0 (router_softmax.h). Set by the family.
+  bool reroute_own_prob;
+  tpr_value_id probs, chosen;
   uint64_t seed;           // for re-routing; mixed with the layer index
   // Training: mark the replicated inputs where they enter rank-local expert
   // compute (grad_all_reduce over the group whose partial outputs are summed).
@@ -74,6 +82,18 @@ typedef struct tpr_moe_values {
   tpr_value_id send_counts;  // (E) i32 rows this rank sends each expert (alltoall)
   tpr_value_id recv_counts;  // (E) i32 = (ep source, Er) rows it receives (alltoall)
 } tpr_moe_values;
+
+// Capacity mode on the router's gates (T, E) as tpr_moe_build applies it
+// (o->capacity_factor > 0): the seeded moe_capacity op, then, with
+// reroute_own_prob, the re-routed entries' gates replaced by probs:
+//   c   = moe_capacity(gates)            kept entries hold their gate, re-routed ones their origin's
+//   ind = c / |c|                        1 where c routes (as w * rsqrt(w^2 + 1e-30): exact to 1e-6
+//                                        for gates >= 1e-12, which softmax top-k gates are unless
+//                                        the logits differ by more than ~27)
+//   out = c * chosen + probs * ind * (1 - chosen)
+// (a re-routed entry is one the router did not choose). layer seeds the stream.
+tpr_status tpr_moe_capacity_gates(tpr_program *p, const tpr_moe_opts *o, int64_t top_k, int64_t layer,
+                                  tpr_value_id gates, tpr_value_id *out);
 
 // One MoE block. rank: the rank tensor param; x (T, H) the normalised input,
 // replicated over tp; router_gates (T, E) dense combine weights;

@@ -4,6 +4,15 @@
 
 tpr_status tpr_router_softmax_topk(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,
                                    tpr_value_id *gates) {
+  tpr_router_softmax_values v;
+  TPR_CHECK(tpr_router_softmax_topk_values(p, logits, k, renormalise, &v));
+  *gates = v.gates;
+  return TPR_OK;
+}
+
+tpr_status tpr_router_softmax_topk_values(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,
+                                          tpr_router_softmax_values *out) {
+  tpr_value_id *gates = &out->gates;
   tpr_tensor d;
   TPR_CHECK(tpr_program_value(p, logits, &d));
   if (d.ndim != 2 || d.dtype != TPR_F32 || k < 1 || k > d.shape[1])
@@ -22,6 +31,7 @@ tpr_status tpr_router_softmax_topk(tpr_program *p, tpr_value_id logits, int64_t 
   TPR_CHECK(tpr_pb_mul(p, w1, w1, &ww));
   TPR_CHECK(tpr_pb_rms_scale(p, w1, ww, one, 1.0f, 1e-30f, &mask));        // w / |w|: 1 or 0
   TPR_CHECK(tpr_pb_reshape(p, mask, 2, (const int64_t[]){T, E}, &mask));
+  out->probs = probs, out->chosen = mask;
   TPR_CHECK(tpr_pb_mul(p, probs, mask, &g));                               // (T, E) chosen p
   if (!renormalise) return *gates = g, TPR_OK;
   tpr_value_id sum, sum2;

@@ -21,4 +21,13 @@
 tpr_status tpr_router_softmax_topk(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,
                                    tpr_value_id *gates);
 
+// The same, with the values capacity mode's own-probability re-routing reads
+// (moe.h, reroute_own_prob): probs (T, E) the softmax, chosen (T, E) 1 on the
+// top k, else 0.
+typedef struct tpr_router_softmax_values {
+  tpr_value_id gates, probs, chosen;
+} tpr_router_softmax_values;
+tpr_status tpr_router_softmax_topk_values(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,
+                                          tpr_router_softmax_values *out);
+
 #endif
