@@ -8,6 +8,7 @@
 // -- family headers: hunyuan
 
 // -- family headers: mrope
+#include "models/qwen3_vl_moe.h"
 
 
 static const tpr_family *const families[] = {
@@ -17,6 +18,7 @@ static const tpr_family *const families[] = {
     // -- families: hunyuan
 
     // -- families: mrope
+    &tpr_family_qwen3_vl_moe,
 
 };
 
