@@ -344,6 +344,7 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
     }
     TPR_CHECK_GOTO(parse_qwen3_moe(text, origin, &c), rc, done);
     c.family = TPR_FAMILY_QWEN3_VL_MOE;
+    c.norm_topk_prob = true;  // Qwen3VLMoeTextTopKRouter always renormalises (no norm_topk_prob key)
     TPR_CHECK_GOTO(tpr__model_config_mrope(text, origin, 2 /* interleaved */, &c), rc, done);
     // The top-level tie_word_embeddings is the model's (the text config's own
     // default differs); the text config's is read only when the top level has none.
