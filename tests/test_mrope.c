@@ -8,6 +8,8 @@
 //  - greedy decode through the KV cache continuing at max(pos3) + 1 + j on
 //    every axis (transformers' rope_deltas), from a prefill of a random
 //    length: tokens equal, logits within the bound;
+//  - the batched engine (tpr run's path) on a text-only prompt, no 3-D
+//    positions given: tokens and logits equal transformers' own generate;
 //  - negative control (a): the same prompt at text positions (all three axes
 //    = the sequence index, i.e. 1-D RoPE) must break the bound;
 //  - negative control (b): the SECTIONED layout in place of the interleaved
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/session.h"
 #include "m2_ref.h"
 #include "mpi_util.h"
@@ -30,6 +33,8 @@
 #define V 96
 #define T 12
 #define NG 4
+#define TT 7   // text-only prompt
+#define NGT 6  // its greedy continuation
 #define BOUND 1e-4  // max|d| <= BOUND * max|ref|: the TP parity tolerance (as qwen3_moe's)
 
 static tpr_comm_t world;
@@ -37,6 +42,8 @@ static int R, tp, dp, ep;
 static struct {
   int32_t tokens[T], pos3[3 * T], greedy[NG];
   float logits[T * V], greedy_logits[NG * V];
+  int32_t text[TT], text_greedy[NGT];
+  float text_logits[NGT * V];
 } ref;
 
 static void read_ids(const tpr_st_set *set, const char *name, int64_t rows, int64_t cols, int32_t *ids) {
@@ -53,6 +60,9 @@ static void load_ref(void) {
   read_ids(set, "greedy", NG, 0, ref.greedy);
   m2_read_f32(set, "logits", T, V, ref.logits);
   m2_read_f32(set, "greedy_logits", NG, V, ref.greedy_logits);
+  read_ids(set, "text_tokens", TT, 0, ref.text);
+  read_ids(set, "text_greedy", NGT, 0, ref.text_greedy);
+  m2_read_f32(set, "text_greedy_logits", NGT, V, ref.text_logits);
   tpr_st_close(set);
 }
 
@@ -121,6 +131,55 @@ static void test_greedy_rope_deltas(void **state) {
   if (!(worst <= BOUND)) fail_msg("decoded logits differ from transformers' by %.3g", worst);
 }
 
+// What tpr run does: the batched engine on a text prompt (no 3-D positions:
+// the session gives every axis the sequence position), against
+// transformers' own generate on the same prompt.
+static double engine_worst;
+static void on_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
+  (void)ctx, (void)seq, (void)vocab;
+  if (gen < NGT) engine_worst = fmax(engine_worst, m2_rel_err(logits, ref.text_logits + gen * V, V));
+}
+
+static void test_engine_text(void **state) {
+  (void)state;
+  tpr_session_opts so = {.model_dir = FIX, .max_seq = TT + NGT, .max_batch = 2, .tp = tp, .dp = dp, .ep = ep,
+                         .force_tp_rank = -1};
+  tpr_session *s = NULL;
+  TT_OK(tpr_session_open(&so, world, tt_cpu(), &s));
+  tpr_engine_opts eo = {.on_logits = on_logits};
+  tpr_engine *e = NULL;
+  TT_OK(tpr_engine_new(s, &eo, &e));
+  engine_worst = 0;
+  int64_t ids[2] = {-1, -1};
+  tpr_gen_params g = {.max_new = NGT, .stop_token = -1, .sampling = {.top_p = 1}};
+  tpr_status sub = TPR_OK;  // checked after the steps, so no rank is left stepping alone
+  for (int i = 0; R == 0 && sub == TPR_OK && i < 2; i++)
+    sub = tpr_engine_submit(e, ref.text, TT, &g, &ids[i]);  // two sequences, one batch
+  for (int guard = 0; guard < 64; guard++) {
+    tpr_engine_step_info info;
+    TT_OK(tpr_engine_step(e, &info));
+    if (info.idle) break;
+  }
+  if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
+  for (int i = 0; R == 0 && i < 2; i++) {
+    tpr_sched_seq_info r;
+    TT_OK(tpr_engine_result(e, ids[i], &r));
+    assert_int_equal(r.len, TT + NGT);
+    for (int j = 0; j < NGT; j++)
+      if (r.tokens[TT + j] != ref.text_greedy[j])
+        fail_msg("sequence %d: generated token %d is %d, transformers' generate %d", i, j, r.tokens[TT + j],
+                 ref.text_greedy[j]);
+  }
+  tpr_engine_free(e);
+  tpr_session_close(s);
+  float w = (float)engine_worst;
+  TT_OK(tpr_comm_all_reduce(world, &w, &w, 1, TPR_F32, TPR_MAX));
+  if (R == 0)
+    printf("engine, text prompt x2 (tpr run's path): %d greedy tokens equal transformers' generate, logits %.3g "
+           "(bound %.0e)\n", NGT, w, BOUND);
+  if (!(w <= BOUND)) fail_msg("engine logits differ from transformers' generate by %.3g", w);
+}
+
 static void test_control_text_positions(void **state) {
   (void)state;
   tpr_session *s = open_session(FIX, 0);
@@ -171,6 +230,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_greedy_rope_deltas),
+      cmocka_unit_test(test_engine_text),
       cmocka_unit_test(test_control_text_positions),
       cmocka_unit_test(test_control_sectioned),
       cmocka_unit_test(test_refusals),

@@ -25,7 +25,10 @@ Outputs:
       [T, V] f32 from the language model called with position_ids = pos3;
       greedy (i64 [G]) the next G greedy tokens, each at MRoPE position
       max(pos3) + 1 + j on every axis (transformers' rope_deltas),
-      greedy_logits [G, V] the logits each was chosen from.
+      greedy_logits [G, V] the logits each was chosen from;
+      text_tokens (i64 [Tt]) a text-only prompt, text_greedy (i64 [Gt]) what
+      Qwen3VLMoeForConditionalGeneration.generate (greedy, KV cache; its own
+      text-only position ids) continues it with, text_greedy_logits [Gt, V].
 """
 import argparse
 import json
@@ -133,6 +136,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_vl_moe_tiny"))
     ap.add_argument("--seed", type=int, default=2718)
     ap.add_argument("--gen", type=int, default=4)
+    ap.add_argument("--text-len", type=int, default=7)
+    ap.add_argument("--text-gen", type=int, default=6)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -152,6 +157,7 @@ def main():
     T = pos3.shape[1]
     V = tc.vocab_size
     tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
+    text_tokens = torch.randint(0, V, (args.text_len,), generator=gen, dtype=torch.int64)
 
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="qwen3vl_fixture_")
@@ -188,14 +194,23 @@ def main():
         p3 = torch.cat([p3, torch.full((3, 1), nxt + j, dtype=torch.int64)], dim=1)
     out["greedy"] = torch.tensor(greedy, dtype=torch.int64)
     out["greedy_logits"] = torch.stack(glog)
-    top2 = out["greedy_logits"].topk(2, dim=-1).values
+    with torch.no_grad():
+        g = ref.generate(text_tokens[None, :], max_new_tokens=args.text_gen, min_new_tokens=args.text_gen,
+                         do_sample=False, num_beams=1, use_cache=True, output_logits=True,
+                         return_dict_in_generate=True)
+    out["text_tokens"] = text_tokens
+    out["text_greedy"] = g.sequences[0, args.text_len:].clone().to(torch.int64)
+    out["text_greedy_logits"] = torch.stack([x[0].float() for x in g.logits])
+    if out["text_greedy"].shape[0] != args.text_gen:
+        fail("generate returned the wrong number of tokens")
+    top2 = torch.cat([out["greedy_logits"], out["text_greedy_logits"]]).topk(2, dim=-1).values
     save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(args.out, "reference.safetensors"))
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     with safe_open(os.path.join(args.out, "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__, "seed": args.seed,
                       "T": T, "pos3": pos3.tolist(), "tensors": len(names), "first_tensors": names[:4],
-                      "max_abs_logit_change_with_1d_positions": d_flat, "greedy": greedy,
+                      "max_abs_logit_change_with_1d_positions": d_flat, "greedy": greedy, "text_greedy": out["text_greedy"].tolist(),
                       "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()), "bytes": size}, indent=1))
     if d_flat < 1e-3:
         fail("1-D positions give the same logits; the prompt does not exercise MRoPE")
