@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "runtime/ops/rope_layout.h"
+#include "shard/model_config.h"
 
 #define REF_BOUND 1e-5   // f32 kernel vs double rotation of the same f32 angles, relative to max |x|
 #define MISS_BOUND 1e-2  // a wrong layout/pairing must be at least this far off
@@ -222,6 +223,65 @@ static void test_bad_attrs_refused(void **state) {
   tpr_tensor_free(x), tpr_tensor_free(out), tpr_tensor_free(p1), tpr_tensor_free(p3);
 }
 
+// ---- the qwen3_vl_moe config (shard/model_config_mrope.c)
+
+static tpr_status parse_vl(const char *rope_json, const char *extra, tpr_model_config *c) {
+  char json[2048];
+  snprintf(json, sizeof json,
+           "{\"model_type\": \"qwen3_vl_moe\", \"tie_word_embeddings\": false, %s \"text_config\": {"
+           "\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+           "\"num_key_value_heads\": 2, \"head_dim\": 16, \"moe_intermediate_size\": 8, "
+           "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"tie_word_embeddings\": true %s}}",
+           extra, rope_json);
+  return tpr_model_config_parse(json, strlen(json), "test", c);
+}
+
+static void test_config(void **state) {
+  (void)state;
+  tpr_model_config c;
+  // transformers 5's save_pretrained spelling.
+  TT_OK(parse_vl(", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5, "
+                 "\"mrope_section\": [4, 2, 2], \"mrope_interleaved\": true}", "", &c));
+  printf("  rope_parameters: family %s, layout %d, section [%lld, %lld, %lld], theta %g, norm_topk %d, tied %d\n",
+         tpr_model_family_name(c.family), c.mrope_layout, (long long)c.mrope_section[0],
+         (long long)c.mrope_section[1], (long long)c.mrope_section[2], c.rope_theta, c.norm_topk_prob,
+         c.tie_word_embeddings);
+  assert_int_equal(c.family, TPR_FAMILY_QWEN3_VL_MOE);
+  assert_int_equal(c.mrope_layout, TPR_MROPE_INTERLEAVED);
+  assert_int_equal(c.mrope_section[0], 4);
+  assert_int_equal(c.mrope_section[2], 2);
+  assert_true(c.rope_theta == 5e5 && c.norm_topk_prob && !c.tie_word_embeddings && c.num_experts == 4);
+  // The hub's legacy spelling: rope_scaling with "type": "mrope".
+  TT_OK(parse_vl(", \"rope_theta\": 5e5, \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3], "
+                 "\"mrope_interleaved\": true}", "", &c));
+  assert_int_equal(c.mrope_section[1], 3);
+  struct {
+    const char *what, *rope;
+    tpr_status want;
+  } bad[] = {
+      {"sections sum 9 of rd/2 8", ", \"rope_parameters\": {\"rope_theta\": 1e4, \"mrope_section\": [5, 2, 2]}",
+       TPR_ERR_FORMAT},
+      {"mrope_interleaved false", ", \"rope_parameters\": {\"rope_theta\": 1e4, \"mrope_section\": [4, 2, 2], "
+       "\"mrope_interleaved\": false}", TPR_ERR_UNSUPPORTED},
+      {"rope_parameters vs rope_scaling", ", \"rope_parameters\": {\"rope_theta\": 1e4, \"mrope_section\": [4, 2, 2]}, "
+       "\"rope_scaling\": {\"mrope_section\": [2, 3, 3]}", TPR_ERR_FORMAT},
+      {"rope_type yarn", ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e4, "
+       "\"mrope_section\": [4, 2, 2]}", TPR_ERR_UNSUPPORTED},
+      {"section of 2 entries", ", \"rope_parameters\": {\"rope_theta\": 1e4, \"mrope_section\": [4, 4]}",
+       TPR_ERR_FORMAT},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tpr_status rc = parse_vl(bad[i].rope, "", &c);
+    printf("  %-32s -> %s: %s\n", bad[i].what, tpr_status_name(rc), tpr_last_error());
+    assert_int_equal(rc, bad[i].want);
+  }
+  // No text_config at all.
+  const char *flat = "{\"model_type\": \"qwen3_vl_moe\", \"hidden_size\": 32}";
+  tpr_status rc = tpr_model_config_parse(flat, strlen(flat), "test", &c);
+  printf("  %-32s -> %s: %s\n", "no text_config", tpr_status_name(rc), tpr_last_error());
+  assert_int_equal(rc, TPR_ERR_FORMAT);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -229,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_equal_axes_is_plain_rope),
       cmocka_unit_test(test_variant_grads),
       cmocka_unit_test(test_bad_attrs_refused),
+      cmocka_unit_test(test_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
