@@ -39,6 +39,7 @@ static tpr_status read_npy(const char *path, const uint8_t *b, size_t n, int64_t
   char h[65537];
   memcpy(h, b + at, hl);
   h[hl] = 0;
+  for (size_t k = hl; k > 0 && (h[k - 1] == ' ' || h[k - 1] == '\n'); k--) h[k - 1] = 0;  // np.save's padding
   int esz = strstr(h, "'descr': '<i4'") ? 4 : strstr(h, "'descr': '<i8'") ? 8 : 0;
   if (!esz) return TPR_FAIL(TPR_ERR_FORMAT, "%s: positions must be int32 or int64 (descr '<i4' / '<i8'): %s", path, h);
   if (!strstr(h, "'fortran_order': False"))

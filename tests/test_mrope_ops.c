@@ -7,13 +7,18 @@
 // the other pairing and plain 1-D RoPE must each miss the reference; equal
 // axes must give plain RoPE bit for bit; rope_bwd of the variants inverts
 // the forward and matches finite differences; bad attributes are refused.
+// Also: the qwen3_vl_moe config keys, and `tpr forward --positions-3d` on
+// the fixture (logits equal transformers'; a file of the wrong shape refused).
+#include "cli_util.h"
 #include "grad_check.h"
+#include "m2_ref.h"
 #include "ops_util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/ops/rope_layout.h"
 #include "shard/model_config.h"
@@ -282,14 +287,86 @@ static void test_config(void **state) {
   assert_int_equal(rc, TPR_ERR_FORMAT);
 }
 
+// ---- tpr forward --positions-3d on the qwen3_vl_moe fixture
+
+#define VL_FIX TPR_FIXTURES "/qwen3_vl_moe_tiny"
+#define VL_T 12
+#define VL_V 96
+
+static char tmp_dir[] = "/tmp/tpr_mrope_XXXXXX";
+
+// np.save's bytes of an int64 array (rows, cols).
+static void write_npy(const char *path, const int64_t *v, int rows, int cols) {
+  char head[128];
+  int n = snprintf(head, sizeof head, "{'descr': '<i8', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+  int pad = 64 - (10 + n + 1) % 64;  // header padded so the data starts on a 64-byte boundary
+  size_t hl = (size_t)(n + pad + 1), total = 10 + hl + (size_t)(rows * cols) * 8;
+  unsigned char *b = calloc(1, total);
+  memcpy(b, "\x93NUMPY\x01\x00", 8);
+  b[8] = (unsigned char)(hl & 255), b[9] = (unsigned char)(hl >> 8);
+  memcpy(b + 10, head, (size_t)n);
+  memset(b + 10 + n, ' ', (size_t)pad);
+  b[10 + hl - 1] = '\n';
+  memcpy(b + 10 + hl, v, (size_t)(rows * cols) * 8);
+  tt_spit(path, b, total);
+  free(b);
+}
+
+static void test_cli_positions_3d(void **state) {
+  (void)state;
+  char tpr[4096];
+  if (tt_tpr_path(tpr, sizeof tpr, "test_cli_positions_3d") != 0) skip();
+  tpr_st_set *set;
+  TT_OK(tpr_st_open(VL_FIX "/reference.safetensors", &set));
+  float tok_f[VL_T], pos_f[3 * VL_T];
+  static float want[VL_T * VL_V], got[VL_T * VL_V];
+  m2_read_f32(set, "tokens", VL_T, 0, tok_f);
+  m2_read_f32(set, "pos3", 3, VL_T, pos_f);
+  m2_read_f32(set, "logits", VL_T, VL_V, want);
+  tpr_st_close(set);
+  int32_t ids[VL_T];
+  int64_t pos[3 * VL_T];
+  for (int i = 0; i < VL_T; i++) ids[i] = (int32_t)tok_f[i];
+  for (int i = 0; i < 3 * VL_T; i++) pos[i] = (int64_t)pos_f[i];
+  char toks[16 * VL_T];
+  m2_ids_text(ids, VL_T, toks);
+  const char *npy = tt_path(tmp_dir, "pos3.npy"), *bad = tt_path(tmp_dir, "bad.npy");
+  const char *out = tt_path(tmp_dir, "logits.safetensors");
+  write_npy(npy, pos, 3, VL_T);
+  write_npy(bad, pos, 2, VL_T);  // (2, T): not three axes
+  const char *args[] = {"forward", "--model", VL_FIX, "--tokens", toks, "--positions-3d", npy, "--out", out, NULL};
+  run_result r = tt_run_tpr(tpr, tmp_dir, args);
+  if (r.code != 0) fail_msg("tpr forward --positions-3d exited %d: %s", r.code, r.err);
+  tt_run_done(&r);
+  TT_OK(tpr_st_open(out, &set));
+  m2_read_f32(set, "logits", VL_T, VL_V, got);
+  tpr_st_close(set);
+  double e = m2_rel_err(got, want, VL_T * VL_V);
+  const char *bargs[] = {"forward", "--model", VL_FIX, "--tokens", toks, "--positions-3d", bad, "--out", out, NULL};
+  r = tt_run_tpr(tpr, tmp_dir, bargs);
+  printf("  tpr forward --positions-3d (.npy (3, %d)): logits vs transformers %.3g (bound 1e-4); a (2, %d) file -> "
+         "exit %d: %s", VL_T, e, VL_T, r.code, r.err);
+  assert_true(e <= 1e-4);
+  assert_int_equal(r.code, 2);
+  assert_non_null(strstr(r.err, "shape must be (3, 12)"));
+  tt_run_done(&r);
+  unlink(npy), unlink(bad), unlink(out);
+}
+
 int main(void) {
   tt_seed_from_env();
+  if (!mkdtemp(tmp_dir)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layouts_and_pairings),
       cmocka_unit_test(test_equal_axes_is_plain_rope),
       cmocka_unit_test(test_variant_grads),
       cmocka_unit_test(test_bad_attrs_refused),
       cmocka_unit_test(test_config),
+      cmocka_unit_test(test_cli_positions_3d),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  char rm[64];
+  snprintf(rm, sizeof rm, "rm -rf %s", tmp_dir);
+  if (system(rm) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+  return failed;
 }
