@@ -9,6 +9,7 @@
 #include "models/hunyuan_moe.h"
 
 // -- family headers: mrope
+#include "models/qwen3_vl_moe.h"
 
 
 static const tpr_family *const families[] = {
@@ -19,6 +20,7 @@ static const tpr_family *const families[] = {
     &tpr_family_hunyuan_v1_moe,
 
     // -- families: mrope
+    &tpr_family_qwen3_vl_moe,
 
 };
 

@@ -8,7 +8,11 @@
 //   inputs  "tokens" (T) i32, "positions" (T) i32, "slot_mapping" (T) i32
 //           (pool row of the token's KV; -1 for a padded token), "seq" (T)
 //           i32 (block-table row; -1 padded), "block_tables" (B, MB) i32,
-//           "sample_rows" (N) i32 (the token rows whose logits come out)
+//           "sample_rows" (N) i32 (the token rows whose logits come out);
+//           MRoPE families (config.mrope_layout != 0) also "positions_3d"
+//           (3, T) i32, the rope's (temporal, height, width) positions --
+//           "positions" stays the sequence index the KV cache and the causal
+//           mask use
 //   params  the loader's items by checkpoint name, per layer L the stacked
 //           experts tpr_family_expert_name(L, "w13"|"w2") (E_r, 2F_r, H) /
 //           (E_r, H, F_r), the KV pools tpr_family_pool_name(L, "k"|"v")
@@ -43,6 +47,7 @@ typedef struct tpr_step_build_opts {
   tpr_moe_opts moe;       // dispatcher, capacity mode
   bool moe_stats;         // add the routing outputs
   bool per_rank_qk_norm;  // negative control of the parity tests (families that have a QK-norm)
+  int mrope_layout_control;  // negative control (MRoPE families): > 0 forces this tpr_mrope_layout
   // (plan->n_tensors) the dtype each plan kind's param is declared with
   // (engine/weight_dtype.h); NULL: all f32. A bf16 embedding table's rows are
   // widened to f32 as they are read.

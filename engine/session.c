@@ -269,6 +269,7 @@ static void free_program(step_program *m) {
   tpr_exec_free(m->exec);
   tpr_program_free(m->program);
   for (int i = 0; i < STEP_INPUTS; i++) tpr_tensor_free(m->in[i]);
+  tpr_tensor_free(m->pos3);
 }
 
 static const char *const step_input_names[STEP_INPUTS] = {"tokens", "positions", "slot_mapping", "seq",
@@ -299,6 +300,7 @@ static tpr_status program_for(tpr_session *s, int64_t T, int64_t N, step_program
                             .moe = s->o.moe,
                             .moe_stats = s->o.moe_stats,
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
+                            .mrope_layout_control = s->o.mrope_layout_control,
                             .kind_dtype = s->kind_dtype,
                             .kind_block = s->kind_block};
   tpr_status rc = tpr__session_make_program(s, build_step, &bo, &m->program);
@@ -311,6 +313,10 @@ static tpr_status program_for(tpr_session *s, int64_t T, int64_t N, step_program
     int64_t shape[2] = {i == STEP_BLOCKS ? pl->batch : i == STEP_SAMPLES ? N : T, pl->max_blocks};
     TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, i == STEP_BLOCKS ? 2 : 1, shape, &m->in[i]));
     TPR_CHECK(tpr_exec_bind(m->exec, step_input_names[i], m->in[i]));
+  }
+  if (s->cfg.mrope_layout) {
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 2, (const int64_t[]){3, T}, &m->pos3));
+    TPR_CHECK(tpr_exec_bind(m->exec, "positions_3d", m->pos3));
   }
   *out = m;
   return TPR_OK;
@@ -478,6 +484,10 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: pool row %d of [0, %lld) or sequence %d of [0, %lld)",
                       (long long)t, st->slots[t], (long long)rows, st->seq[t], (long long)p->batch);
   }
+  for (int64_t i = 0; st->positions_3d && i < 3 * st->n_tokens; i++)
+    if (st->positions_3d[i] < 0 || st->positions_3d[i] >= (1 << 24))  // f32 holds them exactly
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "MRoPE position %d (axis %lld, row %lld) is outside [0, 2^24)",
+                      st->positions_3d[i], (long long)(i / st->n_tokens), (long long)(i % st->n_tokens));
   for (int64_t i = 0; i < p->batch * p->max_blocks; i++)
     if (st->block_tables[i] < 0 || st->block_tables[i] >= p->blocks)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "block table entry %lld is block %d of a pool of %lld", (long long)i,
@@ -492,7 +502,7 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
 // The step's inputs, padded to the program's shape, onto the backend.
 static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *st) {
   const int64_t T = m->T, N = m->N, BM = s->pool.batch * s->pool.max_blocks, n = st->n_tokens;
-  int64_t need = 4 * T + BM + N;
+  int64_t need = 4 * T + BM + N + 3 * T;
   if (need > s->host_in_cap) {
     free(s->host_in);
     s->host_in_cap = 0;
@@ -511,7 +521,13 @@ static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *s
   const int32_t *src[STEP_INPUTS] = {tok, pos, slot, seq, bt, rows};
   for (int i = 0; i < STEP_INPUTS; i++)
     TPR_CHECK(tpr_tensor_from_host(m->in[i], src[i], (size_t)tpr_tensor_numel(m->in[i]) * sizeof(int32_t)));
-  return TPR_OK;
+  if (!m->pos3) return TPR_OK;
+  int32_t *p3 = rows + N;  // (3, T): given rows, or the sequence position on every axis (text)
+  for (int a = 0; a < 3; a++) {
+    for (int64_t t = 0; t < n; t++) p3[a * T + t] = st->positions_3d ? st->positions_3d[a * n + t] : pos[t];
+    for (int64_t t = n; t < T; t++) p3[a * T + t] = 0;
+  }
+  return tpr_tensor_from_host(m->pos3, p3, (size_t)(3 * T) * sizeof *p3);
 }
 
 tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits) {
@@ -539,6 +555,20 @@ tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits) {
 }
 
 tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start, float *logits) {
+  return tpr_session_forward_3d(s, tokens, T, start, NULL, logits);
+}
+
+int64_t tpr_mrope_next_position(const int32_t *pos3, int64_t T) {
+  int64_t mx = -1;
+  for (int64_t i = 0; i < 3 * T; i++) mx = pos3[i] > mx ? pos3[i] : mx;
+  return mx + 1;
+}
+
+tpr_status tpr_session_forward_3d(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
+                                  const int32_t *pos3, float *logits) {
+  if (pos3 && !s->cfg.mrope_layout)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: 3-D positions given, but %s has no MRoPE",
+                    tpr_model_family_name(s->cfg.family));
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: the session was opened for training");
   const tpr_session_pool *p = &s->pool;
   if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "forward: no tokens");
@@ -557,7 +587,8 @@ tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T,
   for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(start + t), seq[t] = 0, rows[t] = (int32_t)t;
   for (int64_t i = 0; i < BM; i++) bt[i] = (int32_t)(i % p->max_blocks);
   tpr_step st = {.T = T, .N = logits ? T : 1, .n_tokens = T, .tokens = tokens, .positions = pos, .slots = pos,
-                 .seq = seq, .block_tables = bt, .n_samples = logits ? T : 0, .sample_rows = rows};
+                 .seq = seq, .block_tables = bt, .n_samples = logits ? T : 0, .sample_rows = rows,
+                 .positions_3d = pos3};
   tpr_status rc = tpr_session_step(s, &st, logits);
   free(buf);
   return rc;

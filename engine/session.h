@@ -45,6 +45,7 @@ typedef struct tpr_session_opts {
   bool training;
   // Negative controls for the parity tests (never in real runs):
   bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
+  int mrope_layout_control;  // MRoPE families: > 0 rotates in this tpr_mrope_layout, not the config's
   int skip_grad_marks;     // training without some grad_all_reduce marks (tpr_m2_build_opts)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
 } tpr_session_opts;
@@ -98,6 +99,10 @@ typedef struct tpr_step {
   int64_t T, N;                          // the program's shape (>= n_tokens, >= n_samples)
   int64_t n_tokens;
   const int32_t *tokens, *positions;     // (n_tokens)
+  // MRoPE families (config.mrope_layout): the rope's positions (3, n_tokens)
+  // row-major, rows temporal, height, width, each in [0, 2^24); NULL: every
+  // row is `positions` (text). Ignored by other families.
+  const int32_t *positions_3d;
   const int32_t *slots;                  // (n_tokens) pool rows: block * bs + offset
   const int32_t *seq;                    // (n_tokens) block-table rows
   const int32_t *block_tables;           // (B * MB) row-major
@@ -114,6 +119,18 @@ tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits);
 // the pool at the same time. Token ids outside [0, vocab) or start + T >
 // max_seq: TPR_ERR_INVALID_ARG.
 tpr_status tpr_session_forward(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start, float *logits);
+
+// tpr_session_forward with MRoPE positions: pos3 (3, T) row-major (rows
+// temporal, height, width) for the rope, while the KV cache and the causal
+// mask still use start..start+T-1. pos3 NULL: tpr_session_forward. A family
+// without MRoPE refuses pos3 (TPR_ERR_INVALID_ARG).
+tpr_status tpr_session_forward_3d(tpr_session *s, const int32_t *tokens, int64_t T, int64_t start,
+                                  const int32_t *pos3, float *logits);
+
+// The MRoPE position text continues from after pos3 (3, T): max over all of
+// it + 1 (transformers' rope_deltas: decode token j after the prompt sits at
+// next + j on every axis, i.e. cache position + (next - T)).
+int64_t tpr_mrope_next_position(const int32_t *pos3, int64_t T);
 
 // Collective: the routing statistics of every forward so far, summed over
 // the dp replicas, into *out (the caller frees it with tpr_moe_stats_free).

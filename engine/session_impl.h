@@ -16,6 +16,7 @@ typedef struct step_program {
   tpr_program *program;
   tpr_exec *exec;
   tpr_tensor *in[STEP_INPUTS];  // i32: tokens, positions, slot_mapping, seq (T), block_tables (B, MB), sample_rows (N)
+  tpr_tensor *pos3;             // (3, T) i32 "positions_3d", MRoPE families only
 } step_program;
 
 struct tpr_session {
@@ -34,7 +35,7 @@ struct tpr_session {
   const tpr_family *family;
   tpr_session_pool pool;
   tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D)
-  int32_t *host_in;                    // staging of a step's inputs: 4*T + B*MB + N entries
+  int32_t *host_in;                    // staging of a step's inputs: 4*T + B*MB + N (+ 3*T MRoPE) entries
   int64_t host_in_cap;
   tpr_mesh mesh;
   tpr_mesh_comms comms;

@@ -1,7 +1,9 @@
 // tpr forward: the f32 logits of every position of a token sequence (one per
 // data-parallel replica when --tokens is given dp times), written by rank 0
 // as a safetensors file: "logits" (T, vocab), "logits.R" for replica R > 0.
-// The golden tests compare them with transformers' logits.
+// The golden tests compare them with transformers' logits. MRoPE families
+// (qwen3_vl_moe) take the rope's 3-D positions from --positions-3d; without
+// it every axis is the token's index (text).
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -9,6 +11,7 @@
 #include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/model_cli.h"
+#include "launch/positions_3d.h"
 #include "shard/safetensors.h"
 
 // Rank 0 gathers replica r's logits (T, V) from world rank r*tp, its tp rank 0
@@ -35,7 +38,7 @@ static tpr_status write_logits(const char *out, const float *logits, int64_t rep
 }
 
 int tpr_cmd_forward(int argc, char **argv) {
-  const char *model = NULL, *out = NULL;
+  const char *model = NULL, *out = NULL, *pos3_path = NULL;
   tpr_arg_list lists = {0};
   bool json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
@@ -47,6 +50,9 @@ int tpr_cmd_forward(int argc, char **argv) {
        "token ids, comma-separated: 1,2,3; give it dp times (same length) for one list per data-parallel replica"},
       {"out", TPR_ARG_STR, &out,
        "safetensors file for the logits (T, vocab) f32: key \"logits\", and \"logits.R\" for replica R > 0"},
+      {"positions-3d", TPR_ARG_STR, &pos3_path,
+       "MRoPE models: .npy or .safetensors of int (3, T) rope positions (temporal, height, width); default: every "
+       "axis = the token index"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
@@ -54,7 +60,7 @@ int tpr_cmd_forward(int argc, char **argv) {
   };
   const char *usage = "usage: [mpirun -np N] tpr forward --model DIR --tokens 1,2,3 [--tokens ...] --out FILE\n"
                       "       [--tp T --dp D --ep E --etp F] [--moe-dispatch alltoall|allreduce] "
-                      "[--capacity-factor F [--reroute-dropped]] [--json]";
+                      "[--capacity-factor F [--reroute-dropped]] [--positions-3d FILE] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!model || lists.n == 0 || !out) {
@@ -76,6 +82,12 @@ int tpr_cmd_forward(int argc, char **argv) {
       return 2;
     }
   }
+  int32_t *pos3 = NULL;
+  if (pos3_path && tpr_positions_3d_read(pos3_path, T, &pos3) != TPR_OK) {
+    fprintf(stderr, "tpr forward: %s\n", tpr_last_error());
+    for (int j = 0; j < lists.n; j++) free(tokens[j]);
+    return 2;
+  }
   tpr_world w;
   tpr_session *s = NULL;
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
@@ -86,13 +98,14 @@ int tpr_cmd_forward(int argc, char **argv) {
                   lists.n, pl->dp);
   if (rc != TPR_OK) {
     for (int i = 0; i < lists.n; i++) free(tokens[i]);
+    free(pos3);
     tpr_session_close(s);
     return tpr_world_fail(&w, "forward");
   }
   int64_t V = tpr_session_config(s)->vocab_size, replicas = lists.n, replica = w.rank / pl->tp;
   float *logits = malloc((size_t)(replicas * T * V) * sizeof *logits);
   double t0 = tpr_cli_now();
-  rc = logits ? tpr_session_forward(s, tokens[replicas > 1 ? replica : 0], T, 0,
+  rc = logits ? tpr_session_forward_3d(s, tokens[replicas > 1 ? replica : 0], T, 0, pos3,
                                        logits + (replicas > 1 ? replica : 0) * T * V)
               : TPR_FAIL(TPR_ERR_OOM, "logits");
   double secs = tpr_cli_now() - t0;
@@ -118,6 +131,7 @@ int tpr_cmd_forward(int argc, char **argv) {
   }
   for (int i = 0; i < lists.n; i++) free(tokens[i]);
   free(logits);
+  free(pos3);
   if (rc != TPR_OK) {
     tpr_session_close(s);
     return tpr_world_fail(&w, "forward");

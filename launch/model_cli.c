@@ -1,6 +1,7 @@
 #include "launch/model_cli.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,11 +63,19 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
   return TPR_OK;
 }
 
+// What a family leaves out of the checkpoint, said once on rank 0's stderr.
+static tpr_status family_note(const tpr_world *w, tpr_status rc, tpr_session *const *s) {
+  if (rc == TPR_OK && w->rank == 0 && tpr_session_config(*s)->family == TPR_FAMILY_QWEN3_VL_MOE)
+    fprintf(stderr, "tpr: note: qwen3_vl_moe runs its text decoder only: vision-tower weights are not loaded, image "
+                    "and video tokens are plain tokens; give their MRoPE positions with --positions-3d (forward)\n");
+  return rc;
+}
+
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                               const tpr_model_debug *d, tpr_session **out) {
   tpr_session_opts o;
   TPR_CHECK(tpr_cli_session_opts(w, model, m, max_seq, d, &o));
-  return tpr_session_open(&o, w->host, w->be, out);
+  return family_note(w, tpr_session_open(&o, w->host, w->be, out), out);  // reads *out after the open
 }
 
 tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
@@ -83,5 +92,5 @@ tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_
   o.block_size = g->block_size;
   o.kv_cache_bytes = g->kv_cache_bytes;
   o.kv_cache_fraction = g->kv_cache_fraction;
-  return tpr_session_open(&o, w->host, w->be, out);
+  return family_note(w, tpr_session_open(&o, w->host, w->be, out), out);  // reads *out after the open
 }

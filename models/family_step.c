@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "runtime/ops/rope_layout.h"
 #include "shard/mesh.h"
 
 tpr_status tpr_fstep_begin(tpr_fstep *c) {
@@ -20,6 +21,8 @@ tpr_status tpr_fstep_begin(tpr_fstep *c) {
   TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
   TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
   TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
+  if (c->plan->config.mrope_layout)
+    TPR_CHECK(tpr_program_input(c->p, "positions_3d", TPR_I32, 2, (const int64_t[]){3, T}, &c->positions_3d));
   TPR_CHECK(tpr_program_input(c->p, "slot_mapping", TPR_I32, 1, (const int64_t[]){T}, &c->slots));
   TPR_CHECK(tpr_program_input(c->p, "seq", TPR_I32, 1, (const int64_t[]){T}, &c->seq));
   return tpr_program_input(c->p, "block_tables", TPR_I32, 2, (const int64_t[]){st->batch, st->max_blocks}, &c->blocks);
@@ -149,4 +152,16 @@ tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head) {
   TPR_CHECK(tpr_pb_matmul(c->p, head, xs, false, true, &logits));  // (V'/tp, N)
   TPR_CHECK(tpr_pb_all_gather(c->p, logits, TPR_AXIS_TP, c->plan->tp, &logits));  // (V', N)
   return tpr_program_output(c->p, logits, "logits_t");
+}
+
+tpr_status tpr_fstep_rope(tpr_fstep *c, tpr_value_id x, tpr_value_id *out) {
+  const tpr_model_config *cfg = &c->plan->config;
+  if (!cfg->mrope_layout) return tpr_pb_rope(c->p, x, c->positions, cfg->rotary_dim, (float)cfg->rope_theta, out);
+  tpr_rope_opts o = {.rotary_dim = cfg->rotary_dim,
+                     .theta = (float)cfg->rope_theta,
+                     .pairing = TPR_ROPE_PAIR_HALF,  // every Qwen-VL text decoder rotates halves
+                     .layout = (tpr_mrope_layout)(c->o->mrope_layout_control > 0 ? c->o->mrope_layout_control
+                                                                                 : cfg->mrope_layout),
+                     .section = {cfg->mrope_section[0], cfg->mrope_section[1], cfg->mrope_section[2]}};
+  return tpr_pb_rope_ex(c->p, x, c->positions_3d, &o, out);
 }

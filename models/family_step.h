@@ -21,6 +21,7 @@ typedef struct tpr_fstep {
   tpr_value_id rank_tp;      // (1) i32 this rank's tp coordinate
   tpr_value_id tokens;       // (T) i32
   tpr_value_id positions;    // (T) i32
+  tpr_value_id positions_3d; // (3, T) i32 the rope's positions, MRoPE families only
   tpr_value_id slots;        // (T) i32 pool row of each token (-1 padded)
   tpr_value_id seq;          // (T) i32 block-table row (-1 padded)
   tpr_value_id blocks;       // (B, MB) i32 block tables
@@ -66,6 +67,10 @@ tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id g
 // x (T, H) final-normed, head (V'/tp, H): the "sample_rows" input and the
 // "logits_t" (V', N) output.
 tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head);
+
+// q or k (T, heads, D) rotated over the config's rotary dims: NeoX RoPE at
+// "positions", or MRoPE at "positions_3d" in the config's layout.
+tpr_status tpr_fstep_rope(tpr_fstep *c, tpr_value_id x, tpr_value_id *out);
 
 // A (shape of `like`) f32 constant `value` (the fill op reads only the shape).
 tpr_status tpr_fstep_fill(tpr_program *p, tpr_value_id like, float value, tpr_value_id *out);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "models/family_step.h"
+#include "models/qwen3_vl_moe.h"
 #include "models/layers/router_softmax.h"
 #include "shard/mesh.h"
 
@@ -52,9 +53,8 @@ static tpr_status attention(tpr_fstep *c, const tpr_qwen3_build_opts *o, int64_t
   TPR_CHECK(qk_norm(c, o, q, qn, qr, &q));  // (T, qr, D)
   TPR_CHECK(qk_norm(c, o, k, kn, kr, &k));  // (T, kr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
-  float theta = (float)cfg->rope_theta;
-  TPR_CHECK(tpr_pb_rope(c->p, q, c->positions, cfg->rotary_dim, theta, &q));
-  TPR_CHECK(tpr_pb_rope(c->p, k, c->positions, cfg->rotary_dim, theta, &k));
+  TPR_CHECK(tpr_fstep_rope(c, q, &q));  // NeoX RoPE, or MRoPE (qwen3_vl_moe)
+  TPR_CHECK(tpr_fstep_rope(c, k, &k));
   return tpr_fstep_attend(c, L, q, k, v, &wo, x, out);
 }
 
@@ -89,8 +89,15 @@ static tpr_status mlp(tpr_fstep *c, int64_t L, tpr_value_id x, tpr_value_id *out
 
 static tpr_status check_supported(const tpr_shard_plan *plan) {
   const tpr_model_config *cfg = &plan->config;
-  if (cfg->family != TPR_FAMILY_QWEN3_MOE)
+  if (cfg->family != TPR_FAMILY_QWEN3_MOE && cfg->family != TPR_FAMILY_QWEN3_VL_MOE)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "qwen3_moe: the checkpoint is %s", tpr_model_family_name(cfg->family));
+  if ((cfg->family == TPR_FAMILY_QWEN3_VL_MOE) != (cfg->mrope_layout != 0))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "qwen3_moe: %s with MRoPE layout %d", tpr_model_family_name(cfg->family),
+                    cfg->mrope_layout);
+  // The loader finds dense layers from the top-level config keys, which a
+  // nested text_config does not have; Qwen3-VL-MoE checkpoints have none.
+  if (cfg->family == TPR_FAMILY_QWEN3_VL_MOE && cfg->num_moe_layers != cfg->num_layers)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "qwen3_vl_moe: dense (mlp_only) layers are not supported");
   if (cfg->qk_norm != TPR_QK_NORM_PER_HEAD || cfg->router != TPR_ROUTER_SOFTMAX || cfg->routing_bias ||
       cfg->shared_expert_intermediate_size)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "qwen3_moe: needs a per-head QK-norm and an unbiased softmax router, no "
@@ -127,7 +134,10 @@ static tpr_status build(tpr_fstep *c, const tpr_qwen3_build_opts *o) {
 tpr_status tpr_qwen3_build(const tpr_shard_plan *plan, const tpr_qwen3_build_opts *o, tpr_program **out) {
   *out = NULL;
   TPR_CHECK(check_supported(plan));
-  tpr_fstep c = {.plan = plan, .o = &o->step, .family = &tpr_family_qwen3_moe};
+  tpr_fstep c = {.plan = plan,
+                 .o = &o->step,
+                 .family = plan->config.family == TPR_FAMILY_QWEN3_VL_MOE ? &tpr_family_qwen3_vl_moe
+                                                                          : &tpr_family_qwen3_moe};
   TPR_CHECK(tpr_program_new(&c.p));
   tpr_status rc = build(&c, o);
   if (rc != TPR_OK) {
@@ -138,7 +148,7 @@ tpr_status tpr_qwen3_build(const tpr_shard_plan *plan, const tpr_qwen3_build_opt
   return TPR_OK;
 }
 
-static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
+tpr_status tpr__qwen3_build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
   tpr_qwen3_build_opts qo = {.step = *o, .qk_control = o->per_rank_qk_norm ? TPR_QWEN3_QK_FULL_LOCAL : 0};
   return tpr_qwen3_build(plan, &qo, out);
 }
@@ -146,7 +156,7 @@ static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_op
 const tpr_family tpr_family_qwen3_moe = {
     .name = "qwen3_moe",
     .family = TPR_FAMILY_QWEN3_MOE,
-    .build_step = build_step,
+    .build_step = tpr__qwen3_build_step,
     .expert_gate = "experts.{E}.gate_proj.weight",
     .expert_up = "experts.{E}.up_proj.weight",
     .expert_down = "experts.{E}.down_proj.weight",

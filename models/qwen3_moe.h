@@ -8,7 +8,8 @@
 //     q = rms_norm(q.view(T, qr, D), q_norm (D))         per head, over head_dim,
 //     k likewise with k_norm                            BEFORE RoPE; local to the
 //                                                       rank: no collective
-//     q, k = NeoX RoPE over the whole head (rotary_dim = D)
+//     q, k = NeoX RoPE over the whole head (rotary_dim = D); qwen3_vl_moe
+//            (models/qwen3_vl_moe.h): MRoPE at the (3, T) "positions_3d"
 //     x += allreduce_tp(paged_attention(q, k, v) Wo_r^T)
 //     h = rms_norm(x, post_attention_layernorm)
 //     MoE layer (models/layers/moe.h): g = top-k of softmax(h Wg^T),
@@ -37,6 +38,9 @@ typedef struct tpr_qwen3_build_opts {
 } tpr_qwen3_build_opts;
 
 tpr_status tpr_qwen3_build(const tpr_shard_plan *plan, const tpr_qwen3_build_opts *o, tpr_program **out);
+
+// The step builder of both entries (qwen3_moe, qwen3_vl_moe).
+tpr_status tpr__qwen3_build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out);
 
 // The engine's entry (engine/family.c). Its build_step maps the session's
 // per_rank_qk_norm control to TPR_QWEN3_QK_FULL_LOCAL.

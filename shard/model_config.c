@@ -18,6 +18,7 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_QWEN3_MOE] = "qwen3_moe",
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
     // -- families: mrope
+    [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
 
 };
 
@@ -368,6 +369,12 @@ tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *orig
                     "%s: \"num_key_value_heads\" %lld must divide \"num_attention_heads\" %lld (each KV head serves a "
                     "whole group of query heads)",
                     origin, (long long)c->num_kv_heads, (long long)c->num_heads);
+  if (c->mrope_layout && (c->mrope_layout > 2 || c->mrope_section[0] < 0 || c->mrope_section[1] < 0 ||
+                         c->mrope_section[2] < 0 ||
+                         2 * (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2]) != c->rotary_dim))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mrope_section\" [%lld, %lld, %lld] must sum to rotary_dim/2 = %lld", origin,
+                    (long long)c->mrope_section[0], (long long)c->mrope_section[1], (long long)c->mrope_section[2],
+                    (long long)(c->rotary_dim / 2));
   if (c->rotary_dim > c->head_dim || c->rotary_dim % 2)
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"rotary_dim\" %lld must be even and at most \"head_dim\" %lld", origin,
                     (long long)c->rotary_dim, (long long)c->head_dim);
@@ -412,6 +419,22 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
     c.family = TPR_FAMILY_QWEN3_MOE;
     TPR_CHECK_GOTO(parse_qwen3_moe(root, origin, &c), rc, done);
     // -- families: mrope
+  } else if (strcmp(type, "qwen3_vl_moe") == 0) {
+    // Qwen3VLMoeForConditionalGeneration: the text decoder's config is nested
+    // (text_config, a Qwen3-MoE one plus MRoPE); the vision tower is not run.
+    const cJSON *text = item(root, "text_config");
+    if (!cJSON_IsObject(text)) {
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: qwen3_vl_moe needs a \"text_config\" object", origin);
+      goto done;
+    }
+    TPR_CHECK_GOTO(parse_qwen3_moe(text, origin, &c), rc, done);
+    c.family = TPR_FAMILY_QWEN3_VL_MOE;
+    c.norm_topk_prob = true;  // Qwen3VLMoeTextTopKRouter always renormalises (no norm_topk_prob key)
+    TPR_CHECK_GOTO(tpr__model_config_mrope(text, origin, 2 /* interleaved */, &c), rc, done);
+    // The top-level tie_word_embeddings is the model's (the text config's own
+    // default differs); the text config's is read only when the top level has none.
+    if (item(root, "tie_word_embeddings"))
+      TPR_CHECK_GOTO(get_bool(root, origin, "tie_word_embeddings", false, &c.tie_word_embeddings), rc, done);
 
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
     c.family = TPR_FAMILY_HUNYUAN_V1_MOE;

@@ -22,6 +22,7 @@ typedef enum tpr_model_family {
   TPR_FAMILY_QWEN3_MOE = 1,    // "qwen3_moe"
   TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe"
   // -- families: mrope
+  TPR_FAMILY_QWEN3_VL_MOE = 3,  // "qwen3_vl_moe": its text decoder (Qwen3-MoE + interleaved MRoPE)
 
   TPR_FAMILY_COUNT
 } tpr_model_family;
@@ -53,6 +54,12 @@ typedef struct tpr_model_config {
   int64_t head_dim;            // D (default H / nq)
   int64_t rotary_dim;          // leading dims of each head that RoPE rotates (<= D, even)
   double rope_theta;
+  // MRoPE (Qwen-VL text decoders): rope positions (3, T) (temporal, height,
+  // width); the layout is runtime/ops/rope_layout.h's tpr_mrope_layout (0
+  // plain RoPE, 1 sectioned, 2 interleaved), mrope_section [t, h, w] sums to
+  // rotary_dim / 2.
+  int mrope_layout;
+  int64_t mrope_section[3];
   double rms_norm_eps;
   tpr_qk_norm qk_norm;
   bool qk_norm_after_rope;     // Hunyuan: q/k are roped first, then normalised (Qwen3: norm, then RoPE)
@@ -77,6 +84,10 @@ typedef struct tpr_model_config {
   int64_t decoder_sparse_step;
   uint64_t mlp_only_mask[4];
 } tpr_model_config;
+
+// A Qwen-VL text config's MRoPE keys (model_config_mrope.c) into c:
+// `text_config` a cJSON object, layout 1 sectioned / 2 interleaved.
+tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, int layout, tpr_model_config *c);
 
 // Whether layer l runs the MoE block (else a dense MLP): Qwen3MoeDecoderLayer's
 // rule, l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.

@@ -4,28 +4,38 @@
 #include <math.h>
 
 #include "op_rules.h"
+#include "rope_layout.h"
 
-// dy (T, heads, D) f32, positions (T) i32/i64; rope's attrs -> dx, dy's shape.
-TPR__OP_RULE(rope_bwd) {
-  const char *op = "rope_bwd";
-  const tpr_tensor *dy = in[0], *pos = in[1];
-  TPR_CHECK(tpr__need_dtype(op, dy, TPR_F32, "dy"));
+// x (T, heads, D) f32, positions (T) or, MRoPE, (3, T) i32/i64; rope's
+// attributes (rope_layout.h) -> x's shape. rope and rope_bwd share it.
+tpr_status tpr__rope_check(const char *op, const tpr_tensor *x, const tpr_tensor *pos, const tpr_op_attrs *attrs,
+                           tpr_tensor *out) {
+  TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
   TPR_CHECK(tpr__need_index_dtype(op, pos));
-  TPR_CHECK(tpr__need_ndim(op, dy, 3, "dy", "(T, heads, D)"));
-  if (pos->ndim != 1 || pos->shape[0] != dy->shape[0])
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: positions must be (T) = (%lld), got %d-D with first dim %lld", op,
-                    (long long)dy->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
+  TPR_CHECK(tpr__need_ndim(op, x, 3, "x", "(T, heads, D)"));
   if (attrs->n_i < 1 || attrs->n_f < 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs i[0] rotary_dim and f[0] theta (rope's attributes)", op);
-  int64_t rd = attrs->i[0], D = dy->shape[2];
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs i[0] rotary_dim and f[0] theta", op);
+  tpr_rope_opts v;
+  TPR_CHECK(tpr__rope_variant(op, attrs, &v));
+  if (v.layout == TPR_MROPE_NONE && (pos->ndim != 1 || pos->shape[0] != x->shape[0]))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: positions must be (T) = (%lld), got %d-D with first dim %lld", op,
+                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
+  if (v.layout != TPR_MROPE_NONE && (pos->ndim != 2 || pos->shape[0] != 3 || pos->shape[1] != x->shape[0]))
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: MRoPE positions must be (3, T) = (3, %lld), got %d-D (%lld, %lld)", op,
+                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0),
+                    (long long)(pos->ndim > 1 ? pos->shape[1] : 0));
+  int64_t rd = attrs->i[0], D = x->shape[2];
   if (rd <= 0 || rd % 2 || rd > D)
     return TPR_FAIL(TPR_ERR_SHAPE, "%s: rotary_dim %lld must be even and in (0, D = %lld]", op, (long long)rd,
                     (long long)D);
   if (!(attrs->f[0] > 0) || isinf(attrs->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: theta %g must be finite and > 0", op, (double)attrs->f[0]);
-  tpr__set_contiguous(out, TPR_F32, 3, dy->shape);
+  tpr__set_contiguous(out, TPR_F32, 3, x->shape);
   return TPR_OK;
 }
+
+// dy (T, heads, D) f32, positions as rope's; rope's attrs -> dx, dy's shape.
+TPR__OP_RULE(rope_bwd) { return tpr__rope_check("rope_bwd", in[0], in[1], attrs, out); }
 
 // q (T, Hq, D), k/v (S, Hkv, D) f32, start (1) i32/i64, dout (T, Hq, D) f32;
 // f[0] scale -> packed (T*Hq*D + 2*S*Hkv*D) f32.

@@ -6,6 +6,7 @@
 
 #include "../backend.h"
 #include "op_rules.h"
+#include "rope_layout.h"
 #include "ops.h"
 
 typedef tpr_status (*infer_fn)(const tpr_tensor *const *in, const tpr_op_attrs *attrs, tpr_tensor *out);
@@ -316,23 +317,7 @@ static tpr_status infer_embedding_shard(const tpr_tensor *const *in, const tpr_o
 }
 
 static tpr_status infer_rope(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
-  const tpr_tensor *x = in[0], *pos = in[1];
-  TPR_CHECK(tpr__need_dtype("rope", x, TPR_F32, "x"));
-  TPR_CHECK(tpr__need_index_dtype("rope", pos));
-  TPR_CHECK(tpr__need_ndim("rope", x, 3, "x", "(T, heads, D)"));
-  if (pos->ndim != 1 || pos->shape[0] != x->shape[0])
-    return TPR_FAIL(TPR_ERR_SHAPE, "rope: positions must be (T) = (%lld), got %d-D with first dim %lld",
-                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
-  if (at->n_i < 1 || at->n_f < 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope: needs i[0] rotary_dim and f[0] theta");
-  int64_t rd = at->i[0], D = x->shape[2];
-  if (rd <= 0 || rd % 2 || rd > D)
-    return TPR_FAIL(TPR_ERR_SHAPE, "rope: rotary_dim %lld must be even and in (0, D = %lld]", (long long)rd,
-                    (long long)D);
-  if (!(at->f[0] > 0) || isinf(at->f[0]))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope: theta %g must be finite and > 0", (double)at->f[0]);
-  tpr__set_contiguous(out, TPR_F32, 3, x->shape);
-  return TPR_OK;
+  return tpr__rope_check("rope", in[0], in[1], at, out);
 }
 
 // Shared by attention (k, v) and cache_write (cache, new): a (rows, Hkv, D) tensor.

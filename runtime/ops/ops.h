@@ -39,7 +39,8 @@ typedef enum tpr_op_kind {
   TPR_OP_SUM_SQUARES = 16,      // in (x (..., N)); out (..., 1) = sum x^2, double accumulation
   TPR_OP_RMS_SCALE = 17,        // in (x (..., N), sumsq (..., 1), weight (N)); f[0] divisor, f[1] eps
   TPR_OP_EMBEDDING_SHARD = 18,  // in (table (Vl, H), ids (...) i32/i64, shard (1) i32/i64); out (..., H)
-  TPR_OP_ROPE = 19,             // in (x (T, heads, D), pos (T) i32/i64); i[0] rotary_dim; f[0] theta
+  TPR_OP_ROPE = 19,             // in (x (T, heads, D), pos (T) i32/i64); i[0] rotary_dim; f[0] theta;
+                                // variants (pairing, MRoPE pos (3, T)): i[1..5], ops/rope_layout.h
   TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale
   TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
   TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Writes the Qwen3-VL-MoE golden-test fixture (tests/fixtures/qwen3_vl_moe_tiny):
+the text decoder of a tiny random Qwen3VLMoeForConditionalGeneration built
+with Hugging Face transformers' own classes, and its logits on a text prompt
+with 3-D (temporal, height, width) MRoPE positions that contain an image-like
+block: 3 text tokens, a 2x3 grid (t constant, h/w varying, offset by the
+start position as get_rope_index does), then text continuing at max + 1.
+
+    scripts/reference/.venv/bin/python scripts/reference/make_qwen3_vl_moe_fixture.py
+
+Outputs:
+  config.json        what save_pretrained writes (model_type qwen3_vl_moe,
+                     text_config nested, rope_parameters with mrope_section
+                     and mrope_interleaved)
+  model.safetensors  the TEXT DECODER's weights renamed to the Qwen3-MoE
+                     layout tpr loads: model.language_model.X -> model.X, and
+                     the fused experts gate_up_proj (E, 2F, H) / down_proj
+                     (E, H, F) split per expert into
+                     experts.{e}.gate_proj/up_proj/down_proj.weight. The
+                     vision tower's weights are left out (not run by tpr).
+                     transformers cannot load this file; the references come
+                     from the model it saved and reloaded itself.
+  reference.safetensors
+      tokens (i64 [T]), pos3 (i64 [3, T]) the MRoPE positions, logits
+      [T, V] f32 from the language model called with position_ids = pos3;
+      greedy (i64 [G]) the next G greedy tokens, each at MRoPE position
+      max(pos3) + 1 + j on every axis (transformers' rope_deltas),
+      greedy_logits [G, V] the logits each was chosen from;
+      text_tokens (i64 [Tt]) a text-only prompt, text_greedy (i64 [Gt]) what
+      Qwen3VLMoeForConditionalGeneration.generate (greedy, KV cache; its own
+      text-only position ids) continues it with, text_greedy_logits [Gt, V].
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+transformers.utils.logging.disable_progress_bar()
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def fail(msg):
+    print(f"make_qwen3_vl_moe_fixture: FAILED: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=8, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+            rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
+                             "mrope_interleaved": True})
+VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
+              spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0], num_position_embeddings=16)
+
+
+def randomize(model, gen):
+    """Every text-decoder parameter drawn fresh from `gen`, in state_dict order."""
+    new = {}
+    for name, t in model.state_dict().items():
+        shape = tuple(t.shape)
+        if "visual" in name:
+            v = 0.02 * torch.randn(shape, generator=gen)  # never run; drawn so the file is deterministic
+        elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            v = 1.0 + 0.3 * torch.randn(shape, generator=gen)  # RMSNorm gains around 1, not ones
+        elif name.endswith("embed_tokens.weight"):
+            v = torch.randn(shape, generator=gen)
+        elif name.endswith("mlp.gate.weight"):
+            v = 1.5 * torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # router logits ~ N(0, 1.5^2)
+        elif t.dim() in (2, 3):
+            v = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # Linear / fused experts (.., out, in)
+        else:
+            fail(f"no initialisation rule for {name} {shape}")
+        new[name] = v.to(t.dtype)
+    model.load_state_dict(new, strict=True)
+
+
+def positions(n_text_a, grid_h, grid_w, n_text_b):
+    """(3, T) MRoPE positions as get_rope_index lays out text + one image."""
+    rows = [[], [], []]
+    for i in range(n_text_a):
+        for a in range(3):
+            rows[a].append(i)
+    start = n_text_a
+    for h in range(grid_h):
+        for w in range(grid_w):
+            rows[0].append(start)
+            rows[1].append(start + h)
+            rows[2].append(start + w)
+    nxt = max(max(r) for r in rows) + 1
+    for i in range(n_text_b):
+        for a in range(3):
+            rows[a].append(nxt + i)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def lm_logits(model, tokens, pos3):
+    with torch.no_grad():
+        out = model.model.language_model(input_ids=tokens[None, :], position_ids=pos3[:, None, :], use_cache=False)
+        return model.lm_head(out.last_hidden_state)[0].float()
+
+
+def to_tpr_layout(sd, F):
+    """The text decoder under Qwen3-MoE's per-expert hub names."""
+    out = {}
+    for name, t in sd.items():
+        if "visual" in name:
+            continue
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model."):]
+        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2F, H): gate rows first (chunk(2) in the modeling code)
+            base = name[: -len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :F].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, F:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):  # (E, H, F)
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t.contiguous()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_vl_moe_tiny"))
+    ap.add_argument("--seed", type=int, default=2718)
+    ap.add_argument("--gen", type=int, default=4)
+    ap.add_argument("--text-len", type=int, default=7)
+    ap.add_argument("--text-gen", type=int, default=6)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    config = Qwen3VLMoeConfig(text_config=TEXT, vision_config=VISION, tie_word_embeddings=False)
+    tc = config.text_config
+    if 2 * tc.moe_intermediate_size == tc.hidden_size:
+        fail("2F == H makes the fused expert layout ambiguous; pick other sizes")
+    model = Qwen3VLMoeForConditionalGeneration(config).float().eval()
+    model.set_attn_implementation("eager")
+    randomize(model, gen)
+
+    pos3 = positions(3, 2, 3, 3)
+    T = pos3.shape[1]
+    V = tc.vocab_size
+    tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
+    text_tokens = torch.randint(0, V, (args.text_len,), generator=gen, dtype=torch.int64)
+
+    os.makedirs(args.out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="qwen3vl_fixture_")
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(args.out, "config.json"))
+        ref = Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
+                                                                 attn_implementation="eager").eval()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rsd, msd = ref.state_dict(), model.state_dict()
+    for n, t in msd.items():
+        if not torch.equal(rsd[n], t):
+            fail(f"reloaded {n} differs from the generated weight")
+    emb = ref.model.language_model.embed_tokens.weight
+    if ref.lm_head.weight.data_ptr() == emb.data_ptr():
+        fail("lm_head is tied to embed_tokens; the fixture wants them apart")
+    conv = to_tpr_layout(rsd, tc.moe_intermediate_size)
+    save_file(conv, os.path.join(args.out, "model.safetensors"))
+
+    out = {"tokens": tokens, "pos3": pos3, "logits": lm_logits(ref, tokens, pos3)}
+    # Controls measured here too: 1-D positions must give other logits.
+    flat = torch.arange(T)[None, :].expand(3, -1)
+    d_flat = float((lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
+    # Greedy decode continuing at max + 1 on every axis (rope_deltas).
+    seq, p3, glog, greedy = tokens.clone(), pos3.clone(), [], []
+    nxt = int(pos3.max()) + 1
+    for j in range(args.gen):
+        lg = lm_logits(ref, seq, p3)[-1]
+        tok = int(lg.argmax())
+        glog.append(lg)
+        greedy.append(tok)
+        seq = torch.cat([seq, torch.tensor([tok])])
+        p3 = torch.cat([p3, torch.full((3, 1), nxt + j, dtype=torch.int64)], dim=1)
+    out["greedy"] = torch.tensor(greedy, dtype=torch.int64)
+    out["greedy_logits"] = torch.stack(glog)
+    with torch.no_grad():
+        g = ref.generate(text_tokens[None, :], max_new_tokens=args.text_gen, min_new_tokens=args.text_gen,
+                         do_sample=False, num_beams=1, use_cache=True, output_logits=True,
+                         return_dict_in_generate=True)
+    out["text_tokens"] = text_tokens
+    out["text_greedy"] = g.sequences[0, args.text_len:].clone().to(torch.int64)
+    out["text_greedy_logits"] = torch.stack([x[0].float() for x in g.logits])
+    if out["text_greedy"].shape[0] != args.text_gen:
+        fail("generate returned the wrong number of tokens")
+    top2 = torch.cat([out["greedy_logits"], out["text_greedy_logits"]]).topk(2, dim=-1).values
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(args.out, "reference.safetensors"))
+    size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
+    with safe_open(os.path.join(args.out, "model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__, "seed": args.seed,
+                      "T": T, "pos3": pos3.tolist(), "tensors": len(names), "first_tensors": names[:4],
+                      "max_abs_logit_change_with_1d_positions": d_flat, "greedy": greedy, "text_greedy": out["text_greedy"].tolist(),
+                      "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()), "bytes": size}, indent=1))
+    if d_flat < 1e-3:
+        fail("1-D positions give the same logits; the prompt does not exercise MRoPE")
+    if size > 1 << 20:
+        fail(f"the fixture takes {size} bytes, over 1 MB")
+
+
+if __name__ == "__main__":
+    main()
