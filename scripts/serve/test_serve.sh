@@ -303,8 +303,9 @@ MCHAT=$(curl -s "$URL/v1/chat/completions" -d '{"messages":[{"role":"system","co
 MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>\n' 8)
 [ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the MiniMax-M2 rendering" || fail "minimax chat '$MCHAT' != '$MEXP'"
 check_status 400 "a role minimax_m2 has no place for" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
-# SIGTERM during a long stream: cut off after 0.5 s with an error event; exit 0.
-curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": true}' >"$W/long" &
+# SIGTERM during a long stream (ignore_eos: no EOS may end it first): cut off
+# after 0.5 s with an error event; exit 0.
+curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": true, "ignore_eos": true}' >"$W/long" &
 LONG=$!
 for _ in $(seq 100); do [ -s "$W/long" ] && break; sleep 0.05; done
 T0=$(date +%s.%N)
