@@ -6,15 +6,18 @@
 // boundary with TPR_DEBUG_MEM_AVAILABLE standing in for the machine: the
 // exact byte count the error names loads, one byte less is refused (the
 // negative control: a check off by a block or a factor would fail one side).
+// And a real checkpoint (a sparse file) of twice the machine's memory.
 #define _GNU_SOURCE
 #include "test_util.h"
 #include "cli_util.h"
 
+#include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -137,6 +140,87 @@ static void test_checkpoint_larger_than_machine(void **state) {
   tt_run_done(&r);
 }
 
+static uint64_t meminfo_kib(const char *key) {
+  FILE *f = fopen("/proc/meminfo", "r");  // /proc files have no size to read up to
+  char line[256];
+  uint64_t v = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, key, strlen(key))) v = strtoull(line + strlen(key), NULL, 10);
+  if (f) fclose(f);
+  return v;
+}
+
+// A real checkpoint larger than the machine: the tiny model with its vocab
+// grown until embed + lm_head exceed 2 x MemTotal, the safetensors file
+// sparse (ftruncate: no disk is used, no byte of it is read).
+static void test_sparse_checkpoint_larger_than_machine(void **state) {
+  uint64_t total = meminfo_kib("MemTotal:") * 1024, avail = meminfo_kib("MemAvailable:") * 1024;
+  assert_true(total > 0);
+  const uint64_t row = 64 * sizeof(float);            // hidden_size 64, f32
+  uint64_t vocab = ((2 * total / (2 * row)) / 256 + 1) * 256;  // two (V, 64) tensors > 2 x MemTotal
+  char big[300];
+  snprintf(big, sizeof big, "%s/big", tmp_dir);
+  assert_int_equal(mkdir(big, 0755), 0);
+  // config.json: the fixture's with the new vocab_size.
+  char *cfg_text = tt_slurp(MODEL "/config.json", NULL);
+  cJSON *cfg = cJSON_Parse(cfg_text);
+  cJSON_ReplaceItemInObjectCaseSensitive(cfg, "vocab_size", cJSON_CreateNumber((double)vocab));
+  char *cfg_out = cJSON_Print(cfg);
+  tt_spit(tt_path(big, "config.json"), cfg_out, strlen(cfg_out));
+  free(cfg_text), free(cfg_out), cJSON_Delete(cfg);
+  // model.safetensors: the fixture's header, the two vocab tensors resized,
+  // every tensor's offsets laid out again in the same order.
+  size_t len;
+  unsigned char *st = (unsigned char *)tt_slurp(MODEL "/model.safetensors", &len);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; i++) hlen |= (uint64_t)st[i] << (8 * i);
+  cJSON *h = cJSON_ParseWithLength((const char *)st + 8, (size_t)hlen);
+  assert_non_null(h);
+  free(st);
+  uint64_t off = 0;
+  for (cJSON *t = h->child; t; t = t->next) {
+    if (!strcmp(t->string, "__metadata__")) continue;
+    cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+    if (!strcmp(t->string, "lm_head.weight") || !strcmp(t->string, "model.embed_tokens.weight"))
+      cJSON_ReplaceItemInArray(shape, 0, cJSON_CreateNumber((double)vocab));
+    uint64_t nb = sizeof(float);
+    for (cJSON *d = shape->child; d; d = d->next) nb *= (uint64_t)d->valuedouble;
+    cJSON *offs = cJSON_CreateArray();
+    cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+    cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + nb)));
+    cJSON_ReplaceItemInObjectCaseSensitive(t, "data_offsets", offs);
+    off += nb;
+  }
+  char *hdr = cJSON_PrintUnformatted(h);
+  cJSON_Delete(h);
+  size_t hl = strlen(hdr), padded = (hl + 7) / 8 * 8;
+  unsigned char *head = calloc(8 + padded, 1);
+  for (int i = 0; i < 8; i++) head[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  memcpy(head + 8, hdr, hl);
+  memset(head + 8 + hl, ' ', padded - hl);
+  const char *path = tt_path(big, "model.safetensors");
+  tt_spit(path, head, 8 + padded);
+  free(head), free(hdr);
+  if (truncate(path, (off_t)(8 + padded + off)) != 0) {
+    printf("  skipped: cannot make a sparse file of %llu bytes here\n", (unsigned long long)off);
+    return;
+  }
+  printf("  vocab %llu: a sparse checkpoint of %.1f GiB; MemTotal %.1f GiB, MemAvailable %.1f GiB\n",
+         (unsigned long long)vocab, (double)off / 1073741824.0, (double)total / 1073741824.0,
+         (double)avail / 1073741824.0);
+  const char *a[] = {"run", "--model", big, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", NULL};
+  double t0 = now_s();
+  run_result r = tt_run(tpr_path, tmp_dir, a, &(tt_run_opts){.timeout_s = 60});
+  printf("  tpr run: exit %d after %.2f s, largest child RSS so far %ld KiB\n    %s", r.code, now_s() - t0,
+         max_rss_kib(), r.err);
+  unlink(path), unlink(tt_path(big, "config.json")), rmdir(big);
+  if (r.code <= 0 || !strstr(r.err, "loading its weights") || !strstr(r.err, "refused before allocating"))
+    fail_msg("not a clean refusal by the loader (exit %d)", r.code);
+  assert_true(needed(r.err) >= off);
+  assert_true(max_rss_kib() < 512 * 1024);
+  tt_run_done(&r);
+}
+
 static int cleanup(void **state) {
   unlink(tt_path(tmp_dir, "stdout")), unlink(tt_path(tmp_dir, "stderr"));
   return rmdir(tmp_dir) == 0 ? 0 : -1;
@@ -150,6 +234,7 @@ int main(void) {
       cmocka_unit_test(test_kv_larger_than_machine),
       cmocka_unit_test(test_kv_boundary),
       cmocka_unit_test(test_checkpoint_larger_than_machine),
+      cmocka_unit_test(test_sparse_checkpoint_larger_than_machine),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
 }
