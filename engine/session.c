@@ -9,6 +9,7 @@
 #include "engine/family.h"
 #include "engine/session_impl.h"
 #include "engine/weight_dtype.h"
+#include "runtime/host_mem.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
@@ -177,7 +178,12 @@ static tpr_status alloc_pool(tpr_session *s) {
   const tpr_session_opts *o = &s->o;
   tpr_session_pool *p = &s->pool;
   uint64_t per_block = block_bytes(s);
-  int64_t blocks = p->batch * p->max_blocks;
+  int64_t blocks;
+  // --max-batch x --max-seq from the command line may overflow int64.
+  if (__builtin_mul_overflow(p->batch, p->max_blocks, &blocks))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "the KV pool: max_batch %lld x %lld blocks of %lld tokens (max_seq %lld) "
+                    "overflows", (long long)p->batch, (long long)p->max_blocks, (long long)p->block_size,
+                    (long long)o->max_seq);
   if (o->kv_cache_bytes > 0) {
     blocks = (int64_t)((uint64_t)o->kv_cache_bytes / per_block);
   } else if (o->kv_cache_fraction > 0) {
@@ -190,8 +196,19 @@ static tpr_status alloc_pool(tpr_session *s) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "the KV pool holds no block: a block takes %llu bytes on this rank "
                     "(%lld tokens x %d layers x K,V)", (unsigned long long)per_block, (long long)p->block_size,
                     (int)s->cfg.num_layers);
+  uint64_t bytes;
+  if (__builtin_mul_overflow((uint64_t)blocks, per_block, &bytes)) bytes = UINT64_MAX;
+  // Host memory: a pool larger than the machine fails here, on every rank
+  // (the caller agrees), rather than in the OOM killer at the zero fill.
+  if (s->be->vt->host_addressable) {
+    char what[200];
+    snprintf(what, sizeof what, "the KV pool (%lld blocks x %llu bytes: %s)", (long long)blocks,
+             (unsigned long long)per_block,
+             o->kv_cache_bytes > 0 ? "--kv-cache-bytes" : "--max-batch x --max-seq");
+    TPR_CHECK(tpr_host_mem_check(bytes, what));
+  }
   p->blocks = blocks;
-  p->bytes = (uint64_t)blocks * per_block;
+  p->bytes = bytes;
   const int64_t shape[4] = {blocks, p->block_size, s->plan.attn.kv_per_rank, s->cfg.head_dim};
   for (int64_t i = 0; i < 2 * s->cfg.num_layers; i++) {
     TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, shape, &s->pools[i]));
@@ -365,7 +382,7 @@ static tpr_status open_session(tpr_session *s) {
   if (o->training) return TPR_OK;
   s->pool.batch = o->max_batch > 0 ? o->max_batch : 1;
   s->pool.block_size = o->block_size > 0 ? o->block_size : 16;
-  s->pool.max_blocks = (o->max_seq + s->pool.block_size - 1) / s->pool.block_size;
+  s->pool.max_blocks = o->max_seq / s->pool.block_size + (o->max_seq % s->pool.block_size != 0);  // no overflow near INT64_MAX
   return TPR_OK;
 }
 

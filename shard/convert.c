@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +211,56 @@ done:
 
 static bool is_converted_dir(const char *dir) { return is_converted(dir); }
 
+// What a killed convert leaves in its "<out>.tmp-<pid>": converted files and
+// the safetensors writer's partial "<file>.tmp.<pid>".
+static bool stale_file(const char *name) {
+  const char *t = strstr(name, ".tmp.");
+  char base[96];
+  if (t && t[5] && strspn(t + 5, "0123456789") == strlen(t + 5) && (size_t)(t - name) < sizeof base) {
+    memcpy(base, name, (size_t)(t - name));
+    base[t - name] = 0;
+    name = base;
+  }
+  return converted_file(name);
+}
+
+// "<out>.tmp-<pid>" directories of earlier runs: removed when that process is
+// gone (a convert that was killed: its files are ours and useless), reported
+// when it still runs (another convert into the same out, on this host; a pid
+// from another host sharing the file system cannot be told apart). A
+// directory holding files not of a conversion is reported and kept.
+static void clear_stale_tmps(const char *out) {
+  const char *slash = strrchr(out, '/');
+  char *parent = slash ? strndup(out, slash == out ? 1 : (size_t)(slash - out)) : strdup(".");
+  const char *base = slash ? slash + 1 : out;
+  size_t blen = strlen(base);
+  DIR *d = parent ? opendir(parent) : NULL;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    const char *n = e->d_name, *digits = n + blen + 5;
+    if (strncmp(n, base, blen) || strncmp(n + blen, ".tmp-", 5) || !*digits ||
+        strspn(digits, "0123456789") != strlen(digits))
+      continue;
+    long pid = strtol(digits, NULL, 10);
+    char *path = tpr_path_join(parent, n);
+    if (!path) break;
+    // Our own pid on it: a killed run whose pid this one reuses (mkdir of ours comes after).
+    if (pid > 0 && pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno == EPERM)) {
+      TPR_LOG_WRN("convert: %s belongs to process %ld, which is still running (another convert into %s?); "
+                  "left alone", path, pid, out);
+    } else if (tpr_dir_remove_flat(path, stale_file)) {
+      TPR_LOG_WRN("convert: removed %s, left by process %ld (no longer running) when it was stopped mid-convert",
+                  path, pid);
+    } else {
+      TPR_LOG_WRN("convert: %s, left by process %ld (no longer running), holds files that are not a conversion's; "
+                  "kept: remove it by hand", path, pid);
+    }
+    free(path);
+  }
+  if (d) closedir(d);
+  free(parent);
+}
+
 tpr_status tpr_convert(const char *src, const tpr_shard_plan *p, const char *out, tpr_dtype dt, bool force,
                        tpr_convert_stats *stats) {
   tpr_convert_stats local = {0};
@@ -231,6 +282,7 @@ tpr_status tpr_convert(const char *src, const tpr_shard_plan *p, const char *out
   for (size_t k = strlen(dir); k > 1 && dir[k - 1] == '/'; k--) dir[k - 1] = 0;  // "out/" names out, not a child
   out = dir;
   snprintf(tmp, n, "%s.tmp-%ld", out, (long)getpid());
+  clear_stale_tmps(out);
   if (mkdir(tmp, 0755) != 0) {
     tpr_status rc = TPR_FAIL(TPR_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     free(tmp), free(dir);

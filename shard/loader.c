@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "runtime/file_io.h"
+#include "runtime/host_mem.h"
 #include "shard/loader_impl.h"
 
 // A rank file without manifest.pb beside it is what an interrupted convert
@@ -227,6 +228,12 @@ tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *
     off = (off + nb + 63) & ~(uint64_t)63;  // each buffer 64-byte aligned, whatever its neighbours' dtypes
   }
   w.offset[n] = off;
+  // A checkpoint larger than the machine: refused here with its size, since
+  // the lazily touched arena below would otherwise end in the OOM killer
+  // halfway through the reads.
+  char what[96];
+  snprintf(what, sizeof what, "rank %d: loading its weights", l->mesh.world_rank);
+  TPR_CHECK_GOTO(tpr_host_mem_check(off, what), rc, fail);
   // Pages are touched only as buffers are filled, so resident memory grows
   // with the load, never beyond what the rank holds.
   if (off && posix_memalign((void **)&w.arena, 64, (size_t)off) != 0) {

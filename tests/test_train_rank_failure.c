@@ -353,6 +353,41 @@ static void test_kill_in_save(void **state) {
   kill_and_check(4, MESH("--tp", "2", "--dp", "2"), (int)tt_randint(1, 3), true);
 }
 
+// A rank stopped with SIGSTOP (a hung node, a debugger, swapping to death)
+// is alive to mpirun, so only the watchdog can end the job: the survivors'
+// watchdogs must ask it, get no answer, name it, and bring every rank down
+// within --comm-timeout + 5 s.
+static void test_stopped_rank(void **state) {
+  const int np = 2, victim = (int)tt_randint(0, 1);
+  const char *a[48];
+  int n = 0;
+  train_args(a, &n, MESH("--tp", "2"));
+  a[n++] = "--model", a[n++] = MODEL, a[n] = NULL;
+  job j = start(np, a, NULL);
+  double until = now_s() + 40;
+  char *out = NULL;
+  for (int step = -1; step < 1 && now_s() < until && waitpid(j.mpirun, NULL, WNOHANG) == 0; sleep_ms(20)) {
+    free(out);
+    out = tt_slurp(tt_path(tmp_dir, "stdout"), NULL);
+    step = last_step(out);
+  }
+  free(out);
+  if (!alive(j.rank[victim])) fail_msg("the run ended before a step: %s", tt_slurp(tt_path(tmp_dir, "stderr"), NULL));
+  double t = now_s();
+  assert_int_equal(kill(j.rank[victim], SIGSTOP), 0);
+  ended e = wait_all(&j, t);
+  printf("  np %d rank %d stopped (SIGSTOP) after rank 0 reported step %d: mpirun exit %d after %.2f s, last rank gone "
+         "after %.2f s (bound %.0f s)\n",
+         np, victim, last_step(e.out), e.code, e.mpirun_s, e.ranks_s, EXIT_BOUND_S);
+  if (e.code == 0) fail_msg("mpirun exited 0 with rank %d stopped", victim);
+  assert_true(e.mpirun_s <= EXIT_BOUND_S && e.ranks_s <= EXIT_BOUND_S);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d: no answer", victim);
+  if (!strstr(e.err, want)) fail_msg("the watchdog does not name the stopped rank (\"%s\"):\n%s", want, e.err);
+  printf("    the watchdog: \"%s\"\n", want);
+  free(e.out), free(e.err);
+}
+
 // Negative control: the checker and the resume must see a damaged
 // checkpoint (a truncated optimizer file of rank 1).
 static void test_damaged_checkpoint_is_refused(void **state) {
@@ -415,6 +450,7 @@ int main(void) {
       cmocka_unit_test(test_kill_mid_run),
       cmocka_unit_test(test_kill_in_save),
       cmocka_unit_test(test_damaged_checkpoint_is_refused),
+      cmocka_unit_test(test_stopped_rank),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
 }

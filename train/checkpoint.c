@@ -214,7 +214,16 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
     free(model);
     rc = tpr_comm_agree(world, mine);
   }
-  if (rc != TPR_OK && root) tpr_dir_remove_flat(tmp, our_file);
+  if (rc != TPR_OK) {
+    if (root) tpr_dir_remove_flat(tmp, our_file);
+    // The failed save was agreed, so the group still answers: hold every rank
+    // until rank 0 has cleared DIR.tmp, or the first rank to report the error
+    // (MPI_Abort) kills rank 0 mid-cleanup and leaves the partial save behind.
+    // (A broken group, TPR_ERR_COMM, is left to the watchdog; a plain
+    // all-reduce keeps the error message as it is.)
+    int64_t held = 0;
+    if (rc != TPR_ERR_COMM) (void)tpr_comm_all_reduce(world, &held, &held, 1, TPR_I64, TPR_MAX);
+  }
   free(tmp);
   return rc;
 }
