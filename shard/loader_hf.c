@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/log.h"
 #include "shard/loader_impl.h"
 
 typedef struct hf_ctx {
@@ -284,6 +285,21 @@ static tpr_status read_fused(hf_ctx *c, const hf_src *s, const tpr_shard_tensor 
   size_t slab = s->t->nbytes / (size_t)s->t->shape[0];  // the expert's bytes: released whatever the box touched
   tpr__drop_pages((const uint8_t *)s->t->data + (size_t)e * slab, slab);
   return TPR_OK;
+}
+
+void tpr__hf_layout_note(const tpr_loader *l) {
+  if (l->mesh.world_rank != 0) return;
+  int64_t visual = 0, fused = 0, prefixed = 0;
+  for (int i = 0; i < tpr_st_count(l->set); i++) {
+    const char *n = tpr_st_get(l->set, i)->name;
+    visual += !strncmp(n, "model.visual.", 13);
+    prefixed += !strncmp(n, VL_PREFIX, strlen(VL_PREFIX));
+    fused += strstr(n, ".mlp.experts.gate_up_proj") || strstr(n, ".mlp.experts.down_proj");
+  }
+  if (visual || prefixed || fused)
+    TPR_LOG_INF("loader: %s: %lld tensors under " VL_PREFIX ", %lld fused expert tensors (sliced per rank); "
+                "%lld vision-tower tensors (model.visual.*) are not read", l->dir, (long long)prefixed,
+                (long long)fused, (long long)visual);
 }
 
 tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it) {
