@@ -74,6 +74,7 @@ static tpr_status open_hf(tpr_loader *l) {
   free(text);
   free(cfg);
   TPR_CHECK(rc);
+  tpr__hf_layout_note(l);
   return tpr__load_items(l->plan, &l->mesh, l->moe, &l->items, &l->n, &l->kind_start);
 }
 

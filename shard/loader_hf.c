@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/log.h"
 #include "shard/loader_impl.h"
 
 typedef struct hf_ctx {
@@ -136,10 +137,66 @@ static const tpr_st_tensor *scale_of(const tpr_st_set *set, const tpr_st_tensor 
   return tpr_st_find(set, name);
 }
 
-tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it) {
-  const tpr_st_tensor *t = tpr_st_find(l->set, it->name);
-  if (!t) return l->plan->dtype;
-  return scale_of(l->set, t) ? TPR_BF16 : t->dtype;  // block-scaled FP8 means nothing without its scales
+// ---- Where an item lives in the checkpoint.
+//
+// Plan kinds carry the Qwen3-MoE / MiniMax-M2 hub names. A checkpoint of
+// transformers' Qwen3VLMoeForConditionalGeneration holds the text decoder
+// under "model.language_model." (lm_head stays at the top; model.visual.*
+// is the vision tower, which no plan kind names, so it is never read) and
+// each MoE layer's experts fused: mlp.experts.gate_up_proj (gate rows, then
+// up rows: the modeling code's chunk(2)) and mlp.experts.down_proj, in one
+// of two layouts:
+//  - the module's, which save_pretrained writes (transformers 5.23: the
+//    reverse of its load-time Transpose(1, 2, check_dims) leaves a tensor
+//    alone whose shape already matches the parameter): (E, 2I, H) and
+//    (E, H, I), each expert's slab an nn.Linear weight;
+//  - the hub releases': (E, H, 2I) and (E, I, H), transposed.
+// They are told apart by shape as transformers does: the module's shape
+// wins, so when 2I == H (I == H for down) the tensor is read untransposed,
+// exactly as transformers would read it.
+typedef enum src_part { SRC_WHOLE, SRC_GATE, SRC_UP, SRC_DOWN } src_part;
+
+typedef struct hf_src {
+  const tpr_st_tensor *t;  // the checkpoint tensor
+  src_part part;           // SRC_WHOLE: t is the item; else the item (expert it->expert) is this part of fused t
+  bool transposed;         // fused in the hub layout
+} hf_src;
+
+#define VL_PREFIX "model.language_model."
+
+// name, else (for "model.X") "model.language_model.X".
+static const tpr_st_tensor *find_prefixed(const tpr_st_set *set, const char *name) {
+  const tpr_st_tensor *t = tpr_st_find(set, name);
+  if (t || strncmp(name, "model.", 6)) return t;
+  char alt[2 * TPR_LOAD_NAME_MAX + sizeof VL_PREFIX];
+  snprintf(alt, sizeof alt, VL_PREFIX "%s", name + 6);
+  return tpr_st_find(set, alt);
+}
+
+// The fused tensor holding expert item `it` (".experts.{E}.gate_proj/
+// up_proj/down_proj.weight"), and which part it is; NULL if none.
+static const tpr_st_tensor *find_fused(const tpr_loader *l, const tpr_load_item *it, src_part *part) {
+  static const struct {
+    const char *suffix, *fused;
+    src_part part;
+  } forms[] = {{".gate_proj.weight", "gate_up_proj", SRC_GATE},
+               {".up_proj.weight", "gate_up_proj", SRC_UP},
+               {".down_proj.weight", "down_proj", SRC_DOWN}};
+  const tpr_shard_tensor *k = &l->plan->tensors[it->kind];
+  if (it->expert < 0 || (k->transform != TPR_XFORM_EXPERT_COLUMN && k->transform != TPR_XFORM_EXPERT_ROW))
+    return NULL;
+  const char *e = strstr(it->name, ".experts.");
+  if (!e) return NULL;
+  e += strlen(".experts.");
+  const char *rest = e + strspn(e, "0123456789");
+  for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+    if (strcmp(rest, forms[i].suffix)) continue;
+    char name[TPR_LOAD_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%.*s%s", (int)(e - it->name), it->name, forms[i].fused);
+    *part = forms[i].part;
+    return find_prefixed(l->set, name);
+  }
+  return NULL;
 }
 
 static void fmt_shape(const int64_t *s, int nd, char *buf, size_t n) {
@@ -148,29 +205,122 @@ static void fmt_shape(const int64_t *s, int nd, char *buf, size_t n) {
   if (k < n) snprintf(buf + k, n - k, ")");
 }
 
+static bool shape_is(const tpr_st_tensor *t, int nd, int64_t a, int64_t b, int64_t c) {
+  const int64_t want[3] = {a, b, c};
+  bool ok = t->ndim == nd;
+  for (int d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+  return ok;
+}
+
+// A fused expert tensor of either layout (see above), or TPR_ERR_FORMAT.
+static tpr_status check_fused(const tpr_loader *l, hf_src *s) {
+  const tpr_model_config *c = &l->plan->config;
+  int64_t E = c->num_experts, I = c->moe_intermediate_size, H = c->hidden_size, W = s->part == SRC_DOWN ? H : 2 * I;
+  int64_t Wt = s->part == SRC_DOWN ? I : H;  // (E, W, Wt): the module's layout
+  if (shape_is(s->t, 3, E, W, Wt)) s->transposed = false;
+  else if (shape_is(s->t, 3, E, Wt, W)) s->transposed = true;
+  else {
+    char got[96];
+    fmt_shape(s->t->shape, s->t->ndim, got, sizeof got);
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: fused expert tensor '%s' has shape %s, but the model config gives "
+                    "(%lld, %lld, %lld) or, transposed as hub releases store it, (%lld, %lld, %lld)", s->t->path,
+                    s->t->name, got, (long long)E, (long long)W, (long long)Wt, (long long)E, (long long)Wt,
+                    (long long)W);
+  }
+  if (s->t->dtype == TPR_F8E4M3 && scale_of(l->set, s->t))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: fused expert tensor '%s' is FP8 with block scales; tpr reads block "
+                    "scales of 2-D weights only", s->t->path, s->t->name);
+  return TPR_OK;
+}
+
 // The checkpoint tensor behind `it`, present and of the planned shape.
-static tpr_status find_checked(const tpr_loader *l, const tpr_load_item *it, const tpr_st_tensor **out) {
+static tpr_status find_checked(const tpr_loader *l, const tpr_load_item *it, hf_src *out) {
   const tpr_shard_tensor *k = &l->plan->tensors[it->kind];
-  const tpr_st_tensor *t = tpr_st_find(l->set, it->name);
+  *out = (hf_src){.t = find_prefixed(l->set, it->name), .part = SRC_WHOLE};
+  if (!out->t && (out->t = find_fused(l, it, &out->part))) return check_fused(l, out);
+  const tpr_st_tensor *t = out->t;
   if (!t)
-    return TPR_FAIL(TPR_ERR_FORMAT, "tensor '%s' is missing from the checkpoint %s (no file of it holds it)", it->name,
-                    l->dir);
+    return TPR_FAIL(TPR_ERR_FORMAT, "tensor '%s' is missing from the checkpoint %s (no file of it holds it%s)",
+                    it->name, l->dir, strncmp(it->name, "model.", 6) ? "" : ", nor under " VL_PREFIX);
   bool ok = t->ndim == k->ndim;
   for (int d = 0; ok && d < k->ndim; d++) ok = t->shape[d] == k->global_shape[d];
   if (!ok) {
     char got[96], want[96];
     fmt_shape(t->shape, t->ndim, got, sizeof got);
     fmt_shape(k->global_shape, k->ndim, want, sizeof want);
-    return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s' has shape %s, but the model config gives %s", t->path, it->name,
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s' has shape %s, but the model config gives %s", t->path, t->name,
                     got, want);
   }
-  *out = t;
   return TPR_OK;
 }
 
+// Expert `e`'s part of a fused tensor, this rank's etp slice only: gate/up
+// rows [r0, r0+Ir) of the logical (I, H), down columns [r0, r0+Ir) of the
+// logical (H, I). A transposed source is read as its (H, Ir) / (Ir, H) box
+// and transposed while copying.
+static tpr_status read_fused(hf_ctx *c, const hf_src *s, const tpr_shard_tensor *k, const tpr_mesh *m, int64_t e,
+                             uint8_t *dst) {
+  const int64_t I = k->transform == TPR_XFORM_EXPERT_COLUMN ? k->global_shape[0] : k->global_shape[1];
+  const int64_t H = k->transform == TPR_XFORM_EXPERT_COLUMN ? k->global_shape[1] : k->global_shape[0];
+  const int64_t Ir = k->transform == TPR_XFORM_EXPERT_COLUMN ? k->rank_shape[0] : k->rank_shape[1];
+  const int64_t r0 = m->etp_rank * Ir + (s->part == SRC_UP ? I : 0);  // along the fused I (2I) axis
+  const bool down = s->part == SRC_DOWN;
+  // Module layout: gate/up (E, 2I, H) rows, down (E, H, I) columns; the box is dst itself.
+  // Hub layout: gate/up (E, H, 2I) columns, down (E, I, H) rows; the box is dst transposed.
+  int64_t start[3] = {e, 0, 0}, len[3] = {1, 0, 0};
+  bool rows = down == s->transposed;  // the I axis is dim 1
+  start[rows ? 1 : 2] = r0;
+  len[1] = rows ? Ir : H, len[2] = rows ? H : Ir;
+  size_t bytes = (size_t)(Ir * H) * c->esz;
+  uint8_t *box = s->transposed ? malloc(bytes ? bytes : 1) : dst;
+  if (!box) return TPR_FAIL(TPR_ERR_OOM, "out of memory reading '%s'", s->t->name);
+  tpr_status rc = tpr_st_read(c->set, s->t->name, start, len, c->dt, box);
+  if (rc == TPR_OK && s->transposed)  // box (len[1], len[2]) -> dst (len[2], len[1])
+    for (int64_t i = 0; i < len[1]; i++)
+      for (int64_t j = 0; j < len[2]; j++)
+        memcpy(dst + (size_t)(j * len[1] + i) * c->esz, box + (size_t)(i * len[2] + j) * c->esz, c->esz);
+  if (s->transposed) free(box);
+  TPR_CHECK(rc);
+  c->read += (uint64_t)(Ir * H) * tpr_dtype_size(s->t->dtype);
+  size_t slab = s->t->nbytes / (size_t)s->t->shape[0];  // the expert's bytes: released whatever the box touched
+  tpr__drop_pages((const uint8_t *)s->t->data + (size_t)e * slab, slab);
+  return TPR_OK;
+}
+
+void tpr__hf_layout_note(const tpr_loader *l) {
+  if (l->mesh.world_rank != 0) return;
+  int64_t visual = 0, fused = 0, prefixed = 0;
+  for (int i = 0; i < tpr_st_count(l->set); i++) {
+    const char *n = tpr_st_get(l->set, i)->name;
+    visual += !strncmp(n, "model.visual.", 13);
+    prefixed += !strncmp(n, VL_PREFIX, strlen(VL_PREFIX));
+    fused += strstr(n, ".mlp.experts.gate_up_proj") || strstr(n, ".mlp.experts.down_proj");
+  }
+  if (visual || prefixed || fused)
+    TPR_LOG_INF("loader: %s: %lld tensors under " VL_PREFIX ", %lld fused expert tensors (sliced per rank); "
+                "%lld vision-tower tensors (model.visual.*) are not read", l->dir, (long long)prefixed,
+                (long long)fused, (long long)visual);
+}
+
+tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it) {
+  src_part part;
+  const tpr_st_tensor *t = find_prefixed(l->set, it->name);
+  if (!t) t = find_fused(l, it, &part);
+  if (!t) return l->plan->dtype;
+  return scale_of(l->set, t) ? TPR_BF16 : t->dtype;  // block-scaled FP8 means nothing without its scales
+}
+
 tpr_status tpr__hf_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, void *dst, uint64_t *bytes_read) {
-  const tpr_st_tensor *t = NULL;
-  TPR_CHECK(find_checked(l, it, &t));
+  hf_src src;
+  TPR_CHECK(find_checked(l, it, &src));
+  const tpr_st_tensor *t = src.t;
+  if (src.part != SRC_WHOLE) {  // check_fused refused block-scaled FP8
+    if (dt == TPR_LOAD_SOURCE_DTYPE) dt = t->dtype;
+    hf_ctx c = {.set = l->set, .t = t, .dt = dt, .esz = tpr_dtype_size(dt)};
+    TPR_CHECK(read_fused(&c, &src, &l->plan->tensors[it->kind], &l->mesh, it->expert, dst));
+    if (bytes_read) *bytes_read += c.read;
+    return TPR_OK;
+  }
   const tpr_st_tensor *scale = scale_of(l->set, t);
   if (dt == TPR_LOAD_SOURCE_DTYPE) dt = scale ? TPR_BF16 : t->dtype;
   if (scale && dt == TPR_F8E4M3)
@@ -250,7 +400,7 @@ bool tpr__hf_kind_fp8(const tpr_loader *l, int kind) {
   bool any = false;
   for (int64_t i = 0; i < l->n; i++) {
     if (l->items[i].kind != kind) continue;
-    const tpr_st_tensor *t = tpr_st_find(l->set, l->items[i].name);
+    const tpr_st_tensor *t = find_prefixed(l->set, l->items[i].name);  // fused experts: never kept as FP8
     if (!t || !scale_of(l->set, t)) return false;
     any = true;
   }
@@ -275,9 +425,9 @@ int tpr__hf_fp8_block(const tpr_loader *l, int kind) {
 
 tpr_status tpr__hf_read_fp8(tpr_loader *l, const tpr_load_item *it, int block, uint8_t *dst, float *scale,
                             uint64_t *bytes_read) {
-  const tpr_st_tensor *t = NULL;
-  TPR_CHECK(find_checked(l, it, &t));
-  const tpr_st_tensor *st = scale_of(l->set, t);
+  hf_src src;
+  TPR_CHECK(find_checked(l, it, &src));
+  const tpr_st_tensor *t = src.t, *st = src.part == SRC_WHOLE ? scale_of(l->set, t) : NULL;
   const tpr_shard_tensor *k = &l->plan->tensors[it->kind];
   if (!st || k->ndim != 2 || block < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: tensor '%s' is not a block-scaled FP8 matrix", t->path, it->name);

@@ -49,6 +49,9 @@ void tpr__drop_pages(const void *data, size_t nbytes);
 // Transform reads from a Hugging Face set (loader_hf.c).
 tpr_status tpr__hf_read(tpr_loader *l, const tpr_load_item *it, tpr_dtype dt, void *dst, uint64_t *bytes_read);
 tpr_dtype tpr__hf_item_dtype(const tpr_loader *l, const tpr_load_item *it);
+// One info line on world rank 0 when the set is in transformers' Qwen3-VL-MoE
+// layout (language_model prefix, fused experts, a vision tower not read).
+void tpr__hf_layout_note(const tpr_loader *l);
 // FP8 kept as FP8 (loader.h: tpr_loader_fp8_block, tpr_loader_read_fp8).
 int tpr__hf_fp8_block(const tpr_loader *l, int kind);
 bool tpr__hf_kind_fp8(const tpr_loader *l, int kind);

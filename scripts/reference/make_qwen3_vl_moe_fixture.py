@@ -12,14 +12,15 @@ Outputs:
   config.json        what save_pretrained writes (model_type qwen3_vl_moe,
                      text_config nested, rope_parameters with mrope_section
                      and mrope_interleaved)
-  model.safetensors  the TEXT DECODER's weights renamed to the Qwen3-MoE
-                     layout tpr loads: model.language_model.X -> model.X, and
-                     the fused experts gate_up_proj (E, 2F, H) / down_proj
-                     (E, H, F) split per expert into
-                     experts.{e}.gate_proj/up_proj/down_proj.weight. The
-                     vision tower's weights are left out (not run by tpr).
-                     transformers cannot load this file; the references come
-                     from the model it saved and reloaded itself.
+  model.safetensors  what save_pretrained writes, untouched: the text decoder
+                     under model.language_model.*, lm_head.weight, the fused
+                     experts mlp.experts.gate_up_proj (E, 2F, H) and down_proj
+                     (E, H, F) (the module's layout: transformers 5.23 writes
+                     them as it holds them; hub releases hold them transposed,
+                     (E, H, 2F) / (E, F, H), and tpr reads both), and the
+                     vision tower's model.visual.* (not run by tpr). The
+                     references come from the model transformers saved and
+                     reloaded from this very file.
   reference.safetensors
       tokens (i64 [T]), pos3 (i64 [3, T]) the MRoPE positions, logits
       [T, V] f32 from the language model called with position_ids = pos3;
@@ -109,28 +110,6 @@ def lm_logits(model, tokens, pos3):
         return model.lm_head(out.last_hidden_state)[0].float()
 
 
-def to_tpr_layout(sd, F):
-    """The text decoder under Qwen3-MoE's per-expert hub names."""
-    out = {}
-    for name, t in sd.items():
-        if "visual" in name:
-            continue
-        if name.startswith("model.language_model."):
-            name = "model." + name[len("model.language_model."):]
-        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2F, H): gate rows first (chunk(2) in the modeling code)
-            base = name[: -len("gate_up_proj")]
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = t[e, :F].contiguous()
-                out[f"{base}{e}.up_proj.weight"] = t[e, F:].contiguous()
-        elif name.endswith("mlp.experts.down_proj"):  # (E, H, F)
-            base = name[: -len("down_proj")]
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
-        else:
-            out[name] = t.contiguous()
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_vl_moe_tiny"))
@@ -147,8 +126,8 @@ def main():
 
     config = Qwen3VLMoeConfig(text_config=TEXT, vision_config=VISION, tie_word_embeddings=False)
     tc = config.text_config
-    if 2 * tc.moe_intermediate_size == tc.hidden_size:
-        fail("2F == H makes the fused expert layout ambiguous; pick other sizes")
+    if tc.hidden_size in (tc.moe_intermediate_size, 2 * tc.moe_intermediate_size):
+        fail("F == H or 2F == H makes the fused expert layout ambiguous; pick other sizes")
     model = Qwen3VLMoeForConditionalGeneration(config).float().eval()
     model.set_attn_implementation("eager")
     randomize(model, gen)
@@ -163,7 +142,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="qwen3vl_fixture_")
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(args.out, "config.json"))
+        for f in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(tmp, f), os.path.join(args.out, f))
         ref = Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
                                                                  attn_implementation="eager").eval()
     finally:
@@ -175,8 +155,6 @@ def main():
     emb = ref.model.language_model.embed_tokens.weight
     if ref.lm_head.weight.data_ptr() == emb.data_ptr():
         fail("lm_head is tied to embed_tokens; the fixture wants them apart")
-    conv = to_tpr_layout(rsd, tc.moe_intermediate_size)
-    save_file(conv, os.path.join(args.out, "model.safetensors"))
 
     out = {"tokens": tokens, "pos3": pos3, "logits": lm_logits(ref, tokens, pos3)}
     # Controls measured here too: 1-D positions must give other logits.
@@ -208,8 +186,12 @@ def main():
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     with safe_open(os.path.join(args.out, "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
+        fused = {k: list(f.get_slice(k).get_shape()) for k in names if k.endswith("layers.0.mlp.experts.gate_up_proj")
+                 or k.endswith("layers.0.mlp.experts.down_proj")}
+    if not any(k.startswith("model.language_model.") for k in names) or len(fused) != 2:
+        fail(f"save_pretrained did not write the native layout: {names[:6]}")
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__, "seed": args.seed,
-                      "T": T, "pos3": pos3.tolist(), "tensors": len(names), "first_tensors": names[:4],
+                      "T": T, "pos3": pos3.tolist(), "tensors": len(names), "first_tensors": names[:4], "fused_experts": fused,
                       "max_abs_logit_change_with_1d_positions": d_flat, "greedy": greedy, "text_greedy": out["text_greedy"].tolist(),
                       "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()), "bytes": size}, indent=1))
     if d_flat < 1e-3:
