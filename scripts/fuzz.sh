@@ -37,7 +37,7 @@ done
 
 cc=""
 for c in clang clang-14 clang-15 clang-16; do command -v "$c" > /dev/null && { cc=$c; break; }; done
-[ -n "$cc" ] || { echo "fuzz.sh: clang not found (scripts/test.sh --fuzz-smoke installs it)" >&2; exit 1; }
+[ -n "$cc" ] || { echo "fuzz.sh: clang not found (scripts/test.sh installs it)" >&2; exit 1; }
 
 bd=build-fuzz
 if [ ! -f "$bd/CMakeCache.txt" ]; then
