@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/program.h"
 #include "runtime/tensor.h"
+#include "shard/safetensors.h"
+#include "train/npy.h"
 #include "test_util.h"
 
 static void test_shape_bounds(void **state) {
@@ -150,12 +153,66 @@ static void test_program_reproducer(void **state) {
   printf("invalid UTF-8 name: %s\n", tpr_last_error());
 }
 
+static const char *write_tmp(const char *suffix, const void *bytes, size_t n) {
+  static char path[64];
+  snprintf(path, sizeof path, "/tmp/tpr_shape_XXXXXX%s", suffix);
+  int fd = mkstemps(path, (int)strlen(suffix));
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, bytes, n), (ssize_t)n);
+  close(fd);
+  return path;
+}
+
+static tpr_status open_st(const char *dims, int64_t *dim1) {
+  char hdr[256], file[300];
+  int h = snprintf(hdr, sizeof hdr, "{\"a\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[0,0]}}", dims);
+  uint64_t len = (uint64_t)h;
+  memcpy(file, &len, 8);
+  memcpy(file + 8, hdr, (size_t)h);
+  const char *path = write_tmp(".safetensors", file, 8 + (size_t)h);
+  tpr_st_set *set = NULL;
+  tpr_status rc = tpr_st_open(path, &set);
+  if (rc == TPR_OK) *dim1 = tpr_st_find(set, "a")->shape[1];
+  tpr_st_close(set);
+  unlink(path);
+  return rc;
+}
+
+// Headers whose dims only pass the byte-count check because another dim is 0:
+// dims above 2^53 were always refused (JSON numbers are doubles), but before
+// the checked helper an empty tensor could carry a dim of up to 2^53, which
+// later products (views, programs built from the shape) overflow.
+static void test_outside_dims(void **state) {
+  int64_t d1 = -1;
+  TT_OK(open_st("0,5", &d1));  // control: an empty tensor with a sane dim opens
+  assert_int_equal(d1, 5);
+  assert_int_equal(open_st("0,9223372036854775813", &d1), TPR_ERR_FORMAT);
+  printf("safetensors [0, 2^63+5]: %s\n", tpr_last_error());
+  assert_int_equal(open_st("0,281474976710657", &d1), TPR_ERR_FORMAT);  // 2^48 + 1
+  printf("safetensors [0, 2^48+1]: %s\n", tpr_last_error());
+  // .npy: a shape whose byte size overflows int64 (the old message computed it signed).
+  char npy[128] = "\x93NUMPY\x01\x00";
+  const char *dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (4611686018427387905,), }";
+  size_t hl = 118 - 10;  // pad the header to 118 bytes + newline = 128
+  npy[8] = (char)(hl & 0xff), npy[9] = (char)(hl >> 8);
+  memset(npy + 10, ' ', hl);
+  memcpy(npy + 10, dict, strlen(dict));
+  npy[10 + hl - 1] = '\n';
+  const char *path = write_tmp(".npy", npy, 10 + hl);
+  tpr_npy *t = NULL;
+  assert_int_equal(tpr_npy_open(path, &t), TPR_ERR_FORMAT);
+  printf("npy shape (2^62+1,) of <i8: %s\n", tpr_last_error());
+  assert_non_null(strstr(tpr_last_error(), "too large"));
+  unlink(path);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shape_bounds),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_program_reproducer),
+      cmocka_unit_test(test_outside_dims),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
