@@ -15,8 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 // The scratch directory (created on first use, removed at exit).
 const char *fz_dir(void);
-// Writes data to fz_dir()/name (replacing it); returns the path (static
-// buffer per call site is not needed: the result lives until the next call).
+// Writes data to fz_dir()/name (replacing it); returns the path, valid
+// until the next call.
 const char *fz_write(const char *name, const uint8_t *data, size_t size);
 // tests/fixtures of the source tree the binary was built from.
 const char *fz_fixtures(void);

@@ -30,9 +30,7 @@ static void setup(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!conv[0]) setup();
-  char name[700];
-  snprintf(name, sizeof name, "conv/manifest.pb");
-  fz_write(name, data, size);
+  fz_write("conv/manifest.pb", data, size);
   tpr_loader *l = NULL;
   tpr_status rc = tpr_loader_open(conv, &plan, 0, &l);
   if (rc == TPR_OK) {
