@@ -2,12 +2,17 @@
 #include "runtime/cpu_isa.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "runtime/log.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 // -1 = not decided yet. Atomic because kernels on OpenMP threads may ask
 // while a test forces a level; every writer stores a complete value.
@@ -16,7 +21,11 @@ static _Atomic int g_active = -1;
 tpr_cpu_isa tpr_cpu_isa_detect(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for
+  // __builtin_cpu_supports, and the fuzz build (scripts/fuzz.sh) uses clang.
+  unsigned a, b, c = 0, d;
+  bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c))
     return TPR_ISA_PORTABLE;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))

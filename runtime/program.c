@@ -1,5 +1,6 @@
 // Building programs: values, nodes and the builder shorthands.
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,13 @@ tpr_status tpr_program_op(tpr_program *p, tpr_op_kind op, const tpr_value_id *in
   }
   tpr_value_rec rec = {.kind = TPR_VALUE_NODE, .producer = p->n_nodes, .base = p->n_values};
   TPR_CHECK(tpr__op_infer(op, descs, n_in, attrs, &rec.desc));
+  // Shape rules multiply and add input dims: a result past the element bound
+  // (bytes from outside, a bad build) is refused before anything is sized by it.
+  if (tpr_shape_check(rec.desc.ndim, rec.desc.shape) != TPR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpr_last_error());
+    return TPR_FAIL(TPR_ERR_SHAPE, "program: %s result: %s", tpr_op_name(op), why);
+  }
   rec.desc.storage = NULL;
   // A view lives in its input's memory; its offset stays relative to that base.
   if (tpr_op_is_view(op)) rec.base = p->values[in[0]].base;

@@ -127,7 +127,10 @@ static tpr_status load_node(tpr_program *p, const TprPb__Program *prog, size_t v
   bool same = pv->dtype == (int32_t)d->dtype && pv->n_shape == (size_t)d->ndim;
   for (size_t i = 0; same && i < pv->n_shape; i++) same = pv->shape[i] == d->shape[i];
   if (!same) return TPR_FAIL(TPR_ERR_FORMAT, "value %zu: stored dtype/shape disagree with its op", v);
-  if (pv->is_output) TPR_CHECK(tpr_program_output(p, out, pv->name));
+  if (pv->is_output) {
+    TPR_CHECK(tpr_name_check("program output", pv->name, strlen(pv->name)));
+    TPR_CHECK(tpr_program_output(p, out, pv->name));
+  }
   return TPR_OK;
 }
 
@@ -144,6 +147,16 @@ static tpr_status load(tpr_program *p, const TprPb__Program *prog) {
     if (pv->kind != TPR_VALUE_INPUT && pv->kind != TPR_VALUE_PARAM)
       return TPR_FAIL(TPR_ERR_FORMAT, "value %zu has unknown kind %d", v, pv->kind);
     if (pv->n_shape > TPR_MAX_DIMS) return TPR_FAIL(TPR_ERR_FORMAT, "value %zu has %zu dims", v, pv->n_shape);
+    // Names and shapes are the sender's word: both checked before the builder sizes anything by them.
+    char what[64];
+    snprintf(what, sizeof what, "program value %zu", v);
+    TPR_CHECK(tpr_name_check(what, pv->name, strlen(pv->name)));
+    if (!tpr_dtype_valid((tpr_dtype)pv->dtype)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: invalid dtype %d", what, pv->dtype);
+    if (tpr_shape_size_checked(what, (tpr_dtype)pv->dtype, (int)pv->n_shape, pv->shape, NULL, NULL) != TPR_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tpr_last_error());
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s", why);
+    }
     tpr_value_id id;
     tpr_status rc = (pv->kind == TPR_VALUE_INPUT ? tpr_program_input : tpr_program_param)(
         p, pv->name, (tpr_dtype)pv->dtype, (int)pv->n_shape, pv->shape, &id);

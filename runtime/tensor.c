@@ -21,12 +21,79 @@ tpr_status tpr_shape_check(int ndim, const int64_t *shape) {
   if (ndim > 0 && !shape) return TPR_FAIL(TPR_ERR_INVALID_ARG, "NULL shape for %d dims", ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 0) return TPR_FAIL(TPR_ERR_SHAPE, "dim %d has negative size %lld", i, (long long)shape[i]);
+  // A zero dim makes the tensor empty whatever the others are, but each dim
+  // alone must still be sane: strides are products of the trailing dims.
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    int64_t d = shape[i] > 0 ? shape[i] : 1;
+    if (shape[i] > TPR_SHAPE_MAX_NUMEL || __builtin_mul_overflow(n, d, &n) || n > TPR_SHAPE_MAX_NUMEL)
+      return TPR_FAIL(TPR_ERR_SHAPE, "shape has more than 2^48 elements (dim %d is %lld)", i, (long long)shape[i]);
+  }
+  return TPR_OK;
+}
+
+tpr_status tpr_shape_size_checked(const char *what, tpr_dtype dtype, int ndim, const int64_t *shape, int64_t *numel,
+                                  size_t *nbytes) {
+  if (!what) what = "tensor";
+  size_t es = tpr_dtype_size(dtype);
+  if (!tpr_dtype_valid(dtype) || es == 0) return TPR_FAIL(TPR_ERR_DTYPE, "%s: invalid dtype %d", what, (int)dtype);
+  if (tpr_shape_check(ndim, shape) != TPR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpr_last_error());
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s", what, why);
+  }
+  int64_t n = tpr_shape_numel(ndim, shape), b;
+  if (__builtin_mul_overflow(n, (int64_t)es, &b) || b > TPR_SHAPE_MAX_BYTES)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %lld elements of %zu bytes exceed 2^50 bytes", what, (long long)n, es);
+  if (numel) *numel = n;
+  if (nbytes) *nbytes = (size_t)b;
+  return TPR_OK;
+}
+
+tpr_status tpr_size_mul_checked(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out) {
+  int64_t r;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r) || r > limit)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %lld * %lld is negative or exceeds %lld", what ? what : "size", (long long)a,
+                    (long long)b, (long long)limit);
+  *out = r;
+  return TPR_OK;
+}
+
+bool tpr_utf8_valid(const char *str, size_t len) {
+  const unsigned char *s = (const unsigned char *)str;
+  for (size_t i = 0; i < len;) {
+    unsigned c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    int n = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
+    if (n < 0 || len - i <= (size_t)n) return false;  // a stray continuation, 0xc0/0xc1/0xf5+, or cut short
+    // The second byte's range excludes overlong forms, surrogates and > U+10FFFF.
+    unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (s[i + 1] < lo || s[i + 1] > hi) return false;
+    for (int k = 2; k <= n; k++)
+      if ((s[i + k] & 0xc0) != 0x80) return false;
+    i += (size_t)n + 1;
+  }
+  return true;
+}
+
+tpr_status tpr_name_check(const char *what, const char *name, size_t len) {
+  if (!what) what = "name";
+  if (!name || len == 0) return TPR_FAIL(TPR_ERR_FORMAT, "%s: empty name", what);
+  if (len > TPR_NAME_MAX) return TPR_FAIL(TPR_ERR_FORMAT, "%s: name of %zu bytes (limit %d)", what, len, TPR_NAME_MAX);
+  if (memchr(name, 0, len)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: name holds a NUL byte", what);
+  if (!tpr_utf8_valid(name, len)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: name is not valid UTF-8", what);
   return TPR_OK;
 }
 
 int64_t tpr_shape_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] == 0) return 0;  // empty, however large the other dims
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(n, shape[i], &n)) return INT64_MAX;
   return n;
 }
 
@@ -34,7 +101,7 @@ void tpr_shape_contiguous_strides(int ndim, const int64_t *shape, int64_t *strid
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; i--) {
     stride[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
+    if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s)) s = INT64_MAX;
   }
 }
 

@@ -60,11 +60,37 @@ int tpr_tensor_storage_refs(const tpr_tensor *t);
 // "f32(2,3,4)" into buf; returns buf.
 const char *tpr_tensor_describe(const tpr_tensor *t, char *buf, size_t cap);
 
-// Row-major strides for a shape.
+// Upper bounds on anything described by bytes from outside (programs,
+// checkpoint headers, manifests, configs, token files, CLI sizes): far above
+// any real tensor (a 1T-parameter model's largest is ~2^32 elements) and far
+// below int64 overflow, so sums and products of a few of them stay exact.
+#define TPR_SHAPE_MAX_NUMEL (INT64_C(1) << 48)
+#define TPR_SHAPE_MAX_BYTES (INT64_C(1) << 50)
+#define TPR_NAME_MAX 1024  // bytes of a tensor / value / file-format name
+
+// Row-major strides for a shape. Saturates at INT64_MAX instead of
+// overflowing (callers reject such shapes with tpr_shape_check).
 void tpr_shape_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+// Product of the dims; INT64_MAX when it would overflow (never UB).
 int64_t tpr_shape_numel(int ndim, const int64_t *shape);
-// Validates ndim and non-negative dims; a clear error names the bad dim.
+// Validates ndim, non-negative dims and numel <= TPR_SHAPE_MAX_NUMEL
+// (checked without overflow); a clear error names the bad dim.
 tpr_status tpr_shape_check(int ndim, const int64_t *shape);
+// The one checked helper for shapes that come from outside: tpr_shape_check
+// plus the byte size numel * dtype size <= TPR_SHAPE_MAX_BYTES. `what` names
+// the tensor in the error (e.g. "model.safetensors: tensor 'w'"). numel and
+// nbytes may be NULL. Errors: TPR_ERR_SHAPE, TPR_ERR_DTYPE.
+tpr_status tpr_shape_size_checked(const char *what, tpr_dtype dtype, int ndim, const int64_t *shape, int64_t *numel,
+                                  size_t *nbytes);
+// a * b for non-negative sizes from outside; TPR_ERR_SHAPE naming `what` if
+// the product exceeds `limit` (or overflows).
+tpr_status tpr_size_mul_checked(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out);
+// A name from outside: `len` bytes of valid UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF), no NUL, 1..TPR_NAME_MAX bytes.
+// Errors: TPR_ERR_FORMAT naming `what`.
+tpr_status tpr_name_check(const char *what, const char *name, size_t len);
+// True when s[0..len) is valid UTF-8 (the rule tpr_name_check applies).
+bool tpr_utf8_valid(const char *s, size_t len);
 
 // Internal: view geometry rules shared by tensor views and program view ops.
 // Each fills desc (same dtype/storage as t) with the view's shape, strides

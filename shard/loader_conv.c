@@ -17,6 +17,36 @@
 
 typedef TprManifest__Manifest manifest;
 
+// Every name and shape in the manifest is the file's word: checked with the
+// shared helpers before anything compares, sizes or prints by them.
+static tpr_status check_manifest_fields(const char *path, const manifest *m) {
+  char what[96];
+  for (size_t k = 0; k < m->n_kinds; k++) {
+    const TprManifest__Kind *g = m->kinds[k];
+    snprintf(what, sizeof what, "%s: kind %zu", path, k);
+    TPR_CHECK(tpr_name_check(what, g->name, strlen(g->name)));
+    if (g->n_global_shape > TPR_MAX_DIMS || g->n_rank_shape > TPR_MAX_DIMS ||
+        tpr_shape_check((int)g->n_global_shape, g->global_shape) != TPR_OK ||
+        tpr_shape_check((int)g->n_rank_shape, g->rank_shape) != TPR_OK)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s has an invalid shape", what);
+  }
+  for (size_t i = 0; i < m->n_shards; i++) {
+    const TprManifest__Shard *s = m->shards[i];
+    snprintf(what, sizeof what, "%s: shard %zu", path, i);
+    TPR_CHECK(tpr_name_check(what, s->file, strlen(s->file)));
+    for (size_t j = 0; j < s->n_tensors; j++) {
+      const TprManifest__Tensor *t = s->tensors[j];
+      snprintf(what, sizeof what, "%s: shard %zu tensor %zu", path, i, j);
+      TPR_CHECK(tpr_name_check(what, t->name, strlen(t->name)));
+      uint64_t end;
+      if (t->n_shape > TPR_MAX_DIMS || tpr_shape_check((int)t->n_shape, t->shape) != TPR_OK ||
+          t->nbytes > (uint64_t)TPR_SHAPE_MAX_BYTES || __builtin_add_overflow(t->offset, t->nbytes, &end))
+        return TPR_FAIL(TPR_ERR_FORMAT, "%s has an invalid shape, size or offset", what);
+    }
+  }
+  return TPR_OK;
+}
+
 static tpr_status read_manifest(const char *dir, manifest **out) {
   char *path = tpr_path_join(dir, "manifest.pb");
   if (!path) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
@@ -30,6 +60,7 @@ static tpr_status read_manifest(const char *dir, manifest **out) {
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s has format version %u; this build reads version %d", path,
                   m->format_version, TPR_MANIFEST_VERSION);
   else if (rc == TPR_OK && !m->mesh) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s has no mesh", path);
+  else if (rc == TPR_OK && check_manifest_fields(path, m) != TPR_OK) rc = TPR_ERR_FORMAT;
   free(path);
   if (rc != TPR_OK) {
     if (m) tpr_manifest__manifest__free_unpacked(m, NULL);

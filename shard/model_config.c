@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 
 #include "runtime/file_io.h"
+#include "runtime/tensor.h"
 
 // Sizes beyond this are not a model we could hold; the cap keeps every
 // product the planner forms well inside int64.
 #define SIZE_CAP ((int64_t)1 << 30)
+// Layers are looped over per config and per rank: far above any model (< 200).
+#define MAX_LAYERS 65536
 
 static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_MINIMAX_M2] = "minimax_m2",
@@ -210,6 +213,9 @@ static tpr_status parse_qwen3_moe(const cJSON *root, const char *origin, tpr_mod
   TPR_CHECK(get_int(root, origin, "num_experts_per_tok", true, 0, &c->experts_per_tok));
   TPR_CHECK(get_bool(root, origin, "norm_topk_prob", false, &c->norm_topk_prob));
   int64_t step;
+  if (c->num_layers > MAX_LAYERS)  // before the per-layer loop below runs that many times
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"num_hidden_layers\" %lld exceeds %d", origin, (long long)c->num_layers,
+                    MAX_LAYERS);
   TPR_CHECK(get_int(root, origin, "decoder_sparse_step", false, 1, &step));
   if (step < 1) return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"decoder_sparse_step\" must be >= 1, got %lld", origin, (long long)step);
   const cJSON *only = item(root, "mlp_only_layers");
@@ -364,6 +370,28 @@ tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *orig
     if (positive[i].v < 1 || positive[i].v > SIZE_CAP)
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be a positive integer, got %lld", origin, positive[i].key,
                       (long long)positive[i].v);
+  if (c->num_layers > MAX_LAYERS)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"num_hidden_layers\" %lld exceeds %d", origin, (long long)c->num_layers,
+                    MAX_LAYERS);
+  // Each field is capped, but tensors are products of them: the largest
+  // weights must pass the same element bound as any shape from outside.
+  struct {
+    const char *what;
+    int64_t a, b, c;
+  } weights[] = {
+      {"embed_tokens (vocab_size x hidden_size)", c->vocab_size, c->hidden_size, 1},
+      {"q_proj (num_attention_heads x head_dim x hidden_size)", c->num_heads, c->head_dim, c->hidden_size},
+      {"experts (num_experts x moe_intermediate_size x hidden_size)", c->num_experts, c->moe_intermediate_size,
+       c->hidden_size},
+      {"dense mlp (intermediate_size x hidden_size)", c->dense_intermediate_size, c->hidden_size, 1},
+      {"shared expert (intermediate_size x hidden_size)", c->shared_expert_intermediate_size, c->hidden_size, 1},
+  };
+  for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
+    int64_t ab, abc;
+    if (tpr_size_mul_checked(weights[i].what, weights[i].a, weights[i].b, TPR_SHAPE_MAX_NUMEL, &ab) != TPR_OK ||
+        tpr_size_mul_checked(weights[i].what, ab, weights[i].c, TPR_SHAPE_MAX_NUMEL, &abc) != TPR_OK)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: %s has more than 2^48 elements", origin, weights[i].what);
+  }
   if (c->num_heads % c->num_kv_heads)
     return TPR_FAIL(TPR_ERR_FORMAT,
                     "%s: \"num_key_value_heads\" %lld must divide \"num_attention_heads\" %lld (each KV head serves a "

@@ -118,17 +118,29 @@ static tpr_status parse_entry(const st_file *f, const char *name, const cJSON *i
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s': %d dims, more than TPR_MAX_DIMS (%d)", f->path, name, ndim,
                     TPR_MAX_DIMS);
   e->t.ndim = ndim;
-  uint64_t numel = 1;
   const cJSON *d;
   int i = 0;
   cJSON_ArrayForEach(d, shape) {
     uint64_t v;
     int err = json_u64(d, &v);
     if (err) return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s': dim %d %s", f->path, name, i, json_u64_why(err));
-    if (__builtin_mul_overflow(numel, v, &numel))
-      return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s': element count overflows", f->path, name);
+    // A dim past the bound is refused even beside a zero dim (an empty
+    // tensor): shapes are copied into tensors and programs, whose strides
+    // multiply them.
+    if (v > (uint64_t)TPR_SHAPE_MAX_NUMEL)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s': dim %d is %llu, more than 2^48", f->path, name, i,
+                      (unsigned long long)v);
     e->t.shape[i++] = (int64_t)v;
   }
+  char what[160];
+  snprintf(what, sizeof what, "%s: tensor '%.64s'", f->path, name);
+  int64_t checked_numel;
+  if (tpr_shape_size_checked(what, e->t.dtype, ndim, e->t.shape, &checked_numel, NULL) != TPR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpr_last_error());
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: tensor '%s': element count overflows the bound (%s)", f->path, name, why);
+  }
+  uint64_t numel = (uint64_t)checked_numel;
 
   uint64_t be[2];
   for (int k = 0; k < 2; k++) {
@@ -231,6 +243,10 @@ static tpr_status parse_header(tpr_st_set *s, st_file *f) {
       s->entries = grown, s->cap = cap;
     }
     st_entry *e = &s->entries[s->n];
+    if (tpr_name_check(f->path, name, strlen(name)) != TPR_OK) {
+      rc = TPR_ERR_FORMAT;
+      goto done;
+    }
     TPR_CHECK_GOTO(parse_entry(f, name, item, data_size, e), rc, done);
     if (!(e->t.name = strdup(name))) {
       rc = TPR_FAIL(TPR_ERR_OOM, "%s: out of memory indexing tensors", f->path);

@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/tensor.h"
+
 enum npy_kind { NPY_U2, NPY_U4, NPY_I4, NPY_I8 };
 
 struct tpr_npy {
@@ -193,9 +195,13 @@ static tpr_status check_layout(tpr_npy *t, const uint8_t *b, size_t len) {
   if (ndim != 1) return TPR_FAIL(TPR_ERR_FORMAT, "%s: token array must be 1-D, shape has %d dimensions", path, ndim);
   t->n = dims[0];
   size_t data_len = len - pre - hlen;
-  if ((uint64_t)t->n > SIZE_MAX / (size_t)t->itemsize || data_len != (size_t)t->n * (size_t)t->itemsize)
+  int64_t need;  // the checked size helper: the shape is the file's word, the byte count must not overflow
+  if (tpr_size_mul_checked(path, t->n, t->itemsize, TPR_SHAPE_MAX_BYTES, &need) != TPR_OK)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: shape (%lld,) of %s is too large for a token file", path, (long long)t->n,
+                    descr);
+  if (data_len != (uint64_t)need)
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: %zu bytes of data, but shape (%lld,) of %s needs %lld", path, data_len,
-                    (long long)t->n, descr, (long long)t->n * t->itemsize);
+                    (long long)t->n, descr, (long long)need);
   t->data = b + pre + hlen;
   return TPR_OK;
 }

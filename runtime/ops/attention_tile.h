@@ -10,19 +10,29 @@
 // operations, so a row's bits never depend on which other rows, threads or
 // work items share its tile.
 
+#ifndef ATT_SHUF2
+// GCC's __builtin_shuffle takes a mask vector; clang (the fuzz build) only
+// has __builtin_shufflevector with constant indices: the same lanes either way.
+#if defined(__clang__)
+#define ATT_SHUF2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define ATT_SHUF2(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+#endif
+
 // Lane u of the result: the sum of v[u]'s lanes, always in the order
 // ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
 static inline v8f ATT_FN(hsum8x8)(const v8f *v) {
   v8f t[4], w[2];
   for (int i = 0; i < 4; i++)
-    t[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], (v8i){0, 1, 2, 3, 8, 9, 10, 11}) +
-           __builtin_shuffle(v[2 * i], v[2 * i + 1], (v8i){4, 5, 6, 7, 12, 13, 14, 15});
+    t[i] = ATT_SHUF2(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           ATT_SHUF2(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
   for (int i = 0; i < 2; i++)
-    w[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], (v8i){0, 1, 8, 9, 4, 5, 12, 13}) +
-           __builtin_shuffle(t[2 * i], t[2 * i + 1], (v8i){2, 3, 10, 11, 6, 7, 14, 15});
-  const v8f x = __builtin_shuffle(w[0], w[1], (v8i){0, 2, 4, 6, 8, 10, 12, 14}) +
-                __builtin_shuffle(w[0], w[1], (v8i){1, 3, 5, 7, 9, 11, 13, 15});
-  return __builtin_shuffle(x, (v8i){0, 2, 1, 3, 4, 6, 5, 7});
+    w[i] = ATT_SHUF2(t[2 * i], t[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           ATT_SHUF2(t[2 * i], t[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  const v8f x = ATT_SHUF2(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                ATT_SHUF2(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
+  return ATT_SHUF2(x, x, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 
 // s[0, nk) := scale * (q . key j), keys krow[j] (row-major, D stride 1). A
