@@ -25,7 +25,6 @@ void fp_init(int *argc, char ***argv) {
   if (fp.R == 0) tt_seed_from_env();
 }
 
-int fp_finish(int failed) { return tt_mpi_finish(fp.world, failed); }
 
 int64_t fp_shared_seed(void) {
   int64_t seed = fp.R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
@@ -161,4 +160,10 @@ void fp_test_greedy_cached(const tpr_session_opts *o, const fp_ref *r, double bo
            kv_bound);
   if (!(vs_ref <= bound)) fail_msg("decoded logits differ from transformers' by %.3g", vs_ref);
   if (!(kv <= kv_bound)) fail_msg("cached decode differs from a full forward by %.3g", kv);
+}
+
+int fp_run(const struct CMUnitTest *tests, size_t n, fp_ref *ref) {
+  int failed = _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
+  if (ref) fp_free_ref(ref);
+  return tt_mpi_finish(fp.world, failed);
 }

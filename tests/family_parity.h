@@ -6,7 +6,12 @@
 #ifndef TPR_TEST_FAMILY_PARITY_H
 #define TPR_TEST_FAMILY_PARITY_H
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include <cmocka.h>
 
 #include "engine/session.h"
 #include "shard/safetensors.h"
@@ -60,7 +65,8 @@ void fp_test_control(const tpr_session_opts *o, const fp_ref *r, double bound, c
 // forward over the whole sequence.
 void fp_test_greedy_cached(const tpr_session_opts *o, const fp_ref *r, double bound, double kv_bound);
 
-// Every rank's verdict; frees the world.
-int fp_finish(int failed);
+// Runs the tests, frees ref (when not NULL) and returns every rank's
+// verdict (main's exit code); frees the world.
+int fp_run(const struct CMUnitTest *tests, size_t n, fp_ref *ref);
 
 #endif

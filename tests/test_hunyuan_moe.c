@@ -172,7 +172,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_control_no_shared_expert),
       cmocka_unit_test(test_capacity_layouts),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  fp_free_ref(&ref);
-  return fp_finish(failed);
+  return fp_run(tests, sizeof tests / sizeof *tests, &ref);
 }

@@ -194,6 +194,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_control_sectioned),
       cmocka_unit_test(test_refusals),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  return fp_finish(failed);
+  return fp_run(tests, sizeof tests / sizeof *tests, NULL);
 }

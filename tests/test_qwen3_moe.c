@@ -176,7 +176,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_control_full_norm),
       cmocka_unit_test(test_control_no_qk_collective),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  fp_free_ref(&ref);
-  return fp_finish(failed);
+  return fp_run(tests, sizeof tests / sizeof *tests, &ref);
 }

@@ -111,11 +111,15 @@ def two_prompt_args(doc, family, config_name):
 def make_two_prompt_fixture(args, config_cls, model_cls, router, check_model, tmp_prefix):
     """Builds model_cls from args.config (head_dim overridden to args.head_dim,
     which must then differ from hidden_size / heads), randomises it, checks it
-    (check_model(model, config) -> report entries), saves it to args.out and
-    writes the reference of the model reloaded from there:
-      tokens_a (i64 [Ta]), logits_a [Ta, V] f32; tokens_b, logits_b;
-      greedy_a (i64 [G]) generate's greedy continuation of a (KV cache),
-      greedy_logits_a [G, V] the logits each was chosen from."""
+    (check_model(model, config) -> report entries) and writes to args.out:
+      config.json         what save_pretrained writes (transformers' keys)
+      model.safetensors   save_pretrained's single file, per-expert hub naming
+      reference.safetensors
+          tokens_a (i64 [Ta]), logits_a [Ta, V] f32; tokens_b (i64 [Tb]), logits_b;
+          greedy_a (i64 [G]) the next G greedy tokens after tokens_a (generate,
+          KV cache), greedy_logits_a [G, V] the logits each one was chosen from.
+    The references come from the model reloaded with from_pretrained, so they
+    belong to the bytes on disk."""
     gen = seeded(args.seed)
     with open(args.config) as f:
         cfg = {k: v for k, v in json.load(f).items() if k not in ("architectures", "model_type", "torch_dtype")}

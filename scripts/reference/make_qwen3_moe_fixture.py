@@ -9,15 +9,7 @@ model's outputs on it.
 
     scripts/reference/.venv/bin/python scripts/reference/make_qwen3_moe_fixture.py
 
-Outputs:
-  config.json         what save_pretrained writes (transformers' keys)
-  model.safetensors   save_pretrained's single file, per-expert hub naming
-  reference.safetensors
-      tokens_a (i64 [Ta]), logits_a [Ta, V] f32; tokens_b (i64 [Tb]), logits_b;
-      greedy_a (i64 [G]) the next G greedy tokens after tokens_a (generate,
-      KV cache), greedy_logits_a [G, V] the logits each one was chosen from.
-The references come from the model reloaded with from_pretrained, so they
-belong to the bytes on disk. The steps are family_fixture.py's.
+Outputs: family_fixture.make_two_prompt_fixture's two-prompt fixture.
 """
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
