@@ -1,5 +1,6 @@
 // Hunyuan-MoE (transformers' HunYuanMoEV1ForCausalLM), tensor-parallel
-// inference: one rank-agnostic SPMD step program (engine/family.h's interface).
+// inference: one rank-agnostic SPMD step program (engine/family.h's interface),
+// built by models/qk_head_decoder.h from this family's descriptor:
 //
 //   x = vocab-parallel embedding (all-reduce over tp)
 //   per layer L (every layer is an MoE layer):
@@ -28,17 +29,9 @@
 
 #include "engine/family.h"
 
-typedef struct tpr_hunyuan_build_opts {
-  tpr_step_build_opts step;
-  // Negative control of the parity tests (never in real runs): normalise
-  // q/k, then rotate (Qwen3's order).
-  bool qk_norm_before_rope;
-} tpr_hunyuan_build_opts;
-
-tpr_status tpr_hunyuan_build(const tpr_shard_plan *plan, const tpr_hunyuan_build_opts *o, tpr_program **out);
-
 // The engine's entry (engine/family.c). Its build_step maps the session's
-// per_rank_qk_norm control to qk_norm_before_rope.
+// per_rank_qk_norm control to TPR_QK_CONTROL_SWAP_ORDER
+// (models/qk_head_decoder.h: normalise q/k, then rotate -- Qwen3's order).
 extern const tpr_family tpr_family_hunyuan_v1_moe;
 
 #endif

@@ -1,5 +1,6 @@
 // Qwen3-MoE (transformers' Qwen3MoeForCausalLM), tensor-parallel inference:
-// one rank-agnostic SPMD step program (engine/family.h's interface).
+// one rank-agnostic SPMD step program (engine/family.h's interface), built
+// by models/qk_head_decoder.h from this family's descriptor:
 //
 //   x = vocab-parallel embedding (all-reduce over tp)
 //   per layer L:
@@ -23,27 +24,13 @@
 #ifndef TPR_QWEN3_MOE_H
 #define TPR_QWEN3_MOE_H
 
-#include "engine/family.h"
-
-// Negative controls of the parity tests (never in real runs).
-typedef enum tpr_qwen3_qk_control {
-  TPR_QWEN3_QK_PER_HEAD = 0,   // the model: RMS over each head's D
-  TPR_QWEN3_QK_FULL_LOCAL,     // RMS over the rank's whole q/k slice (the M2 norm without its all-reduce)
-  TPR_QWEN3_QK_FULL_ALLREDUCE, // RMS over the whole projection, sums all-reduced over tp (the M2 norm)
-} tpr_qwen3_qk_control;
-
-typedef struct tpr_qwen3_build_opts {
-  tpr_step_build_opts step;
-  tpr_qwen3_qk_control qk_control;
-} tpr_qwen3_build_opts;
-
-tpr_status tpr_qwen3_build(const tpr_shard_plan *plan, const tpr_qwen3_build_opts *o, tpr_program **out);
-
-// The step builder of both entries (qwen3_moe, qwen3_vl_moe).
-tpr_status tpr__qwen3_build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out);
+#include "models/qk_head_decoder.h"
 
 // The engine's entry (engine/family.c). Its build_step maps the session's
-// per_rank_qk_norm control to TPR_QWEN3_QK_FULL_LOCAL.
+// per_rank_qk_norm control to TPR_QK_CONTROL_FULL_LOCAL.
 extern const tpr_family tpr_family_qwen3_moe;
+
+// The family's descriptor (models/qk_head_decoder.h), for tpr_qkhd_build.
+extern const tpr_qkhd_desc tpr_qwen3_moe_desc;
 
 #endif

@@ -24,9 +24,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/session.h"
+#include "family_parity.h"
 #include "m2_ref.h"
-#include "mpi_util.h"
 #include "runtime/ops/rope_layout.h"
 
 #define FIX TPR_FIXTURES "/qwen3_vl_moe_tiny"
@@ -37,8 +36,6 @@
 #define NGT 6  // its greedy continuation
 #define BOUND 1e-4  // max|d| <= BOUND * max|ref|: the TP parity tolerance (as qwen3_moe's)
 
-static tpr_comm_t world;
-static int R, tp, dp, ep;
 static struct {
   int32_t tokens[T], pos3[3 * T], greedy[NG];
   float logits[T * V], greedy_logits[NG * V];
@@ -46,39 +43,24 @@ static struct {
   float text_logits[NGT * V];
 } ref;
 
-static void read_ids(const tpr_st_set *set, const char *name, int64_t rows, int64_t cols, int32_t *ids) {
-  float f[3 * T];
-  m2_read_f32(set, name, rows, cols, f);
-  for (int64_t i = 0; i < rows * (cols ? cols : 1); i++) ids[i] = (int32_t)f[i];
-}
-
 static void load_ref(void) {
   tpr_st_set *set;
   TT_OK(tpr_st_open(FIX "/reference.safetensors", &set));
-  read_ids(set, "tokens", T, 0, ref.tokens);
-  read_ids(set, "pos3", 3, T, ref.pos3);
-  read_ids(set, "greedy", NG, 0, ref.greedy);
+  fp_read_ids(set, "tokens", T, 0, ref.tokens);
+  fp_read_ids(set, "pos3", 3, T, ref.pos3);
+  fp_read_ids(set, "greedy", NG, 0, ref.greedy);
   m2_read_f32(set, "logits", T, V, ref.logits);
   m2_read_f32(set, "greedy_logits", NG, V, ref.greedy_logits);
-  read_ids(set, "text_tokens", TT, 0, ref.text);
-  read_ids(set, "text_greedy", NGT, 0, ref.text_greedy);
+  fp_read_ids(set, "text_tokens", TT, 0, ref.text);
+  fp_read_ids(set, "text_greedy", NGT, 0, ref.text_greedy);
   m2_read_f32(set, "text_greedy_logits", NGT, V, ref.text_logits);
   tpr_st_close(set);
 }
 
 static tpr_session *open_session(const char *dir, int layout_control) {
-  tpr_session_opts o = {.model_dir = dir, .max_seq = T + NG, .max_batch = 1, .tp = tp, .dp = dp, .ep = ep,
-                        .mrope_layout_control = layout_control, .force_tp_rank = -1};
-  tpr_session *s = NULL;
-  TT_OK(tpr_session_open(&o, world, tt_cpu(), &s));
-  return s;
-}
-
-static int argmax(const float *row) {
-  int best = 0;
-  for (int v = 1; v < V; v++)
-    if (row[v] > row[best]) best = v;
-  return best;
+  tpr_session_opts o = fp_session_opts(dir, T + NG);
+  o.mrope_layout_control = layout_control;
+  return fp_open(&o, NULL);
 }
 
 // The prompt's error at pos3 (NULL: text positions), the same on every rank.
@@ -93,41 +75,27 @@ static void test_parity(void **state) {
   tpr_session *s = open_session(FIX, 0);
   double e = parity(s, ref.pos3);
   tpr_session_close(s);
-  if (R == 0)
-    printf("parity tp %d dp %d ep %d, 3-D positions with a 2x3 grid: max|d|/max|ref| %.3g (bound %.0e)\n", tp, dp, ep,
-           e, BOUND);
+  if (fp.R == 0)
+    printf("parity tp %d dp %d ep %d, 3-D positions with a 2x3 grid: max|d|/max|ref| %.3g (bound %.0e)\n", fp.tp,
+           fp.dp, fp.ep, e, BOUND);
   if (!(e <= BOUND)) fail_msg("logits differ from transformers' by %.3g of max |logit| (bound %.0e)", e, BOUND);
 }
 
 static void test_greedy_rope_deltas(void **state) {
   (void)state;
-  int64_t seed = R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
-  TT_OK(tpr_comm_broadcast(world, &seed, &seed, 1, TPR_I64, 0));
+  int64_t seed = fp_shared_seed();
   // Prefill the first P tokens (P past the grid, so the delta is in force),
-  // then the rest of the prompt and the greedy tokens one at a time.
+  // then the rest of the prompt and the greedy tokens one at a time, each
+  // past the prompt at max(pos3) + 1 + j on every axis.
   int64_t P = 9 + (int64_t)((uint64_t)seed % (T - 9));  // in [9, T-1]
-  int32_t seq[T + NG], p3[3 * T], one[3];
-  memcpy(seq, ref.tokens, sizeof ref.tokens);
-  for (int a = 0; a < 3; a++) memcpy(p3 + a * P, ref.pos3 + a * T, (size_t)P * sizeof *p3);  // (3, P)
-  static float step[T * V];
+  int32_t seq[T + NG];
   tpr_session *s = open_session(FIX, 0);
-  TT_OK(tpr_session_forward_3d(s, seq, P, 0, p3, step));
-  const int64_t next = tpr_mrope_next_position(ref.pos3, T);
-  double worst = 0;
-  for (int64_t t = P; t < T + NG - 1; t++) {  // token t, whose row predicts token t+1
-    for (int a = 0; a < 3; a++) one[a] = t < T ? ref.pos3[a * T + t] : (int32_t)(next + t - T);
-    TT_OK(tpr_session_forward_3d(s, &seq[t], 1, t, one, step));
-    if (t >= T - 1) {
-      int g = (int)(t - (T - 1));
-      seq[t + 1] = argmax(step);
-      worst = fmax(worst, m2_rel_err(step, ref.greedy_logits + g * V, V));
-      if (seq[t + 1] != ref.greedy[g]) fail_msg("greedy token %d is %d, transformers' %d", g, seq[t + 1], ref.greedy[g]);
-    }
-  }
+  double worst = fp_decode(s, ref.tokens, T, P, ref.pos3, ref.greedy, ref.greedy_logits, NG, V, seq, NULL);
   tpr_session_close(s);
-  if (R == 0)
+  if (fp.R == 0)
     printf("greedy via the KV cache (prefill %lld of %d, seed %lld, decode at max+1+j = %lld..): %d tokens equal, "
-           "logits %.3g (bound %.0e)\n", (long long)P, T, (long long)seed, (long long)next, NG, worst, BOUND);
+           "logits %.3g (bound %.0e)\n", (long long)P, T, (long long)seed,
+           (long long)tpr_mrope_next_position(ref.pos3, T), NG, worst, BOUND);
   if (!(worst <= BOUND)) fail_msg("decoded logits differ from transformers' by %.3g", worst);
 }
 
@@ -142,10 +110,9 @@ static void on_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, 
 
 static void test_engine_text(void **state) {
   (void)state;
-  tpr_session_opts so = {.model_dir = FIX, .max_seq = TT + NGT, .max_batch = 2, .tp = tp, .dp = dp, .ep = ep,
-                         .force_tp_rank = -1};
-  tpr_session *s = NULL;
-  TT_OK(tpr_session_open(&so, world, tt_cpu(), &s));
+  tpr_session_opts so = fp_session_opts(FIX, TT + NGT);
+  so.max_batch = 2;
+  tpr_session *s = fp_open(&so, NULL);
   tpr_engine_opts eo = {.on_logits = on_logits};
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &eo, &e));
@@ -153,7 +120,7 @@ static void test_engine_text(void **state) {
   int64_t ids[2] = {-1, -1};
   tpr_gen_params g = {.max_new = NGT, .stop_token = -1, .sampling = {.top_p = 1}};
   tpr_status sub = TPR_OK;  // checked after the steps, so no rank is left stepping alone
-  for (int i = 0; R == 0 && sub == TPR_OK && i < 2; i++)
+  for (int i = 0; fp.R == 0 && sub == TPR_OK && i < 2; i++)
     sub = tpr_engine_submit(e, ref.text, TT, &g, &ids[i]);  // two sequences, one batch
   for (int guard = 0; guard < 64; guard++) {
     tpr_engine_step_info info;
@@ -161,7 +128,7 @@ static void test_engine_text(void **state) {
     if (info.idle) break;
   }
   if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
-  for (int i = 0; R == 0 && i < 2; i++) {
+  for (int i = 0; fp.R == 0 && i < 2; i++) {
     tpr_sched_seq_info r;
     TT_OK(tpr_engine_result(e, ids[i], &r));
     assert_int_equal(r.len, TT + NGT);
@@ -173,8 +140,8 @@ static void test_engine_text(void **state) {
   tpr_engine_free(e);
   tpr_session_close(s);
   float w = (float)engine_worst;
-  TT_OK(tpr_comm_all_reduce(world, &w, &w, 1, TPR_F32, TPR_MAX));
-  if (R == 0)
+  TT_OK(tpr_comm_all_reduce(fp.world, &w, &w, 1, TPR_F32, TPR_MAX));
+  if (fp.R == 0)
     printf("engine, text prompt x2 (tpr run's path): %d greedy tokens equal transformers' generate, logits %.3g "
            "(bound %.0e)\n", NGT, w, BOUND);
   if (!(w <= BOUND)) fail_msg("engine logits differ from transformers' generate by %.3g", w);
@@ -185,7 +152,7 @@ static void test_control_text_positions(void **state) {
   tpr_session *s = open_session(FIX, 0);
   double e = parity(s, NULL);  // every axis = the sequence index: plain 1-D RoPE
   tpr_session_close(s);
-  if (R == 0) printf("control (a) positions flattened to 1-D: %.3g (must exceed %.0e)\n", e, BOUND);
+  if (fp.R == 0) printf("control (a) positions flattened to 1-D: %.3g (must exceed %.0e)\n", e, BOUND);
   if (!(e > BOUND)) fail_msg("1-D positions passed the parity bound (%.3g)", e);
 }
 
@@ -194,7 +161,7 @@ static void test_control_sectioned(void **state) {
   tpr_session *s = open_session(FIX, TPR_MROPE_SECTIONED);
   double e = parity(s, ref.pos3);
   tpr_session_close(s);
-  if (R == 0) printf("control (b) sectioned layout in place of interleaved: %.3g (must exceed %.0e)\n", e, BOUND);
+  if (fp.R == 0) printf("control (b) sectioned layout in place of interleaved: %.3g (must exceed %.0e)\n", e, BOUND);
   if (!(e > BOUND)) fail_msg("the sectioned layout passed the parity bound (%.3g)", e);
 }
 
@@ -206,26 +173,18 @@ static void test_refusals(void **state) {
   bad[T + 4] = -1;  // a height position
   tpr_session *s = open_session(FIX, 0);
   tpr_status rc = tpr_session_forward_3d(s, ref.tokens, T, 0, bad, got);
-  if (R == 0) printf("negative 3-D position -> %s: %s\n", tpr_status_name(rc), tpr_last_error());
+  if (fp.R == 0) printf("negative 3-D position -> %s: %s\n", tpr_status_name(rc), tpr_last_error());
   assert_int_equal(rc, TPR_ERR_INVALID_ARG);
   tpr_session_close(s);
   s = open_session(TPR_FIXTURES "/qwen3_moe_tiny", 0);
   rc = tpr_session_forward_3d(s, ref.tokens, 4, 0, ref.pos3, got);
-  if (R == 0) printf("3-D positions on qwen3_moe -> %s: %s\n", tpr_status_name(rc), tpr_last_error());
+  if (fp.R == 0) printf("3-D positions on qwen3_moe -> %s: %s\n", tpr_status_name(rc), tpr_last_error());
   assert_int_equal(rc, TPR_ERR_INVALID_ARG);
   tpr_session_close(s);
 }
 
 int main(int argc, char **argv) {
-  world = tt_mpi_world(&argc, &argv);
-  R = tpr_comm_rank(world);
-  tp = tpr_comm_size(world), dp = 1, ep = 1;
-  for (int i = 1; i + 1 < argc; i++) {
-    if (!strcmp(argv[i], "--tp")) tp = atoi(argv[i + 1]);
-    if (!strcmp(argv[i], "--dp")) dp = atoi(argv[i + 1]);
-    if (!strcmp(argv[i], "--ep")) ep = atoi(argv[i + 1]);
-  }
-  if (R == 0) tt_seed_from_env();
+  fp_init(&argc, &argv);
   load_ref();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
@@ -235,6 +194,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_control_sectioned),
       cmocka_unit_test(test_refusals),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  return tt_mpi_finish(world, failed);
+  return fp_run(tests, sizeof tests / sizeof *tests, NULL);
 }

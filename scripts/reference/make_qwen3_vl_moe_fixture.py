@@ -33,26 +33,17 @@ Outputs:
 """
 import argparse
 import json
-import math
 import os
 import shutil
-import sys
 import tempfile
 
 import torch
 import transformers
 from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
-transformers.utils.logging.disable_progress_bar()
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def fail(msg):
-    print(f"make_qwen3_vl_moe_fixture: FAILED: {msg}", file=sys.stderr)
-    sys.exit(1)
+from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, randomize, seeded, tensor_names,
+                            write_reference)
 
 
 TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=8, num_hidden_layers=2,
@@ -62,27 +53,6 @@ TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediat
                              "mrope_interleaved": True})
 VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
               spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0], num_position_embeddings=16)
-
-
-def randomize(model, gen):
-    """Every text-decoder parameter drawn fresh from `gen`, in state_dict order."""
-    new = {}
-    for name, t in model.state_dict().items():
-        shape = tuple(t.shape)
-        if "visual" in name:
-            v = 0.02 * torch.randn(shape, generator=gen)  # never run; drawn so the file is deterministic
-        elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-            v = 1.0 + 0.3 * torch.randn(shape, generator=gen)  # RMSNorm gains around 1, not ones
-        elif name.endswith("embed_tokens.weight"):
-            v = torch.randn(shape, generator=gen)
-        elif name.endswith("mlp.gate.weight"):
-            v = 1.5 * torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # router logits ~ N(0, 1.5^2)
-        elif t.dim() in (2, 3):
-            v = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # Linear / fused experts (.., out, in)
-        else:
-            fail(f"no initialisation rule for {name} {shape}")
-        new[name] = v.to(t.dtype)
-    model.load_state_dict(new, strict=True)
 
 
 def positions(n_text_a, grid_h, grid_w, n_text_b):
@@ -119,10 +89,7 @@ def main():
     ap.add_argument("--text-gen", type=int, default=6)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = seeded(args.seed)
 
     config = Qwen3VLMoeConfig(text_config=TEXT, vision_config=VISION, tie_word_embeddings=False)
     tc = config.text_config
@@ -130,7 +97,7 @@ def main():
         fail("F == H or 2F == H makes the fused expert layout ambiguous; pick other sizes")
     model = Qwen3VLMoeForConditionalGeneration(config).float().eval()
     model.set_attn_implementation("eager")
-    randomize(model, gen)
+    randomize(model, gen, "mlp.gate.weight", visual_scale=0.02)
 
     pos3 = positions(3, 2, 3, 3)
     T = pos3.shape[1]
@@ -148,10 +115,7 @@ def main():
                                                                  attn_implementation="eager").eval()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rsd, msd = ref.state_dict(), model.state_dict()
-    for n, t in msd.items():
-        if not torch.equal(rsd[n], t):
-            fail(f"reloaded {n} differs from the generated weight")
+    rsd = check_reloaded(model, ref)
     emb = ref.model.language_model.embed_tokens.weight
     if ref.lm_head.weight.data_ptr() == emb.data_ptr():
         fail("lm_head is tied to embed_tokens; the fixture wants them apart")
@@ -182,10 +146,10 @@ def main():
     if out["text_greedy"].shape[0] != args.text_gen:
         fail("generate returned the wrong number of tokens")
     top2 = torch.cat([out["greedy_logits"], out["text_greedy_logits"]]).topk(2, dim=-1).values
-    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(args.out, "reference.safetensors"))
-    size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
+    write_reference(args.out, out)
+    size = fixture_bytes(args.out)
+    names = tensor_names(args.out)
     with safe_open(os.path.join(args.out, "model.safetensors"), "pt") as f:
-        names = sorted(f.keys())
         fused = {k: list(f.get_slice(k).get_shape()) for k in names if k.endswith("layers.0.mlp.experts.gate_up_proj")
                  or k.endswith("layers.0.mlp.experts.down_proj")}
     if not any(k.startswith("model.language_model.") for k in names) or len(fused) != 2:
@@ -196,8 +160,7 @@ def main():
                       "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()), "bytes": size}, indent=1))
     if d_flat < 1e-3:
         fail("1-D positions give the same logits; the prompt does not exercise MRoPE")
-    if size > 1 << 20:
-        fail(f"the fixture takes {size} bytes, over 1 MB")
+    check_size(size)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,212 @@
+#include "models/qk_head_decoder.h"
+
+#include <stdio.h>
+
+#include "models/family_step.h"
+#include "models/layers/router_softmax.h"
+#include "shard/mesh.h"
+
+typedef struct qkhd {
+  tpr_fstep c;
+  const tpr_qkhd_desc *d;
+  tpr_qk_control control;
+} qkhd;
+
+// x (T, heads, D) q or k -> normalised as the control says, (T, heads, D).
+static tpr_status qk_norm(qkhd *b, tpr_value_id x, tpr_value_id w, int64_t heads, tpr_value_id *out) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  int64_t T = c->T, D = cfg->head_dim;
+  float eps = (float)cfg->rms_norm_eps;
+  if (b->control != TPR_QK_CONTROL_FULL_LOCAL && b->control != TPR_QK_CONTROL_FULL_ALLREDUCE)
+    return tpr_pb_rms_norm(c->p, x, w, eps, out);  // over D, per head: rank-local
+  // Controls: one RMS over the rank's whole slice (or, all-reduced, over the
+  // whole projection), then the (D) weight on every head.
+  tpr_value_id x2, ss, row, ones, y;
+  int64_t divisor = heads * D;
+  TPR_CHECK(tpr_pb_reshape(c->p, x, 2, (const int64_t[]){T, heads * D}, &x2));
+  TPR_CHECK(tpr_pb_sum_squares(c->p, x2, &ss));  // (T, 1)
+  if (b->control == TPR_QK_CONTROL_FULL_ALLREDUCE) {
+    TPR_CHECK(tpr_pb_all_reduce(c->p, ss, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &ss));
+    divisor *= c->plan->tp;
+  }
+  TPR_CHECK(tpr_pb_slice(c->p, x2, 0, 0, 1, &row));  // (1, heads*D): a shape to fill
+  TPR_CHECK(tpr_pb_reshape(c->p, row, 1, (const int64_t[]){heads * D}, &row));
+  TPR_CHECK(tpr_fstep_fill(c->p, row, 1.0f, &ones));
+  TPR_CHECK(tpr_pb_rms_scale(c->p, x2, ss, ones, (float)divisor, eps, &y));
+  TPR_CHECK(tpr_pb_reshape(c->p, y, 3, (const int64_t[]){T, heads, D}, &y));
+  return tpr_pb_mul(c->p, y, w, out);
+}
+
+// x (T, H) -> x + attention(x), one layer.
+static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  int64_t T = c->T, D = cfg->head_dim, qr = c->plan->attn.q_per_rank, kr = c->plan->attn.kv_per_rank;
+  // RoPE is a rotation of pairs: it keeps the RMS but not the per-dim
+  // weight's alignment, so the two orders differ.
+  bool after = b->d->qk_norm_after_rope != (b->control == TPR_QK_CONTROL_SWAP_ORDER);
+  tpr_value_id ln, qn, kn, h, q, k, v;
+  tpr_fweight wq, wk, wv, wo;
+  TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
+  TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.q_proj.weight", L, &wq));  // (qr*D, H)
+  TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
+  TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.v_proj.weight", L, &wv));
+  TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.o_proj.weight", L, &wo));  // (H, qr*D)
+  TPR_CHECK(tpr_fstep_param(c, b->d->q_norm, L, &qn));                                 // (D)
+  TPR_CHECK(tpr_fstep_param(c, b->d->k_norm, L, &kn));                                 // (D)
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));               // (T, H)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));  // (T, qr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));  // (T, kr*D)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
+  TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, qr, D}, &q));
+  TPR_CHECK(tpr_pb_reshape(c->p, k, 3, (const int64_t[]){T, kr, D}, &k));
+  TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
+  if (!after) {
+    TPR_CHECK(qk_norm(b, q, qn, qr, &q));
+    TPR_CHECK(qk_norm(b, k, kn, kr, &k));
+  }
+  TPR_CHECK(tpr_fstep_rope(c, q, &q));  // NeoX RoPE, or MRoPE at positions_3d
+  TPR_CHECK(tpr_fstep_rope(c, k, &k));
+  if (after) {
+    TPR_CHECK(qk_norm(b, q, qn, qr, &q));  // (T, qr, D)
+    TPR_CHECK(qk_norm(b, k, kn, kr, &k));  // (T, kr, D)
+  }
+  return tpr_fstep_attend(c, L, q, k, v, &wo, x, out);
+}
+
+// h (T, H) -> the SwiGLU MLP named `prefix` + "{gate,up,down}_proj.weight":
+// column/row-parallel, y (T, H) replicated over tp.
+static tpr_status swiglu_mlp(tpr_fstep *c, const char *prefix, int64_t L, tpr_value_id h, tpr_value_id *y) {
+  char pg[160], pu[160], pd[160];
+  snprintf(pg, sizeof pg, "%sgate_proj.weight", prefix);
+  snprintf(pu, sizeof pu, "%sup_proj.weight", prefix);
+  snprintf(pd, sizeof pd, "%sdown_proj.weight", prefix);
+  tpr_fweight wg, wu, wd;
+  tpr_value_id g, u, a;
+  TPR_CHECK(tpr_fstep_weight(c, pg, L, &wg));  // (F/tp, H)
+  TPR_CHECK(tpr_fstep_weight(c, pu, L, &wu));
+  TPR_CHECK(tpr_fstep_weight(c, pd, L, &wd));  // (H, F/tp)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &wu, &u));
+  TPR_CHECK(tpr_pb_swiglu(c->p, g, u, &a));      // (T, F/tp)
+  TPR_CHECK(tpr_fstep_linear(c->p, a, &wd, y));  // (T, H) partial over tp
+  return tpr_pb_all_reduce(c->p, *y, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, y);
+}
+
+// h (T, H) -> the routed experts' y (T, H), replicated.
+static tpr_status routed(qkhd *b, int64_t L, tpr_value_id h, tpr_value_id *y) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  tpr_fweight gate;
+  tpr_value_id logits, gates;
+  TPR_CHECK(tpr_fstep_weight(c, b->d->router, L, &gate));  // (E, H)
+  TPR_CHECK(tpr_fstep_linear(c->p, h, &gate, &logits));    // (T, E)
+  if (!b->d->reroute_own_prob) {
+    TPR_CHECK(tpr_router_softmax_topk(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &gates));
+    return tpr_fstep_moe(c, L, h, gates, y);
+  }
+  tpr_router_softmax_values r;
+  TPR_CHECK(tpr_router_softmax_topk_values(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &r));
+  // The step options are the session's, so this layer's copy carries the
+  // router's values.
+  tpr_step_build_opts so = *c->o;
+  so.moe.reroute_own_prob = true, so.moe.probs = r.probs, so.moe.chosen = r.chosen;
+  const tpr_step_build_opts *saved = c->o;
+  c->o = &so;
+  tpr_status rc = tpr_fstep_moe(c, L, h, r.gates, y);
+  c->o = saved;
+  return rc;
+}
+
+// x (T, H) -> x + mlp(x): the routed experts (plus the shared expert where
+// the config has one) or, on a dense layer, the dense MLP.
+static tpr_status mlp(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  tpr_value_id ln, h, y, ys;
+  TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
+  if (!tpr_model_config_layer_is_moe(cfg, L)) {
+    TPR_CHECK(swiglu_mlp(c, b->d->dense_mlp, L, h, &y));
+  } else {
+    TPR_CHECK(routed(b, L, h, &y));
+    if (cfg->shared_expert_intermediate_size) {
+      TPR_CHECK(swiglu_mlp(c, b->d->shared_mlp, L, h, &ys));
+      TPR_CHECK(tpr_pb_add(c->p, y, ys, &y));
+    }
+  }
+  return tpr_pb_add(c->p, x, y, out);
+}
+
+static tpr_status check_supported(const tpr_qkhd_desc *d, const tpr_shard_plan *plan) {
+  const tpr_model_config *cfg = &plan->config;
+  const char *fam = d->family->name;
+  if (cfg->family != d->family->family)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the checkpoint is %s", fam, tpr_model_family_name(cfg->family));
+  if (d->mrope != (cfg->mrope_layout != 0))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: MRoPE layout %d (the family %s MRoPE)", fam, cfg->mrope_layout,
+                    d->mrope ? "needs" : "has no");
+  if (cfg->qk_norm != TPR_QK_NORM_PER_HEAD || cfg->qk_norm_after_rope != d->qk_norm_after_rope ||
+      cfg->router != TPR_ROUTER_SOFTMAX || cfg->routing_bias)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: needs a per-head QK-norm %s RoPE and an unbiased softmax router", fam,
+                    d->qk_norm_after_rope ? "after" : "before");
+  if ((cfg->shared_expert_intermediate_size != 0) != (d->shared_mlp != NULL))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the family %s a shared expert, the config %s one", fam,
+                    d->shared_mlp ? "has" : "has no", cfg->shared_expert_intermediate_size ? "has" : "has no");
+  // The loader finds dense layers from the top-level config keys, which a
+  // nested text_config (qwen3_vl_moe) does not have.
+  if (!d->dense_mlp && cfg->num_moe_layers != cfg->num_layers)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: dense (mlp_only) layers are not supported", fam);
+  if (cfg->rotary_dim != cfg->head_dim)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: partial rotary (%lld of %lld dims) is not the family's", fam,
+                    (long long)cfg->rotary_dim, (long long)cfg->head_dim);
+  int64_t moe = 0;
+  for (int64_t l = 0; l < cfg->num_layers; l++) moe += tpr_model_config_layer_is_moe(cfg, l);
+  if (moe != cfg->num_moe_layers)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld layers are MoE by mlp_only_layers/decoder_sparse_step, the "
+                    "config counts %lld", fam, (long long)moe, (long long)cfg->num_moe_layers);
+  return TPR_OK;
+}
+
+static tpr_status build(qkhd *b) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  tpr_value_id embed, x, fn, head;
+  TPR_CHECK(tpr_fstep_begin(c));
+  TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
+  for (int64_t L = 0; L < cfg->num_layers; L++) {
+    TPR_CHECK(attention(b, L, x, &x));
+    TPR_CHECK(mlp(b, L, x, &x));
+  }
+  TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
+  if (cfg->tie_word_embeddings)
+    head = embed;
+  else
+    TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
+  return tpr_fstep_logits(c, x, head);
+}
+
+tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,
+                          tpr_program **out) {
+  *out = NULL;
+  if ((unsigned)o->qk_control > TPR_QK_CONTROL_SWAP_ORDER)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown QK-norm control %d", d->family->name, (int)o->qk_control);
+  TPR_CHECK(check_supported(d, plan));
+  qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family}, .d = d, .control = o->qk_control};
+  TPR_CHECK(tpr_program_new(&b.c.p));
+  tpr_status rc = build(&b);
+  if (rc != TPR_OK) {
+    tpr_program_free(b.c.p);
+    return rc;
+  }
+  *out = b.c.p;
+  return TPR_OK;
+}
+
+tpr_status tpr_qkhd_build_step(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_step_build_opts *o,
+                               tpr_program **out) {
+  tpr_qkhd_opts qo = {.step = *o, .qk_control = o->per_rank_qk_norm ? d->session_control : TPR_QK_CONTROL_NONE};
+  return tpr_qkhd_build(d, plan, &qo, out);
+}

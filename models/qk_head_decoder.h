@@ -1,0 +1,64 @@
+// The decoder step program shared by the families whose attention normalises
+// q and k per head (RMS over head_dim, rank-local) around RoPE: qwen3_moe,
+// qwen3_vl_moe, hunyuan_v1_moe. One builder; what differs between them is
+// data -- the config (MRoPE layout, shared-expert size, dense layers) and the
+// family's descriptor below (param names, QK-norm order, router values).
+//
+//   x = vocab-parallel embedding (all-reduce over tp)
+//   per layer L:
+//     h = rms_norm(x, input_layernorm)
+//     q, k, v = h Wq_r^T, h Wk_r^T, h Wv_r^T            column-parallel heads
+//     q, k = rms_norm per head (D) with q_norm / k_norm, before RoPE or
+//            after it (qk_norm_after_rope); RoPE is NeoX at "positions", or
+//            MRoPE at "positions_3d" (mrope families)
+//     x += allreduce_tp(paged_attention(q, k, v) Wo_r^T)
+//     h = rms_norm(x, post_attention_layernorm)
+//     MoE layer: x += moe(h, top-k of softmax(h Wg^T)) [+ the shared expert's
+//                SwiGLU MLP, column/row-parallel, where the config has one]
+//     dense layer: x += allreduce_tp(down_r(silu(gate_r h) * up_r h))
+//   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
+#ifndef TPR_QK_HEAD_DECODER_H
+#define TPR_QK_HEAD_DECODER_H
+
+#include <stdbool.h>
+
+#include "engine/family.h"
+
+// Negative controls of the parity tests (never in real runs).
+typedef enum tpr_qk_control {
+  TPR_QK_CONTROL_NONE = 0,        // the model
+  TPR_QK_CONTROL_FULL_LOCAL,      // RMS over the rank's whole q/k slice (the M2 norm without its all-reduce)
+  TPR_QK_CONTROL_FULL_ALLREDUCE,  // RMS over the whole projection, sums all-reduced over tp (the M2 norm)
+  TPR_QK_CONTROL_SWAP_ORDER,      // the per-head norm on the other side of RoPE
+} tpr_qk_control;
+
+// A family's description. Patterns are plan tensor names ("{L}": the layer).
+typedef struct tpr_qkhd_desc {
+  const tpr_family *family;     // the engine entry: its name, model family, expert names
+  const char *q_norm, *k_norm;  // (D) per-head norm weights
+  const char *router;           // (E, H) router weight
+  const char *dense_mlp;        // prefix of a dense layer's {gate,up,down}_proj.weight; NULL: no dense layers
+  const char *shared_mlp;       // prefix of the shared expert's; NULL: no shared expert
+  bool qk_norm_after_rope;      // the model's order (the config must agree)
+  bool mrope;                   // rope positions (3, T), the config's MRoPE layout
+  // Capacity mode: a re-routed token's gate is its new expert's own router
+  // probability (tpr_moe_opts.reroute_own_prob; Hunyuan's seed 003 rule).
+  bool reroute_own_prob;
+  // What the session's per_rank_qk_norm control builds for this family.
+  tpr_qk_control session_control;
+} tpr_qkhd_desc;
+
+typedef struct tpr_qkhd_opts {
+  tpr_step_build_opts step;
+  tpr_qk_control qk_control;
+} tpr_qkhd_opts;
+
+// The step program of `d`'s family on `plan` (whose config must be d's).
+tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,
+                          tpr_program **out);
+
+// engine/family.h's build_step for `d`: maps per_rank_qk_norm to d->session_control.
+tpr_status tpr_qkhd_build_step(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_step_build_opts *o,
+                               tpr_program **out);
+
+#endif
