@@ -2,8 +2,7 @@
 # tests/fuzz/corpus/<name>/ and findings in tests/fuzz/regressions/<name>/.
 # Included by CMakeLists.txt (TPR_FUZZ: libFuzzer binaries, clang) and by
 # tests/CMakeLists.txt (replay of corpus + regressions under ctest).
-set(TPR_FUZZ_TARGETS safetensors config program manifest npy tokenizer oai)
-# The HTTP/1.1 byte-stream parser of tpr serve (serve/http.c) gets its target
-# here: add "http" to the list above with tests/fuzz/fuzz_http.c, a seed
-# corpus in corpus/http/ and regressions/http/; scripts/fuzz.sh reads this list.
+set(TPR_FUZZ_TARGETS safetensors config program manifest npy tokenizer oai http)
+# http: the HTTP/1.1 request reader of tpr serve (serve/http_reader.c).
+# scripts/fuzz.sh reads this list.
 set(TPR_FUZZ_DIR ${CMAKE_SOURCE_DIR}/tests/fuzz)
