@@ -26,8 +26,9 @@
 
 static const int pick[T] = {0, 0, 0, 1, 2, 2};
 
-// Runs router + capacity on logits; out (T, E) the routed gates.
-static void run(const float *logits, bool renorm, bool own, uint64_t seed, float *out) {
+// Runs router + capacity on logits; out (T, E) the routed gates, router
+// (T, E) the router's gates before capacity.
+static void run(const float *logits, bool renorm, bool own, uint64_t seed, float *out, float *router) {
   tpr_program *p;
   tpr_value_id x, g;
   tpr_router_softmax_values r;
@@ -38,6 +39,7 @@ static void run(const float *logits, bool renorm, bool own, uint64_t seed, float
                     .probs = r.probs, .chosen = r.chosen};
   TT_OK(tpr_moe_capacity_gates(p, &o, 1, 0, r.gates, &g));
   TT_OK(tpr_program_output(p, g, "gates"));
+  TT_OK(tpr_program_output(p, r.gates, "router"));
   tpr_tensor *xt;
   TT_OK(tpr_tensor_new(tt_cpu(), TPR_F32, 2, (const int64_t[]){T, E}, &xt));
   memcpy(tpr_tensor_data(xt), logits, sizeof(float) * T * E);
@@ -48,6 +50,8 @@ static void run(const float *logits, bool renorm, bool own, uint64_t seed, float
   const tpr_tensor *ot;
   TT_OK(tpr_exec_output(e, "gates", &ot));
   memcpy(out, tpr_tensor_data(ot), sizeof(float) * T * E);
+  TT_OK(tpr_exec_output(e, "router", &ot));
+  memcpy(router, tpr_tensor_data(ot), sizeof(float) * T * E);
   tpr_exec_free(e);
   tpr_tensor_free(xt);
   tpr_program_free(p);
@@ -64,17 +68,24 @@ static void test_reroute_gate(void **state) {
       for (int e = 0; e < E; e++) z += exp(logits[t * E + e]);
       for (int e = 0; e < E; e++) prob[t][e] = exp(logits[t * E + e]) / z;
     }
-    // The router's gate at the chosen expert, and expert 0's dropped token:
-    // the lowest gate, ties (all 1 when renormalised) to the later token.
+    // The router's gate at the chosen expert (checked against the hand
+    // value), and expert 0's dropped token: the lowest of the router's own
+    // float gates, ties to the later token. Renormalised top-1 gates are 1
+    // up to rounding (w * (1 / w) can be 1 - 2^-24), and that rounding, not
+    // the token order, may then decide which token goes.
     double gate[T];
     for (int t = 0; t < T; t++) gate[t] = renorm ? 1.0 : prob[t][pick[t]];
+    uint64_t seed = tt_next_u64();
+    float own[T * E], old[T * E], router[T * E];
+    run(logits, renorm, true, seed, own, router);
+    run(logits, renorm, false, seed, old, router);
+    for (int t = 0; t < T; t++)
+      if (!(fabs(router[t * E + pick[t]] - gate[t]) <= 1e-6))
+        fail_msg("router gate of token %d: %.8f, want %.8f", t, router[t * E + pick[t]], gate[t]);
     int d = 0;
     for (int t = 1; t < 3; t++)
-      if (gate[t] <= gate[d]) d = t;
-    uint64_t seed = tt_next_u64();
-    float own[T * E], old[T * E];
-    run(logits, renorm, true, seed, own);
-    run(logits, renorm, false, seed, old);
+      if (router[t * E] <= router[d * E]) d = t;
+    for (int t = 0; t < T; t++) gate[t] = router[t * E + pick[t]];  // the weights the kernel keeps
     double err = 0;
     for (int t = 0; t < T; t++)
       for (int e = 0; e < E; e++) {
