@@ -198,6 +198,44 @@ check_status 200 "chunked request body" "$URL/v1/completions" -H "Transfer-Encod
 R=$(printf 'BROKEN\r\n\r\n' | timeout 5 python3 -c "
 import socket, sys; s = socket.create_connection(('127.0.0.1', $(cat "$W/port"))); s.sendall(sys.stdin.buffer.read()); print(s.recv(100).split(b' ')[1].decode())")
 [ "$R" = 400 ] && pass "garbage request line -> 400" || fail "garbage request line -> '$R'"
+# 1,000 malformed requests in a row (8 kinds, each on its own connection)
+# while another client's valid requests are answered throughout.
+python3 - "$(cat "$W/port")" >"$W/malformed" 2>&1 <<'PY' &
+import socket, sys, json
+port = int(sys.argv[1])
+bad = [b"BROKEN\r\n\r\n", b"GET\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\n{bad}",
+       b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]",
+       b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+       b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
+       b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 15\r\n\r\n{\"messages\": 1}",
+       b"PUT /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"]
+codes = {}
+for i in range(1000):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(bad[i % len(bad)])
+    try:
+        head = s.recv(64)
+        code = head.split(b" ")[1].decode() if head.startswith(b"HTTP/1.1 ") else "none"
+    except OSError:
+        code = "reset"
+    s.close()
+    codes[code] = codes.get(code, 0) + 1
+print(json.dumps(codes, sort_keys=True))
+PY
+BADC=$!
+good=0
+for i in $(seq 20); do
+  [ "$(curl -s "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 3, "temperature": 0}' | json 'd["object"]')" = text_completion ] &&
+    good=$((good + 1))
+  kill -0 $BADC 2>/dev/null || break
+done
+wait $BADC
+MAL=$(cat "$W/malformed")
+python3 -c "
+import json, sys
+c = json.loads(sys.argv[1]); sys.exit(not (sum(c.values()) == 1000 and all(k[0] == '4' for k in c)))" "$MAL" 2>/dev/null &&
+  [ $good -ge 1 ] && [ $good -eq $i ] && pass "1,000 malformed requests: every one a 4xx $MAL; $good/$i valid requests answered meanwhile" ||
+  fail "malformed requests: $MAL, valid answered $good/$i"
 # A client sending one byte every 0.3 s: 408 after --request-timeout 2,
 # while a normal request on another connection is answered at once.
 python3 - "$(cat "$W/port")" >"$W/slow" 2>&1 <<'PY' &
