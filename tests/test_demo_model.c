@@ -8,10 +8,13 @@
 //   - `tpr eval` over the committed validation slice equals the recorded
 //     validation loss (1e-4) and transformers' own (1e-4), and beats the
 //     bigram baseline recorded beside it.
+// tpr eval itself: 2 replicas (an odd window count, so one replica runs a
+// dropped window) equal one rank; an id past the vocabulary is an error.
 // Negative controls: the logits of a prompt with one token changed, and the
 // loss of windows half as long, must miss those bounds.
 #include "test_util.h"
 #include "cli_util.h"
+#include "train/npy.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -147,6 +150,36 @@ static void test_val_loss(void **state) {
   assert_true(fabs(other - recorded) > 1e-4);
 }
 
+static void test_eval_replicas_and_bad_ids(void **state) {
+  (void)state;
+  char w[16];
+  snprintf(w, sizeof w, "%d", (int)tt_randint(3, 15) | 1);
+  cJSON *a = tt_json_of(RUN(0, "eval", "--model", FIX, "--data", FIX "/val.npy", "--windows", w, "--json"));
+  cJSON *b = tt_json_of(RUN(2, "eval", "--model", FIX, "--data", FIX "/val.npy", "--windows", w, "--tp", "1", "--dp",
+                            "2", "--ep", "2", "--json"));
+  double la = tt_json_num(a, "loss"), lb = tt_json_num(b, "loss");
+  printf("tpr eval, %s windows: 1 rank %.9f, dp 2 x ep 2 %.9f, |d| %.2e (bound 1e-5)\n", w, la, lb, fabs(la - lb));
+  assert_int_equal((int)tt_json_num(a, "windows"), atoi(w));
+  assert_int_equal((int)tt_json_num(b, "windows"), atoi(w));
+  assert_true(fabs(la - lb) <= 1e-5);
+  cJSON_Delete(a);
+  cJSON_Delete(b);
+  // A token file with one id past the 4096-id vocabulary at a random place.
+  int32_t ids[600];
+  for (int i = 0; i < 600; i++) ids[i] = (int32_t)tt_randint(0, 4095);
+  int at = (int)tt_randint(0, 599);
+  ids[at] = (int32_t)tt_randint(4096, 100000);
+  const char *bad = tt_path(tmp_dir, "bad.npy");
+  assert_int_equal(tpr_npy_write_i32(bad, ids, 600), TPR_OK);
+  run_result r = RUN(0, "eval", "--model", FIX, "--data", bad, "--seq-len", "64");
+  char pos[32];
+  snprintf(pos, sizeof pos, "%d", at);
+  printf("id %d at position %d: exit %d, %s", ids[at], at, r.code, r.err);
+  assert_int_equal(r.code, 1);
+  assert_non_null(strstr(r.err, pos));
+  tt_run_done(&r);
+}
+
 int main(void) {
   if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_demo_model") != 0) return 1;
   if (!mkdtemp(tmp_dir)) return 1;
@@ -162,6 +195,7 @@ int main(void) {
       cmocka_unit_test(test_greedy_equals_transformers),
       cmocka_unit_test(test_logits_equal_transformers),
       cmocka_unit_test(test_val_loss),
+      cmocka_unit_test(test_eval_replicas_and_bad_ids),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   cJSON_Delete(ref);
