@@ -21,6 +21,8 @@ int tpr_cmd_mlp(int argc, char **argv);
 int tpr_cmd_plan(int argc, char **argv);
 int tpr_cmd_program(int argc, char **argv);
 int tpr_cmd_version(int argc, char **argv);
+// -- eval command
+int tpr_cmd_eval(int argc, char **argv);
 // -- tokenizer commands
 // -- serve command
 // -- scale command

@@ -15,6 +15,8 @@ static const tpr_command commands[] = {
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
     {"run", "generate from a checkpoint (minimax_m2, qwen3_moe) under mpirun (tensor-parallel)", tpr_cmd_run},
+    // -- eval command
+    {"eval", "mean next-token cross-entropy of a checkpoint over a token file (validation loss)", tpr_cmd_eval},
     // -- tokenizer commands
     // -- serve command
     // -- scale command

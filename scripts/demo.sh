@@ -1,29 +1,46 @@
 #!/usr/bin/env bash
-# The main job on the embedded default model: installs and builds, then
-# generates with the tiny MiniMax-M2 checkpoint (tests/fixtures/minimax_m2_tiny,
-# random weights written by transformers' own model class) on 2 ranks under
-# mpirun, and checks its logits against transformers' at tp 2.
+# The main job on the embedded default model: installs and builds, then runs
+# tests/fixtures/demo_model, a 9.2 M-parameter MiniMax-M2 (8 experts, top-2)
+# that tpr itself trained on Debian's fortunes (scripts/demo_model/), on 2
+# ranks under mpirun: streaming text generation, a short tpr serve exchange
+# with curl, and the logits checked against transformers' committed reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MODEL=tests/fixtures/minimax_m2_tiny
-PROMPT_A=138,5,208,45,52,129,193,193,28,94,228   # reference.safetensors: tokens_a
-PROMPT_B=7,184,224,133,88                        # tokens_b
+MODEL=tests/fixtures/demo_model
+MPI=(mpirun -np 2 --oversubscribe)
 echo
-echo "== mpirun -np 2 tpr run --model $MODEL (greedy, 8 new tokens per prompt)"
-mpirun -np 2 --oversubscribe build/bin/tpr run --model "$MODEL" \
-  --prompt-ids "$PROMPT_A" --prompt-ids "$PROMPT_B" --max-new-tokens 8
-echo "   (transformers' greedy continuation of prompt 0: 172 65 194 222 31 65 194 222)"
+echo "== mpirun -np 2 tpr run --model $MODEL --prompt \"The meaning of life is\" (tp 2, ep 2, greedy, streamed)"
+"${MPI[@]}" build/bin/tpr run --model "$MODEL" --tp 2 --ep 2 --prompt "The meaning of life is" --max-new-tokens 64
 echo
-echo "== mpirun -np 2 tpr run ... --temperature 0.8 --top-p 0.9 --seed 7 --json"
-mpirun -np 2 --oversubscribe build/bin/tpr run --model "$MODEL" --prompt-ids "$PROMPT_B" \
-  --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --json
+echo "== the same, sampled: --temperature 0.8 --top-p 0.95 --seed 3"
+"${MPI[@]}" build/bin/tpr run --model "$MODEL" --tp 2 --ep 2 --prompt "Q: What do you call" --max-new-tokens 64 \
+  --temperature 0.8 --top-p 0.95 --seed 3
 echo
-echo "== mpirun -np 2 tpr forward: logits of every position vs transformers"
-out=$(mktemp -d)
-mpirun -np 2 --oversubscribe build/bin/tpr forward --model "$MODEL" --tokens "$PROMPT_A" --out "$out/logits.safetensors"
-build/bin/tpr compare --a "$out/logits.safetensors" --a-key logits \
-  --b "$MODEL/reference.safetensors" --b-key logits_a
-rm -rf "$out"
+echo "== mpirun -np 2 tpr serve --port 0: one completion, one chat, then SIGTERM"
+W=$(mktemp -d)
+SERVER=
+cleanup() { [ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+"${MPI[@]}" build/bin/tpr serve --model "$MODEL" --tp 2 --ep 2 --port 0 --port-file "$W/port" >"$W/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 300); do [ -s "$W/port" ] && break; sleep 0.1; done
+[ -s "$W/port" ] || { cat "$W/server.log"; echo "tpr serve did not start" >&2; exit 1; }
+URL=http://127.0.0.1:$(cat "$W/port")
+COMPLETION='{"prompt": "A computer is", "max_tokens": 40, "temperature": 0}'
+CHAT='{"messages": [{"role": "user", "content": "Tell me a fortune about computers."}], "max_tokens": 60, "temperature": 0}'
+echo "\$ curl -s \$URL/v1/completions -d '$COMPLETION'"
+curl -s "$URL/v1/completions" -d "$COMPLETION"; echo
+echo "\$ curl -s \$URL/v1/chat/completions -d '$CHAT'"
+curl -s "$URL/v1/chat/completions" -d "$CHAT"; echo
+kill -TERM $(pgrep -P "$SERVER")  # every rank (mpirun itself would report the signal as a failure)
+rc=0; wait "$SERVER" || rc=$?
+SERVER=
+echo "tpr serve: exit $rc after SIGTERM"
+echo
+echo "== mpirun -np 2 tpr forward (tp 2): logits of every position vs transformers (scripts/reference/make_demo_reference.py)"
+IDS=$(sed -n 's/.*"ids_csv": "\([0-9,]*\)".*/\1/p' "$MODEL/reference.json" | head -1)  # prompt 0
+"${MPI[@]}" build/bin/tpr forward --model "$MODEL" --tp 2 --ep 2 --tokens "$IDS" --out "$W/logits.safetensors"
+build/bin/tpr compare --a "$W/logits.safetensors" --a-key logits --b "$MODEL/reference.safetensors" --b-key logits --tol 1e-4
