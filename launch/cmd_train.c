@@ -13,6 +13,7 @@
 #include "models/minimax_m2.h"
 #include "models/minimax_m2_train.h"
 #include "shard/checkpoint_gen.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 static const char *usage =
@@ -93,12 +94,12 @@ static tpr_status random_model(tpr_world *w, const char *config, uint64_t seed, 
 }
 
 int tpr_cmd_train(int argc, char **argv) {
-  const char *model = NULL, *config = NULL, *data = NULL, *order = "random", *dump = NULL;
+  const char *model = NULL, *config = NULL, *data = NULL, *order = NULL, *dump = NULL;
   bool random_init = false, profile = false;
   tpr_train_opts o = {.seq_len = 256, .micro_batch = 1, .grad_accum = 1, .steps = 10, .lr = 3e-4, .min_lr = -1,
                       .weight_decay = 0.1, .clip = 1.0, .warmup = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                       .aux_coef = -1};
-  int64_t seed = 0;
+  int64_t seed = -1;  // -1: not given (0, or on --resume the checkpoint's)
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
@@ -109,7 +110,8 @@ int tpr_cmd_train(int argc, char **argv) {
       {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
       {"random-init", TPR_ARG_FLAG, &random_init, "start from random weights (N(0, 0.02^2); norms near 1)"},
       {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
-      {"data-order", TPR_ARG_STR, &order, "random (a seeded permutation of windows per epoch, default) | sequential"},
+      {"data-order", TPR_ARG_STR, &order,
+       "random (a seeded permutation of windows per epoch, default) | sequential; --resume: the checkpoint's"},
       {"seq-len", TPR_ARG_INT, &o.seq_len, "tokens per sequence (default 256)"},
       {"micro-batch", TPR_ARG_INT, &o.micro_batch, "sequences per micro-step per replica (default 1)"},
       {"grad-accum", TPR_ARG_INT, &o.grad_accum, "micro-steps per optimizer step (default 1)"},
@@ -124,7 +126,8 @@ int tpr_cmd_train(int argc, char **argv) {
       {"aux-coef", TPR_ARG_FLOAT, &o.aux_coef, "weight of the MoE load-balancing loss (default: the config's)"},
       {"bias-update-rate", TPR_ARG_FLOAT, &o.bias_update_rate,
        "aux-loss-free balancing: after each step e_score_correction_bias += rate * sign(mean load - load) (default 0: off)"},
-      {"seed", TPR_ARG_INT, &seed, "seed of the data order and of --random-init (default 0)"},
+      {"seed", TPR_ARG_INT, &seed,
+       "seed of the data order and of --random-init (default 0; --resume: the checkpoint's)"},
       {"save", TPR_ARG_STR, &o.save_dir, "checkpoint directory (Hugging Face + optimizer state), written atomically"},
       {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
       {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same tp, ep, etp; dp may change)"},
@@ -157,8 +160,32 @@ int tpr_cmd_train(int argc, char **argv) {
   if (sources != 1 || (config && !random_init) || (random_init && !config))
     return usage_error("give exactly one of --model DIR, --config F --random-init, or --resume DIR");
   if (!data) return usage_error("--data is required");
-  if (strcmp(order, "random") && strcmp(order, "sequential"))
+  if (order && strcmp(order, "random") && strcmp(order, "sequential"))
     return usage_error("--data-order must be random or sequential");
+  if (seed < -1) return usage_error("--seed must be >= 0");
+  bool sequential = order && !strcmp(order, "sequential");
+  if (o.resume_dir) {
+    // A resume reads on in the order the checkpoint's run read; another
+    // order would silently train on other windows than the uninterrupted run.
+    uint64_t saved_seed;
+    bool saved_sequential;
+    if (tpr_train_checkpoint_data_order(o.resume_dir, &saved_seed, &saved_sequential) != TPR_OK) {
+      fprintf(stderr, "tpr train: --resume: %s\n", tpr_last_error());
+      return 1;
+    }
+    if ((seed >= 0 && (uint64_t)seed != saved_seed) || (order && sequential != saved_sequential)) {
+      fprintf(stderr,
+              "tpr train: --resume %s: that run read its data in %s order with seed %llu; this one asks for %s "
+              "order with seed %lld (leave --seed and --data-order out to continue as it did)\n",
+              o.resume_dir, saved_sequential ? "sequential" : "random", (unsigned long long)saved_seed,
+              order ? order : (saved_sequential ? "sequential" : "random"),
+              (long long)(seed >= 0 ? seed : (int64_t)saved_seed));
+      return 2;
+    }
+    seed = (int64_t)saved_seed;
+    sequential = saved_sequential;
+  }
+  if (seed < 0) seed = 0;
   if (o.seq_len < 1 || o.micro_batch < 1 || o.grad_accum < 1 || o.steps < 1 || o.warmup < 0 || o.save_every < 0 || o.stop_after < 0)
     return usage_error("--seq-len, --micro-batch, --grad-accum and --steps must be >= 1; --warmup, --save-every, --stop-after >= 0");
   if (!(o.lr > 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
@@ -181,7 +208,7 @@ int tpr_cmd_train(int argc, char **argv) {
   else if (debug_fsdp && !strcmp(debug_fsdp, "wrong-shard")) fo.debug_wrong_shard = true;
   else if (debug_fsdp) return usage_error("--debug-fsdp must be sum-grads or wrong-shard");
   o.data = data;
-  o.data_sequential = !strcmp(order, "sequential");
+  o.data_sequential = sequential;
   o.seed = (uint64_t)seed;
   o.dump_grads = dump;
   tpr_world w;

@@ -280,6 +280,48 @@ static void test_resume_bit_identical(void **state) {
   }
 }
 
+// A random-order run resumed with neither --seed nor --data-order reads on
+// in the checkpoint's order (trainer_state.json) and ends as the
+// uninterrupted run; asking for another seed on --resume is refused.
+// Control: the same schedule with another seed ends elsewhere, so the
+// comparison depends on the order.
+static void test_resume_keeps_data_order(void **state) {
+  const int total = 4;
+  const char *full = tt_path(tmp_dir, "order_full"), *half = tt_path(tmp_dir, "order_half");
+  const char *rest = tt_path(tmp_dir, "order_rest"), *other = tt_path(tmp_dir, "order_other");
+  const char *const *mesh = MESH("--grad-accum", "2");
+  cJSON_Delete(train(1, mesh, total, MESH("--save", full, "--data-order", "random", "--seed", "7"), NULL));
+  cJSON_Delete(train(1, mesh, total, MESH("--save", other, "--data-order", "random", "--seed", "8"), NULL));
+  run_result stopped;
+  cJSON *a = train_n(1, mesh, total, total / 2,
+                     MESH("--save", half, "--stop-after", "2", "--data-order", "random", "--seed", "7"), &stopped);
+  assert_non_null(a);
+  cJSON_Delete(a);
+  tt_run_done(&stopped);
+  const char *args[64] = {"train", "--resume", half, "--data", FIX "/tokens.npy", "--seq-len", "16",
+                          "--save", rest, "--json", "--grad-accum", "2"};
+  int n = 12;
+  add_hparams(args, &n, total);
+  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 240});
+  if (r.code != 0) fail_msg("resume failed: %s", r.err);
+  tt_run_done(&r);
+  size_t la, lb, lc;
+  char *x = tt_slurp(tt_path(full, "model.safetensors"), &la), *y = tt_slurp(tt_path(rest, "model.safetensors"), &lb);
+  char *z = tt_slurp(tt_path(other, "model.safetensors"), &lc);
+  bool same = la == lb && !memcmp(x, y, la), control_differs = la != lc || memcmp(x, z, la) != 0;
+  printf("  random order, seed 7, resumed without --seed: %s; seed 8 instead: %s\n", same ? "identical" : "DIFFERS",
+         control_differs ? "differs (control)" : "SAME");
+  assert_true(same);
+  assert_true(control_differs);
+  free(x), free(y), free(z);
+  args[n++] = "--seed", args[n++] = "8";
+  r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 240});
+  printf("  resume asking for seed 8: exit %d: %s", r.code, r.err);
+  assert_int_equal(r.code, 2);
+  assert_non_null(strstr(r.err, "seed 7"));
+  tt_run_done(&r);
+}
+
 // A save that died half-way leaves "<dir>.tmp" behind and the previous
 // checkpoint whole: resuming from it works, and the next save clears the
 // leftover and publishes a whole new checkpoint.
@@ -426,6 +468,7 @@ int main(void) {
       cmocka_unit_test(test_step0_tensor_parallel),  cmocka_unit_test(test_step0_expert_and_data_parallel),
       cmocka_unit_test(test_missing_grad_all_reduce_fails), cmocka_unit_test(test_ten_steps),
       cmocka_unit_test(test_resume_bit_identical),    cmocka_unit_test(test_interrupted_save),
+      cmocka_unit_test(test_resume_keeps_data_order),
       cmocka_unit_test(test_bias_update),
       cmocka_unit_test(test_bad_input),
   };

@@ -258,6 +258,26 @@ static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t 
   return rc;
 }
 
+tpr_status tpr_train_checkpoint_data_order(const char *dir, uint64_t *seed, bool *sequential) {
+  char *path = tpr_path_join(dir, "trainer_state.json");
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  tpr_status rc = path ? tpr_file_read(path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
+  cJSON *j = rc == TPR_OK ? cJSON_ParseWithLength((const char *)bytes, len) : NULL;
+  if (rc == TPR_OK && !j) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s is not valid JSON", path);
+  const cJSON *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
+  const cJSON *ord = cJSON_GetObjectItemCaseSensitive(j, "data_order");
+  // A seed is a uint64 written as a JSON number: exact up to 2^53.
+  bool order_ok = cJSON_IsString(ord) && (!strcmp(ord->valuestring, "random") || !strcmp(ord->valuestring, "sequential"));
+  if (rc == TPR_OK && (!cJSON_IsNumber(sd) || sd->valuedouble < 0 || sd->valuedouble > 9007199254740992.0 || !order_ok))
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: \"seed\" (a number) or \"data_order\" (random | sequential) is missing or wrong",
+                  path);
+  if (rc == TPR_OK) *seed = (uint64_t)sd->valuedouble, *sequential = !strcmp(ord->valuestring, "sequential");
+  cJSON_Delete(j);
+  free(path), free(bytes);
+  return rc;
+}
+
 tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
   int old_world = 0;
   TPR_CHECK(read_state(dir, tpr_session_plan(s), step, &old_world));

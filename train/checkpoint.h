@@ -26,4 +26,8 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
 // its). A checkpoint of another mesh or a damaged file: a clear error.
 tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step);
 
+// The data order a checkpoint's run read with (trainer_state.json's "seed"
+// and "data_order"), so a resume reads on exactly where it stopped.
+tpr_status tpr_train_checkpoint_data_order(const char *dir, uint64_t *seed, bool *sequential);
+
 #endif
