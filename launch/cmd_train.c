@@ -208,6 +208,9 @@ int tpr_cmd_train(int argc, char **argv) {
   // families whose training program shards its params: minimax_m2).
   if (rc == TPR_OK && !no_fsdp)
     fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_session_plan(s)->config.family == TPR_FAMILY_MINIMAX_M2);
+  if (rc == TPR_OK && o.bias_update_rate > 0 && tpr_session_plan(s)->config.family != TPR_FAMILY_MINIMAX_M2)
+    rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --bias-update-rate moves e_score_correction_bias, which %s has not",
+                  tpr_model_family_name(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
   tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo};

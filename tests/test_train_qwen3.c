@@ -3,7 +3,7 @@
 // scripts/reference/make_qwen3_train_fixture.py, tests/fixtures/qwen3_moe_train):
 // step 0's loss and every parameter's gradient at tp 1, tp 2, tp 4 (KV heads
 // replicated), expert-parallel and data-parallel meshes; the AdamW steps'
-// losses and parameters; negative controls (the aux loss left out, a missing
+// losses and parameters; a resume bit for bit; negative controls (the aux loss left out, a missing
 // backward all-reduce of the per-head norm weights or of the column inputs
 // must fail the gradient bound); refusals.
 #include "test_util.h"
@@ -212,6 +212,41 @@ static void test_steps(void **state) {
   }
 }
 
+// A run stopped half-way and resumed from its checkpoint reaches the
+// uninterrupted run's weights and moments bit for bit.
+static void test_resume_bit_identical(void **state) {
+  (void)state;
+  int total = 4;
+  double aux = meta_at("model.router_aux_loss_coef", -1);
+  const char *full = tt_path(tmp_dir, "full"), *half = tt_path(tmp_dir, "half"), *rest = tt_path(tmp_dir, "rest");
+  const char *const *mesh = MESH("--grad-accum", "2", "--tp", "2");
+  cJSON_Delete(train(2, mesh, total, aux, MESH("--save", full)));
+  const char *args[64] = {"train", "--model", MODEL, "--data", FIX "/tokens.npy", "--data-order", "sequential",
+                          "--seq-len", "16", "--save", half, "--stop-after", "2", "--tp", "2", "--grad-accum", "2"};
+  int n = 17;
+  add_hparams(args, &n, total, aux);
+  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 2, .timeout_s = 240});
+  if (r.code != 0) fail_msg("stopped run failed: %s", r.err);
+  tt_run_done(&r);
+  // --resume loads the weights, moments and step from the directory alone.
+  const char *res[64] = {"train", "--resume", half, "--data", FIX "/tokens.npy", "--data-order", "sequential",
+                         "--seq-len", "16", "--save", rest, "--tp", "2", "--grad-accum", "2"};
+  n = 15;
+  add_hparams(res, &n, total, aux);
+  r = tt_run(tpr_path, tmp_dir, res, &(tt_run_opts){.np = 2, .timeout_s = 240});
+  if (r.code != 0) fail_msg("resume failed: %s", r.err);
+  tt_run_done(&r);
+  const char *files[] = {"model.safetensors", "optim-rank-00000-of-00002.safetensors",
+                         "optim-rank-00001-of-00002.safetensors"};
+  for (int i = 0; i < 3; i++) {
+    size_t la, lb;
+    char *x = tt_slurp(tt_path(full, files[i]), &la), *y = tt_slurp(tt_path(rest, files[i]), &lb);
+    printf("  resume at step 2 of %d: %s %s\n", total, files[i], la == lb && !memcmp(x, y, la) ? "identical" : "DIFFERS");
+    assert_true(la == lb && memcmp(x, y, la) == 0);
+    free(x), free(y);
+  }
+}
+
 static void test_refusals(void **state) {
   (void)state;
   struct {
@@ -224,6 +259,9 @@ static void test_refusals(void **state) {
        "hunyuan_v1_moe runs inference only"},
       {"FSDP", MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--fsdp"),
        "--no-fsdp"},
+      {"routing-bias update",
+       MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--bias-update-rate", "0.01"),
+       "qwen3_moe has not"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     run_result r = tt_run(tpr_path, tmp_dir, cases[i].args, &(tt_run_opts){.np = 1, .timeout_s = 60});
@@ -259,6 +297,7 @@ int main(void) {
       cmocka_unit_test(test_step0_meshes),
       cmocka_unit_test(test_controls_fail),
       cmocka_unit_test(test_steps),
+      cmocka_unit_test(test_resume_bit_identical),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
