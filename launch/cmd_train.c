@@ -217,13 +217,13 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
-  // The backward exists for minimax_m2 only: other families are refused by
-  // name before any weight is read (a resumed run was minimax_m2 to begin with).
+  // Training programs exist for minimax_m2 and qwen3_moe: other families are
+  // refused by name before any weight is read (a resumed run was one of them).
   tpr_model_config mc;
   if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
-      mc.family != TPR_FAMILY_MINIMAX_M2)
+      mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE)
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
-                  "training supports minimax_m2", tpr_model_family_name(mc.family));
+                  "training supports minimax_m2 and qwen3_moe", tpr_model_family_name(mc.family));
   tpr_session_opts so;
   if (rc == TPR_OK) rc = tpr_cli_session_opts(&w, dir, &mesh, o.seq_len, &dbg, &so);
   if (rc == TPR_OK) {
@@ -231,8 +231,13 @@ int tpr_cmd_train(int argc, char **argv) {
     so.skip_grad_marks = skip;
     rc = tpr_session_open(&so, w.host, w.be, &s);
   }
-  // FSDP by default once there is more than one replica to shard over.
-  if (rc == TPR_OK && !no_fsdp) fo.on = fo.on || tpr_session_plan(s)->dp > 1;
+  // FSDP by default once there is more than one replica to shard over (the
+  // families whose training program shards its params: minimax_m2).
+  if (rc == TPR_OK && !no_fsdp)
+    fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_session_plan(s)->config.family == TPR_FAMILY_MINIMAX_M2);
+  if (rc == TPR_OK && o.bias_update_rate > 0 && tpr_session_plan(s)->config.family != TPR_FAMILY_MINIMAX_M2)
+    rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --bias-update-rate moves e_score_correction_bias, which %s has not",
+                  tpr_model_family_name(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
   tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo};

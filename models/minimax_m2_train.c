@@ -1,6 +1,8 @@
-// Training state of a MiniMax-M2 session: the forward+backward program, the
+// Training state of a session: the forward+backward program of its family
+// (minimax_m2.c, or qk_head_decoder.c's training mode for qwen3_moe), the
 // trained params with their gradient accumulators, and the collective steps
-// on gradients (fold, dp mean, norm) and weights (export).
+// on gradients (fold, dp mean, norm) and weights (export). Only the program
+// and the expert kinds' names depend on the family.
 #include "minimax_m2_train.h"
 
 #include <math.h>
@@ -10,6 +12,7 @@
 
 #include "models/minimax_m2_impl.h"
 #include "models/minimax_m2_train_impl.h"
+#include "models/qwen3_moe.h"
 #include "engine/session_impl.h"
 #include "shard/unshard.h"
 
@@ -60,7 +63,8 @@ static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
   int64_t layers = s->cfg.num_layers, Er = pl->experts_per_rank, Fr = pl->expert_inter_per_rank, H = s->cfg.hidden_size;
   t->params = calloc((size_t)(s->weights.n + 2 * layers), sizeof *t->params);
   if (!t->params) return TPR_FAIL(TPR_ERR_OOM, "train params");
-  int k1 = find_kind(pl, ".w1.weight"), k3 = find_kind(pl, ".w3.weight"), k2 = find_kind(pl, ".w2.weight");
+  const tpr_family *f = s->family;
+  int k1 = find_kind(pl, f->expert_gate), k3 = find_kind(pl, f->expert_up), k2 = find_kind(pl, f->expert_down);
   for (int pass = 0; pass < 2; pass++) {  // trained first, then the frozen biases
     for (int64_t i = 0; i < s->weights.n; i++) {
       const tpr_load_item *it = &s->weights.items[i];
@@ -73,7 +77,7 @@ static tpr_status list_params(tpr_session *s, struct tpr_m2_train *t) {
     }
     if (pass == 1) break;
     for (int64_t L = 0; L < layers; L++)
-      for (int w = 0; w < 2; w++) {
+      for (int w = 0; w < 2 && s->experts[2 * L]; w++) {  // dense-MLP layers (qwen3_moe) hold no experts
         char name[160];
         tpr_family_expert_name(L, w ? "w2" : "w13", name, sizeof name);
         tpr_tensor *x = s->experts[2 * L + w];
@@ -98,16 +102,46 @@ static tpr_status build_m2(const tpr_shard_plan *plan, const void *opts, tpr_pro
   return tpr_m2_build(plan, opts, out);
 }
 
+static tpr_status build_qwen3(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  return tpr_qkhd_build(&tpr_qwen3_moe_desc, plan, opts, out);
+}
+
+// The family's training program: MiniMax-M2's builder, or the per-head
+// QK-norm builder's training mode (qwen3_moe; its siblings hunyuan_v1_moe
+// and qwen3_vl_moe are not checked against PyTorch yet and are refused).
+static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
+  int64_t T = t->o.seq_len;
+  double coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef;
+  if (s->cfg.family == TPR_FAMILY_MINIMAX_M2) {
+    tpr_m2_build_opts bo = {.tokens = T,
+                            .per_rank_qk_norm = s->o.per_rank_qk_norm,
+                            .moe = s->o.moe,
+                            .training = true,
+                            .aux_coef = coef,
+                            .skip_grad_marks = s->o.skip_grad_marks,
+                            .fsdp = t->o.fsdp};
+    return tpr__session_make_program(s, build_m2, &bo, &t->program);
+  }
+  if (s->cfg.family != TPR_FAMILY_QWEN3_MOE)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports "
+                    "minimax_m2 and qwen3_moe", tpr_model_family_name(s->cfg.family));
+  if (t->o.fsdp.on)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2 only; train %s with --no-fsdp "
+                    "(plain data parallelism)", tpr_model_family_name(s->cfg.family));
+  if (s->o.per_rank_qk_norm)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: --debug-per-rank-qk-norm is an inference control for %s",
+                    tpr_model_family_name(s->cfg.family));
+  tpr_qkhd_opts qo = {.step = {.moe = s->o.moe},
+                      .training = true,
+                      .tokens = T,
+                      .aux_coef = coef,
+                      .skip_grad_marks = s->o.skip_grad_marks};
+  return tpr__session_make_program(s, build_qwen3, &qo, &t->program);
+}
+
 static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
   int64_t T = t->o.seq_len;
-  tpr_m2_build_opts bo = {.tokens = T,
-                          .per_rank_qk_norm = s->o.per_rank_qk_norm,
-                          .moe = s->o.moe,
-                          .training = true,
-                          .aux_coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef,
-                          .skip_grad_marks = s->o.skip_grad_marks,
-                          .fsdp = t->o.fsdp};
-  TPR_CHECK(tpr__session_make_program(s, build_m2, &bo, &t->program));
+  TPR_CHECK(make_program(s, t));
   TPR_CHECK(tpr_exec_new(t->program, s->be, &t->exec));
   tpr_exec_set_collectives(t->exec, &s->hook);
   if (t->o.profile) TPR_CHECK(tpr_exec_set_profiling(t->exec, true));
@@ -271,6 +305,7 @@ tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const in
   }
   int64_t E = s->cfg.num_experts;
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    if (!tpr_model_config_layer_is_moe(&s->cfg, L)) continue;  // dense layers route nothing
     char name[64];
     const tpr_tensor *x;
     snprintf(name, sizeof name, "moe_load.%lld", (long long)L);

@@ -1,16 +1,62 @@
 #include "models/qk_head_decoder.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "models/family_step.h"
 #include "models/layers/router_softmax.h"
+#include "models/train_loss.h"
+#include "runtime/autodiff.h"
 #include "shard/mesh.h"
 
 typedef struct qkhd {
   tpr_fstep c;
   const tpr_qkhd_desc *d;
+  const tpr_qkhd_opts *o;
   tpr_qk_control control;
+  tpr_value_id start;           // training: (1) i32 the first position (0)
+  tpr_value_id *router_logits;  // training: the MoE layers' (T, E) router logits, for the aux loss
+  int n_router;
 } qkhd;
+
+// Training: x, replicated over the tp group, enters rank-local compute here,
+// so its cotangent must be summed over the group (Megatron's f,
+// runtime/autodiff.h). Inference programs carry no marks.
+static tpr_status mark_tp(qkhd *b, int kind, tpr_value_id *x) {
+  if (!b->o->training || (b->o->skip_grad_marks & kind) || b->c.plan->tp == 1) return TPR_OK;
+  return tpr_pb_grad_all_reduce(b->c.p, *x, TPR_AXIS_TP, b->c.plan->tp, x);
+}
+
+// Training inputs: the rank tensor, tokens, positions (and MRoPE's), start.
+static tpr_status begin_training(qkhd *b) {
+  tpr_fstep *c = &b->c;
+  int64_t T = c->T = b->o->tokens;
+  if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld tokens per training run", c->family->name, (long long)T);
+  TPR_CHECK(tpr_moe_opts_check(&c->o->moe, c->plan));
+  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
+  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
+  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
+  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
+  if (c->plan->config.mrope_layout)
+    TPR_CHECK(tpr_program_input(c->p, "positions_3d", TPR_I32, 2, (const int64_t[]){3, T}, &c->positions_3d));
+  return tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start);
+}
+
+// Training attention: one whole sequence per run, so attention reads this
+// run's k and v (no cache); then the row-parallel o_proj and its all-reduce.
+static tpr_status attend_training(qkhd *b, tpr_value_id q, tpr_value_id k, tpr_value_id v, const tpr_fweight *wo,
+                                  tpr_value_id x, tpr_value_id *out) {
+  tpr_fstep *c = &b->c;
+  int64_t D = c->plan->config.head_dim, qr = c->plan->attn.q_per_rank;
+  tpr_value_id att, o;
+  float scale = (float)(1.0 / sqrt((double)D));
+  TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, scale, &att));  // (T, qr, D)
+  TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){c->T, qr * D}, &att));
+  TPR_CHECK(tpr_fstep_linear(c->p, att, wo, &o));  // (T, H) partial over tp
+  TPR_CHECK(tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &o));
+  return tpr_pb_add(c->p, x, o, out);
+}
 
 // x (T, heads, D) q or k -> normalised as the control says, (T, heads, D).
 static tpr_status qk_norm(qkhd *b, tpr_value_id x, tpr_value_id w, int64_t heads, tpr_value_id *out) {
@@ -56,6 +102,11 @@ static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *ou
   TPR_CHECK(tpr_fstep_param(c, b->d->q_norm, L, &qn));                                 // (D)
   TPR_CHECK(tpr_fstep_param(c, b->d->k_norm, L, &kn));                                 // (D)
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));               // (T, H)
+  // Training: h enters the column-parallel q/k/v; the (D) norm weights enter
+  // this rank's heads only (each rank's cotangent covers its own heads).
+  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_COLUMN, &h));
+  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &qn));
+  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &kn));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));  // (T, qr*D)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));  // (T, kr*D)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
@@ -72,12 +123,14 @@ static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *ou
     TPR_CHECK(qk_norm(b, q, qn, qr, &q));  // (T, qr, D)
     TPR_CHECK(qk_norm(b, k, kn, kr, &k));  // (T, kr, D)
   }
+  if (b->o->training) return attend_training(b, q, k, v, &wo, x, out);
   return tpr_fstep_attend(c, L, q, k, v, &wo, x, out);
 }
 
 // h (T, H) -> the SwiGLU MLP named `prefix` + "{gate,up,down}_proj.weight":
 // column/row-parallel, y (T, H) replicated over tp.
-static tpr_status swiglu_mlp(tpr_fstep *c, const char *prefix, int64_t L, tpr_value_id h, tpr_value_id *y) {
+static tpr_status swiglu_mlp(qkhd *b, const char *prefix, int64_t L, tpr_value_id h, tpr_value_id *y) {
+  tpr_fstep *c = &b->c;
   char pg[160], pu[160], pd[160];
   snprintf(pg, sizeof pg, "%sgate_proj.weight", prefix);
   snprintf(pu, sizeof pu, "%sup_proj.weight", prefix);
@@ -87,11 +140,35 @@ static tpr_status swiglu_mlp(tpr_fstep *c, const char *prefix, int64_t L, tpr_va
   TPR_CHECK(tpr_fstep_weight(c, pg, L, &wg));  // (F/tp, H)
   TPR_CHECK(tpr_fstep_weight(c, pu, L, &wu));
   TPR_CHECK(tpr_fstep_weight(c, pd, L, &wd));  // (H, F/tp)
+  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_COLUMN, &h));  // training: the column-parallel gate/up input
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wu, &u));
   TPR_CHECK(tpr_pb_swiglu(c->p, g, u, &a));      // (T, F/tp)
   TPR_CHECK(tpr_fstep_linear(c->p, a, &wd, y));  // (T, H) partial over tp
   return tpr_pb_all_reduce(c->p, *y, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, y);
+}
+
+// Training: the router's gates (gradients flow through the chosen, and
+// renormalised, probabilities: router_softmax.h), the tokens routed per
+// expert as an output, the logits kept for the aux loss, and the experts
+// with their inputs marked.
+static tpr_status routed_training(qkhd *b, int64_t L, tpr_value_id h, tpr_value_id logits, tpr_value_id *y) {
+  tpr_fstep *c = &b->c;
+  const tpr_model_config *cfg = &c->plan->config;
+  tpr_value_id gates, load;
+  char name[64];
+  TPR_CHECK(tpr_router_softmax_topk(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &gates));  // (T, E)
+  b->router_logits[b->n_router++] = logits;
+  snprintf(name, sizeof name, "moe_load.%lld", (long long)L);
+  TPR_CHECK(tpr_pb_moe_counts(c->p, gates, &load));  // (E) i32
+  TPR_CHECK(tpr_program_output(c->p, load, name));
+  tpr_step_build_opts so = *c->o;
+  so.moe.mark_grads = !(b->o->skip_grad_marks & TPR_QKHD_MARKS_COLUMN);
+  const tpr_step_build_opts *saved = c->o;
+  c->o = &so;
+  tpr_status rc = tpr_fstep_moe(c, L, h, gates, y);
+  c->o = saved;
+  return rc;
 }
 
 // h (T, H) -> the routed experts' y (T, H), replicated.
@@ -102,6 +179,7 @@ static tpr_status routed(qkhd *b, int64_t L, tpr_value_id h, tpr_value_id *y) {
   tpr_value_id logits, gates;
   TPR_CHECK(tpr_fstep_weight(c, b->d->router, L, &gate));  // (E, H)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &gate, &logits));    // (T, E)
+  if (b->o->training) return routed_training(b, L, h, logits, y);
   if (!b->d->reroute_own_prob) {
     TPR_CHECK(tpr_router_softmax_topk(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &gates));
     return tpr_fstep_moe(c, L, h, gates, y);
@@ -128,11 +206,11 @@ static tpr_status mlp(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   if (!tpr_model_config_layer_is_moe(cfg, L)) {
-    TPR_CHECK(swiglu_mlp(c, b->d->dense_mlp, L, h, &y));
+    TPR_CHECK(swiglu_mlp(b, b->d->dense_mlp, L, h, &y));
   } else {
     TPR_CHECK(routed(b, L, h, &y));
     if (cfg->shared_expert_intermediate_size) {
-      TPR_CHECK(swiglu_mlp(c, b->d->shared_mlp, L, h, &ys));
+      TPR_CHECK(swiglu_mlp(b, b->d->shared_mlp, L, h, &ys));
       TPR_CHECK(tpr_pb_add(c->p, y, ys, &y));
     }
   }
@@ -173,7 +251,7 @@ static tpr_status build(qkhd *b) {
   tpr_fstep *c = &b->c;
   const tpr_model_config *cfg = &c->plan->config;
   tpr_value_id embed, x, fn, head;
-  TPR_CHECK(tpr_fstep_begin(c));
+  TPR_CHECK(b->o->training ? begin_training(b) : tpr_fstep_begin(c));
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   for (int64_t L = 0; L < cfg->num_layers; L++) {
     TPR_CHECK(attention(b, L, x, &x));
@@ -185,7 +263,12 @@ static tpr_status build(qkhd *b) {
     head = embed;
   else
     TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
-  return tpr_fstep_logits(c, x, head);
+  if (!b->o->training) return tpr_fstep_logits(c, x, head);
+  tpr_train_loss_opts lo = {.tokens = c->T,
+                            .aux_coef = b->o->aux_coef,
+                            .skip_head_mark = (b->o->skip_grad_marks & TPR_QKHD_MARKS_COLUMN) != 0,
+                            .family = c->family->name};
+  return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, b->router_logits, b->n_router);
 }
 
 tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,
@@ -194,9 +277,12 @@ tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, co
   if ((unsigned)o->qk_control > TPR_QK_CONTROL_SWAP_ORDER)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown QK-norm control %d", d->family->name, (int)o->qk_control);
   TPR_CHECK(check_supported(d, plan));
-  qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family}, .d = d, .control = o->qk_control};
-  TPR_CHECK(tpr_program_new(&b.c.p));
-  tpr_status rc = build(&b);
+  qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family}, .d = d, .o = o, .control = o->qk_control};
+  if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
+    return TPR_FAIL(TPR_ERR_OOM, "%s: router logits", d->family->name);
+  tpr_status rc = tpr_program_new(&b.c.p);
+  if (rc == TPR_OK) rc = build(&b);
+  free(b.router_logits);
   if (rc != TPR_OK) {
     tpr_program_free(b.c.p);
     return rc;

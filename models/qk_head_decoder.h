@@ -17,6 +17,14 @@
 //                SwiGLU MLP, column/row-parallel, where the config has one]
 //     dense layer: x += allreduce_tp(down_r(silu(gate_r h) * up_r h))
 //   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
+//
+// Training mode (tpr_qkhd_opts.training): the same layers without KV cache
+// (attention over this run's k and v from position 0), the edges where a
+// replicated value enters rank-local compute marked with grad_all_reduce
+// (q/k/v and dense/shared MLP inputs, the per-head norm weights, the experts'
+// inputs, the lm head's), and the loss of models/train_loss.h in place of the
+// logits: vocab-parallel cross-entropy + aux_coef * the load-balancing loss
+// over the MoE layers' router logits, then the backward.
 #ifndef TPR_QK_HEAD_DECODER_H
 #define TPR_QK_HEAD_DECODER_H
 
@@ -48,9 +56,23 @@ typedef struct tpr_qkhd_desc {
   tpr_qk_control session_control;
 } tpr_qkhd_desc;
 
+// Negative controls of training (the same bits as TPR_M2_MARKS_*): leave out
+// the grad_all_reduce of the column-parallel, expert and lm head inputs, or
+// of the per-head norm weights. The forward is unchanged.
+enum { TPR_QKHD_MARKS_COLUMN = 1, TPR_QKHD_MARKS_QK_NORM = 2 };
+
 typedef struct tpr_qkhd_opts {
-  tpr_step_build_opts step;
+  tpr_step_build_opts step;  // inference: the step; training: moe options (step.shape unused)
   tpr_qk_control qk_control;
+  // Training program: inputs "tokens", "positions" (T) i32 (plus
+  // "positions_3d" (3, T) for MRoPE families), "start" (1) i32 (0),
+  // "targets" (T) i32; outputs "loss", "ce", "aux", per MoE layer L
+  // "moe_load.L" (E) i32 (tokens routed per expert) and "grad:<param>" for
+  // every trained param (models/train_loss.h). Params are f32.
+  bool training;
+  int64_t tokens;       // T, training
+  double aux_coef;      // weight of the load-balancing loss, training
+  int skip_grad_marks;  // TPR_QKHD_MARKS_* negative controls, training
 } tpr_qkhd_opts;
 
 // The step program of `d`'s family on `plan` (whose config must be d's).

@@ -19,8 +19,9 @@
 //       x += allreduce_tp(down_r(silu(gate_r h) * up_r h))  column/row-parallel
 //   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
 //
-// Not built: attention biases and sliding-window attention (the config parser
-// refuses both by name), training (tpr train refuses the family).
+// Training: the same builder's training mode (qk_head_decoder.h), run by
+// tpr train. Not built: attention biases and sliding-window attention (the
+// config parser refuses both by name).
 #ifndef TPR_QWEN3_MOE_H
 #define TPR_QWEN3_MOE_H
 

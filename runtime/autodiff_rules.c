@@ -4,6 +4,7 @@
 static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
     [TPR_OP_SUM_TO] = tpr__bwd_sum_to,
     [TPR_OP_SCALE] = tpr__bwd_scale,
+    [TPR_OP_FILL] = tpr__bwd_fill,
     [TPR_OP_GRAD_ALL_REDUCE] = tpr__bwd_grad_all_reduce,
     [TPR_OP_ALL_REDUCE] = tpr__bwd_all_reduce,
     [TPR_OP_ALL_GATHER] = tpr__bwd_all_gather,

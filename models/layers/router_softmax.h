@@ -10,6 +10,11 @@
 //   g      = p * mask;  renormalise: g * rsqrt((g 1)^2) = g / sum g
 // Selection on sigmoid(p) rather than the logits keeps it exact where the
 // logits saturate sigmoid (|l| > 17); p values closer than ~3e-7 may tie.
+// Backward (training, qwen3_moe): through softmax, g = p * mask and the
+// renormalisation, as torch's through topk's values and their sum; the
+// selection is piecewise constant: the fills get no cotangent (fill's rule),
+// mask's derivative is 0 up to rounding (~1e-7 of the chosen entries'), and
+// router_sigmoid_topk_bwd drops the non-chosen entries.
 #ifndef TPR_ROUTER_SOFTMAX_H
 #define TPR_ROUTER_SOFTMAX_H
 

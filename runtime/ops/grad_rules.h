@@ -13,6 +13,7 @@ tpr_backward_rule tpr__backward_rule(tpr_op_kind op);
 // reduce.c: sum_to, scale, fill
 TPR__BWD_RULE(sum_to);
 TPR__BWD_RULE(scale);
+TPR__BWD_RULE(fill);
 // collective_grad.c: the collectives and grad_all_reduce (the f/g pair)
 TPR__BWD_RULE(grad_all_reduce);
 TPR__BWD_RULE(all_reduce);

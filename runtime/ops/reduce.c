@@ -63,6 +63,14 @@ TPR__BWD_RULE(sum_to) {
   return tpr_grad_add(g, n->in[0], dx);
 }
 
+// fill reads only its input's shape: its output is a constant, and the input
+// gets no cotangent (the softmax router's selection constants,
+// models/layers/router_softmax.h, are filled from the logits' shape).
+TPR__BWD_RULE(fill) {
+  (void)g, (void)n;
+  return TPR_OK;
+}
+
 TPR__BWD_RULE(scale) {
   tpr_value_id dx;
   TPR_CHECK(tpr_pb_scale(tpr_grad_program(g), n->dout, n->attrs.f[0], &dx));

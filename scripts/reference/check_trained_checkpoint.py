@@ -6,8 +6,8 @@ and computes the same logits as tpr.
         --checkpoint DIR --tpr-logits LOGITS.safetensors --tokens 1,2,3
 
 LOGITS.safetensors is `tpr forward --model DIR --tokens ... --out LOGITS.safetensors`
-(key "logits", (T, vocab) f32). Loads DIR with MiniMaxM2ForCausalLM.from_pretrained
-(float32, eager attention), runs the same tokens, prints the largest difference
+(key "logits", (T, vocab) f32). Loads DIR with AutoModelForCausalLM.from_pretrained
+(the config's class: MiniMaxM2ForCausalLM, Qwen3MoeForCausalLM; float32, eager attention), runs the same tokens, prints the largest difference
 relative to the largest logit, and exits 1 when it is above --bound (1e-5).
 """
 import argparse
@@ -15,7 +15,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import MiniMaxM2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 
 def main():
@@ -26,8 +26,7 @@ def main():
     ap.add_argument("--bound", type=float, default=1e-5)
     a = ap.parse_args()
     ids = torch.tensor([[int(t) for t in a.tokens.split(",")]])
-    model = MiniMaxM2ForCausalLM.from_pretrained(a.checkpoint, torch_dtype=torch.float32,
-                                                 attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(a.checkpoint, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     with torch.no_grad():
         want = model(input_ids=ids).logits[0].double()
@@ -36,7 +35,7 @@ def main():
         print(f"shape mismatch: tpr {tuple(got.shape)}, transformers {tuple(want.shape)}")
         return 1
     rel = ((got - want).abs().max() / want.abs().max()).item()
-    print(f"transformers loaded {a.checkpoint}; tpr vs transformers logits: max|d|/max|logit| = {rel:.3e} "
+    print(f"transformers loaded {a.checkpoint} as {type(model).__name__}; tpr vs transformers logits: max|d|/max|logit| = {rel:.3e} "
           f"(bound {a.bound:.0e}), {ids.shape[1]} tokens")
     return 0 if rel <= a.bound else 1
 

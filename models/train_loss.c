@@ -1,8 +1,10 @@
-// The training head of the MiniMax-M2 program: vocab-parallel cross-entropy,
-// the auxiliary load-balancing loss, and the backward of the whole program.
+// The training head of every family's training program (models/train_loss.h)
+// and MiniMax-M2's use of it.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "models/train_loss.h"
 
 #include "minimax_m2_impl.h"
 #include "runtime/autodiff.h"
@@ -19,10 +21,10 @@ static bool trained(const tpr_program *p, tpr_value_id v) {
   return (d.dtype == TPR_F32 || d.dtype == TPR_BF16) && !strstr(name, "e_score_correction_bias");
 }
 
-static tpr_status backward(tpr_program *p, tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id loss) {
+static tpr_status backward(tpr_program *p, const char *fam, tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id loss) {
   int nv = tpr_program_num_values(p), n = 0;
   tpr_value_id *wrt = malloc((size_t)nv * sizeof *wrt), *grads = malloc((size_t)nv * sizeof *grads);
-  tpr_status rc = wrt && grads ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minimax_m2: backward lists");
+  tpr_status rc = wrt && grads ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "%s: backward lists", fam);
   for (int v = 0; rc == TPR_OK && v < nv; v++)
     if (trained(p, v)) wrt[n++] = v;
   tpr_backward_opts bo;
@@ -36,11 +38,11 @@ static tpr_status backward(tpr_program *p, tpr_value_id rank, tpr_value_id rank_
   for (int i = 0; rc == TPR_OK && i < n; i++) {
     const char *name = tpr_program_value_name(p, wrt[i]);
     if (grads[i] < 0) {
-      rc = TPR_FAIL(TPR_ERR_INTERNAL, "minimax_m2: the loss does not depend on %s", name);
+      rc = TPR_FAIL(TPR_ERR_INTERNAL, "%s: the loss does not depend on %s", fam, name);
       break;
     }
     char out[192];
-    snprintf(out, sizeof out, "%s%s", TPR_M2_GRAD_PREFIX, name);
+    snprintf(out, sizeof out, "%s%s", TPR_TRAIN_GRAD_PREFIX, name);
     rc = tpr_program_output(p, grads[i], out);
   }
   free(wrt);
@@ -48,22 +50,32 @@ static tpr_status backward(tpr_program *p, tpr_value_id rank, tpr_value_id rank_
   return rc;
 }
 
-tpr_status tpr__m2_build_loss(tpr_program *p, const tpr_shard_plan *plan, const tpr_m2_build_opts *o,
-                              tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id x, tpr_value_id head,
-                              const tpr_value_id *router_logits) {
+tpr_status tpr_train_build_loss(tpr_program *p, const tpr_shard_plan *plan, const tpr_train_loss_opts *o,
+                                tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id x, tpr_value_id head,
+                                const tpr_value_id *router_logits, int n_router) {
   const tpr_model_config *cfg = &plan->config;
   int tp = plan->tp;
   tpr_value_id targets, logits, ce, aux, scaled, loss;
   TPR_CHECK(tpr_program_input(p, "targets", TPR_I32, 1, (const int64_t[]){o->tokens}, &targets));
-  if (tp > 1 && !(o->skip_grad_marks & TPR_M2_MARKS_COLUMN))  // the vocab-parallel head is rank-local
+  if (tp > 1 && !o->skip_head_mark)  // the vocab-parallel head is rank-local
     TPR_CHECK(tpr_pb_grad_all_reduce(p, x, TPR_AXIS_TP, tp, &x));
   TPR_CHECK(tpr_pb_matmul(p, x, head, false, true, &logits));  // (T, V'/tp)
   TPR_CHECK(tpr_build_vocab_parallel_xent(p, logits, targets, rank_tp, cfg->vocab_size, TPR_AXIS_TP, tp, &ce));
-  TPR_CHECK(tpr_build_moe_aux_loss(p, router_logits, (int)cfg->num_layers, (int)cfg->experts_per_tok, &aux));
+  TPR_CHECK(tpr_build_moe_aux_loss(p, router_logits, n_router, (int)cfg->experts_per_tok, &aux));
   TPR_CHECK(tpr_pb_scale(p, aux, (float)o->aux_coef, &scaled));
   TPR_CHECK(tpr_pb_add(p, ce, scaled, &loss));
   TPR_CHECK(tpr_program_output(p, loss, "loss"));
   TPR_CHECK(tpr_program_output(p, ce, "ce"));
   TPR_CHECK(tpr_program_output(p, aux, "aux"));
-  return backward(p, rank, rank_tp, loss);
+  return backward(p, o->family ? o->family : "train", rank, rank_tp, loss);
+}
+
+tpr_status tpr__m2_build_loss(tpr_program *p, const tpr_shard_plan *plan, const tpr_m2_build_opts *o,
+                              tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id x, tpr_value_id head,
+                              const tpr_value_id *router_logits) {
+  tpr_train_loss_opts lo = {.tokens = o->tokens,
+                            .aux_coef = o->aux_coef,
+                            .skip_head_mark = (o->skip_grad_marks & TPR_M2_MARKS_COLUMN) != 0,
+                            .family = "minimax_m2"};
+  return tpr_train_build_loss(p, plan, &lo, rank, rank_tp, x, head, router_logits, (int)plan->config.num_layers);
 }

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Writes the Qwen3-MoE training golden fixture (tests/fixtures/qwen3_moe_train):
+AdamW steps of transformers' own Qwen3MoeForCausalLM, started from the
+committed tiny checkpoint (tests/fixtures/qwen3_moe_tiny: a dense mlp_only
+layer, per-head q/k norms, 8 experts top-2 with norm_topk_prob), in f32 on CPU.
+
+    scripts/reference/.venv/bin/python scripts/reference/make_qwen3_train_fixture.py \
+        --out tests/fixtures/qwen3_moe_train
+
+The recipe is make_train_fixture.py's (tpr's train loop), on this model:
+  loss     per window: out = model(input_ids=inputs[None], output_router_logits=True)
+           loss_w = cross_entropy(out.logits[0], targets) + coef * out.aux_loss,
+           coef = router_aux_loss_coef set to --aux-coef; out.aux_loss is
+           modeling_qwen3_moe.load_balancing_loss_func over the router logits of the
+           MoE layers only (the dense mlp_only layer has no router), re-derived
+           here in float64 as a check.
+  step     mean over the windows of a step (backward on loss_w / W each),
+           clip_grad_norm_, AdamW(foreach=False, betas (0.9, 0.95), eps 1e-8,
+           weight decay on ndim >= 2), warmup + cosine lr.
+The router's gradient flows through the renormalised top-k probabilities
+(Qwen3MoeTopKRouter: softmax, topk, divided by the chosen sum) and the aux loss.
+
+Outputs (tensors under the checkpoint names of qwen3_moe_tiny/model.safetensors:
+model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, ...): tokens.npy,
+step0_grads.safetensors (the accumulated step-0 gradient before clipping),
+final_params.safetensors (loadable as model.safetensors), meta.json (the same
+keys as minimax_m2_train/meta.json, which tests/test_train_qwen3.c reads).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import Qwen3MoeForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_train_fixture import aux_independent, fail, lr_at, save_pretrained_tensors  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+GEN = "scripts/reference/make_qwen3_train_fixture.py"
+
+
+def to_hub(tensors):
+    """In-memory names -> checkpoint names: experts.gate_up_proj (E, 2I, H) =
+    cat(gate, up) on dim 1, experts.down_proj (E, H, I). Checked against
+    save_pretrained in main()."""
+    out = {}
+    for n, t in tensors.items():
+        t = t.detach().float().contiguous()
+        if n.endswith(".mlp.experts.gate_up_proj"):
+            pre, I = n[: -len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                out[f"{pre}{e}.up_proj.weight"] = t[e, I:].contiguous()
+        elif n.endswith(".mlp.experts.down_proj"):
+            pre = n[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[n] = t
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_moe_train"))
+    ap.add_argument("--model", default=os.path.join(REPO, "tests", "fixtures", "qwen3_moe_tiny"))
+    ap.add_argument("--seed", type=int, default=2718)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--seq-len", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--windows-per-step", type=int, default=2)
+    ap.add_argument("--aux-coef", type=float, default=0.05)
+    ap.add_argument("--lr-max", type=float, default=3e-3)
+    ap.add_argument("--min-lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--clip", type=float, default=1.0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)
+    model = Qwen3MoeForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager",
+                                                experts_implementation="eager")
+    config = model.config
+    coef_in_checkpoint = config.router_aux_loss_coef
+    config.router_aux_loss_coef = args.aux_coef
+    model.router_aux_loss_coef = args.aux_coef
+    model.train()
+    if config.attention_dropout != 0.0:
+        fail(f"attention_dropout {config.attention_dropout}: training mode is not deterministic")
+    E, k, V = config.num_experts, config.num_experts_per_tok, config.vocab_size
+    moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")]
+
+    sp = save_pretrained_tensors(model)
+    mine = to_hub(dict(model.named_parameters()))
+    if sorted(sp) != sorted(mine) or any(not torch.equal(sp[n], mine[n]) for n in sp):
+        fail(f"hub-name mapping differs from save_pretrained: {sorted(set(sp) ^ set(mine))}")
+    with safe_open(os.path.join(args.model, "model.safetensors"), "pt") as f:
+        if sorted(f.keys()) != sorted(mine) or any(not torch.equal(f.get_tensor(n), mine[n]) for n in f.keys()):
+            fail("the loaded model differs from the checkpoint file")
+
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for _, p in params if p.ndim >= 2]
+    no_decay = [p for _, p in params if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr_max, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    trained = [p for _, p in params]
+
+    T, W = args.seq_len, args.windows_per_step
+    n_windows = args.steps * W
+    gen = torch.Generator().manual_seed(args.seed)
+    perm = torch.randperm(V, generator=gen)
+    zipf = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** args.zipf
+    probs = torch.zeros(V, dtype=torch.float64).scatter_(0, perm, zipf / zipf.sum())
+    tokens = torch.multinomial(probs, n_windows * T + 1, replacement=True, generator=gen).to(torch.int64)
+    tokens_np = tokens.numpy().astype("<i4")
+
+    rec = {"loss": [], "ce": [], "aux": [], "grad_norm": [], "lr": []}
+    aux_checks, step0_grads = [], None
+    for s in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        sums = [0.0, 0.0, 0.0]
+        for j in range(W):
+            w = s * W + j
+            x = tokens[w * T: w * T + T + 1]
+            out = model(input_ids=x[:T][None], output_router_logits=True, use_cache=False)
+            if len(out.router_logits) != len(moe_layers):
+                fail(f"{len(out.router_logits)} router logits for {len(moe_layers)} MoE layers")
+            ce = F.cross_entropy(out.logits[0], x[1:], ignore_index=-100)
+            loss_w = ce + args.aux_coef * out.aux_loss
+            (loss_w / W).backward()
+            for i, v in enumerate((loss_w, ce, out.aux_loss)):
+                sums[i] += v.item()
+            aux_checks.append(abs(aux_independent([r.detach() for r in out.router_logits], E, k) -
+                                  out.aux_loss.item()))
+        if s == 0:
+            step0_grads = {n: p.grad.detach().clone() for n, p in params}
+        gn = float(torch.nn.utils.clip_grad_norm_(trained, args.clip))
+        lr = lr_at(s, args.lr_max, args.warmup, args.min_lr, args.steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        for key, v in zip(("loss", "ce", "aux"), sums):
+            rec[key].append(v / W)
+        rec["grad_norm"].append(gn)
+        rec["lr"].append(lr)
+        print(f"step {s}: loss {sums[0] / W:.6f} ce {sums[1] / W:.6f} aux {sums[2] / W:.6f} grad_norm {gn:.4f} lr {lr:.4g}")
+
+    problems = []
+    if max(aux_checks) > 1e-5:
+        problems.append(f"out.aux_loss differs from the re-derived loss by {max(aux_checks)}")
+    grads_hub = to_hub(step0_grads)
+    gate_grads = [grads_hub[f"model.layers.{l}.mlp.gate.weight"] for l in moe_layers]
+    if any(not bool((g != 0).any()) for g in gate_grads):
+        problems.append("a router got no step-0 gradient")
+    if not any(g > args.clip for g in rec["grad_norm"]):
+        problems.append("clipping never active")
+
+    os.makedirs(args.out, exist_ok=True)
+    np.save(os.path.join(args.out, "tokens.npy"), tokens_np)
+    md = {"generator": f"{GEN}, transformers {transformers.__version__}"}
+    save_file(grads_hub, os.path.join(args.out, "step0_grads.safetensors"), metadata=md)
+    save_file(to_hub(dict(model.named_parameters())), os.path.join(args.out, "final_params.safetensors"),
+              metadata=md)
+    meta = {
+        "generator": GEN,
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+        "model": {"class": "transformers.Qwen3MoeForCausalLM",
+                  "checkpoint": os.path.relpath(os.path.abspath(args.model), REPO),
+                  "moe_layers": moe_layers, "router_aux_loss_coef_in_checkpoint": coef_in_checkpoint,
+                  "router_aux_loss_coef": args.aux_coef},
+        "data": {"file": "tokens.npy", "seed": args.seed, "seq_len": T, "windows_per_step": W,
+                 "window": "window w = tokens[w*T : w*T+T+1]; inputs = first T, targets = last T"},
+        "loss": {"per_window": "cross_entropy(logits, targets) + router_aux_loss_coef * out.aux_loss",
+                 "aux_function": "transformers.models.qwen3_moe.modeling_qwen3_moe.load_balancing_loss_func "
+                                 "(MoE layers' router logits only)"},
+        "optimizer": {"class": "torch.optim.AdamW", "foreach": False, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": {"ndim>=2": args.weight_decay, "ndim<2": 0.0},
+                      "lr_schedule": {"lr_max": args.lr_max, "warmup": args.warmup, "min_lr": args.min_lr,
+                                      "total": args.steps},
+                      "grad_clip": {"max_norm": args.clip}, "steps": args.steps},
+        "records": rec,
+        "checks": {"aux_loss_vs_rederived_float64_max_abs_diff": max(aux_checks)},
+        "problems": problems,
+    }
+    with open(os.path.join(args.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    print(f"aux re-derived max diff {max(aux_checks):.2e}; wrote {args.out}")
+    if problems:
+        for p in problems:
+            print("PROBLEM:", p, file=sys.stderr)
+        sys.exit(1)
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()
