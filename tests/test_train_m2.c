@@ -231,11 +231,6 @@ static int setup(void **state) {
   return th_setup("test_train_m2", "/tmp/tpr_test_train_XXXXXX", FIX, MODEL);
 }
 
-static int teardown(void **state) {
-  (void)state;
-  return th_teardown();
-}
-
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -246,5 +241,5 @@ int main(void) {
       cmocka_unit_test(test_bias_update),
       cmocka_unit_test(test_bad_input),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, th_teardown);
 }

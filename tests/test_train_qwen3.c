@@ -96,11 +96,6 @@ static int setup(void **state) {
   return th_setup("test_train_qwen3", "/tmp/tpr_test_train_qwen3_XXXXXX", FIX, MODEL);
 }
 
-static int teardown(void **state) {
-  (void)state;
-  return th_teardown();
-}
-
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -110,5 +105,5 @@ int main(void) {
       cmocka_unit_test(test_resume_bit_identical),
       cmocka_unit_test(test_refusals),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, th_teardown);
 }

@@ -27,7 +27,8 @@ int th_setup(const char *test, const char *tmp_template, const char *fix, const 
   return th.meta ? 0 : -1;
 }
 
-int th_teardown(void) {
+int th_teardown(void **state) {
+  (void)state;
   cJSON_Delete(th.meta);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", th.tmp_dir);

@@ -37,8 +37,8 @@ extern th_fixture th;
 // tpr found, a fresh scratch directory from `tmp_template` (mkdtemp's
 // XXXXXX), meta.json read; 0 on success, -1 otherwise (cmocka setup).
 int th_setup(const char *test, const char *tmp_template, const char *fix, const char *model);
-// meta freed, the scratch directory removed.
-int th_teardown(void);
+// meta freed, the scratch directory removed (a cmocka group teardown).
+int th_teardown(void **state);
 
 // meta.json's number at a dotted path ("optimizer.lr_schedule.lr_max"), or
 // element `index` of the array there (index < 0: the number itself).
