@@ -6,194 +6,36 @@
 // from step 5 bit for bit; negative controls (a missing backward all-reduce
 // must fail the gradient bound); bad input.
 #include "test_util.h"
-#include "cli_util.h"
+#include "train_harness.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "shard/safetensors.h"
 
-#define LOSS_BOUND 1e-5  // relative, step 0 (the bar)
-#define GRAD_BOUND 1e-4  // max|d| / max|g| per tensor (the bar)
-#define STEPS_BOUND 1e-4  // relative, losses of 10 AdamW steps
-
-static char tpr_path[4096];
-static char tmp_dir[] = "/tmp/tpr_test_train_XXXXXX";
-static cJSON *meta;
-
 #define FIX TPR_FIXTURES "/minimax_m2_train"
 #define MODEL TPR_FIXTURES "/minimax_m2_tiny"
+#define MIN_TENSORS 0  // every tensor of want is compared, however many
 
-// meta.json's number at a dotted path ("optimizer.lr_schedule.lr_max"),
-// or element `index` of the array there.
-static double meta_at(const char *path, int index) {
-  char buf[128];
-  snprintf(buf, sizeof buf, "%s", path);
-  const cJSON *x = meta;
-  for (char *k = strtok(buf, "."); k && x; k = strtok(NULL, ".")) x = cJSON_GetObjectItemCaseSensitive(x, k);
-  if (index >= 0) x = cJSON_GetArrayItem(x, index);
-  if (!cJSON_IsNumber(x)) fail_msg("meta.json: %s[%d] missing", path, index);
-  return x->valuedouble;
-}
-
-// The fixture's hyperparameters and records by short name.
-static double meta_num(const char *key, int index) {
-  static const char *const map[][2] = {
-      {"lr", "optimizer.lr_schedule.lr_max"},   {"warmup", "optimizer.lr_schedule.warmup"},
-      {"min_lr", "optimizer.lr_schedule.min_lr"}, {"weight_decay", "optimizer.weight_decay.ndim>=2"},
-      {"clip", "optimizer.grad_clip.max_norm"},  {"aux_coef", "model.router_aux_loss_coef"},
-      {"steps", "optimizer.steps"},              {"losses", "records.loss"},
-  };
-  for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-    if (!strcmp(map[i][0], key)) return meta_at(map[i][1], index);
-  fail_msg("meta_num: unknown key %s", key);
-  return 0;
-}
-
-// One `tpr train` run of a `steps`-step schedule; returns the per-step JSON
-// reports (an array of `lines` entries: steps, unless the run stops early).
-// Appends the fixture's hyperparameters (a `steps`-step schedule) to args.
-static void add_hparams(const char **args, int *n, int steps) {
-  static char v[7][32];
-  snprintf(v[0], sizeof v[0], "%d", steps);
-  snprintf(v[1], sizeof v[1], "%.17g", meta_num("lr", -1));
-  snprintf(v[2], sizeof v[2], "%d", (int)meta_num("warmup", -1));
-  snprintf(v[3], sizeof v[3], "%.17g", meta_num("min_lr", -1));
-  snprintf(v[4], sizeof v[4], "%.17g", meta_num("weight_decay", -1));
-  snprintf(v[5], sizeof v[5], "%.17g", meta_num("clip", -1));
-  snprintf(v[6], sizeof v[6], "%.17g", meta_num("aux_coef", -1));
-  const char *flags[7] = {"--steps", "--lr", "--warmup", "--min-lr", "--weight-decay", "--clip", "--aux-coef"};
-  for (int i = 0; i < 7; i++) args[(*n)++] = flags[i], args[(*n)++] = v[i];
-}
-
-static cJSON *train_n(int np, const char *const *mesh, int steps, int lines, const char *const *extra,
-                      run_result *failed) {
-  const char *args[64] = {"train", "--model", MODEL, "--data", FIX "/tokens.npy", "--data-order", "sequential",
-                          "--seq-len", "16", "--json"};
-  int n = 10;
-  add_hparams(args, &n, steps);
-  for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
-  for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
-  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = 240});
-  if (failed) {
-    *failed = r;
-    if (r.code != 0) return NULL;
-  }
-  if (r.code != 0) fail_msg("tpr train (np %d) failed with %d: %s", np, r.code, r.err);
-  cJSON *steps_out = cJSON_CreateArray();
-  for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
-    cJSON *j = cJSON_Parse(line);
-    if (j && cJSON_GetObjectItemCaseSensitive(j, "summary")) {  // the closing summary, not a step
-      assert_non_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "summary"),
-                                                        "peak_rss_bytes"));
-      cJSON_Delete(j);
-    } else if (j && cJSON_GetObjectItemCaseSensitive(j, "step")) {
-      cJSON_AddItemToArray(steps_out, j);
-    } else {
-      cJSON_Delete(j);  // the start-up memory line
-    }
-  }
-  if (!failed) tt_run_done(&r);
-  assert_int_equal(cJSON_GetArraySize(steps_out), lines);
-  return steps_out;
-}
-
-static cJSON *train(int np, const char *const *mesh, int steps, const char *const *extra, run_result *failed) {
-  return train_n(np, mesh, steps, steps, extra, failed);
-}
-
-static double step_num(const cJSON *steps, int i, const char *key) {
-  const cJSON *x = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(steps, i), key);
-  if (!cJSON_IsNumber(x)) fail_msg("step %d: %s missing", i, key);
-  return x->valuedouble;
-}
-
-// Worst max|a-b|/max|b| over the tensors of `want` (every one must be in got).
-static double compare_files(const char *got_path, const char *want_path, const char **worst_name) {
-  tpr_st_set *got, *want;
-  if (tpr_st_open(got_path, &got) != TPR_OK) fail_msg("%s: %s", got_path, tpr_last_error());
-  if (tpr_st_open(want_path, &want) != TPR_OK) fail_msg("%s: %s", want_path, tpr_last_error());
-  static char name[160];
-  double worst = 0;
-  for (int i = 0; tpr_st_get(want, i); i++) {
-    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
-    if (!g) fail_msg("%s has no %s", got_path, w->name);
-    int64_t n = 1, start[2] = {0, 0};
-    for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-    if (g->ndim != w->ndim || (w->ndim == 2 && g->shape[1] != w->shape[1]) || g->shape[0] != w->shape[0])
-      fail_msg("%s: shape differs", w->name);
-    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
-    TT_OK(tpr_st_read_f32(got, w->name, start, w->shape, a));
-    TT_OK(tpr_st_read_f32(want, w->name, start, w->shape, b));
-    double md = 0, mb = 0;
-    for (int64_t k = 0; k < n; k++) {
-      double d = fabs((double)a[k] - b[k]);
-      md = d > md || isnan(d) ? (isnan(d) ? INFINITY : d) : md;
-      mb = fabs(b[k]) > mb ? fabs(b[k]) : mb;
-    }
-    double rel = mb > 0 ? md / mb : md;
-    if (rel > worst) {
-      worst = rel;
-      snprintf(name, sizeof name, "%s", w->name);
-    }
-    free(a), free(b);
-  }
-  tpr_st_close(got), tpr_st_close(want);
-  if (worst_name) *worst_name = name;
-  return worst;
-}
-
-// Step 0 on one mesh: loss and every gradient against PyTorch's.
-static double step0(int np, const char *const *mesh, const char *const *extra, double *loss_err) {
-  const char *dump = tt_path(tmp_dir, "grads.safetensors");
-  unlink(dump);
-  const char *args[24] = {"--dump-grads", dump};
-  int n = 2;
-  for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
-  args[n] = NULL;
-  cJSON *steps = train(np, mesh, 1, args, NULL);
-  double want = meta_num("losses", 0);
-  *loss_err = fabs(step_num(steps, 0, "loss") - want) / fabs(want);
-  cJSON_Delete(steps);
-  const char *worst;
-  double g = compare_files(dump, FIX "/step0_grads.safetensors", &worst);
-  printf("  np %d", np);
-  for (int i = 0; mesh && mesh[i]; i++) printf(" %s", mesh[i]);
-  for (int i = 0; extra && extra[i]; i++) printf(" %s", extra[i]);
-  printf(": loss rel err %.2e, worst gradient %.2e (%s)\n", *loss_err, g, worst);
-  return g;
-}
-
-#define MESH(...) ((const char *const[]){__VA_ARGS__, NULL})
+// The fixture's aux-loss weight: every run here passes PyTorch's.
+static double aux(void) { return th_meta_at("model.router_aux_loss_coef", -1); }
 
 static void test_step0_tensor_parallel(void **state) {
   // dp 1 here: both windows of step 0 run on every replica as 2 micro-steps.
-  struct {
-    int np;
-    const char *const *mesh;
-  } cases[] = {
+  const th_mesh_case cases[] = {
       {1, MESH("--grad-accum", "2")},
       {2, MESH("--grad-accum", "2", "--tp", "2")},
       {4, MESH("--grad-accum", "2", "--tp", "4")},  // Q 6->8 padded interleaved, KV 2->4 replicated
       {4, MESH("--grad-accum", "2", "--tp", "4", "--moe-dispatch", "alltoall")},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    double le, ge = step0(cases[i].np, cases[i].mesh, NULL, &le);
-    assert_true(le <= LOSS_BOUND);
-    assert_true(ge <= GRAD_BOUND);
-  }
+  th_check_step0(cases, sizeof cases / sizeof *cases, aux(), MIN_TENSORS);
 }
 
 static void test_step0_expert_and_data_parallel(void **state) {
-  struct {
-    int np;
-    const char *const *mesh;
-  } cases[] = {
+  const th_mesh_case cases[] = {
       {4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "2", "--etp", "2")},
       {4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "4", "--etp", "1")},
       {4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "2", "--etp", "1")},  // edp 2: disjoint token slices
@@ -201,11 +43,7 @@ static void test_step0_expert_and_data_parallel(void **state) {
       {4, MESH("--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2")},
       {4, MESH("--dp", "2", "--tp", "2", "--ep", "4", "--etp", "1")},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    double le, ge = step0(cases[i].np, cases[i].mesh, NULL, &le);
-    assert_true(le <= LOSS_BOUND);
-    assert_true(ge <= GRAD_BOUND);
-  }
+  th_check_step0(cases, sizeof cases / sizeof *cases, aux(), MIN_TENSORS);
 }
 
 // Negative controls: without the backward all-reduce of the QK-norm, or of
@@ -213,72 +51,28 @@ static void test_step0_expert_and_data_parallel(void **state) {
 // so the loss are unchanged).
 static void test_missing_grad_all_reduce_fails(void **state) {
   const char *const *tp4 = MESH("--grad-accum", "2", "--tp", "4");
-  double le, qk = step0(4, tp4, MESH("--debug-skip-grad-marks", "qk-norm"), &le);
-  assert_true(le <= LOSS_BOUND);
-  double col = step0(4, tp4, MESH("--debug-skip-grad-marks", "column"), &le);
-  assert_true(le <= LOSS_BOUND);
+  double le, qk = th_step0(4, tp4, aux(), MESH("--debug-skip-grad-marks", "qk-norm"), MIN_TENSORS, &le);
+  assert_true(le <= TH_LOSS_BOUND);
+  double col = th_step0(4, tp4, aux(), MESH("--debug-skip-grad-marks", "column"), MIN_TENSORS, &le);
+  assert_true(le <= TH_LOSS_BOUND);
   printf("  controls: without the QK-norm's backward all-reduce %.2e, without the column inputs' %.2e "
-         "(both must exceed %.0e)\n", qk, col, GRAD_BOUND);
-  assert_true(qk > 100 * GRAD_BOUND);
-  assert_true(col > 100 * GRAD_BOUND);
+         "(both must exceed %.0e)\n", qk, col, 100 * TH_GRAD_BOUND);
+  assert_true(qk > 100 * TH_GRAD_BOUND);
+  assert_true(col > 100 * TH_GRAD_BOUND);
 }
 
 // Ten AdamW steps (warmup, cosine decay, clipping) equal PyTorch's.
 static void test_ten_steps(void **state) {
-  int total = (int)meta_num("steps", -1);
+  int total = (int)th_meta_at("optimizer.steps", -1);
   const char *const *meshes[] = {MESH("--grad-accum", "2"), MESH("--grad-accum", "2", "--tp", "4")};
   int nps[] = {1, 4};
-  for (int m = 0; m < 2; m++) {
-    const char *save = tt_path(tmp_dir, m ? "ten_tp4" : "ten_tp1");
-    cJSON *steps = train(nps[m], meshes[m], total, MESH("--save", save), NULL);
-    double worst = 0;
-    for (int s = 0; s < total; s++) {
-      double want = meta_num("losses", s), got = step_num(steps, s, "loss");
-      double e = fabs(got - want) / fabs(want);
-      worst = e > worst ? e : worst;
-    }
-    cJSON_Delete(steps);
-    const char *wn;
-    double pe = compare_files(tt_path(save, "model.safetensors"), FIX "/final_params.safetensors", &wn);
-    printf("  np %d, %d steps: worst loss rel err %.2e; parameters after them %.2e (%s)\n", nps[m], total, worst, pe,
-           wn);
-    assert_true(worst <= STEPS_BOUND);
-    assert_true(pe <= STEPS_BOUND);
-  }
+  for (int m = 0; m < 2; m++)
+    th_check_steps(nps[m], meshes[m], total, aux(), tt_path(th.tmp_dir, m ? "ten_tp4" : "ten_tp1"), MIN_TENSORS);
 }
 
 // A run stopped after step 5 and resumed from its checkpoint reaches the
 // uninterrupted run's step-10 weights and moments bit for bit.
-static void test_resume_bit_identical(void **state) {
-  int total = (int)meta_num("steps", -1);
-  const char *full = tt_path(tmp_dir, "full"), *half = tt_path(tmp_dir, "half"), *rest = tt_path(tmp_dir, "rest");
-  const char *const *mesh = MESH("--grad-accum", "2", "--tp", "2");
-  char five[16];
-  snprintf(five, sizeof five, "%d", total / 2);
-  cJSON_Delete(train(2, mesh, total, MESH("--save", full), NULL));
-  run_result stopped;
-  cJSON *a = train_n(2, mesh, total, total / 2, MESH("--save", half, "--stop-after", five), &stopped);
-  assert_non_null(a);
-  cJSON_Delete(a);
-  tt_run_done(&stopped);
-  // --resume loads the weights, moments and step from the directory alone.
-  const char *args[64] = {"train", "--resume", half, "--data", FIX "/tokens.npy", "--data-order", "sequential",
-                          "--seq-len", "16", "--save", rest, "--json", "--tp", "2", "--grad-accum", "2"};
-  int n = 16;
-  add_hparams(args, &n, total);
-  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 2, .timeout_s = 240});
-  if (r.code != 0) fail_msg("resume failed: %s", r.err);
-  tt_run_done(&r);
-  const char *files[] = {"model.safetensors", "optim-rank-00000-of-00002.safetensors",
-                         "optim-rank-00001-of-00002.safetensors"};
-  for (int i = 0; i < 3; i++) {
-    size_t la, lb;
-    char *x = tt_slurp(tt_path(full, files[i]), &la), *y = tt_slurp(tt_path(rest, files[i]), &lb);
-    printf("  resume: %s %s\n", files[i], la == lb && !memcmp(x, y, la) ? "identical" : "DIFFERS");
-    assert_true(la == lb && memcmp(x, y, la) == 0);
-    free(x), free(y);
-  }
-}
+static void test_resume_bit_identical(void **state) { th_check_resume((int)th_meta_at("optimizer.steps", -1), aux()); }
 
 // A random-order run resumed with neither --seed nor --data-order reads on
 // in the checkpoint's order (trainer_state.json) and ends as the
@@ -287,22 +81,19 @@ static void test_resume_bit_identical(void **state) {
 // comparison depends on the order.
 static void test_resume_keeps_data_order(void **state) {
   const int total = 4;
-  const char *full = tt_path(tmp_dir, "order_full"), *half = tt_path(tmp_dir, "order_half");
-  const char *rest = tt_path(tmp_dir, "order_rest"), *other = tt_path(tmp_dir, "order_other");
+  const char *full = tt_path(th.tmp_dir, "order_full"), *half = tt_path(th.tmp_dir, "order_half");
+  const char *rest = tt_path(th.tmp_dir, "order_rest"), *other = tt_path(th.tmp_dir, "order_other");
   const char *const *mesh = MESH("--grad-accum", "2");
-  cJSON_Delete(train(1, mesh, total, MESH("--save", full, "--data-order", "random", "--seed", "7"), NULL));
-  cJSON_Delete(train(1, mesh, total, MESH("--save", other, "--data-order", "random", "--seed", "8"), NULL));
+  cJSON_Delete(th_train(1, mesh, total, aux(), MESH("--save", full, "--data-order", "random", "--seed", "7")));
+  cJSON_Delete(th_train(1, mesh, total, aux(), MESH("--save", other, "--data-order", "random", "--seed", "8")));
   run_result stopped;
-  cJSON *a = train_n(1, mesh, total, total / 2,
-                     MESH("--save", half, "--stop-after", "2", "--data-order", "random", "--seed", "7"), &stopped);
+  cJSON *a = th_train_n(1, mesh, total, total / 2, aux(),
+                        MESH("--save", half, "--stop-after", "2", "--data-order", "random", "--seed", "7"), &stopped);
   assert_non_null(a);
   cJSON_Delete(a);
   tt_run_done(&stopped);
-  const char *args[64] = {"train", "--resume", half, "--data", FIX "/tokens.npy", "--seq-len", "16",
-                          "--save", rest, "--json", "--grad-accum", "2"};
-  int n = 12;
-  add_hparams(args, &n, total);
-  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 240});
+  // No --data-order and no --seed: both come from the checkpoint.
+  run_result r = th_resume(1, half, rest, mesh, total, aux(), NULL, 240);
   if (r.code != 0) fail_msg("resume failed: %s", r.err);
   tt_run_done(&r);
   size_t la, lb, lc;
@@ -314,8 +105,7 @@ static void test_resume_keeps_data_order(void **state) {
   assert_true(same);
   assert_true(control_differs);
   free(x), free(y), free(z);
-  args[n++] = "--seed", args[n++] = "8";
-  r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 240});
+  r = th_resume(1, half, rest, mesh, total, aux(), MESH("--seed", "8"), 240);
   printf("  resume asking for seed 8: exit %d: %s", r.code, r.err);
   assert_int_equal(r.code, 2);
   assert_non_null(strstr(r.err, "seed 7"));
@@ -326,9 +116,9 @@ static void test_resume_keeps_data_order(void **state) {
 // checkpoint whole: resuming from it works, and the next save clears the
 // leftover and publishes a whole new checkpoint.
 static void test_interrupted_save(void **state) {
-  const char *dir = tt_path(tmp_dir, "ckpt"), *tmp = tt_path(tmp_dir, "ckpt.tmp");
+  const char *dir = tt_path(th.tmp_dir, "ckpt"), *tmp = tt_path(th.tmp_dir, "ckpt.tmp");
   const char *const *mesh = MESH("--grad-accum", "2");
-  cJSON_Delete(train(1, mesh, 2, MESH("--save", dir), NULL));
+  cJSON_Delete(th_train(1, mesh, 2, aux(), MESH("--save", dir)));
   size_t len;
   char *before = tt_slurp(tt_path(dir, "model.safetensors"), &len);
   // What a process killed in the middle of writing leaves: a partial directory.
@@ -339,11 +129,7 @@ static void test_interrupted_save(void **state) {
   char *still = tt_slurp(tt_path(dir, "model.safetensors"), &len2);
   assert_true(len2 == len && !memcmp(before, still, len));
   free(still);
-  const char *args[40] = {"train", "--resume", dir, "--data", FIX "/tokens.npy", "--data-order", "sequential",
-                          "--seq-len", "16", "--grad-accum", "2", "--save", dir, "--json"};
-  int n = 14;
-  add_hparams(args, &n, 3);
-  run_result r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 120});
+  run_result r = th_resume(1, dir, dir, mesh, 3, aux(), MESH("--data-order", "sequential"), 120);
   if (r.code != 0) fail_msg("resume after an interrupted save failed: %s", r.err);
   tt_run_done(&r);
   struct stat st;
@@ -373,10 +159,10 @@ static void test_bias_update(void **state) {
   const double rate = 1.0 / 1024;  // b +- rate rounds by at most half an ulp of |b| < 4: 2.4e-7
   char r[32];
   snprintf(r, sizeof r, "%.17g", rate);
-  const char *one = tt_path(tmp_dir, "bias_tp1"), *four = tt_path(tmp_dir, "bias_tp4");
-  cJSON_Delete(train(1, MESH("--grad-accum", "2"), 1, MESH("--save", one, "--bias-update-rate", r), NULL));
-  cJSON_Delete(train(4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "2", "--etp", "2"), 1,
-                     MESH("--save", four, "--bias-update-rate", r), NULL));
+  const char *one = tt_path(th.tmp_dir, "bias_tp1"), *four = tt_path(th.tmp_dir, "bias_tp4");
+  cJSON_Delete(th_train(1, MESH("--grad-accum", "2"), 1, aux(), MESH("--save", one, "--bias-update-rate", r)));
+  cJSON_Delete(th_train(4, MESH("--grad-accum", "2", "--tp", "4", "--ep", "2", "--etp", "2"), 1, aux(),
+                        MESH("--save", four, "--bias-update-rate", r)));
   int up = 0, down = 0;
   for (int L = 0; L < 2; L++) {
     char name[96];
@@ -414,9 +200,9 @@ static void write_npy_i32(const char *path, const int32_t *v, int n) {
 }
 
 static void test_bad_input(void **state) {
-  const char *bad_npy = tt_path(tmp_dir, "bad.npy");
+  const char *bad_npy = tt_path(th.tmp_dir, "bad.npy");
   tt_spit(bad_npy, "\x93NUMPY\x01\x00garbage", 15);
-  const char *big = tt_path(tmp_dir, "big_ids.npy");
+  const char *big = tt_path(th.tmp_dir, "big_ids.npy");
   int32_t ids[40];
   for (int i = 0; i < 40; i++) ids[i] = i == 23 ? 256 : i;  // 256 = the fixture's vocabulary size
   write_npy_i32(big, ids, 40);
@@ -436,30 +222,13 @@ static void test_bad_input(void **state) {
       {"no data", 1, MESH("train", "--model", MODEL), "--data"},
       {"id past the vocabulary", 2, MESH("train", "--model", MODEL, "--data", big, "--seq-len", "16"), "256"},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    run_result r = tt_run(tpr_path, tmp_dir, cases[i].args + 0, &(tt_run_opts){.np = cases[i].np, .timeout_s = 60});
-    printf("  %s: exit %d: %.200s\n", cases[i].what, r.code, r.err);
-    assert_true(r.code != 0);
-    assert_non_null(strstr(r.err, cases[i].expect));
-    tt_run_done(&r);
-  }
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    th_check_refusal(cases[i].what, cases[i].np, cases[i].args, cases[i].expect);
 }
 
 static int setup(void **state) {
-  if (tt_tpr_path(tpr_path, sizeof tpr_path, "test_train_m2") != 0) return -1;
-  if (!mkdtemp(tmp_dir)) return -1;
-  size_t len;
-  char *text = tt_slurp(FIX "/meta.json", &len);
-  meta = cJSON_Parse(text);
-  free(text);
-  return meta ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  cJSON_Delete(meta);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-  return system(cmd) == 0 ? 0 : -1;
+  (void)state;
+  return th_setup("test_train_m2", "/tmp/tpr_test_train_XXXXXX", FIX, MODEL);
 }
 
 int main(void) {
@@ -472,5 +241,5 @@ int main(void) {
       cmocka_unit_test(test_bias_update),
       cmocka_unit_test(test_bad_input),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, th_teardown);
 }

@@ -7,7 +7,7 @@ layer, per-head q/k norms, 8 experts top-2 with norm_topk_prob), in f32 on CPU.
     scripts/reference/.venv/bin/python scripts/reference/make_qwen3_train_fixture.py \
         --out tests/fixtures/qwen3_moe_train
 
-The recipe is make_train_fixture.py's (tpr's train loop), on this model:
+The recipe is make_train_fixture.py's (tpr's train loop, train_fixture.py), on this model:
   loss     per window: out = model(input_ids=inputs[None], output_router_logits=True)
            loss_w = cross_entropy(out.logits[0], targets) + coef * out.aux_loss,
            coef = router_aux_loss_coef set to --aux-coef; out.aux_loss is
@@ -35,15 +35,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_train_fixture import aux_independent, fail, lr_at, save_pretrained_tensors  # noqa: E402
+from train_fixture import (REPO, add_train_args, adamw, aux_independent, check_hub_mapping, fail,  # noqa: E402
+                           finish, load_for_training, optimizer_step, save_tensors, zipf_tokens)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 GEN = "scripts/reference/make_qwen3_train_fixture.py"
 
 
@@ -70,59 +67,24 @@ def to_hub(tensors):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_moe_train"))
-    ap.add_argument("--model", default=os.path.join(REPO, "tests", "fixtures", "qwen3_moe_tiny"))
-    ap.add_argument("--seed", type=int, default=2718)
-    ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--seq-len", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--windows-per-step", type=int, default=2)
-    ap.add_argument("--aux-coef", type=float, default=0.05)
-    ap.add_argument("--lr-max", type=float, default=3e-3)
-    ap.add_argument("--min-lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0)
+    add_train_args(ap, "qwen3_moe_train", "qwen3_moe_tiny", seed=2718, steps=6, aux_coef=0.05, warmup=2)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    model = Qwen3MoeForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager",
-                                                experts_implementation="eager")
+    model, coef_in_checkpoint = load_for_training(Qwen3MoeForCausalLM, args)
     config = model.config
-    coef_in_checkpoint = config.router_aux_loss_coef
-    config.router_aux_loss_coef = args.aux_coef
-    model.router_aux_loss_coef = args.aux_coef
-    model.train()
     if config.attention_dropout != 0.0:
         fail(f"attention_dropout {config.attention_dropout}: training mode is not deterministic")
     E, k, V = config.num_experts, config.num_experts_per_tok, config.vocab_size
     moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")]
 
-    sp = save_pretrained_tensors(model)
-    mine = to_hub(dict(model.named_parameters()))
-    if sorted(sp) != sorted(mine) or any(not torch.equal(sp[n], mine[n]) for n in sp):
-        fail(f"hub-name mapping differs from save_pretrained: {sorted(set(sp) ^ set(mine))}")
-    with safe_open(os.path.join(args.model, "model.safetensors"), "pt") as f:
-        if sorted(f.keys()) != sorted(mine) or any(not torch.equal(f.get_tensor(n), mine[n]) for n in f.keys()):
-            fail("the loaded model differs from the checkpoint file")
+    check_hub_mapping(model, to_hub(dict(model.named_parameters())), args.model)
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for _, p in params if p.ndim >= 2]
-    no_decay = [p for _, p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr_max, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    trained = [p for _, p in params]
+    opt, trained = adamw(params, args)
 
     T, W = args.seq_len, args.windows_per_step
     n_windows = args.steps * W
-    gen = torch.Generator().manual_seed(args.seed)
-    perm = torch.randperm(V, generator=gen)
-    zipf = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** args.zipf
-    probs = torch.zeros(V, dtype=torch.float64).scatter_(0, perm, zipf / zipf.sum())
-    tokens = torch.multinomial(probs, n_windows * T + 1, replacement=True, generator=gen).to(torch.int64)
+    tokens, _ = zipf_tokens(V, n_windows * T + 1, args)
     tokens_np = tokens.numpy().astype("<i4")
 
     rec = {"loss": [], "ce": [], "aux": [], "grad_norm": [], "lr": []}
@@ -145,11 +107,7 @@ def main():
                                   out.aux_loss.item()))
         if s == 0:
             step0_grads = {n: p.grad.detach().clone() for n, p in params}
-        gn = float(torch.nn.utils.clip_grad_norm_(trained, args.clip))
-        lr = lr_at(s, args.lr_max, args.warmup, args.min_lr, args.steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
+        gn, lr = optimizer_step(opt, trained, s, args)
         for key, v in zip(("loss", "ce", "aux"), sums):
             rec[key].append(v / W)
         rec["grad_norm"].append(gn)
@@ -168,10 +126,9 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     np.save(os.path.join(args.out, "tokens.npy"), tokens_np)
-    md = {"generator": f"{GEN}, transformers {transformers.__version__}"}
-    save_file(grads_hub, os.path.join(args.out, "step0_grads.safetensors"), metadata=md)
-    save_file(to_hub(dict(model.named_parameters())), os.path.join(args.out, "final_params.safetensors"),
-              metadata=md)
+    save_tensors(args.out, {"step0_grads.safetensors": grads_hub,
+                            "final_params.safetensors": to_hub(dict(model.named_parameters()))},
+                 f"{GEN}, transformers {transformers.__version__}")
     meta = {
         "generator": GEN,
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
@@ -197,11 +154,7 @@ def main():
         json.dump(meta, f, indent=1)
         f.write("\n")
     print(f"aux re-derived max diff {max(aux_checks):.2e}; wrote {args.out}")
-    if problems:
-        for p in problems:
-            print("PROBLEM:", p, file=sys.stderr)
-        sys.exit(1)
-    print("all checks passed")
+    finish(problems)
 
 
 if __name__ == "__main__":

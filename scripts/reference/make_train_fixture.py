@@ -40,26 +40,23 @@ model.layers.L.block_sparse_moe.experts.E.{w1,w2,w3}.weight, ...):
 """
 import argparse
 import json
-import math
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import safetensors
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import MiniMaxM2ForCausalLM
 from transformers.models.minimax_m2 import modeling_minimax_m2 as mm2
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_fixture import (REPO, add_train_args, adamw, aux_independent, check_hub_mapping, fail,  # noqa: E402
+                           finish, load_for_training, optimizer_step, save_tensors, zipf_tokens)
+
 transformers.utils.logging.disable_progress_bar()
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 GEN = "scripts/reference/make_train_fixture.py"
 
 AUX_FORMULA = (
@@ -72,29 +69,6 @@ AUX_FORMULA = (
     "f[e] = (number of (l,t,j) with sel[l,t,j] == e) / N (sums to top_k; a count, no gradient), "
     "P[e] = sum_{l,t} p[l,t,e] / N; aux = E * sum_e f[e] * P[e]. "
     "Gradient flows only through P (i.e. through softmax(router_logits)) into the gate weights and upstream.")
-
-
-def fail(msg):
-    print(f"make_train_fixture: FAILED: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-def lr_at(s, lr_max, warmup, min_lr, total):
-    if s < warmup:
-        return lr_max * (s + 1) / warmup
-    progress = (s - warmup) / max(1, total - warmup)
-    return min_lr + 0.5 * (lr_max - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-def aux_independent(router_logits, E, k):
-    """load_balancing_loss_func re-derived in float64 from the recorded router logits."""
-    rows = torch.cat([r.double() for r in router_logits], dim=0)  # (L*T, E)
-    p = torch.softmax(rows, dim=-1)
-    sel = torch.topk(p, k, dim=-1).indices
-    f = torch.zeros(E, dtype=torch.float64).scatter_add_(0, sel.reshape(-1), torch.ones(sel.numel(), dtype=torch.float64))
-    f = f / rows.shape[0]
-    P = p.sum(0) / rows.shape[0]
-    return float(E * (f * P).sum())
 
 
 def to_hub(tensors, config):
@@ -131,69 +105,22 @@ def checkpoint_tensors(model, names_only=None):
     return to_hub(sd, model.config)
 
 
-def save_pretrained_tensors(model):
-    tmp = tempfile.mkdtemp(prefix="mm2_train_")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        files = sorted(os.listdir(tmp))
-        if "model.safetensors" not in files:
-            fail(f"save_pretrained wrote {files}, not a single model.safetensors")
-        with safe_open(os.path.join(tmp, "model.safetensors"), "pt") as f:
-            return {n: f.get_tensor(n) for n in f.keys()}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "minimax_m2_train"))
-    ap.add_argument("--model", default=os.path.join(REPO, "tests", "fixtures", "minimax_m2_tiny"),
-                    help="starting checkpoint (the committed tiny M2)")
-    ap.add_argument("--seed", type=int, default=4321, help="seed of the token stream")
-    ap.add_argument("--zipf", type=float, default=1.1, help="token stream ~ Zipf(zipf) over a seeded permutation")
-    ap.add_argument("--seq-len", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--windows-per-step", type=int, default=2)
-    ap.add_argument("--aux-coef", type=float, default=0.02, help="router_aux_loss_coef set in the loaded config")
-    ap.add_argument("--lr-max", type=float, default=3e-3)
-    ap.add_argument("--min-lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0)
+    add_train_args(ap, "minimax_m2_train", "minimax_m2_tiny", seed=4321, steps=10, aux_coef=0.02, warmup=3)
     ap.add_argument("--snapshot-step", type=int, default=5, help="write params_step<N> after N steps")
     args = ap.parse_args()
 
-    torch.set_num_threads(1)  # fixed reduction order on CPU
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-
     # ---- model: transformers' own class, f32, training mode
-    model = MiniMaxM2ForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager",
-                                                 experts_implementation="eager")
+    model, coef_in_checkpoint = load_for_training(MiniMaxM2ForCausalLM, args)
     config = model.config
-    coef_in_checkpoint = config.router_aux_loss_coef
-    config.router_aux_loss_coef = args.aux_coef
-    model.router_aux_loss_coef = args.aux_coef  # MiniMaxM2ForCausalLM copies the coef in __init__
-    model.train()
     if config.attention_dropout != 0.0 or config.router_jitter_noise != 0.0:
         fail(f"training mode is not deterministic: attention_dropout {config.attention_dropout}, "
              f"router_jitter_noise {config.router_jitter_noise}")
     E, k, V, L = config.num_local_experts, config.num_experts_per_tok, config.vocab_size, config.num_hidden_layers
 
     # the hub-name mapping is transformers' own (save_pretrained) layout, bit for bit
-    sp = save_pretrained_tensors(model)
-    mine = checkpoint_tensors(model)
-    if sorted(sp) != sorted(mine):
-        fail(f"hub-name mapping differs from save_pretrained: {sorted(set(sp) ^ set(mine))}")
-    for n in sp:
-        if not torch.equal(sp[n], mine[n]):
-            fail(f"hub-name mapping of {n} differs from save_pretrained")
-    with safe_open(os.path.join(args.model, "model.safetensors"), "pt") as f:
-        if sorted(f.keys()) != sorted(mine):
-            fail("hub names differ from the tiny checkpoint's names")
-        for n in f.keys():
-            if not torch.equal(f.get_tensor(n), mine[n]):
-                fail(f"loaded {n} differs from the checkpoint file")
+    check_hub_mapping(model, checkpoint_tensors(model), args.model)
 
     # ---- what is trained: e_score_correction_bias is an nn.Buffer in this version
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -203,26 +130,17 @@ def main():
     if bias_is_param or not bias_is_buffer:
         fail("expected e_score_correction_bias to be a buffer (not a parameter) in transformers "
              f"{transformers.__version__}; update the fixture's notes")
-    decay = [p for n, p in params if p.ndim >= 2]
-    no_decay = [p for n, p in params if p.ndim < 2]
     decay_names = [n for n, p in params if p.ndim >= 2]
     no_decay_names = [n for n, p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr_max, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    trained = [p for _, p in params]
+    opt, trained = adamw(params, args)
 
     # ---- data
     T, W = args.seq_len, args.windows_per_step
     n_windows = args.steps * W
-    gen = torch.Generator().manual_seed(args.seed)
     # Zipf(s) unigram over a seeded permutation of the vocabulary: uniform tokens
     # (the best loss is ln V, ~0.25 below the start) leave nothing to learn in 10
     # steps of fresh windows, and the loss would not decrease beyond window noise.
-    perm = torch.randperm(V, generator=gen)
-    zipf = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** args.zipf
-    probs = torch.zeros(V, dtype=torch.float64).scatter_(0, perm, zipf / zipf.sum())
-    tokens = torch.multinomial(probs, n_windows * T + 1, replacement=True, generator=gen).to(torch.int64)
+    tokens, probs = zipf_tokens(V, n_windows * T + 1, args)
     unigram_entropy = float(-(probs * probs.log()).sum())
     assert int(tokens.min()) >= 0 and int(tokens.max()) < V
     tokens_np = tokens.numpy().astype("<i4")
@@ -271,11 +189,7 @@ def main():
             step0_grads = {n: p.grad.detach().clone() for n, p in params}
             bias_got_grad = any(b.grad is not None for n, b in model.named_buffers()
                                 if n.endswith("e_score_correction_bias"))
-        gn = float(torch.nn.utils.clip_grad_norm_(trained, args.clip))
-        lr = lr_at(s, args.lr_max, args.warmup, args.min_lr, args.steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
+        gn, lr = optimizer_step(opt, trained, s, args)
         rec["loss"].append(loss_sum / W)
         rec["ce"].append(ce_sum / W)
         rec["aux"].append(aux_sum / W)
@@ -328,10 +242,8 @@ def main():
     # ---- write
     os.makedirs(args.out, exist_ok=True)
     np.save(os.path.join(args.out, "tokens.npy"), tokens_np)
-    md = {"generator": f"{GEN}, transformers {transformers.__version__}"}  # one key: fixed byte order
-    save_file(grads_hub, os.path.join(args.out, "step0_grads.safetensors"), metadata=md)
-    save_file(params_step5, os.path.join(args.out, "params_step5.safetensors"), metadata=md)
-    save_file(final, os.path.join(args.out, "final_params.safetensors"), metadata=md)
+    save_tensors(args.out, {"step0_grads.safetensors": grads_hub, "params_step5.safetensors": params_step5,
+                            "final_params.safetensors": final}, f"{GEN}, transformers {transformers.__version__}")
 
     hub_trained = sorted(grads_hub)
     meta = {
@@ -438,11 +350,7 @@ def main():
         total += sz
         print(f"  {fn:26s} {sz:>8d} bytes")
     print(f"  total {total} bytes")
-    if problems:
-        for p in problems:
-            print("PROBLEM:", p, file=sys.stderr)
-        sys.exit(1)
-    print("all checks passed")
+    finish(problems)
 
 
 if __name__ == "__main__":
