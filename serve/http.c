@@ -42,16 +42,6 @@ struct tpr_http_conn {
 static void conn_read(tpr_http_conn *c, const char *data, size_t len);
 static void timer_start(tpr_http_conn *c);
 
-static int grow(char **p, size_t *len, const char *at, size_t n) {
-  char *q = realloc(*p, *len + n + 1);
-  if (!q) return -1;
-  memcpy(q + *len, at, n);
-  *len += n;
-  q[*len] = 0;
-  *p = q;
-  return 0;
-}
-
 const char *tpr_http_status_text(int status) {
   switch (status) {
     case 200: return "OK";
@@ -219,7 +209,7 @@ static void dispatch(tpr_http_conn *c) {
 
 static void conn_read(tpr_http_conn *c, const char *data, size_t len) {
   if (c->busy) {  // bytes past a request being answered wait for it
-    if (grow(&c->pending, &c->pending_len, data, len) < 0) conn_close(c);
+    if (tpr_http_append(&c->pending, &c->pending_len, data, len) < 0) conn_close(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     return;
   }
@@ -231,7 +221,7 @@ static void conn_read(tpr_http_conn *c, const char *data, size_t len) {
       return;
     case TPR_HTTP_REQUEST:
       uv_read_stop((uv_stream_t *)&c->tcp);
-      if (used < len && grow(&c->pending, &c->pending_len, data + used, len - used) < 0) return conn_close(c);
+      if (used < len && tpr_http_append(&c->pending, &c->pending_len, data + used, len - used) < 0) return conn_close(c);
       return dispatch(c);
     case TPR_HTTP_BAD:
       conn_refuse(c, status, msg);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int grow(char **p, size_t *len, const char *at, size_t n) {
+int tpr_http_append(char **p, size_t *len, const char *at, size_t n) {
   char *q = realloc(*p, *len + n + 1);
   if (!q) return -1;
   memcpy(q + *len, at, n);
@@ -33,7 +33,7 @@ static int on_message_begin(http_parser *p) {
 
 static int on_url(http_parser *p, const char *at, size_t n) {
   tpr_http_reader *r = p->data;
-  return r->url_len + n > TPR_HTTP_MAX_URL ? -1 : grow(&r->url, &r->url_len, at, n);
+  return r->url_len + n > TPR_HTTP_MAX_URL ? -1 : tpr_http_append(&r->url, &r->url_len, at, n);
 }
 
 static int on_headers_complete(http_parser *p) {
@@ -52,7 +52,7 @@ static int on_body(http_parser *p, const char *at, size_t n) {
     r->too_big = true;
     return -1;
   }
-  return grow(&r->body, &r->body_len, at, n);
+  return tpr_http_append(&r->body, &r->body_len, at, n);
 }
 
 static int on_message_complete(http_parser *p) {

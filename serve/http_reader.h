@@ -36,6 +36,9 @@ typedef enum tpr_http_feed {
   TPR_HTTP_BAD = 2,      // malformed (400) or too large (413): answer and close
 } tpr_http_feed;
 
+// Appends n bytes to a growing NUL-terminated buffer; -1 when out of memory.
+int tpr_http_append(char **p, size_t *len, const char *at, size_t n);
+
 void tpr_http_reader_init(tpr_http_reader *r, size_t max_body);
 void tpr_http_reader_free(tpr_http_reader *r);
 

@@ -228,13 +228,24 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
   return rc;
 }
 
-static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step, int *old_world) {
-  char *path = tpr_path_join(dir, "trainer_state.json");
+// dir's trainer_state.json parsed; *path (malloc'ed, for messages) set even
+// on failure. The caller frees both.
+static tpr_status load_state_json(const char *dir, char **path, cJSON **out) {
+  *out = NULL;
+  *path = tpr_path_join(dir, "trainer_state.json");
   uint8_t *bytes = NULL;
   size_t len = 0;
-  tpr_status rc = path ? tpr_file_read(path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
-  cJSON *j = rc == TPR_OK ? cJSON_ParseWithLength((const char *)bytes, len) : NULL;
-  if (rc == TPR_OK && !j) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s is not valid JSON", path);
+  tpr_status rc = *path ? tpr_file_read(*path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
+  if (rc == TPR_OK && !(*out = cJSON_ParseWithLength((const char *)bytes, len)))
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s is not valid JSON", *path);
+  free(bytes);
+  return rc;
+}
+
+static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t *step, int *old_world) {
+  char *path;
+  cJSON *j;
+  tpr_status rc = load_state_json(dir, &path, &j);
   const char *keys[] = {"step", "world", "tp", "dp", "ep", "etp"};
   double v[6] = {0};
   for (int i = 0; rc == TPR_OK && i < 6; i++) {
@@ -254,17 +265,14 @@ static tpr_status read_state(const char *dir, const tpr_shard_plan *pl, int64_t 
                   pl->world, pl->tp, pl->dp, pl->ep, pl->etp);
   if (rc == TPR_OK) *step = (int64_t)v[0], *old_world = (int)v[1];
   cJSON_Delete(j);
-  free(path), free(bytes);
+  free(path);
   return rc;
 }
 
 tpr_status tpr_train_checkpoint_data_order(const char *dir, uint64_t *seed, bool *sequential) {
-  char *path = tpr_path_join(dir, "trainer_state.json");
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  tpr_status rc = path ? tpr_file_read(path, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "path");
-  cJSON *j = rc == TPR_OK ? cJSON_ParseWithLength((const char *)bytes, len) : NULL;
-  if (rc == TPR_OK && !j) rc = TPR_FAIL(TPR_ERR_FORMAT, "%s is not valid JSON", path);
+  char *path;
+  cJSON *j;
+  tpr_status rc = load_state_json(dir, &path, &j);
   const cJSON *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
   const cJSON *ord = cJSON_GetObjectItemCaseSensitive(j, "data_order");
   // A seed is a uint64 written as a JSON number: exact up to 2^53.
@@ -274,7 +282,7 @@ tpr_status tpr_train_checkpoint_data_order(const char *dir, uint64_t *seed, bool
                   path);
   if (rc == TPR_OK) *seed = (uint64_t)sd->valuedouble, *sequential = !strcmp(ord->valuestring, "sequential");
   cJSON_Delete(j);
-  free(path), free(bytes);
+  free(path);
   return rc;
 }
 
