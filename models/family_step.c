@@ -7,6 +7,18 @@
 #include "runtime/ops/rope_layout.h"
 #include "shard/mesh.h"
 
+tpr_status tpr_fstep_begin_tokens(tpr_fstep *c, int64_t T) {
+  TPR_CHECK(tpr_moe_opts_check(&c->o->moe, c->plan));
+  c->T = T;
+  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
+  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
+  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
+  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
+  if (c->plan->config.mrope_layout)
+    TPR_CHECK(tpr_program_input(c->p, "positions_3d", TPR_I32, 2, (const int64_t[]){3, T}, &c->positions_3d));
+  return TPR_OK;
+}
+
 tpr_status tpr_fstep_begin(tpr_fstep *c) {
   const tpr_step_shape *st = &c->o->shape;
   const char *fam = c->family->name;
@@ -15,14 +27,8 @@ tpr_status tpr_fstep_begin(tpr_fstep *c) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: bad step shape (T %lld, N %lld, B %lld, MB %lld, NB %lld, bs %lld)", fam,
                     (long long)st->tokens, (long long)st->samples, (long long)st->batch, (long long)st->max_blocks,
                     (long long)st->pool_blocks, (long long)st->block_size);
-  TPR_CHECK(tpr_moe_opts_check(&c->o->moe, c->plan));
-  int64_t T = c->T = st->tokens;
-  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
-  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
-  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
-  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
-  if (c->plan->config.mrope_layout)
-    TPR_CHECK(tpr_program_input(c->p, "positions_3d", TPR_I32, 2, (const int64_t[]){3, T}, &c->positions_3d));
+  TPR_CHECK(tpr_fstep_begin_tokens(c, st->tokens));
+  int64_t T = c->T;
   TPR_CHECK(tpr_program_input(c->p, "slot_mapping", TPR_I32, 1, (const int64_t[]){T}, &c->slots));
   TPR_CHECK(tpr_program_input(c->p, "seq", TPR_I32, 1, (const int64_t[]){T}, &c->seq));
   return tpr_program_input(c->p, "block_tables", TPR_I32, 2, (const int64_t[]){st->batch, st->max_blocks}, &c->blocks);

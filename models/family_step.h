@@ -36,6 +36,11 @@ typedef struct tpr_fweight {
 
 // Checks the step shape and declares the rank tensor and the step inputs.
 tpr_status tpr_fstep_begin(tpr_fstep *c);
+// What every program of a family starts with (begin's first part, and the
+// training programs' whole start): the MoE options checked, the rank
+// tensor and its tp index, inputs "tokens" and "positions" (T), and
+// "positions_3d" (3, T) for an MRoPE config.
+tpr_status tpr_fstep_begin_tokens(tpr_fstep *c, int64_t T);
 
 // The plan kind named exactly `pattern`.
 tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind);

@@ -31,15 +31,9 @@ static tpr_status mark_tp(qkhd *b, int kind, tpr_value_id *x) {
 // Training inputs: the rank tensor, tokens, positions (and MRoPE's), start.
 static tpr_status begin_training(qkhd *b) {
   tpr_fstep *c = &b->c;
-  int64_t T = c->T = b->o->tokens;
+  int64_t T = b->o->tokens;
   if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld tokens per training run", c->family->name, (long long)T);
-  TPR_CHECK(tpr_moe_opts_check(&c->o->moe, c->plan));
-  TPR_CHECK(tpr_program_rank_param(c->p, &c->rank));
-  TPR_CHECK(tpr_pb_rank_index(c->p, c->rank, TPR_RANK_TP, &c->rank_tp));
-  TPR_CHECK(tpr_program_input(c->p, "tokens", TPR_I32, 1, (const int64_t[]){T}, &c->tokens));
-  TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
-  if (c->plan->config.mrope_layout)
-    TPR_CHECK(tpr_program_input(c->p, "positions_3d", TPR_I32, 2, (const int64_t[]){3, T}, &c->positions_3d));
+  TPR_CHECK(tpr_fstep_begin_tokens(c, T));
   return tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start);
 }
 
