@@ -35,18 +35,21 @@ static void send_sse(tpr_http_conn *c, const char *json) {
 }
 
 static void stream_text(serve_req *r, const serve_state *st, const char *text, size_t len, const char *finish) {
-  char *t = NULL;
-  if (len) {
-    t = malloc(len + 1);
-    if (!t) return;
-    memcpy(t, text, len);
-    t[len] = 0;
-  }
-  char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, t, finish, !r->first_sent);
+  char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, len ? text : NULL, len, finish,
+                               !r->first_sent);
   if (j) send_sse(r->conn, j);
   free(j);
-  free(t);
   r->first_sent = true;
+}
+
+// The first place `needle` occurs in the n bytes of hay (which may hold NUL
+// bytes, so not strstr), or NULL.
+static const char *find_bytes(const char *hay, size_t n, const char *needle) {
+  size_t m = strlen(needle);
+  if (m == 0 || m > n) return NULL;
+  for (size_t i = 0; i + m <= n; i++)
+    if (hay[i] == needle[0] && memcmp(hay + i, needle, m) == 0) return hay + i;
+  return NULL;
 }
 
 // Rank 0, after a step: what each request's new tokens add to its answer.
@@ -96,7 +99,7 @@ static void progress(serve_state *st, serve_req *r) {
   for (int i = 0; i < r->r.n_stop; i++) {
     size_t sl = strlen(r->r.stop[i]);
     if (sl > longest_stop) longest_stop = sl;
-    char *p = strstr(text, r->r.stop[i]);
+    const char *p = find_bytes(text, tl, r->r.stop[i]);
     if (p && (size_t)(p - text) < end) {
       end = (size_t)(p - text);
       finish = "stop";
@@ -119,7 +122,7 @@ static void progress(serve_state *st, serve_req *r) {
       r->sent = stable;
     }
     if (finish) {
-      char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, NULL, finish, !r->first_sent);
+      char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, NULL, 0, finish, !r->first_sent);
       if (j) send_sse(r->conn, j);
       free(j);
       if (r->r.include_usage) {
@@ -131,8 +134,8 @@ static void progress(serve_state *st, serve_req *r) {
       tpr_http_stream_end(r->conn);
     }
   } else if (finish) {
-    text[end] = 0;
-    char *j = tpr_oai_response_json(r->r.chat, r->id, r->created, st->o->model_id, text, finish, r->prompt_len, gen);
+    char *j = tpr_oai_response_json(r->r.chat, r->id, r->created, st->o->model_id, text, end, finish, r->prompt_len,
+                                    gen);
     if (j) {
       serve_count_status(st, 200);
       tpr_http_respond(r->conn, 200, "application/json", j, strlen(j));

@@ -188,17 +188,46 @@ static void add_usage(cJSON *j, int64_t prompt_tokens, int64_t completion_tokens
   cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt_tokens + completion_tokens));
 }
 
+// Adds key: the first len bytes of text as a JSON string. Generated text may
+// hold a NUL byte (a byte-level token for 0x00), which cJSON's C strings
+// would cut the answer at, so the string is escaped here: '"', '\\' and
+// control bytes (NUL as \u0000); other bytes as they are.
+static void add_text(cJSON *obj, const char *key, const char *text, size_t len) {
+  char *q = malloc(6 * len + 3), *o = q;  // every byte at most "\u00XX"
+  if (!q) return;  // out of memory: the field is left out
+  *o++ = '"';
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)text[i];
+    if (ch == '"' || ch == '\\') {
+      *o++ = '\\';
+      *o++ = (char)ch;
+    } else if (ch == '\n') {
+      *o++ = '\\';
+      *o++ = 'n';
+    } else if (ch < 0x20 || ch == 0x7F) {
+      o += sprintf(o, "\\u%04x", ch);
+    } else {
+      *o++ = (char)ch;
+    }
+  }
+  *o++ = '"';
+  *o = 0;
+  cJSON_AddRawToObject(obj, key, q);
+  free(q);
+}
+
 char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                            const char *finish_reason, int64_t prompt_tokens, int64_t completion_tokens) {
+                            size_t text_len, const char *finish_reason, int64_t prompt_tokens,
+                            int64_t completion_tokens) {
   cJSON *j = envelope(chat, false, id, created, model);
   cJSON *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", 0);
   if (chat) {
     cJSON *m = cJSON_AddObjectToObject(c, "message");
     cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddStringToObject(m, "content", text);
+    add_text(m, "content", text, text_len);
   } else {
-    cJSON_AddStringToObject(c, "text", text);
+    add_text(c, "text", text, text_len);
   }
   cJSON_AddNullToObject(c, "logprobs");
   cJSON_AddStringToObject(c, "finish_reason", finish_reason);
@@ -220,16 +249,16 @@ char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const
 }
 
 char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                         const char *finish_reason, bool first) {
+                         size_t text_len, const char *finish_reason, bool first) {
   cJSON *j = envelope(chat, true, id, created, model);
   cJSON *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", 0);
   if (chat) {
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     if (first) cJSON_AddStringToObject(d, "role", "assistant");
-    if (text) cJSON_AddStringToObject(d, "content", text);
+    if (text) add_text(d, "content", text, text_len);
   } else {
-    cJSON_AddStringToObject(c, "text", text ? text : "");
+    add_text(c, "text", text ? text : "", text ? text_len : 0);
   }
   cJSON_AddNullToObject(c, "logprobs");
   if (finish_reason) cJSON_AddStringToObject(c, "finish_reason", finish_reason);

@@ -108,15 +108,18 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tm
 void tpr_oai_request_free(tpr_oai_request *r);
 // {"error":{"message":..., "type":..., "code":status}} (malloc'ed).
 char *tpr_oai_error_json(int status, const char *message);
-// Full (non-streamed) response body (malloc'ed).
+// Full (non-streamed) response body (malloc'ed); text: text_len bytes, NUL
+// bytes included (escaped as \u0000).
 char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                            const char *finish_reason, int64_t prompt_tokens, int64_t completion_tokens);
+                            size_t text_len, const char *finish_reason, int64_t prompt_tokens,
+                            int64_t completion_tokens);
 // The last streamed chunk of stream_options.include_usage: no choices, the usage.
 char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
                                int64_t completion_tokens);
-// One streamed chunk; text NULL: none; finish NULL: null; first: chat's role delta.
+// One streamed chunk; text (text_len bytes) NULL: none; finish NULL: null;
+// first: chat's role delta.
 char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                         const char *finish_reason, bool first);
+                         size_t text_len, const char *finish_reason, bool first);
 
 // --- loop.c / routes.c ------------------------------------------------------
 typedef struct tpr_serve_opts {

@@ -1,6 +1,7 @@
 // Units of tpr serve without sockets: the built-in chat templates (exact
 // renderings, roles a template cannot place, detection from a checkpoint
-// directory) and the HTTP request reader fed random splits of a byte stream.
+// directory), the HTTP request reader fed random splits of a byte stream, and
+// answer text with NUL and control bytes kept whole in the response JSON.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,34 @@ static void test_http_reader(void **state) {
   printf("3 pipelined requests read alike over 200 random splits; 413 x2 and 400 refused\n");
 }
 
+// A byte-level token may decode to 0x00: the answer keeps it (as \u0000)
+// and what follows it, in the full response and in a streamed chunk.
+static void test_answer_text_bytes(void **state) {
+  (void)state;
+  const char text[] = "a\0b\"c\\d\n\x01\xe6\x97\xa5 end";  // NUL, quote, backslash, newline, 0x01, 日
+  size_t n = sizeof text - 1;
+  char *full = tpr_oai_response_json(false, "cmpl-1", 7, "m", text, n, "stop", 3, 4);
+  char *chunk = tpr_oai_chunk_json(true, "chatcmpl-1", 7, "m", text, n, NULL, true);
+  assert_non_null(full);
+  assert_non_null(chunk);
+  const char *want = "\"a\\u0000b\\\"c\\\\d\\n\\u0001\xe6\x97\xa5 end\"";
+  assert_non_null(strstr(full, want));
+  assert_non_null(strstr(chunk, want));
+  // Both bodies are JSON cJSON reads, with the fields after the text intact.
+  cJSON *j = cJSON_Parse(full);
+  assert_non_null(j);
+  cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason")), "stop");
+  cJSON_Delete(j);
+  // Negative control: only the first byte, not the whole text.
+  char *cut = tpr_oai_response_json(false, "cmpl-1", 7, "m", text, 1, "stop", 3, 4);
+  assert_null(strstr(cut, want));
+  assert_non_null(strstr(cut, "\"text\":\"a\""));
+  free(full);
+  free(chunk);
+  free(cut);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -182,6 +211,7 @@ int main(void) {
       cmocka_unit_test(test_templates_refuse),
       cmocka_unit_test(test_templates_detect),
       cmocka_unit_test(test_http_reader),
+      cmocka_unit_test(test_answer_text_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
