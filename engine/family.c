@@ -11,6 +11,8 @@
 // -- family headers: mrope
 #include "models/qwen3_vl_moe.h"
 
+// -- family headers: qwen2_vl
+
 
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2,
@@ -21,6 +23,8 @@ static const tpr_family *const families[] = {
 
     // -- families: mrope
     &tpr_family_qwen3_vl_moe,
+
+    // -- families: qwen2_vl
 
 };
 
