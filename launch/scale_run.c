@@ -142,7 +142,14 @@ static void comm_rows(const sweep *s, int np) {
 #define N_PHASES 4
 typedef struct sample {
   double step, tps, ph[N_PHASES], rss;
+  double coll[TPR_COLL_COUNT];  // seconds per step in each collective kind (rank 0, --profile)
 } sample;
+
+// The collective kind an op of the profile is, or -1 (all_to_allv, the
+// MoE dispatcher's exchange, counts as all_to_all as the model has it).
+static int coll_of_op(const char *op) {
+  return op && !strcmp(op, "all_to_allv") ? TPR_COLL_ALL_TO_ALL : tpr_coll_from_name(op);
+}
 
 static const char *phase_names[2][N_PHASES] = {{"compute", "grad_sync", "optimizer", "exposed_comm"},
                                                {"step", NULL, NULL, NULL}};
@@ -152,11 +159,13 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
   const char *bin = s->tpr;
   if (s->wl == TPR_WL_TRAIN) {
     snprintf(cmd, sizeof cmd, "'%s' -np %d --oversubscribe '%s' train --config '%s' --random-init --data '%s' "
-             "--seq-len %lld --micro-batch %lld --steps %lld --tp %d --dp %d --ep %d --json", s->mpirun, m->world, bin,
+             "--seq-len %lld --micro-batch %lld --steps %lld --tp %d --dp %d --ep %d --profile --json", s->mpirun,
+             m->world, bin,
              s->config, s->tokens, (long long)s->seq, (long long)per_replica, (long long)s->steps, m->tp, m->dp, m->ep);
   } else {
     snprintf(cmd, sizeof cmd, "'%s' -np %d --oversubscribe '%s' bench model --config '%s' --random-weights "
-             "--batch %lld --prompt-len %lld --gen-len %lld --tp %d --dp %d --ep %d --json", s->mpirun, m->world, bin,
+             "--batch %lld --prompt-len %lld --gen-len %lld --tp %d --dp %d --ep %d --profile --json", s->mpirun,
+             m->world, bin,
              s->config, (long long)(per_replica * m->dp), (long long)s->prompt, (long long)s->gen, m->tp, m->dp, m->ep);
   }
   *out = (sample){0};
@@ -186,7 +195,17 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
     tpr_scale_quartiles(v[0], (size_t)ns, &q1, &out->step, &q3);
     for (int k = 1; k < 5; k++) tpr_scale_quartiles(v[k], (size_t)ns, &q1, &out->ph[k - 1], &q3);
     out->tps = out->step > 0 ? (double)(s->seq * per_replica * m->dp) / out->step : 0;
-    rss = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "summary"), "peak_rss_bytes");
+    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(j, "summary");
+    rss = cJSON_GetObjectItemCaseSensitive(sum, "peak_rss_bytes");
+    // The program's collectives: seconds over every step's runs (the
+    // warm-up step included), so per step over --steps; FSDP's gathers and
+    // scatters run outside the program and come per step already.
+    for (const cJSON *o = cJSON_GetObjectItemCaseSensitive(sum, "ops"), *k = o ? o->child : NULL; k; k = k->next) {
+      int c = coll_of_op(k->string);
+      if (c >= 0 && cJSON_IsNumber(k)) out->coll[c] += k->valuedouble / (double)s->steps;
+    }
+    out->coll[TPR_COLL_ALL_GATHER] += num(sum, "fsdp_all_gather_ms") * 1e-3;
+    out->coll[TPR_COLL_REDUCE_SCATTER] += num(sum, "fsdp_reduce_scatter_ms") * 1e-3;
   } else {
     char *line = run_json(s, cmd, "\"bench model\"");
     j = line ? cJSON_Parse(line) : NULL;
@@ -196,6 +215,14 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
     double per_step = s->wl == TPR_WL_DECODE ? num(j, "decode_tokens_per_step") : (double)(per_replica * s->prompt * m->dp);
     out->tps = tps, out->step = tps > 0 ? per_step / tps : 0, out->ph[0] = out->step;
     out->rss = num(j, "peak_rss_bytes_max");
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "profile"),
+                                                       s->wl == TPR_WL_DECODE ? "decode" : "prefill");
+    double steps = num(ph, "steps");
+    for (const cJSON *o = cJSON_GetObjectItemCaseSensitive(ph, "ops"), *k = o ? o->child : NULL; k && steps > 0;
+         k = k->next) {
+      int c = coll_of_op(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, "op")));
+      if (c >= 0) out->coll[c] += num(k, "ms") * 1e-3 / steps;
+    }
   }
   for (const cJSON *r = rss ? rss->child : NULL; r; r = r->next)
     if (r->valuedouble > out->rss) out->rss = r->valuedouble;
@@ -271,6 +298,16 @@ static bool point(const sweep *s, tpr_scale_mesh *m, FILE *results) {
     cJSON_AddNumberToObject(ph, name, x[n / 2]);
   }
   cJSON_AddItemToObject(j, "phases_s", ph);
+  // Measured time in each collective kind (rank 0, waits for peers
+  // included), the median over the runs: what the model's comm terms
+  // predict, kind by kind.
+  cJSON *co = cJSON_CreateObject();
+  for (int k = 0; k < TPR_COLL_COUNT; k++) {
+    for (int i = 0; i < n; i++) x[i] = runs[i].coll[k];
+    qsort(x, (size_t)n, sizeof *x, cmp_d);
+    cJSON_AddNumberToObject(co, tpr_coll_name((tpr_coll)k), x[n / 2]);
+  }
+  cJSON_AddItemToObject(j, "collective_s", co);
   // Bytes per collective kind: counted from the config and the mesh (the
   // commands do not report them), per rank per step, f32 activations.
   tpr_scale_hw hw = {.act_bytes = 4, .param_bytes = 4};

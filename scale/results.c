@@ -86,6 +86,15 @@ tpr_status tpr_scale_result_validate(const cJSON *j) {
       return TPR_FAIL(TPR_ERR_FORMAT, "scale results: machine.%s must be a number > 0", mk[i]);
   if (!cJSON_IsString(field(mach, "mpi")))
     return TPR_FAIL(TPR_ERR_FORMAT, "scale results: machine.mpi must be a string");
+  const cJSON *co = field(j, "collective_s");
+  if (co && !cJSON_IsObject(co)) return TPR_FAIL(TPR_ERR_FORMAT, "scale results: collective_s must be an object");
+  for (const cJSON *k = co ? co->child : NULL; k; k = k->next) {
+    if (tpr_coll_from_name(k->string) < 0)
+      return TPR_FAIL(TPR_ERR_FORMAT, "scale results: collective_s.%s is no collective kind (all_reduce, all_gather, "
+                      "reduce_scatter, all_to_all, broadcast)", k->string);
+    if (!cJSON_IsNumber(k) || !(k->valuedouble >= 0))
+      return TPR_FAIL(TPR_ERR_FORMAT, "scale results: collective_s.%s must be a number >= 0", k->string);
+  }
   return TPR_OK;
 }
 
@@ -108,6 +117,9 @@ tpr_status tpr_scale_point_from_json(const cJSON *j, tpr_scale_point *out) {
   out->cores = field(mach, "cores")->valuedouble, out->sgemm_gflops = field(mach, "sgemm_gflops")->valuedouble;
   out->read_gbs = field(mach, "read_gbs")->valuedouble;
   snprintf(out->config, sizeof out->config, "%s", field(j, "config")->valuestring);
+  const cJSON *co = field(j, "collective_s");
+  out->has_coll = co != NULL;
+  for (const cJSON *k = co ? co->child : NULL; k; k = k->next) out->coll_s[tpr_coll_from_name(k->string)] = k->valuedouble;
   return TPR_OK;
 }
 

@@ -18,8 +18,9 @@ void tpr_scale_quartiles(double *x, size_t n, double *q1, double *median, double
 
 // Checks one results.jsonl object against the schema: every required field
 // present with its type, the mesh consistent (np = dp*tp, ep*etp | np),
-// quartiles ordered (q1 <= median <= q3), times > 0. TPR_ERR_FORMAT naming
-// the first offending field.
+// quartiles ordered (q1 <= median <= q3), times > 0; the optional
+// collective_s holds only collective kinds, each a number >= 0.
+// TPR_ERR_FORMAT naming the first offending field.
 tpr_status tpr_scale_result_validate(const struct cJSON *j);
 
 // A validated point, as the model needs it.
@@ -29,6 +30,10 @@ typedef struct tpr_scale_point {
   tpr_scale_work work;
   double step_s, step_q1, step_q3, tokens_per_s;
   double cores, sgemm_gflops, read_gbs;  // machine
+  // collective_s (optional: sweeps before it lack it): measured seconds per
+  // step in each collective kind on rank 0.
+  bool has_coll;
+  double coll_s[TPR_COLL_COUNT];
   char config[256];
 } tpr_scale_point;
 

@@ -170,6 +170,7 @@ static const char good_line[] =
     "\"dp\":2,\"ep\":2,\"etp\":2,\"tokens_per_step\":32,\"context\":16,\"samples\":32,\"repeats\":3,"
     "\"step_s\":{\"median\":0.004,\"q1\":0.0038,\"q3\":0.0045},\"tokens_per_s\":{\"median\":16000,\"q1\":15000,"
     "\"q3\":17000},\"phases_s\":{\"compute\":0.003},\"bytes_per_step\":{\"all_reduce\":1024},"
+    "\"collective_s\":{\"all_reduce\":0.0004,\"all_to_all\":0.0002},"
     "\"peak_rss_bytes\":2e7,\"machine\":{\"cores\":2,\"sgemm_gflops\":80,\"read_gbs\":15,\"mpi\":\"Open MPI\"},"
     "\"command\":\"tpr train\"}";
 
@@ -187,6 +188,8 @@ static const struct {
     {"\"mode\":\"weak\"", "\"mode\":\"both\"", "unknown mode"},
     {"\"cores\":2", "\"cores\":0", "machine.cores 0"},
     {"\"mpi\":\"Open MPI\"", "\"mpi\":7", "machine.mpi a number"},
+    {"\"all_to_all\":0.0002", "\"sendrecv\":0.0002", "collective_s: no kind"},
+    {"\"all_to_all\":0.0002", "\"all_to_all\":-0.0002", "collective_s negative"},
 };
 
 static void test_results_schema(void **state) {
@@ -198,6 +201,8 @@ static void test_results_schema(void **state) {
   assert_int_equal(p.mesh.world, 4);
   assert_true(p.mesh.fsdp);
   assert_true(p.step_s == 0.004);
+  assert_true(p.has_coll && p.coll_s[TPR_COLL_ALL_REDUCE] == 0.0004 && p.coll_s[TPR_COLL_ALL_TO_ALL] == 0.0002);
+  assert_true(p.coll_s[TPR_COLL_ALL_GATHER] == 0);
   cJSON_Delete(j);
   for (size_t i = 0; i < sizeof breaks / sizeof breaks[0]; i++) {
     char line[sizeof good_line + 64];

@@ -33,7 +33,13 @@ static void test_sweep_np124(void **state) {
     assert_non_null(j);
     tpr_scale_point p;
     TT_OK(tpr_scale_point_from_json(j, &p));
-    printf("  np %d tp %d: %.3f ms/step, %.0f tokens/s\n", p.mesh.world, p.mesh.tp, p.step_s * 1e3, p.tokens_per_s);
+    printf("  np %d tp %d: %.3f ms/step, %.0f tokens/s, %.3f ms/step in all-reduces\n", p.mesh.world, p.mesh.tp,
+           p.step_s * 1e3, p.tokens_per_s, p.coll_s[TPR_COLL_ALL_REDUCE] * 1e3);
+    // Measured per collective kind (the trainer's op profile): at tp > 1
+    // the step's tp all-reduces take time, and no more than the step.
+    assert_true(p.has_coll);
+    if (p.mesh.world > 1)
+      assert_true(p.coll_s[TPR_COLL_ALL_REDUCE] > 0 && p.coll_s[TPR_COLL_ALL_REDUCE] < p.step_s);
     assert_true(n < 3);
     nps[n++] = p.mesh.world;
     assert_int_equal(p.mesh.tp, p.mesh.world);
@@ -52,6 +58,10 @@ static void test_sweep_np124(void **state) {
   assert_non_null(strstr(r.out, "not used for calibration"));
   tt_run_done(&r);
   assert_int_equal(access(tt_path(out, "model.json"), R_OK), 0);
+  char *pred = tt_slurp(tt_path(out, "predictions.jsonl"), NULL);
+  assert_non_null(pred);
+  assert_non_null(strstr(pred, "\"measured_collective_s\":{\"all_reduce\":"));
+  free(pred);
   // Negative control: a line whose mesh is inconsistent is refused, by line.
   FILE *f = fopen(tt_path(out, "results.jsonl"), "a");
   assert_non_null(f);
