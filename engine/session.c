@@ -136,10 +136,32 @@ static tpr_status scale_tensor(tpr_session *s, const tpr_shard_tensor *t, int64_
   return tpr_tensor_from_host(*out, s->weights.scales[i], tpr_tensor_nbytes(*out));
 }
 
-static tpr_status load_weights(tpr_session *s) {
+// The dtype each plan kind is held in (no collective).
+static tpr_status weight_dtypes(tpr_session *s) {
   const char *const expert_kinds[3] = {s->family->expert_gate, s->family->expert_up, s->family->expert_down};
-  TPR_CHECK(tpr_weight_dtypes(s->loader, &s->plan, s->o.training ? TPR_F32 : s->o.weight_dtype,
-                              s->be->vt->host_addressable, expert_kinds, s->kind_dtype, s->kind_block));
+  return tpr_weight_dtypes(s->loader, &s->plan, s->o.training ? TPR_F32 : s->o.weight_dtype,
+                           s->be->vt->host_addressable, expert_kinds, s->kind_dtype, s->kind_block);
+}
+
+// The ranks of one node share its memory: `bytes` (this rank's ask) times
+// the node's ranks against MemAvailable, every rank's figures read before
+// any allocates (collective: the largest ask and the smallest MemAvailable,
+// so every rank reaches the same verdict).
+static tpr_status check_node_memory(tpr_session *s, uint64_t bytes, const char *what) {
+  uint64_t avail = tpr_host_mem_available();
+  int64_t v[2] = {avail > INT64_MAX ? INT64_MAX : (int64_t)avail, bytes > INT64_MAX ? -INT64_MAX : -(int64_t)bytes};
+  TPR_CHECK(tpr_comm_all_reduce(s->world, v, v, 2, TPR_I64, TPR_MIN));
+  return tpr_host_mem_check_node((uint64_t)-v[1], tpr_local_ranks_from_env(), (uint64_t)v[0], what);
+}
+
+static tpr_status check_weights_memory(tpr_session *s) {
+  char what[96];
+  snprintf(what, sizeof what, "rank %d: loading its weights%s", s->mesh.world_rank,
+           s->mesh.world_size > 1 ? " (the largest share of any rank)" : "");
+  return check_node_memory(s, tpr_loader_arena_bytes(s->loader, TPR_F32, s->kind_dtype), what);
+}
+
+static tpr_status load_weights(tpr_session *s) {
   TPR_CHECK(tpr_loader_load_all_as(s->loader, TPR_F32, s->kind_dtype, s->kind_block, &s->weights));
   s->stats.weight_bytes = s->weights.bytes_held;
   s->stats.matrix_dtype = TPR_F32;
@@ -187,9 +209,10 @@ static tpr_status alloc_pool(tpr_session *s) {
   if (o->kv_cache_bytes > 0) {
     blocks = (int64_t)((uint64_t)o->kv_cache_bytes / per_block);
   } else if (o->kv_cache_fraction > 0) {
+    // The node's ranks share what is left: each takes its part of the fraction.
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double avail = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-    blocks = (int64_t)(o->kv_cache_fraction * avail / (double)per_block);
+    blocks = (int64_t)(o->kv_cache_fraction * avail / tpr_local_ranks_from_env() / (double)per_block);
   }
   TPR_CHECK(tpr_comm_all_reduce(s->world, &blocks, &blocks, 1, TPR_I64, TPR_MIN));
   if (blocks < 1)
@@ -205,7 +228,7 @@ static tpr_status alloc_pool(tpr_session *s) {
     snprintf(what, sizeof what, "the KV pool (%lld blocks x %llu bytes: %s)", (long long)blocks,
              (unsigned long long)per_block,
              o->kv_cache_bytes > 0 ? "--kv-cache-bytes" : "--max-batch x --max-seq");
-    TPR_CHECK(tpr_host_mem_check(bytes, what));
+    TPR_CHECK(check_node_memory(s, bytes, what));  // every rank reaches it: the same verdict
   }
   p->blocks = blocks;
   p->bytes = bytes;
@@ -406,6 +429,8 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
   step_program *decode;
   tpr_status rc = tpr_comm_agree(world, open_session(s));
   if (rc == TPR_OK) rc = tpr_comm_agree(world, agree_fp8_blocks(s));  // collective inside
+  if (rc == TPR_OK) rc = tpr_comm_agree(world, weight_dtypes(s));
+  if (rc == TPR_OK) rc = tpr_comm_agree(world, check_weights_memory(s));  // collective inside
   if (rc == TPR_OK) rc = tpr_comm_agree(world, load_weights(s));
   if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, alloc_pool(s));  // collective inside
   // Decode's program first: it is never evicted. Building it is collective

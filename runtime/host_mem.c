@@ -27,11 +27,25 @@ uint64_t tpr_host_mem_available(void) {
 }
 
 tpr_status tpr_host_mem_check(uint64_t bytes, const char *what) {
-  uint64_t avail = tpr_host_mem_available();
-  if (!avail || bytes <= avail) return TPR_OK;
+  return tpr_host_mem_check_node(bytes, 1, tpr_host_mem_available(), what);
+}
+
+tpr_status tpr_host_mem_check_node(uint64_t bytes, int ranks, uint64_t avail, const char *what) {
+  if (ranks < 1) ranks = 1;
+  uint64_t total;
+  if (__builtin_mul_overflow(bytes, (uint64_t)ranks, &total)) total = UINT64_MAX;
+  if (!avail || total <= avail) return TPR_OK;
+  const double gib = 1073741824.0;
+  if (ranks == 1)
+    return TPR_FAIL(TPR_ERR_OOM,
+                    "%s needs %llu bytes (%.2f GiB) of host memory; only %llu bytes (%.2f GiB) are available "
+                    "(MemAvailable in /proc/meminfo): refused before allocating",
+                    what, (unsigned long long)bytes, (double)bytes / gib, (unsigned long long)avail,
+                    (double)avail / gib);
   return TPR_FAIL(TPR_ERR_OOM,
-                  "%s needs %llu bytes (%.2f GiB) of host memory; only %llu bytes (%.2f GiB) are available "
-                  "(MemAvailable in /proc/meminfo): refused before allocating",
-                  what, (unsigned long long)bytes, (double)bytes / 1073741824.0, (unsigned long long)avail,
-                  (double)avail / 1073741824.0);
+                  "%s needs %llu bytes (%.2f GiB) of host memory on each of the %d ranks of this node, %.2f GiB in "
+                  "all; only %llu bytes (%.2f GiB) are available (MemAvailable in /proc/meminfo): refused before "
+                  "allocating (fewer ranks per node, or more tp/ep to shard it further)",
+                  what, (unsigned long long)bytes, (double)bytes / gib, ranks, (double)total / gib,
+                  (unsigned long long)avail, (double)avail / gib);
 }

@@ -18,4 +18,10 @@ uint64_t tpr_host_mem_available(void);
 // bytes exceed the available memory (an unknown amount never refuses).
 tpr_status tpr_host_mem_check(uint64_t bytes, const char *what);
 
+// The node's check: `ranks` processes of one node each ask `bytes` of the
+// same memory, `avail` (MemAvailable as every one of them read it before
+// any allocated). TPR_ERR_OOM naming the per-rank and the total bytes when
+// ranks x bytes exceed avail; ranks 1 is tpr_host_mem_check's message.
+tpr_status tpr_host_mem_check_node(uint64_t bytes, int ranks, uint64_t avail, const char *what);
+
 #endif

@@ -199,6 +199,23 @@ void tpr_rank_weights_free(tpr_rank_weights *w) {
   memset(w, 0, sizeof *w);
 }
 
+// Item i's dtype as held: its kind's, the checkpoint's (TPR_LOAD_SOURCE_DTYPE) or dt.
+static tpr_dtype held_dtype(const tpr_loader *l, int64_t i, tpr_dtype dt, const tpr_dtype *kind_dt) {
+  tpr_dtype want = kind_dt ? kind_dt[l->items[i].kind] : dt;
+  return want == TPR_LOAD_SOURCE_DTYPE ? tpr_loader_item_dtype(l, &l->items[i]) : want;
+}
+
+// The next buffer's offset after one of nb bytes at off: 64-byte aligned,
+// whatever its neighbours' dtypes.
+static uint64_t next_offset(uint64_t off, uint64_t nb) { return (off + nb + 63) & ~(uint64_t)63; }
+
+uint64_t tpr_loader_arena_bytes(const tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt) {
+  uint64_t off = 0;
+  for (int64_t i = 0; i < l->n; i++)
+    off = next_offset(off, (uint64_t)l->items[i].numel * tpr_dtype_size(held_dtype(l, i, dt, kind_dt)));
+  return off;
+}
+
 tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *out) {
   return tpr_loader_load_all_as(l, dt, NULL, NULL, out);
 }
@@ -221,12 +238,11 @@ tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *
   uint64_t off = 0;
   for (int64_t i = 0; i < n; i++) {
     w.items[i] = l->items[i];
-    tpr_dtype want = kind_dt ? kind_dt[l->items[i].kind] : dt;
-    w.dtype[i] = want == TPR_LOAD_SOURCE_DTYPE ? tpr_loader_item_dtype(l, &l->items[i]) : want;
+    w.dtype[i] = held_dtype(l, i, dt, kind_dt);
     uint64_t nb = (uint64_t)l->items[i].numel * tpr_dtype_size(w.dtype[i]);
     w.offset[i] = off;
     w.bytes_held += nb;
-    off = (off + nb + 63) & ~(uint64_t)63;  // each buffer 64-byte aligned, whatever its neighbours' dtypes
+    off = next_offset(off, nb);
   }
   w.offset[n] = off;
   // A checkpoint larger than the machine: refused here with its size, since

@@ -110,6 +110,10 @@ tpr_status tpr_loader_load_all(tpr_loader *l, tpr_dtype dt, tpr_rank_weights *ou
 // tpr_loader_read_fp8, its scales into out->scales[i].
 tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt, const int *kind_block,
                                   tpr_rank_weights *out);
+// Bytes the arena of tpr_loader_load_all_as(l, dt, kind_dt, ...) takes on
+// this rank (each buffer 64-byte aligned; FP8 scales not included): what a
+// node-wide memory check asks before any rank loads.
+uint64_t tpr_loader_arena_bytes(const tpr_loader *l, tpr_dtype dt, const tpr_dtype *kind_dt);
 void tpr_rank_weights_free(tpr_rank_weights *w);
 static inline void *tpr_rank_weights_data(const tpr_rank_weights *w, int64_t i) { return w->arena + w->offset[i]; }
 

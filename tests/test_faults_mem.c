@@ -6,7 +6,9 @@
 // boundary with TPR_DEBUG_MEM_AVAILABLE standing in for the machine: the
 // exact byte count the error names loads, one byte less is refused (the
 // negative control: a check off by a block or a factor would fail one side).
-// And a real checkpoint (a sparse file) of twice the machine's memory.
+// And a real checkpoint (a sparse file) of twice the machine's memory. Under
+// mpirun the ranks of one node share its memory: np 2 needs twice one
+// rank's share, for the weights and for the KV pool.
 #define _GNU_SOURCE
 #include "test_util.h"
 #include "cli_util.h"
@@ -34,7 +36,13 @@ static double now_s(void) {
 
 // `tpr run` on the tiny model with extra args; avail (bytes, 0: the real
 // machine) stands in for MemAvailable.
+static run_result run_np(int np, const char *const *extra, uint64_t avail, double *secs);
 static run_result run_with(const char *const *extra, uint64_t avail, double *secs) {
+  return run_np(0, extra, avail, secs);
+}
+
+// The same under `mpirun -np np` (np > 0): every rank on this node.
+static run_result run_np(int np, const char *const *extra, uint64_t avail, double *secs) {
   const char *a[32] = {"run", "--model", MODEL, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"};
   int n = 7;
   for (int i = 0; extra[i]; i++) a[n++] = extra[i];
@@ -43,7 +51,7 @@ static run_result run_with(const char *const *extra, uint64_t avail, double *sec
   snprintf(v, sizeof v, "%" PRIu64, avail);
   if (avail) setenv("TPR_DEBUG_MEM_AVAILABLE", v, 1);
   double t0 = now_s();
-  run_result r = tt_run(tpr_path, tmp_dir, a, &(tt_run_opts){.timeout_s = 60});
+  run_result r = tt_run(tpr_path, tmp_dir, a, &(tt_run_opts){.timeout_s = 60, .np = np});
   *secs = now_s() - t0;
   unsetenv("TPR_DEBUG_MEM_AVAILABLE");
   return r;
@@ -140,6 +148,48 @@ static void test_checkpoint_larger_than_machine(void **state) {
   tt_run_done(&r);
 }
 
+// Two ranks of one node (tp 2): the node check asks twice the largest
+// rank's share. At 2 x share - 1 bytes available it refuses where a
+// per-rank check would pass (the negative control); at 2 x share the
+// weights load (the KV pool, checked next, may then refuse).
+static void test_node_shares_memory(void **state) {
+  const char *const tp2[] = {"--tp", "2", NULL};
+  double secs;
+  run_result r = run_np(2, tp2, 4096, &secs);
+  uint64_t share = needed(r.err);
+  printf("  np 2 on a 4 KiB machine: exit %d after %.2f s\n    %s", r.code, secs, r.err);
+  if (r.code <= 0 || !strstr(r.err, "loading its weights") || !strstr(r.err, "on each of the 2 ranks") || !share)
+    fail_msg("not refused for the node's weights");
+  assert_true(secs < 30);
+  tt_run_done(&r);
+  r = run_np(2, tp2, 2 * share - 1, &secs);
+  printf("  %" PRIu64 " bytes (2 x %" PRIu64 " - 1): exit %d\n", 2 * share - 1, share, r.code);
+  assert_true(r.code > 0 && strstr(r.err, "loading its weights") && needed(r.err) == share);
+  tt_run_done(&r);
+  r = run_np(2, tp2, 2 * share, &secs);
+  printf("  %" PRIu64 " bytes: exit %d (%s)\n", 2 * share, r.code, r.code ? "the KV pool refuses" : "runs");
+  assert_true(r.code == 0 || !strstr(r.err, "loading its weights"));
+  tt_run_done(&r);
+  // The KV pool: 2 ranks x the pool's share each.
+  uint64_t kv = (uint64_t)tt_randint(4 << 20, 8 << 20);
+  char kvs[32];
+  snprintf(kvs, sizeof kvs, "%" PRIu64, kv);
+  const char *const pool[] = {"--tp", "2", "--kv-cache-bytes", kvs, NULL};
+  r = run_np(2, pool, 3 << 20, &secs);  // the weights fit (2 x ~0.4 MB), the pools not
+  uint64_t pshare = needed(r.err);
+  printf("  np 2, --kv-cache-bytes %" PRIu64 " on 3 MiB: exit %d\n    %s", kv, r.code, r.err);
+  if (r.code <= 0 || !strstr(r.err, "KV pool") || !strstr(r.err, "on each of the 2 ranks") || !pshare)
+    fail_msg("not refused for the node's KV pools");
+  tt_run_done(&r);
+  r = run_np(2, pool, 2 * pshare - 1, &secs);
+  assert_true(r.code > 0 && strstr(r.err, "KV pool") && needed(r.err) == pshare);
+  tt_run_done(&r);
+  r = run_np(2, pool, 2 * pshare, &secs);
+  if (r.code != 0) fail_msg("with 2 x %" PRIu64 " bytes available: exit %d\n%s", pshare, r.code, r.err);
+  tt_run_done(&r);
+  printf("  KV pool %" PRIu64 " bytes per rank: 2 x that runs, one byte less is refused\n", pshare);
+}
+
 static uint64_t meminfo_kib(const char *key) {
   FILE *f = fopen("/proc/meminfo", "r");  // /proc files have no size to read up to
   char line[256];
@@ -234,6 +284,7 @@ int main(void) {
       cmocka_unit_test(test_kv_larger_than_machine),
       cmocka_unit_test(test_kv_boundary),
       cmocka_unit_test(test_checkpoint_larger_than_machine),
+      cmocka_unit_test(test_node_shares_memory),
       cmocka_unit_test(test_sparse_checkpoint_larger_than_machine),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
