@@ -175,7 +175,7 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
     // The median over the timed steps (the first is warm-up), not the
     // summary's mean: a step the machine's other load delayed counts once.
     char *all = run_lines(s, cmd);
-    double v[6][256];
+    double v[5][256], c[TPR_COLL_COUNT][256] = {{0}};
     int ns = 0;
     for (char *l = all ? strtok(all, "\n") : NULL; l; l = strtok(NULL, "\n")) {
       cJSON *x = cJSON_Parse(l);
@@ -183,7 +183,17 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
       if (cJSON_IsNumber(step) && step->valuedouble >= 1 && ns < 256) {
         v[0][ns] = num(x, "ms") * 1e-3, v[1][ns] = num(x, "fwd_bwd_ms") * 1e-3, v[2][ns] = num(x, "grad_sync_ms") * 1e-3;
         v[3][ns] = num(x, "optimizer_ms") * 1e-3;
-        v[4][ns] = num(cJSON_GetObjectItemCaseSensitive(x, "fsdp"), "exposed_ms") * 1e-3;
+        const cJSON *fsdp = cJSON_GetObjectItemCaseSensitive(x, "fsdp");
+        v[4][ns] = num(fsdp, "exposed_ms") * 1e-3;
+        // Each collective kind: the program's (--profile's collective_ms),
+        // FSDP's gathers and scatters (outside the program) added.
+        for (const cJSON *o = cJSON_GetObjectItemCaseSensitive(x, "collective_ms"), *k = o ? o->child : NULL; k;
+             k = k->next) {
+          int kind = coll_of_op(k->string);
+          if (kind >= 0 && cJSON_IsNumber(k)) c[kind][ns] += k->valuedouble * 1e-3;
+        }
+        c[TPR_COLL_ALL_GATHER][ns] += num(fsdp, "all_gather_ms") * 1e-3;
+        c[TPR_COLL_REDUCE_SCATTER][ns] += num(fsdp, "reduce_scatter_ms") * 1e-3;
         ns++;
       }
       if (cJSON_GetObjectItemCaseSensitive(x, "summary")) cJSON_Delete(j), j = x, x = NULL;
@@ -194,18 +204,9 @@ static bool one_run(const sweep *s, const tpr_scale_mesh *m, int64_t per_replica
     double q1, q3;
     tpr_scale_quartiles(v[0], (size_t)ns, &q1, &out->step, &q3);
     for (int k = 1; k < 5; k++) tpr_scale_quartiles(v[k], (size_t)ns, &q1, &out->ph[k - 1], &q3);
+    for (int k = 0; k < TPR_COLL_COUNT; k++) tpr_scale_quartiles(c[k], (size_t)ns, &q1, &out->coll[k], &q3);
     out->tps = out->step > 0 ? (double)(s->seq * per_replica * m->dp) / out->step : 0;
-    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(j, "summary");
-    rss = cJSON_GetObjectItemCaseSensitive(sum, "peak_rss_bytes");
-    // The program's collectives: seconds over every step's runs (the
-    // warm-up step included), so per step over --steps; FSDP's gathers and
-    // scatters run outside the program and come per step already.
-    for (const cJSON *o = cJSON_GetObjectItemCaseSensitive(sum, "ops"), *k = o ? o->child : NULL; k; k = k->next) {
-      int c = coll_of_op(k->string);
-      if (c >= 0 && cJSON_IsNumber(k)) out->coll[c] += k->valuedouble / (double)s->steps;
-    }
-    out->coll[TPR_COLL_ALL_GATHER] += num(sum, "fsdp_all_gather_ms") * 1e-3;
-    out->coll[TPR_COLL_REDUCE_SCATTER] += num(sum, "fsdp_reduce_scatter_ms") * 1e-3;
+    rss = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "summary"), "peak_rss_bytes");
   } else {
     char *line = run_json(s, cmd, "\"bench model\"");
     j = line ? cJSON_Parse(line) : NULL;

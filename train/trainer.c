@@ -59,13 +59,30 @@ static tpr_status mean_losses(loop *l, tpr_m2_losses *v) {
   return TPR_OK;
 }
 
+static const char *const collective_names[4] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+
+// Seconds rank 0's program has spent in each collective kind so far (the op
+// profile's totals; all 0 when not profiling). Returns whether it profiles.
+static bool collective_seconds(const tpr_session *s, double out[4]) {
+  double sec[TPR_OP_KIND_COUNT], flops, total = 0;
+  int64_t runs;
+  tpr_m2_train_profile(s, sec, &runs, &flops);
+  for (int k = 0; k < TPR_OP_KIND_COUNT; k++) total += sec[k];
+  out[0] = sec[TPR_OP_ALL_REDUCE], out[1] = sec[TPR_OP_ALL_GATHER], out[2] = sec[TPR_OP_REDUCE_SCATTER];
+  out[3] = sec[TPR_OP_ALL_TO_ALL] + sec[TPR_OP_ALL_TO_ALLV];
+  return total > 0;
+}
+
 static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   const tpr_train_opts *o = l->o;
+  double coll0[4], coll1[4];
+  collective_seconds(l->s, coll0);
   double t0 = now_s();
   tpr_m2_train_zero_grads(l->s);
   tpr_m2_losses losses;
   TPR_CHECK(tpr_comm_agree(l->world, forward_backward(l, step, &losses)));
   double t1 = now_s();
+  bool profiled = collective_seconds(l->s, coll1);
   tpr_m2_train_comm comm;
   tpr_m2_train_comm_info(l->s, &comm);
   TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
@@ -101,7 +118,8 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
                                .ms_optimizer = 1e3 * (now_s() - t2),
                                .gather_bytes = comm.gather_bytes, .scatter_bytes = comm.scatter_bytes,
                                .ms_gather = 1e3 * comm.gather_s, .ms_scatter = 1e3 * comm.scatter_s,
-                               .ms_exposed = 1e3 * comm.exposed_s};
+                               .ms_exposed = 1e3 * comm.exposed_s, .profiled = profiled};
+  for (int k = 0; k < 4; k++) r->ms_collective[k] = 1e3 * (coll1[k] - coll0[k]);
   return TPR_OK;
 }
 
@@ -110,10 +128,16 @@ static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE
     fprintf(out, "{\"step\":%lld,\"loss\":%.9g,\"ce\":%.9g,\"aux\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,"
                  "\"tokens_per_s\":%.2f,\"ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"grad_sync_ms\":%.3f,\"optimizer_ms\":%.3f,"
             "\"fsdp\":{\"all_gather_bytes\":%.0f,\"all_gather_ms\":%.3f,\"reduce_scatter_bytes\":%.0f,"
-            "\"reduce_scatter_ms\":%.3f,\"exposed_ms\":%.3f}}\n",
+            "\"reduce_scatter_ms\":%.3f,\"exposed_ms\":%.3f}",
             (long long)r->step, r->loss, r->ce, r->aux, r->grad_norm, r->lr, r->tokens_per_s, r->ms, r->ms_fwd_bwd,
             r->ms_grad_sync, r->ms_optimizer, r->gather_bytes, r->ms_gather, r->scatter_bytes, r->ms_scatter,
             r->ms_exposed);
+    if (r->profiled) {
+      fprintf(out, ",\"collective_ms\":{");
+      for (int k = 0; k < 4; k++) fprintf(out, "%s\"%s\":%.4f", k ? "," : "", collective_names[k], r->ms_collective[k]);
+      fprintf(out, "}");
+    }
+    fprintf(out, "}\n");
   } else {
     fprintf(out, "step %5lld/%lld  loss %.6f  ce %.6f  aux %.6f  |g| %.4f  lr %.3e  %.0f tok/s  %.1f ms\n",
             (long long)r->step + 1, (long long)o->steps, r->loss, r->ce, r->aux, r->grad_norm, r->lr,

@@ -40,6 +40,11 @@ typedef struct tpr_train_step_report {
   // FSDP on rank 0 (models/minimax_m2_train.h, tpr_m2_train_comm): bytes
   // gathered / reduce-scattered, their ms, the ms not hidden behind compute.
   double gather_bytes, scatter_bytes, ms_gather, ms_scatter, ms_exposed;
+  // With --profile: ms rank 0's program spent in each collective kind during
+  // the step's forward + backward (all_reduce, all_gather, reduce_scatter,
+  // all_to_all with all_to_allv), waits for peers included; else 0.
+  bool profiled;
+  double ms_collective[4];
 } tpr_train_step_report;
 
 // What a run measured: the steps after its first (which pays for first
