@@ -9,9 +9,11 @@
 #include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "launch/model_cli.h"
+#include "launch/positions_3d.h"
 #include "runtime/file_io.h"
 #include "models/minimax_m2.h"
 #include "models/minimax_m2_train.h"
+#include "models/qk_head_decoder.h"
 #include "shard/checkpoint_gen.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -21,7 +23,7 @@ static const char *usage =
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
-    "         [--resume DIR] [--json]";
+    "         [--resume DIR] [--positions-3d FILE] [--json]";
 
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
@@ -103,7 +105,7 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
-  const char *skip_marks = NULL, *param_dtype = "f32", *debug_fsdp = NULL;
+  const char *skip_marks = NULL, *param_dtype = "f32", *debug_fsdp = NULL, *pos3_path = NULL;
   bool fsdp = false, no_fsdp = false, no_prefetch = false, no_reshard = false;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
@@ -147,9 +149,12 @@ int tpr_cmd_train(int argc, char **argv) {
       {"debug-fsdp", TPR_ARG_STR, &debug_fsdp,
        "test only: sum-grads | wrong-shard: sum instead of average over replicas, or keep the next rank's chunk "
        "(negative controls)"},
+      {"positions-3d", TPR_ARG_STR, &pos3_path,
+       "MRoPE families (qwen3_vl_moe): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
+       "(default: the text rule, every axis the position)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
-       "test only: column | qk-norm | all: leave out those backward all-reduces (a negative control)"},
+       "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces (a negative control)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
@@ -196,8 +201,9 @@ int tpr_cmd_train(int argc, char **argv) {
   if (skip_marks) {
     if (!strcmp(skip_marks, "column")) skip = TPR_M2_MARKS_COLUMN;
     else if (!strcmp(skip_marks, "qk-norm")) skip = TPR_M2_MARKS_QK_NORM;
-    else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM;
-    else return usage_error("--debug-skip-grad-marks must be column, qk-norm or all");
+    else if (!strcmp(skip_marks, "shared-mlp")) skip = TPR_QKHD_MARKS_SHARED;  // hunyuan_v1_moe's shared expert
+    else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM | TPR_QKHD_MARKS_SHARED;
+    else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp or all");
   }
   if (fsdp && no_fsdp) return usage_error("give --fsdp or --no-fsdp, not both");
   tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
@@ -217,13 +223,18 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
-  // Training programs exist for minimax_m2 and qwen3_moe: other families are
-  // refused by name before any weight is read (a resumed run was one of them).
+  // Training programs exist for minimax_m2 and the per-head QK-norm
+  // families: others are refused by name before any weight is read (a
+  // resumed run was one of them).
   tpr_model_config mc;
   if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
-      mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE)
+      mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE &&
+      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE)
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
-                  "training supports minimax_m2 and qwen3_moe", tpr_model_family_name(mc.family));
+                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe and qwen3_vl_moe",
+                  tpr_model_family_name(mc.family));
+  int32_t *pos3 = NULL;
+  if (rc == TPR_OK && pos3_path) rc = tpr_positions_3d_read(pos3_path, o.seq_len, &pos3);
   tpr_session_opts so;
   if (rc == TPR_OK) rc = tpr_cli_session_opts(&w, dir, &mesh, o.seq_len, &dbg, &so);
   if (rc == TPR_OK) {
@@ -240,7 +251,8 @@ int tpr_cmd_train(int argc, char **argv) {
                   tpr_model_family_name(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
-  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo};
+  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo,
+                          .positions_3d = pos3};
   double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
   tpr_train_summary sum = {0};
   if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);
@@ -256,6 +268,7 @@ int tpr_cmd_train(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_world_peak_rss(&w, rss);
   if (rc == TPR_OK && w.rank == 0) print_summary(s, &sum, rss, w.size, profile, sgemm, o.json);
   free(rss);
+  free(pos3);
   tpr_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
   if (rc != TPR_OK) return tpr_world_fail(&w, "train");

@@ -1,11 +1,7 @@
 #include "models/hunyuan_moe.h"
 
-#include "models/qk_head_decoder.h"
-
-static const tpr_qkhd_desc desc;
-
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
-  return tpr_qkhd_build_step(&desc, plan, o, out);
+  return tpr_qkhd_build_step(&tpr_hunyuan_moe_desc, plan, o, out);
 }
 
 const tpr_family tpr_family_hunyuan_v1_moe = {
@@ -17,7 +13,7 @@ const tpr_family tpr_family_hunyuan_v1_moe = {
     .expert_down = "experts.{E}.down_proj.weight",
 };
 
-static const tpr_qkhd_desc desc = {
+const tpr_qkhd_desc tpr_hunyuan_moe_desc = {
     .family = &tpr_family_hunyuan_v1_moe,
     .q_norm = "model.layers.{L}.self_attn.query_layernorm.weight",
     .k_norm = "model.layers.{L}.self_attn.key_layernorm.weight",

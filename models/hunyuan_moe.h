@@ -23,15 +23,20 @@
 // where the capacity path differs from the seed's code.
 //
 // Not built: RoPE scaling, attention biases, cross-layer attention (the
-// config parser refuses them by name), training (tpr train refuses the family).
+// config parser refuses them by name), FSDP training (tpr train --fsdp refuses
+// the family; plain data parallelism trains it through qk_head_decoder.h),
+// the capacity path in training (no backward for the own-probability rule).
 #ifndef TPR_HUNYUAN_MOE_H
 #define TPR_HUNYUAN_MOE_H
 
-#include "engine/family.h"
+#include "models/qk_head_decoder.h"
 
 // The engine's entry (engine/family.c). Its build_step maps the session's
 // per_rank_qk_norm control to TPR_QK_CONTROL_SWAP_ORDER
 // (models/qk_head_decoder.h: normalise q/k, then rotate -- Qwen3's order).
 extern const tpr_family tpr_family_hunyuan_v1_moe;
+
+// The family's descriptor (models/qk_head_decoder.h), for tpr_qkhd_build.
+extern const tpr_qkhd_desc tpr_hunyuan_moe_desc;
 
 #endif

@@ -1,5 +1,6 @@
 // Training state of a session: the forward+backward program of its family
-// (minimax_m2.c, or qk_head_decoder.c's training mode for qwen3_moe), the
+// (minimax_m2.c, or qk_head_decoder.c's training mode for qwen3_moe,
+// hunyuan_v1_moe and qwen3_vl_moe), the
 // trained params with their gradient accumulators, and the collective steps
 // on gradients (fold, dp mean, norm) and weights (export). Only the program
 // and the expert kinds' names depend on the family.
@@ -12,7 +13,9 @@
 
 #include "models/minimax_m2_impl.h"
 #include "models/minimax_m2_train_impl.h"
+#include "models/hunyuan_moe.h"
 #include "models/qwen3_moe.h"
+#include "models/qwen3_vl_moe.h"
 #include "engine/session_impl.h"
 #include "shard/unshard.h"
 
@@ -21,6 +24,7 @@ void tpr__m2_train_free(struct tpr_m2_train *t) {
   tpr_exec_free(t->exec);
   tpr_program_free(t->program);
   tpr_tensor_free(t->tokens), tpr_tensor_free(t->targets), tpr_tensor_free(t->positions), tpr_tensor_free(t->start);
+  tpr_tensor_free(t->pos3);
   for (int i = 0; i < t->n_params; i++) {
     train_param *p = &t->params[i];
     free(p->pub.grad);
@@ -102,16 +106,23 @@ static tpr_status build_m2(const tpr_shard_plan *plan, const void *opts, tpr_pro
   return tpr_m2_build(plan, opts, out);
 }
 
-static tpr_status build_qwen3(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
-  return tpr_qkhd_build(&tpr_qwen3_moe_desc, plan, opts, out);
+// The per-head QK-norm families' training program: a descriptor and its options.
+typedef struct qkhd_job {
+  const tpr_qkhd_desc *d;
+  tpr_qkhd_opts o;
+} qkhd_job;
+
+static tpr_status build_qkhd(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  const qkhd_job *j = opts;
+  return tpr_qkhd_build(j->d, plan, &j->o, out);
 }
 
 // The family's training program: MiniMax-M2's builder, or the per-head
-// QK-norm builder's training mode (qwen3_moe; its siblings hunyuan_v1_moe
-// and qwen3_vl_moe are not checked against PyTorch yet and are refused).
+// QK-norm builder's training mode from the family's descriptor.
 static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
   int64_t T = t->o.seq_len;
   double coef = t->o.aux_coef >= 0 ? t->o.aux_coef : s->cfg.router_aux_loss_coef;
+  const char *fam = tpr_model_family_name(s->cfg.family);
   if (s->cfg.family == TPR_FAMILY_MINIMAX_M2) {
     tpr_m2_build_opts bo = {.tokens = T,
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
@@ -122,21 +133,52 @@ static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
                             .fsdp = t->o.fsdp};
     return tpr__session_make_program(s, build_m2, &bo, &t->program);
   }
-  if (s->cfg.family != TPR_FAMILY_QWEN3_MOE)
+  qkhd_job j = {.d = s->cfg.family == TPR_FAMILY_QWEN3_MOE        ? &tpr_qwen3_moe_desc
+                     : s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE ? &tpr_hunyuan_moe_desc
+                     : s->cfg.family == TPR_FAMILY_QWEN3_VL_MOE   ? &tpr_qwen3_vl_moe_desc
+                                                                  : NULL};
+  if (!j.d)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports "
-                    "minimax_m2 and qwen3_moe", tpr_model_family_name(s->cfg.family));
+                    "minimax_m2, qwen3_moe, hunyuan_v1_moe and qwen3_vl_moe", fam);
   if (t->o.fsdp.on)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2 only; train %s with --no-fsdp "
-                    "(plain data parallelism)", tpr_model_family_name(s->cfg.family));
-  if (s->o.per_rank_qk_norm)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: --debug-per-rank-qk-norm is an inference control for %s",
-                    tpr_model_family_name(s->cfg.family));
-  tpr_qkhd_opts qo = {.step = {.moe = s->o.moe},
-                      .training = true,
-                      .tokens = T,
-                      .aux_coef = coef,
-                      .skip_grad_marks = s->o.skip_grad_marks};
-  return tpr__session_make_program(s, build_qwen3, &qo, &t->program);
+                    "(plain data parallelism)", fam);
+  // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
+  // (no load-balancing loss): the family's default weight is 0.
+  if (t->o.aux_coef < 0 && s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE) coef = 0;
+  j.o = (tpr_qkhd_opts){.step = {.moe = s->o.moe},
+                        // A test's control: the family's wrong QK-norm (hunyuan: the order around RoPE).
+                        .qk_control = s->o.per_rank_qk_norm ? j.d->session_control : TPR_QK_CONTROL_NONE,
+                        .training = true,
+                        .tokens = T,
+                        .aux_coef = coef,
+                        .skip_grad_marks = s->o.skip_grad_marks};
+  return tpr__session_make_program(s, build_qkhd, &j, &t->program);
+}
+
+// MRoPE families: the (3, T) rope positions, the caller's or the text rule's.
+static tpr_status bind_positions_3d(tpr_session *s, struct tpr_m2_train *t) {
+  int64_t T = t->o.seq_len;
+  if (!s->cfg.mrope_layout) {
+    if (t->o.positions_3d)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --positions-3d is for MRoPE families; %s has 1-D positions",
+                      tpr_model_family_name(s->cfg.family));
+    return TPR_OK;
+  }
+  int32_t *pos = malloc((size_t)(3 * T) * sizeof *pos);
+  if (!pos) return TPR_FAIL(TPR_ERR_OOM, "train: positions_3d");
+  tpr_status rc = TPR_OK;
+  for (int64_t i = 0; i < 3 * T; i++) {
+    pos[i] = t->o.positions_3d ? t->o.positions_3d[i] : (int32_t)(i % T);
+    if (pos[i] < 0 && rc == TPR_OK)
+      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: positions_3d[%lld][%lld] = %d is negative", (long long)(i / T),
+                    (long long)(i % T), pos[i]);
+  }
+  if (rc == TPR_OK) rc = tpr_tensor_new(s->be, TPR_I32, 2, (const int64_t[]){3, T}, &t->pos3);
+  if (rc == TPR_OK) rc = tpr_tensor_from_host(t->pos3, pos, (size_t)(3 * T) * sizeof *pos);
+  if (rc == TPR_OK) rc = tpr_exec_bind(t->exec, "positions_3d", t->pos3);
+  free(pos);
+  return rc;
 }
 
 static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
@@ -156,6 +198,7 @@ static tpr_status build(tpr_session *s, struct tpr_m2_train *t) {
   }
   TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){1}, &t->start));
   TPR_CHECK(tpr_exec_bind(t->exec, "start", t->start));
+  TPR_CHECK(bind_positions_3d(s, t));
   int32_t zero = 0, *pos = t->host_i32;
   for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
   TPR_CHECK(tpr_tensor_from_host(t->positions, pos, (size_t)T * sizeof *pos));

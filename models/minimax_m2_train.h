@@ -19,6 +19,10 @@ typedef struct tpr_m2_train_opts {
   double aux_coef;  // weight of the aux loss; < 0: the config's router_aux_loss_coef
   bool profile;     // time every node of every run (tpr_m2_train_profile)
   tpr_fsdp_opts fsdp;  // shard params, gradients and moments over dp / edp (shard/fsdp.h)
+  // MRoPE families (qwen3_vl_moe): the rope's positions (3, seq_len) rows
+  // temporal, height, width, the same for every sequence; NULL: the text
+  // rule (transformers' get_rope_index without images: every row 0..T-1).
+  const int32_t *positions_3d;
 } tpr_m2_train_opts;
 
 // One trained tensor of this rank, in the rank's layout (host f32).

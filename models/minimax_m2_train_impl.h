@@ -31,6 +31,7 @@ struct tpr_m2_train {
   tpr_program *program;
   tpr_exec *exec;
   tpr_tensor *tokens, *targets, *positions, *start;  // (T) (T) (T) (1) i32
+  tpr_tensor *pos3;  // (3, T) i32 "positions_3d", MRoPE families only
   train_param *params;
   int n_params, n_trained;  // trained params first
   int32_t *host_i32;        // (T) staging

@@ -123,7 +123,8 @@ static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *ou
 
 // h (T, H) -> the SwiGLU MLP named `prefix` + "{gate,up,down}_proj.weight":
 // column/row-parallel, y (T, H) replicated over tp.
-static tpr_status swiglu_mlp(qkhd *b, const char *prefix, int64_t L, tpr_value_id h, tpr_value_id *y) {
+// marks: the TPR_QKHD_MARKS_* bits any of which leaves out the input's mark.
+static tpr_status swiglu_mlp(qkhd *b, const char *prefix, int marks, int64_t L, tpr_value_id h, tpr_value_id *y) {
   tpr_fstep *c = &b->c;
   char pg[160], pu[160], pd[160];
   snprintf(pg, sizeof pg, "%sgate_proj.weight", prefix);
@@ -134,7 +135,7 @@ static tpr_status swiglu_mlp(qkhd *b, const char *prefix, int64_t L, tpr_value_i
   TPR_CHECK(tpr_fstep_weight(c, pg, L, &wg));  // (F/tp, H)
   TPR_CHECK(tpr_fstep_weight(c, pu, L, &wu));
   TPR_CHECK(tpr_fstep_weight(c, pd, L, &wd));  // (H, F/tp)
-  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_COLUMN, &h));  // training: the column-parallel gate/up input
+  TPR_CHECK(mark_tp(b, marks, &h));  // training: the column-parallel gate/up input
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wu, &u));
   TPR_CHECK(tpr_pb_swiglu(c->p, g, u, &a));      // (T, F/tp)
@@ -200,11 +201,13 @@ static tpr_status mlp(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   if (!tpr_model_config_layer_is_moe(cfg, L)) {
-    TPR_CHECK(swiglu_mlp(b, b->d->dense_mlp, L, h, &y));
+    TPR_CHECK(swiglu_mlp(b, b->d->dense_mlp, TPR_QKHD_MARKS_COLUMN, L, h, &y));
   } else {
     TPR_CHECK(routed(b, L, h, &y));
     if (cfg->shared_expert_intermediate_size) {
-      TPR_CHECK(swiglu_mlp(b, b->d->shared_mlp, L, h, &ys));
+      // h is replicated; each rank's shared-expert slice sees only its
+      // columns' share of the cotangent, so the backward sums it over tp.
+      TPR_CHECK(swiglu_mlp(b, b->d->shared_mlp, TPR_QKHD_MARKS_COLUMN | TPR_QKHD_MARKS_SHARED, L, h, &ys));
       TPR_CHECK(tpr_pb_add(c->p, y, ys, &y));
     }
   }
@@ -271,6 +274,10 @@ tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, co
   if ((unsigned)o->qk_control > TPR_QK_CONTROL_SWAP_ORDER)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown QK-norm control %d", d->family->name, (int)o->qk_control);
   TPR_CHECK(check_supported(d, plan));
+  if (o->training && d->reroute_own_prob && o->step.moe.capacity_factor > 0)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: --capacity-factor %g has no backward in training (the re-routed "
+                    "token's own-probability gate); train dropless, as transformers' model is", d->family->name,
+                    o->step.moe.capacity_factor);
   qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family}, .d = d, .o = o, .control = o->qk_control};
   if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
     return TPR_FAIL(TPR_ERR_OOM, "%s: router logits", d->family->name);

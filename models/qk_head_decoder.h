@@ -56,10 +56,11 @@ typedef struct tpr_qkhd_desc {
   tpr_qk_control session_control;
 } tpr_qkhd_desc;
 
-// Negative controls of training (the same bits as TPR_M2_MARKS_*): leave out
-// the grad_all_reduce of the column-parallel, expert and lm head inputs, or
-// of the per-head norm weights. The forward is unchanged.
-enum { TPR_QKHD_MARKS_COLUMN = 1, TPR_QKHD_MARKS_QK_NORM = 2 };
+// Negative controls of training (the first two are TPR_M2_MARKS_*'s bits):
+// leave out the grad_all_reduce of the column-parallel, expert and lm head
+// inputs (the shared expert's included), of the per-head norm weights, or of
+// the shared expert's input alone. The forward is unchanged.
+enum { TPR_QKHD_MARKS_COLUMN = 1, TPR_QKHD_MARKS_QK_NORM = 2, TPR_QKHD_MARKS_SHARED = 4 };
 
 typedef struct tpr_qkhd_opts {
   tpr_step_build_opts step;  // inference: the step; training: moe options (step.shape unused)
@@ -68,7 +69,9 @@ typedef struct tpr_qkhd_opts {
   // "positions_3d" (3, T) for MRoPE families), "start" (1) i32 (0),
   // "targets" (T) i32; outputs "loss", "ce", "aux", per MoE layer L
   // "moe_load.L" (E) i32 (tokens routed per expert) and "grad:<param>" for
-  // every trained param (models/train_loss.h). Params are f32.
+  // every trained param (models/train_loss.h). Params are f32. Dropless
+  // only for a family with reroute_own_prob (its capacity rule has no
+  // backward): step.moe.capacity_factor > 0 is refused naming the flag.
   bool training;
   int64_t tokens;       // T, training
   double aux_coef;      // weight of the load-balancing loss, training

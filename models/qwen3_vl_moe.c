@@ -1,11 +1,7 @@
 #include "models/qwen3_vl_moe.h"
 
-#include "models/qk_head_decoder.h"
-
-static const tpr_qkhd_desc desc;
-
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
-  return tpr_qkhd_build_step(&desc, plan, o, out);
+  return tpr_qkhd_build_step(&tpr_qwen3_vl_moe_desc, plan, o, out);
 }
 
 // The checkpoint's text-decoder weights under the Qwen3-MoE names (shard
@@ -19,7 +15,7 @@ const tpr_family tpr_family_qwen3_vl_moe = {
     .expert_down = "experts.{E}.down_proj.weight",
 };
 
-static const tpr_qkhd_desc desc = {
+const tpr_qkhd_desc tpr_qwen3_vl_moe_desc = {
     .family = &tpr_family_qwen3_vl_moe,
     .q_norm = "model.layers.{L}.self_attn.q_norm.weight",
     .k_norm = "model.layers.{L}.self_attn.k_norm.weight",

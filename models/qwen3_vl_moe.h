@@ -8,12 +8,16 @@
 //
 // Not run: the vision tower and DeepStack's visual features added to the
 // first layers' hidden states (image/video tokens are text tokens here),
-// training (tpr train refuses the family), dense mlp_only layers.
+// dense mlp_only layers, FSDP training. Training (tpr train) binds
+// positions_3d from --positions-3d, or the text rule (every axis the position).
 #ifndef TPR_QWEN3_VL_MOE_H
 #define TPR_QWEN3_VL_MOE_H
 
-#include "engine/family.h"
+#include "models/qk_head_decoder.h"
 
 extern const tpr_family tpr_family_qwen3_vl_moe;
+
+// The family's descriptor (models/qk_head_decoder.h), for tpr_qkhd_build.
+extern const tpr_qkhd_desc tpr_qwen3_vl_moe_desc;
 
 #endif

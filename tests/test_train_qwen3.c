@@ -79,10 +79,6 @@ static void test_resume_bit_identical(void **state) {
 
 static void test_refusals(void **state) {
   (void)state;
-  th_check_refusal("family without training", 1,
-                   MESH("train", "--model", TPR_FIXTURES "/hunyuan_moe_tiny", "--data", FIX "/tokens.npy",
-                        "--seq-len", "16"),
-                   "hunyuan_v1_moe runs inference only");
   th_check_refusal("FSDP", 1, MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--fsdp"),
                    "--no-fsdp");
   th_check_refusal("routing-bias update", 1,

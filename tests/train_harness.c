@@ -17,7 +17,7 @@ int th_setup(const char *test, const char *tmp_template, const char *fix, const 
   if (tt_tpr_path(th.tpr, sizeof th.tpr, test) != 0) return -1;
   snprintf(th.tmp_dir, sizeof th.tmp_dir, "%s", tmp_template);
   if (!mkdtemp(th.tmp_dir)) return -1;
-  th.fix = fix, th.model = model;
+  th.fix = fix, th.model = model, th.run_args = NULL;
   char path[4096];
   snprintf(path, sizeof path, "%s/meta.json", fix);
   size_t len;
@@ -72,6 +72,7 @@ cJSON *th_train_n(int np, const char *const *mesh, int steps, int lines, double 
   th_add_hparams(args, &n, steps, aux);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
   for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
+  for (int i = 0; th.run_args && th.run_args[i]; i++) args[n++] = th.run_args[i];
   run_result r = tt_run(th.tpr, th.tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = 240});
   if (failed) {
     *failed = r;
@@ -110,6 +111,7 @@ run_result th_resume(int np, const char *from, const char *save, const char *con
   th_add_hparams(args, &n, steps, aux);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
   for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
+  for (int i = 0; th.run_args && th.run_args[i]; i++) args[n++] = th.run_args[i];
   return tt_run(th.tpr, th.tmp_dir, args, &(tt_run_opts){.np = np, .timeout_s = timeout_s});
 }
 

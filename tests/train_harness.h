@@ -1,5 +1,5 @@
 // The harness the per-family training tests share (test_train_m2,
-// test_train_qwen3): `tpr train` runs on a PyTorch training fixture
+// test_train_qwen3, test_train_hunyuan, test_train_qwen3_vl): `tpr train` runs on a PyTorch training fixture
 // (scripts/reference/train_fixture.py: tokens.npy, meta.json,
 // step0_grads.safetensors, final_params.safetensors), the per-step JSON
 // reports, the tensor-file comparison, and the checks both families make
@@ -31,6 +31,9 @@ typedef struct th_fixture {
   const char *fix;    // the training fixture's directory
   const char *model;  // the model it trains
   cJSON *meta;        // fix/meta.json
+  // Appended to every training run's arguments (th_train_n, th_resume):
+  // an MRoPE family's fixture positions ("--positions-3d", FILE). NULL: none.
+  const char *const *run_args;
 } th_fixture;
 extern th_fixture th;
 

@@ -9,6 +9,7 @@ its family's hub layout, records and checks.
 Everything is drawn from seeded generators in a fixed order, so a script
 rerun writes the same bytes.
 """
+import json
 import math
 import os
 import shutil
@@ -43,15 +44,18 @@ def add_train_args(ap, fixture, model, seed, steps, aux_coef, warmup):
 def load_for_training(model_cls, args):
     """Deterministic single-threaded torch; transformers' own class from
     args.model in f32, training mode, router_aux_loss_coef set to
-    args.aux_coef. Returns (model, the coef the checkpoint had)."""
+    args.aux_coef where the config has one. Returns (model, the coef the
+    checkpoint had, or None)."""
     torch.set_num_threads(1)  # fixed reduction order on CPU
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
     model = model_cls.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager",
                                       experts_implementation="eager")
-    coef_in_checkpoint = model.config.router_aux_loss_coef
-    model.config.router_aux_loss_coef = args.aux_coef
-    model.router_aux_loss_coef = args.aux_coef  # the CausalLM copies the coef in __init__
+    # A family without an aux loss (HunYuanMoEV1) has no coef to set.
+    coef_in_checkpoint = getattr(model.config, "router_aux_loss_coef", None)
+    if coef_in_checkpoint is not None:
+        model.config.router_aux_loss_coef = args.aux_coef
+        model.router_aux_loss_coef = args.aux_coef  # the CausalLM copies the coef in __init__
     model.train()
     return model, coef_in_checkpoint
 
@@ -153,3 +157,109 @@ def finish(problems):
             print("PROBLEM:", p, file=sys.stderr)
         sys.exit(1)
     print("all checks passed")
+
+
+def fused_experts_to_hub(tensors, prefix_map=None):
+    """In-memory names -> checkpoint names for the families that keep their
+    experts fused in memory (experts.gate_up_proj (E, 2I, H) = cat(gate, up)
+    on dim 1, experts.down_proj (E, H, I)) and save them per expert."""
+    out = {}
+    for n, t in tensors.items():
+        t = t.detach().float().contiguous()
+        if n.endswith(".mlp.experts.gate_up_proj"):
+            pre, inter = n[: -len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.gate_proj.weight"] = t[e, :inter].contiguous()
+                out[f"{pre}{e}.up_proj.weight"] = t[e, inter:].contiguous()
+        elif n.endswith(".mlp.experts.down_proj"):
+            pre = n[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[n] = t
+    return out
+
+
+def run_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, meta_model, meta_loss, extra=None):
+    """tpr's train loop on `model` as PyTorch runs it, then the fixture files.
+
+    params: [(name, p)] the trained tensors (the optimizer's, in order);
+    to_hub(dict name -> tensor) -> checkpoint names; forward_window(x (T,)
+    inputs) -> (logits (T, V), aux or None, router logits [(T, E)] of the MoE
+    layers); the window loss is cross_entropy + args.aux_coef * aux (aux
+    None: cross-entropy alone, and the recorded "aux" is the re-derived
+    load-balancing loss, which the model does not train on). extra: more
+    tensors for the fixture ({file: {name: tensor}}) and meta keys."""
+    opt, trained = adamw(params, args)
+    T, W = args.seq_len, args.windows_per_step
+    n_windows = args.steps * W
+    V = model.config.get_text_config().vocab_size
+    tokens, _ = zipf_tokens(V, n_windows * T + 1, args)
+    tokens_np = tokens.numpy().astype("<i4")
+
+    rec = {"loss": [], "ce": [], "aux": [], "grad_norm": [], "lr": []}
+    aux_checks, step0_grads, n_router = [], None, None
+    for s in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        sums = [0.0, 0.0, 0.0]
+        for j in range(W):
+            w = s * W + j
+            x = tokens[w * T: w * T + T + 1]
+            logits, aux, router = forward_window(x[:T])
+            n_router = len(router)
+            ce = torch.nn.functional.cross_entropy(logits, x[1:], ignore_index=-100)
+            derived = aux_independent([r.detach() for r in router], E, k)
+            loss_w = ce if aux is None else ce + args.aux_coef * aux
+            (loss_w / W).backward()
+            aux_v = derived if aux is None else aux.item()
+            for i, v in enumerate((loss_w.item(), ce.item(), aux_v)):
+                sums[i] += v
+            if aux is not None:
+                aux_checks.append(abs(derived - aux.item()))
+        if s == 0:
+            step0_grads = {n: p.grad.detach().clone() for n, p in params}
+        gn, lr = optimizer_step(opt, trained, s, args)
+        for key, v in zip(("loss", "ce", "aux"), sums):
+            rec[key].append(v / W)
+        rec["grad_norm"].append(gn)
+        rec["lr"].append(lr)
+        print(f"step {s}: loss {sums[0] / W:.6f} ce {sums[1] / W:.6f} aux {sums[2] / W:.6f} grad_norm {gn:.4f} lr {lr:.4g}")
+
+    problems = []
+    if aux_checks and max(aux_checks) > 1e-5:
+        problems.append(f"out.aux_loss differs from the re-derived loss by {max(aux_checks)}")
+    grads_hub = to_hub(step0_grads)
+    if any(not bool((g != 0).any()) for n, g in grads_hub.items() if n.endswith("norm.weight") or "gate" in n):
+        problems.append("a norm weight or router got no step-0 gradient")
+    if not any(g > args.clip for g in rec["grad_norm"]):
+        problems.append("clipping never active")
+
+    os.makedirs(args.out, exist_ok=True)
+    import numpy as np
+    import transformers
+    np.save(os.path.join(args.out, "tokens.npy"), tokens_np)
+    files = {"step0_grads.safetensors": grads_hub, "final_params.safetensors": to_hub(dict(params))}
+    files.update((extra or {}).get("files", {}))
+    save_tensors(args.out, files, f"{gen}, transformers {transformers.__version__}")
+    meta = {
+        "generator": gen,
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+        "model": dict(meta_model, router_aux_loss_coef=args.aux_coef, moe_layers_routed=n_router),
+        "data": {"file": "tokens.npy", "seed": args.seed, "seq_len": T, "windows_per_step": W,
+                 "window": "window w = tokens[w*T : w*T+T+1]; inputs = first T, targets = last T"},
+        "loss": meta_loss,
+        "optimizer": {"class": "torch.optim.AdamW", "foreach": False, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": {"ndim>=2": args.weight_decay, "ndim<2": 0.0},
+                      "lr_schedule": {"lr_max": args.lr_max, "warmup": args.warmup, "min_lr": args.min_lr,
+                                      "total": args.steps},
+                      "grad_clip": {"max_norm": args.clip}, "steps": args.steps},
+        "records": rec,
+        "checks": {"aux_loss_vs_rederived_float64_max_abs_diff": max(aux_checks) if aux_checks else None},
+        "problems": problems,
+    }
+    meta.update((extra or {}).get("meta", {}))
+    with open(os.path.join(args.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
+    finish(problems)
