@@ -84,8 +84,8 @@ static void test_parity(void **state) {
     printf("parity tp %d (%s, Q %lld -> %lld heads, %lld Q + %lld KV heads per rank, q bias %lld per rank), "
            "3-D positions with a 2x3 grid: max|d|/max|ref| %.3g (bound %.0e)\n", fp.tp,
            tpr_kv_strategy_name(p->attn.strategy), (long long)p->attn.nq, (long long)p->attn.nq_padded,
-           (long long)p->attn.q_per_rank, (long long)p->attn.kv_per_rank, (long long)(p->attn.q_per_rank * p->config.head_dim), e,
-           BOUND);
+           (long long)p->attn.q_per_rank, (long long)p->attn.kv_per_rank,
+           (long long)(p->attn.q_per_rank * p->config.head_dim), e, BOUND);
   tpr_session_close(s);
   if (!(e <= BOUND)) fail_msg("logits differ from transformers' by %.3g of max |logit| (bound %.0e)", e, BOUND);
 }
