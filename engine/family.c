@@ -12,6 +12,7 @@
 #include "models/qwen3_vl_moe.h"
 
 // -- family headers: qwen2_vl
+#include "models/qwen2_vl.h"
 
 
 static const tpr_family *const families[] = {
@@ -25,6 +26,7 @@ static const tpr_family *const families[] = {
     &tpr_family_qwen3_vl_moe,
 
     // -- families: qwen2_vl
+    &tpr_family_qwen2_vl,
 
 };
 

@@ -78,6 +78,15 @@ static tpr_status qk_norm(qkhd *b, tpr_value_id x, tpr_value_id w, int64_t heads
   return tpr_pb_mul(c->p, y, w, out);
 }
 
+// x (T, n) += the column-parallel bias `pattern` (n): this rank's slice of
+// the same heads as its weight's rows (padding heads: zeros).
+static tpr_status add_bias(qkhd *b, const char *pattern, int64_t L, tpr_value_id *x) {
+  tpr_value_id bias;
+  TPR_CHECK(tpr_fstep_param(&b->c, pattern, L, &bias));  // (n) f32; declared even unused: the session binds it
+  if (b->control == TPR_QK_CONTROL_NO_BIAS) return TPR_OK;
+  return tpr_pb_add(b->c.p, *x, bias, x);  // broadcast over T
+}
+
 // x (T, H) -> x + attention(x), one layer.
 static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   tpr_fstep *c = &b->c;
@@ -86,34 +95,44 @@ static tpr_status attention(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *ou
   // RoPE is a rotation of pairs: it keeps the RMS but not the per-dim
   // weight's alignment, so the two orders differ.
   bool after = b->d->qk_norm_after_rope != (b->control == TPR_QK_CONTROL_SWAP_ORDER);
-  tpr_value_id ln, qn, kn, h, q, k, v;
+  tpr_value_id ln, qn = -1, kn = -1, h, q, k, v;
   tpr_fweight wq, wk, wv, wo;
+  bool norm = b->d->q_norm != NULL;
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.q_proj.weight", L, &wq));  // (qr*D, H)
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.v_proj.weight", L, &wv));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.o_proj.weight", L, &wo));  // (H, qr*D)
-  TPR_CHECK(tpr_fstep_param(c, b->d->q_norm, L, &qn));                                 // (D)
-  TPR_CHECK(tpr_fstep_param(c, b->d->k_norm, L, &kn));                                 // (D)
+  if (norm) {
+    TPR_CHECK(tpr_fstep_param(c, b->d->q_norm, L, &qn));  // (D)
+    TPR_CHECK(tpr_fstep_param(c, b->d->k_norm, L, &kn));  // (D)
+  }
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));               // (T, H)
   // Training: h enters the column-parallel q/k/v; the (D) norm weights enter
   // this rank's heads only (each rank's cotangent covers its own heads).
   TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_COLUMN, &h));
-  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &qn));
-  TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &kn));
+  if (norm) {
+    TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &qn));
+    TPR_CHECK(mark_tp(b, TPR_QKHD_MARKS_QK_NORM, &kn));
+  }
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));  // (T, qr*D)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));  // (T, kr*D)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
+  if (b->d->qkv_bias) {
+    TPR_CHECK(add_bias(b, "model.layers.{L}.self_attn.q_proj.bias", L, &q));  // + (qr*D)
+    TPR_CHECK(add_bias(b, "model.layers.{L}.self_attn.k_proj.bias", L, &k));  // + (kr*D)
+    TPR_CHECK(add_bias(b, "model.layers.{L}.self_attn.v_proj.bias", L, &v));
+  }
   TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, qr, D}, &q));
   TPR_CHECK(tpr_pb_reshape(c->p, k, 3, (const int64_t[]){T, kr, D}, &k));
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
-  if (!after) {
+  if (norm && !after) {
     TPR_CHECK(qk_norm(b, q, qn, qr, &q));
     TPR_CHECK(qk_norm(b, k, kn, kr, &k));
   }
   TPR_CHECK(tpr_fstep_rope(c, q, &q));  // NeoX RoPE, or MRoPE at positions_3d
   TPR_CHECK(tpr_fstep_rope(c, k, &k));
-  if (after) {
+  if (norm && after) {
     TPR_CHECK(qk_norm(b, q, qn, qr, &q));  // (T, qr, D)
     TPR_CHECK(qk_norm(b, k, kn, kr, &k));  // (T, kr, D)
   }
@@ -214,7 +233,7 @@ static tpr_status mlp(qkhd *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   return tpr_pb_add(c->p, x, y, out);
 }
 
-static tpr_status check_supported(const tpr_qkhd_desc *d, const tpr_shard_plan *plan) {
+static tpr_status check_supported(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_step_build_opts *o) {
   const tpr_model_config *cfg = &plan->config;
   const char *fam = d->family->name;
   if (cfg->family != d->family->family)
@@ -222,10 +241,27 @@ static tpr_status check_supported(const tpr_qkhd_desc *d, const tpr_shard_plan *
   if (d->mrope != (cfg->mrope_layout != 0))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: MRoPE layout %d (the family %s MRoPE)", fam, cfg->mrope_layout,
                     d->mrope ? "needs" : "has no");
-  if (cfg->qk_norm != TPR_QK_NORM_PER_HEAD || cfg->qk_norm_after_rope != d->qk_norm_after_rope ||
-      cfg->router != TPR_ROUTER_SOFTMAX || cfg->routing_bias)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: needs a per-head QK-norm %s RoPE and an unbiased softmax router", fam,
+  if (!d->q_norm) {
+    if (cfg->qk_norm != TPR_QK_NORM_NONE)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the family has no QK-norm, the config has one", fam);
+  } else if (cfg->qk_norm != TPR_QK_NORM_PER_HEAD || cfg->qk_norm_after_rope != d->qk_norm_after_rope) {
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: needs a per-head QK-norm %s RoPE", fam,
                     d->qk_norm_after_rope ? "after" : "before");
+  }
+  if (cfg->qkv_bias != d->qkv_bias)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the family %s q/k/v biases, the config %s", fam,
+                    d->qkv_bias ? "has" : "has no", cfg->qkv_bias ? "has them" : "has none");
+  if (!d->router) {
+    // A dense model: nothing to route, so the MoE options mean nothing.
+    if (cfg->num_experts || cfg->num_moe_layers)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the family is dense, the config has %lld experts", fam,
+                      (long long)cfg->num_experts);
+    if (o->moe.capacity_factor > 0 || o->moe.reroute_dropped || o->moe_stats)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: a dense model has no experts: --capacity-factor, --reroute-dropped "
+                      "and MoE statistics do not apply", fam);
+  } else if (cfg->router != TPR_ROUTER_SOFTMAX || cfg->routing_bias) {
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: needs an unbiased softmax router", fam);
+  }
   if ((cfg->shared_expert_intermediate_size != 0) != (d->shared_mlp != NULL))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: the family %s a shared expert, the config %s one", fam,
                     d->shared_mlp ? "has" : "has no", cfg->shared_expert_intermediate_size ? "has" : "has no");
@@ -271,9 +307,9 @@ static tpr_status build(qkhd *b) {
 tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,
                           tpr_program **out) {
   *out = NULL;
-  if ((unsigned)o->qk_control > TPR_QK_CONTROL_SWAP_ORDER)
+  if ((unsigned)o->qk_control > TPR_QK_CONTROL_NO_BIAS)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown QK-norm control %d", d->family->name, (int)o->qk_control);
-  TPR_CHECK(check_supported(d, plan));
+  TPR_CHECK(check_supported(d, plan, &o->step));
   if (o->training && d->reroute_own_prob && o->step.moe.capacity_factor > 0)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: --capacity-factor %g has no backward in training (the re-routed "
                     "token's own-probability gate); train dropless, as transformers' model is", d->family->name,

@@ -1,15 +1,18 @@
 // The decoder step program shared by the families whose attention normalises
 // q and k per head (RMS over head_dim, rank-local) around RoPE: qwen3_moe,
-// qwen3_vl_moe, hunyuan_v1_moe. One builder; what differs between them is
-// data -- the config (MRoPE layout, shared-expert size, dense layers) and the
-// family's descriptor below (param names, QK-norm order, router values).
+// qwen3_vl_moe, hunyuan_v1_moe -- and by qwen2_vl, whose attention has no
+// QK-norm but q/k/v biases, and whose layers are all dense. One builder;
+// what differs between them is data -- the config (MRoPE layout,
+// shared-expert size, dense layers, experts or none) and the family's
+// descriptor below (param names, QK-norm order, biases, router values).
 //
 //   x = vocab-parallel embedding (all-reduce over tp)
 //   per layer L:
 //     h = rms_norm(x, input_layernorm)
 //     q, k, v = h Wq_r^T, h Wk_r^T, h Wv_r^T            column-parallel heads
+//               (+ bq_r, bk_r, bv_r: the biases' slices of the same heads)
 //     q, k = rms_norm per head (D) with q_norm / k_norm, before RoPE or
-//            after it (qk_norm_after_rope); RoPE is NeoX at "positions", or
+//            after it (qk_norm_after_rope), or none; RoPE is NeoX at "positions", or
 //            MRoPE at "positions_3d" (mrope families)
 //     x += allreduce_tp(paged_attention(q, k, v) Wo_r^T)
 //     h = rms_norm(x, post_attention_layernorm)
@@ -38,13 +41,15 @@ typedef enum tpr_qk_control {
   TPR_QK_CONTROL_FULL_LOCAL,      // RMS over the rank's whole q/k slice (the M2 norm without its all-reduce)
   TPR_QK_CONTROL_FULL_ALLREDUCE,  // RMS over the whole projection, sums all-reduced over tp (the M2 norm)
   TPR_QK_CONTROL_SWAP_ORDER,      // the per-head norm on the other side of RoPE
+  TPR_QK_CONTROL_NO_BIAS,         // the q/k/v biases left out (families that have them)
 } tpr_qk_control;
 
 // A family's description. Patterns are plan tensor names ("{L}": the layer).
 typedef struct tpr_qkhd_desc {
   const tpr_family *family;     // the engine entry: its name, model family, expert names
-  const char *q_norm, *k_norm;  // (D) per-head norm weights
-  const char *router;           // (E, H) router weight
+  const char *q_norm, *k_norm;  // (D) per-head norm weights; NULL: no QK-norm
+  bool qkv_bias;                // q/k/v_proj.bias (plan kinds sliced like their weights' rows)
+  const char *router;           // (E, H) router weight; NULL: no MoE layers (a dense model)
   const char *dense_mlp;        // prefix of a dense layer's {gate,up,down}_proj.weight; NULL: no dense layers
   const char *shared_mlp;       // prefix of the shared expert's; NULL: no shared expert
   bool qk_norm_after_rope;      // the model's order (the config must agree)

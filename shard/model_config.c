@@ -22,6 +22,7 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
     // -- families: mrope
     [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
+    [TPR_FAMILY_QWEN2_VL] = "qwen2_vl",
 
 };
 
@@ -342,10 +343,65 @@ static tpr_status parse_hunyuan_v1_moe(const cJSON *root, const char *origin, tp
   return TPR_OK;
 }
 
+// Qwen2-VL / Qwen2.5-VL (Qwen2VLForConditionalGeneration,
+// Qwen2_5_VLForConditionalGeneration; their text decoders are the same code
+// in transformers 5.23): a dense Qwen2 -- q/k/v with biases, no QK-norm, a
+// SwiGLU MLP of intermediate_size in every layer -- with sectioned MRoPE.
+// `text` is text_config as transformers 5 writes it, or the root of a hub
+// config (flat keys). What transformers' model has and tpr does not run is
+// refused by name.
+static tpr_status parse_qwen2_vl(const cJSON *root, const cJSON *text, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(parse_common(text, origin, c));
+  TPR_CHECK(get_double(text, origin, NULL, "rms_norm_eps", 1e-5, &c->rms_norm_eps, NULL));  // the class default
+  bool has_d = item(text, "head_dim") != NULL;
+  TPR_CHECK(parse_attention(text, origin, false, 1e6, c));
+  // Qwen2VLAttention takes head_dim = hidden_size / heads whatever the
+  // config says (and its rotary embedding would read the key): refuse a
+  // config where the two disagree rather than pick one.
+  if (c->num_heads < 1 || c->hidden_size % c->num_heads)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: qwen2_vl needs \"hidden_size\" %lld divisible by \"num_attention_heads\" %lld",
+                    origin, (long long)c->hidden_size, (long long)c->num_heads);
+  if (has_d && c->head_dim != c->hidden_size / c->num_heads)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen2_vl with \"head_dim\" %lld != hidden_size / heads %lld is not "
+                    "supported (transformers' attention uses the latter)", origin, (long long)c->head_dim,
+                    (long long)(c->hidden_size / c->num_heads));
+  if (c->rotary_dim != c->head_dim)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen2_vl with \"partial_rotary_factor\" (%lld of %lld dims) is not "
+                    "supported: transformers rotates the whole head", origin, (long long)c->rotary_dim,
+                    (long long)c->head_dim);
+  TPR_CHECK(get_int(text, origin, "intermediate_size", true, 0, &c->dense_intermediate_size));
+  const char *act = NULL;
+  TPR_CHECK(get_string(text, origin, "hidden_act", "silu", &act));
+  if (strcmp(act, "silu"))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen2_vl with \"hidden_act\" \"%s\" is not supported (SwiGLU: silu)",
+                    origin, act);
+  bool sliding = false;
+  TPR_CHECK(get_bool(text, origin, "use_sliding_window", false, &sliding));
+  const cJSON *lt = item(text, "layer_types"), *e;
+  if (!cJSON_IsArray(lt)) lt = NULL;
+  cJSON_ArrayForEach(e, lt) sliding |= !cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0;
+  if (sliding)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: qwen2_vl with sliding-window attention (\"use_sliding_window\" / "
+                    "\"layer_types\") is not supported (every layer attends the whole sequence here)", origin);
+  // rope_type other than default / mrope (rope scaling) and mrope_interleaved
+  // are refused there; mrope_section defaults to the modeling code's.
+  TPR_CHECK(tpr__model_config_mrope(text, origin, 1 /* sectioned */, c));
+  // transformers 5 reads tie_word_embeddings at the top level and forwards
+  // a pre-v5 text_config's true to it.
+  bool top = false, nested = false;
+  TPR_CHECK(get_bool(root, origin, "tie_word_embeddings", false, &top));
+  TPR_CHECK(get_bool(text, origin, "tie_word_embeddings", false, &nested));
+  c->tie_word_embeddings = top || nested;
+  c->qkv_bias = true;  // Qwen2VLAttention: q/k/v Linear(bias=True), o_proj without
+  c->qk_norm = TPR_QK_NORM_NONE;
+  c->num_experts = c->experts_per_tok = c->moe_intermediate_size = c->num_moe_layers = 0;
+  return TPR_OK;
+}
+
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l) {
   int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
   bool only = l >= 0 && l < 256 && (c->mlp_only_mask[l / 64] >> (l % 64) & 1);
-  return !only && (l + 1) % step == 0;
+  return c->num_experts > 0 && !only && (l + 1) % step == 0;
 }
 
 tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *origin) {
@@ -366,7 +422,11 @@ tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *orig
       {"num_experts_per_tok", c->experts_per_tok},
       {m2 ? "intermediate_size" : "moe_intermediate_size", c->moe_intermediate_size},
   };
-  for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+  // A dense model (no experts) has no expert sizes: they are 0 together.
+  bool dense = c->num_experts == 0 && c->experts_per_tok == 0 && c->moe_intermediate_size == 0 &&
+               c->num_moe_layers == 0 && !m2;
+  size_t n_positive = sizeof positive / sizeof positive[0] - (dense ? 3 : 0);  // the last three are the experts'
+  for (size_t i = 0; i < n_positive; i++)
     if (positive[i].v < 1 || positive[i].v > SIZE_CAP)
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be a positive integer, got %lld", origin, positive[i].key,
                       (long long)positive[i].v);
@@ -464,11 +524,22 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
     if (item(root, "tie_word_embeddings"))
       TPR_CHECK_GOTO(get_bool(root, origin, "tie_word_embeddings", false, &c.tie_word_embeddings), rc, done);
 
+  } else if (strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0) {
+    // transformers 5 nests the text decoder's keys in text_config; hub
+    // configs keep them flat at the top level (the class reads both).
+    const cJSON *text = item(root, "text_config");
+    if (text && !cJSON_IsObject(text)) {
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: \"text_config\" must be an object", origin);
+      goto done;
+    }
+    c.family = TPR_FAMILY_QWEN2_VL;
+    TPR_CHECK_GOTO(parse_qwen2_vl(root, text ? text : root, origin, &c), rc, done);
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
     c.family = TPR_FAMILY_HUNYUAN_V1_MOE;
     TPR_CHECK_GOTO(parse_hunyuan_v1_moe(root, origin, &c), rc, done);
   } else {
-    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe, hunyuan_v1_moe)", origin, type);
+    rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe, hunyuan_v1_moe, "
+                  "qwen3_vl_moe, qwen2_vl, qwen2_5_vl)", origin, type);
     goto done;
   }
   TPR_CHECK_GOTO(tpr_model_config_validate(&c, origin), rc, done);

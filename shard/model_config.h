@@ -7,7 +7,8 @@
 // shared experts) is a field here, never a check of model_type elsewhere.
 //
 // Not read yet: rope_scaling, quantization_config (MiniMax-M2 ships block
-// FP8), the MTP modules (use_mtp, num_mtp_modules), attention biases.
+// FP8), the MTP modules (use_mtp, num_mtp_modules), attention biases (but
+// qwen2_vl's q/k/v ones).
 #ifndef TPR_MODEL_CONFIG_H
 #define TPR_MODEL_CONFIG_H
 
@@ -23,6 +24,7 @@ typedef enum tpr_model_family {
   TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe"
   // -- families: mrope
   TPR_FAMILY_QWEN3_VL_MOE = 3,  // "qwen3_vl_moe": its text decoder (Qwen3-MoE + interleaved MRoPE)
+  TPR_FAMILY_QWEN2_VL = 4,  // "qwen2_vl" (and "qwen2_5_vl"): its text decoder (dense Qwen2, q/k/v biases, sectioned MRoPE)
 
   TPR_FAMILY_COUNT
 } tpr_model_family;
@@ -64,8 +66,11 @@ typedef struct tpr_model_config {
   tpr_qk_norm qk_norm;
   bool qk_norm_after_rope;     // Hunyuan: q/k are roped first, then normalised (Qwen3: norm, then RoPE)
   bool tie_word_embeddings;    // lm_head shares embed_tokens (no lm_head tensor)
+  bool qkv_bias;               // q/k/v projections carry a bias (Qwen2-VL); o_proj never does
 
-  // Mixture of experts.
+  // Mixture of experts. A dense model (qwen2_vl) has num_experts 0 (and
+  // experts_per_tok, moe_intermediate_size, num_moe_layers 0): every layer
+  // is the dense MLP of dense_intermediate_size.
   int64_t num_experts;           // routed experts per MoE layer
   int64_t experts_per_tok;       // top-k
   int64_t moe_intermediate_size; // each routed expert's FFN width
@@ -90,10 +95,11 @@ typedef struct tpr_model_config {
 tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, int layout, tpr_model_config *c);
 
 // Whether layer l runs the MoE block (else a dense MLP): Qwen3MoeDecoderLayer's
-// rule, l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+// rule, l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0;
+// never in a model without experts.
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l);
 
-// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe"; "?" if invalid.
+// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe", "qwen3_vl_moe", "qwen2_vl"; "?" if invalid.
 const char *tpr_model_family_name(tpr_model_family f);
 
 // Loads `path`: a config.json file, or a directory holding one. Unknown

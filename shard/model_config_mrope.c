@@ -47,8 +47,10 @@ tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, 
   if (inter && (!cJSON_IsBool(inter) || cJSON_IsTrue(inter) != (layout == 2)))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: \"mrope_interleaved\" must be %s for this model type", origin,
                     layout == 2 ? "true" : "false");
-  // Qwen3-VL's default when absent is [24, 20, 20] (its rotary embedding's).
+  // The default when absent is the rotary embedding's: Qwen3-VL's
+  // [24, 20, 20], Qwen2-VL's [16, 24, 24] (both for a head_dim of 128).
   int64_t s[3] = {24, 20, 20};
+  if (layout != 2) s[0] = 16, s[1] = 24, s[2] = 24;
   if (sec) {
     if (!cJSON_IsArray(sec) || cJSON_GetArraySize(sec) != 3)
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mrope_section\" must be an array of 3 integers [t, h, w]", origin);
@@ -58,8 +60,6 @@ tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, 
         return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"mrope_section\" entry %d must be an integer >= 0", origin, a);
       s[a] = (int64_t)e->valuedouble;
     }
-  } else if (layout != 2) {
-    return TPR_FAIL(TPR_ERR_FORMAT, "%s: missing required key \"mrope_section\"", origin);
   }
   c->mrope_layout = layout;
   memcpy(c->mrope_section, s, sizeof s);

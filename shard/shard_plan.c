@@ -109,6 +109,19 @@ static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
   kv_layout(p);
   TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_proj.weight", TPR_XFORM_ROW_HEADS, L, H, a->nq * D, H,
                 a->q_per_rank * D));  // (H, nq*D) -> (H, nq'/tp*D)
+  if (c->qkv_bias) {
+    // Column-parallel biases follow their weight's rows exactly: the same
+    // head map (Q padded interleaved with zero heads, KV replicated), D
+    // elements per head.
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_proj.bias", TPR_XFORM_COLUMN_HEADS, L, a->nq * D, 0,
+                  a->q_per_rank * D, 0));  // (nq*D) -> (nq'/tp*D)
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_proj.bias", TPR_XFORM_COLUMN_HEADS, L, a->nkv * D, 0,
+                  a->kv_per_rank * D, 0));  // (nkv*D) -> (nkv'/tp*D)
+    kv_layout(p);
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.v_proj.bias", TPR_XFORM_COLUMN_HEADS, L, a->nkv * D, 0,
+                  a->kv_per_rank * D, 0));
+    kv_layout(p);
+  }
   if (c->qk_norm == TPR_QK_NORM_FULL) {
     // Held whole, padded like Q / replicated like K; selected by the rank tensor (seed 000).
     TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_NORM_HEADS, L, a->nq * D, 0,
@@ -168,6 +181,9 @@ tpr_status tpr_shard_plan_build(const tpr_model_config *c, int tp, int ep, int e
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: tp=%d dp=%d: both must be >= 1 with a world of at most 2^24", tp, dp);
   tpr_mesh m;
   TPR_CHECK(tpr_mesh_init(tp * dp, 0, tp, ep, etp, &m));  // world = dp*tp = edp*ep*etp
+  if (c->num_experts == 0 && ep != 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %s has no experts to split over ep=%d (use ep 1)",
+                    tpr_model_family_name(c->family), ep);
   if (c->num_experts % ep)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %lld experts do not split into contiguous blocks over ep=%d",
                     (long long)c->num_experts, ep);
@@ -221,7 +237,7 @@ tpr_status tpr_shard_plan_rank_bytes(const tpr_shard_plan *p, int rank, uint64_t
     int64_t zeros = 0;  // zero elements in one tensor of this kind on this rank
     switch (t->transform) {
       case TPR_XFORM_COLUMN_HEADS:
-      case TPR_XFORM_ROW_HEADS: zeros = (t->kv_layout ? kv_pad : q_pad) * D * H; break;
+      case TPR_XFORM_ROW_HEADS: zeros = (t->kv_layout ? kv_pad : q_pad) * D * (t->ndim == 2 ? H : 1); break;
       case TPR_XFORM_NORM_HEADS:  // held whole: every rank holds all the padding
         zeros = t->kv_layout ? pad_heads(a->kv_head_map, 0, a->nkv_eff) * D : (a->nq_padded - a->nq) * D;
         break;

@@ -65,8 +65,8 @@ int64_t tpr_attn_plan_local_kv(const tpr_attn_plan *a, int rank, int64_t local_q
 // How a checkpoint tensor becomes each rank's buffer.
 typedef enum tpr_shard_transform {
   TPR_XFORM_REPLICATE = 0,      // every rank holds the whole tensor
-  TPR_XFORM_COLUMN_HEADS = 1,   // q/k/v_proj (heads*D, H): rows laid out as the padded /
-                                // replicated heads, rank r takes row block r
+  TPR_XFORM_COLUMN_HEADS = 1,   // q/k/v_proj (heads*D, H), and their biases (heads*D): rows laid
+                                // out as the padded / replicated heads, rank r takes row block r
   TPR_XFORM_ROW_HEADS = 2,      // o_proj (H, nq*D): input columns padded like Q, block r
   TPR_XFORM_NORM_HEADS = 3,     // full-projection q_norm / k_norm: padded like Q /
                                 // replicated like K, held whole; the program selects the

@@ -41,8 +41,8 @@ def seeded(seed):
 
 def randomize(model, gen, router, visual_scale=None):
     """Every parameter drawn fresh from `gen`, in state_dict order. `router`:
-    the suffix of the router weight; visual_scale: the scale of a vision
-    tower's weights (never run; drawn so the file is deterministic)."""
+    the suffix of the router weight (None: no router); visual_scale: the scale
+    of a vision tower's weights (never run; drawn so the file is deterministic)."""
     new = {}
     for name, t in model.state_dict().items():
         shape = tuple(t.shape)
@@ -52,7 +52,9 @@ def randomize(model, gen, router, visual_scale=None):
             v = 1.0 + 0.3 * torch.randn(shape, generator=gen)  # RMSNorm gains around 1, not ones
         elif name.endswith("embed_tokens.weight"):
             v = torch.randn(shape, generator=gen)
-        elif name.endswith(router):
+        elif name.endswith(".bias") and t.dim() == 1:
+            v = 0.5 * torch.randn(shape, generator=gen)  # q/k/v biases (Qwen2-VL): non-zero, so leaving one out shows
+        elif router and name.endswith(router):
             v = 1.5 * torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # router logits ~ N(0, 1.5^2)
         elif t.dim() in (2, 3):
             v = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])  # Linear / fused experts (.., out, in)
