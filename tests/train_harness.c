@@ -121,6 +121,42 @@ double th_step_num(const cJSON *steps, int i, const char *key) {
   return x->valuedouble;
 }
 
+// Tensor `name` (shape want_shape, 1-D or 2-D) of a saved model into dst:
+// under its own name, or where transformers' Qwen3-VL-MoE layout keeps it
+// (a save of that family, train/checkpoint_layout.c): "model.X" as
+// "model.language_model.X", expert e's gate/up rows in the layer's fused
+// gate_up_proj (E, 2F, H), its down in down_proj (E, H, F). Read here from
+// the layout's own definition, independently of the writer. False if none.
+static bool read_saved(const tpr_st_set *got, const char *name, const int64_t *want_shape, int ndim, float *dst) {
+  const int64_t zero[3] = {0, 0, 0};
+  const tpr_st_tensor *g = tpr_st_find(got, name);
+  if (g) {
+    if (g->ndim != ndim || g->shape[0] != want_shape[0] || (ndim == 2 && g->shape[1] != want_shape[1]))
+      fail_msg("%s: shape differs", name);
+    TT_OK(tpr_st_read_f32(got, name, zero, want_shape, dst));
+    return true;
+  }
+  char alt[200], which[8];
+  int L, e, end = 0;
+  if (sscanf(name, "model.layers.%d.mlp.experts.%d.%7[a-z]_proj.weight%n", &L, &e, which, &end) == 3 && !name[end] &&
+      ndim == 2) {
+    bool down = !strcmp(which, "down");
+    snprintf(alt, sizeof alt, "model.language_model.layers.%d.mlp.experts.%s", L, down ? "down_proj" : "gate_up_proj");
+    const tpr_st_tensor *f = tpr_st_find(got, alt);
+    if (!f || f->ndim != 3) return false;
+    int64_t F = down ? want_shape[1] : want_shape[0], H = down ? want_shape[0] : want_shape[1];
+    int64_t start[3] = {e, !strcmp(which, "up") ? F : 0, 0}, len[3] = {1, want_shape[0], want_shape[1]};
+    if (f->shape[1] != (down ? H : 2 * F) || f->shape[2] != (down ? F : H)) fail_msg("%s: fused shape differs", alt);
+    TT_OK(tpr_st_read_f32(got, alt, start, len, dst));
+    return true;
+  }
+  if (!strncmp(name, "model.", 6)) {
+    snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
+    if (tpr_st_find(got, alt)) return read_saved(got, alt, want_shape, ndim, dst);
+  }
+  return false;
+}
+
 double th_compare_files(const char *got_path, const char *want_path, int min_tensors, const char **worst_name) {
   tpr_st_set *got, *want;
   if (tpr_st_open(got_path, &got) != TPR_OK) fail_msg("%s: %s", got_path, tpr_last_error());
@@ -129,14 +165,11 @@ double th_compare_files(const char *got_path, const char *want_path, int min_ten
   double worst = 0;
   int n_tensors = 0;
   for (int i = 0; tpr_st_get(want, i); i++, n_tensors++) {
-    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
-    if (!g) fail_msg("%s has no %s", got_path, w->name);
+    const tpr_st_tensor *w = tpr_st_get(want, i);
     int64_t n = 1, start[2] = {0, 0};
     for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-    if (g->ndim != w->ndim || g->shape[0] != w->shape[0] || (w->ndim == 2 && g->shape[1] != w->shape[1]))
-      fail_msg("%s: shape differs", w->name);
     float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);  // (n)
-    TT_OK(tpr_st_read_f32(got, w->name, start, w->shape, a));
+    if (!read_saved(got, w->name, w->shape, w->ndim, a)) fail_msg("%s has no %s", got_path, w->name);
     TT_OK(tpr_st_read_f32(want, w->name, start, w->shape, b));
     double md = 0, mb = 0;
     for (int64_t k = 0; k < n; k++) {

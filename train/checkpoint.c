@@ -17,20 +17,21 @@
 #include "shard/safetensors.h"
 #include "train/checkpoint_impl.h"
 
-// Full tensors collected on rank 0 for one safetensors file.
-typedef struct collect {
-  tpr_st_write_entry *e;
-  int n, cap;
-} collect;
-
-static tpr_status collect_add(void *ctx, const char *name, int ndim, const int64_t *shape, const float *data) {
-  collect *c = ctx;
+tpr_status tpr__collect_push(tpr__collect *c, char *name, tpr_dtype dt, int ndim, int64_t *shape, void *data) {
   if (c->n == c->cap) {
     int cap = c->cap ? 2 * c->cap : 64;
     tpr_st_write_entry *e = realloc(c->e, (size_t)cap * sizeof *e);
-    if (!e) return TPR_FAIL(TPR_ERR_OOM, "checkpoint tensors");
+    if (!e) {
+      free(name), free(shape), free(data);
+      return TPR_FAIL(TPR_ERR_OOM, "checkpoint tensors");
+    }
     c->e = e, c->cap = cap;
   }
+  c->e[c->n++] = (tpr_st_write_entry){.name = name, .dtype = dt, .ndim = ndim, .shape = shape, .data = data};
+  return TPR_OK;
+}
+
+static tpr_status collect_add(void *ctx, const char *name, int ndim, const int64_t *shape, const float *data) {
   int64_t n = ndim == 2 ? shape[0] * shape[1] : shape[0];
   int64_t *sh = malloc(2 * sizeof *sh);
   float *copy = malloc((size_t)n * sizeof *copy);
@@ -41,20 +42,24 @@ static tpr_status collect_add(void *ctx, const char *name, int ndim, const int64
   }
   memcpy(sh, shape, (size_t)ndim * sizeof *sh);
   memcpy(copy, data, (size_t)n * sizeof *copy);
-  c->e[c->n++] = (tpr_st_write_entry){.name = nm, .dtype = TPR_F32, .ndim = ndim, .shape = sh, .data = copy};
-  return TPR_OK;
+  return tpr__collect_push(ctx, nm, TPR_F32, ndim, sh, copy);
 }
 
-static void collect_free(collect *c) {
+void tpr__collect_free(tpr__collect *c) {
   for (int i = 0; i < c->n; i++) free((void *)c->e[i].name), free((void *)c->e[i].shape), free((void *)c->e[i].data);
   free(c->e);
+  memset(c, 0, sizeof *c);
 }
 
 tpr_status tpr_train_write_full(tpr_session *s, bool grads, const char *path) {
-  collect c = {0};
+  tpr__collect c = {0};
   tpr_status rc = tpr_m2_train_export(s, grads, collect_add, &c);
+  // The model a save publishes is in the layout transformers loads; the
+  // gradient dumps keep tpr's names (the tests compare them by those).
+  if (rc == TPR_OK && !grads && tpr_session_mesh(s)->world_rank == 0)
+    rc = tpr__train_hf_layout(s, tpr_session_model_dir(s), &c);
   if (rc == TPR_OK && tpr_session_mesh(s)->world_rank == 0) rc = tpr_st_write(path, c.e, c.n, NULL);
-  collect_free(&c);
+  tpr__collect_free(&c);
   return rc;
 }
 

@@ -2,8 +2,24 @@
 #ifndef TPR_TRAIN_CHECKPOINT_IMPL_H
 #define TPR_TRAIN_CHECKPOINT_IMPL_H
 
+#include "shard/safetensors.h"
 #include "train/adamw.h"
 #include "train/trainer.h"
+
+// Full tensors collected on rank 0 for one safetensors file; every entry's
+// name, shape and data are owned (malloc'ed).
+typedef struct tpr__collect {
+  tpr_st_write_entry *e;
+  int n, cap;
+} tpr__collect;
+// Appends an entry, taking name, shape and data over (freed on failure too).
+tpr_status tpr__collect_push(tpr__collect *c, char *name, tpr_dtype dt, int ndim, int64_t *shape, void *data);
+void tpr__collect_free(tpr__collect *c);
+
+// Rank 0's collected model (the plan's names, experts one by one, f32)
+// rewritten where the family's transformers class saves otherwise:
+// qwen3_vl_moe (checkpoint_layout.c). Other families: unchanged.
+tpr_status tpr__train_hf_layout(const tpr_session *s, const char *src_dir, tpr__collect *c);
 
 // "optim-rank-RRRRR-of-WWWWW.safetensors"
 void tpr__train_rank_file(int rank, int world, char *buf, size_t n);

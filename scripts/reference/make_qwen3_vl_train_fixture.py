@@ -23,7 +23,7 @@ The recipe is make_qwen3_train_fixture.py's (tpr's train loop, train_fixture.py)
 The router's gradient flows through the renormalised top-k probabilities
 (Qwen3VLMoeTextTopKRouter always renormalises) and the aux loss.
 
-Outputs, under the names tpr trains and saves the text decoder by (the
+Outputs, under the names tpr trains the text decoder by (its gradient dumps; the
 Qwen3-MoE layout: "model.language_model." -> "model.", the fused experts
 split per expert): tokens.npy, positions_3d.npy (i32 (3, T)),
 step0_grads.safetensors, final_params.safetensors, meta.json (the keys
