@@ -75,6 +75,16 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
   qsort(v, n, sizeof *v, cmp_d);
   qsort(v + n, n, sizeof *v, cmp_d);
   hw->gemm_flops = v[n / 2] * 1e9, hw->mem_bw = v[n + n / 2] * 1e9, hw->cores = pts[0].cores;
+  // The all-cores-busy rates: the median of the sweeps that measured them.
+  size_t nb = 0;
+  for (size_t i = 0; i < n; i++)
+    if (pts[i].read_gbs_node > 0 && pts[i].sgemm_gflops_busy > 0)
+      v[nb] = pts[i].read_gbs_node, v[n + nb] = pts[i].sgemm_gflops_busy, nb++;
+  if (nb) {
+    qsort(v, nb, sizeof *v, cmp_d);
+    qsort(v + n, nb, sizeof *v, cmp_d);
+    hw->mem_bw_node = v[nb / 2] * 1e9, hw->gemm_flops_busy = v[n + nb / 2] * 1e9;
+  }
   free(v);
   DIR *d = opendir(dir);
   if (!d) return TPR_FAIL(TPR_ERR_IO, "scale model: cannot list %s", dir);
@@ -246,6 +256,9 @@ static int cmd_model(int argc, char **argv) {
   printf("calibrated on %s: sgemm %.1f GFLOP/s, read %.1f GB/s per rank, %.0f cores; fixed cost per step: train "
          "%.3f ms, prefill %.3f ms, decode %.3f ms\n", dir, hw.gemm_flops * 1e-9, hw.mem_bw * 1e-9, hw.cores,
          hw.t_fixed[0] * 1e3, hw.t_fixed[1] * 1e3, hw.t_fixed[2] * 1e3);
+  if (hw.mem_bw_node > 0)
+    printf("  every core busy: read %.1f GB/s for the node (shared by its running ranks), sgemm %.1f GFLOP/s per "
+           "rank\n", hw.mem_bw_node * 1e-9, hw.gemm_flops_busy * 1e-9);
   for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
     if (hw.t_sync[g] > 0) printf("  synchronisation cost per collective call at np %d: %.1f us\n", g, hw.t_sync[g] * 1e6);
   printf("%-15s %6s %12s %14s %10s %6s\n", "collective", "ranks", "alpha us", "bus GB/s", "rms resid", "rows");

@@ -47,6 +47,7 @@ typedef struct sweep {
   int64_t seq, batch, prompt, gen, steps, repeats, max_repeats;
   tpr_scale_config cfg;
   double cores, sgemm, read_gbs;
+  double read_gbs_node, sgemm_busy;  // every core running a rank of the probe (0: one core)
   char mpi[128], tokens[1024];
 } sweep;
 
@@ -98,6 +99,18 @@ static bool machine(sweep *s) {
   cJSON_Delete(j);
   long c = sysconf(_SC_NPROCESSORS_ONLN);
   s->cores = c > 0 ? (double)c : 1;
+  // The same probe on every core at once: each rank's read bandwidth and
+  // GEMM rate when they share the node (its memory bus, caches, clocks).
+  if (c > 1) {
+    snprintf(cmd, sizeof cmd, "'%s' -np %ld --oversubscribe '%s' bench model --config '%s' --random-weights --batch 1 --prompt-len 4 "
+             "--gen-len 2 --json", s->mpirun, c, s->tpr, s->config);
+    line = run_json(s, cmd, "machine_gemm_gflops_per_rank");
+    j = line ? cJSON_Parse(line) : NULL;
+    free(line);
+    s->sgemm_busy = num(j, "machine_gemm_gflops_per_rank");
+    s->read_gbs_node = num(j, "machine_read_gbs_per_rank") * (double)c;
+    cJSON_Delete(j);
+  }
   snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", s->mpirun);
   FILE *p = popen(cmd, "r");
   if (!p || !fgets(s->mpi, sizeof s->mpi, p)) snprintf(s->mpi, sizeof s->mpi, "unknown");
@@ -326,6 +339,10 @@ static bool point(const sweep *s, tpr_scale_mesh *m, FILE *results) {
   cJSON_AddNumberToObject(mach, "cores", s->cores);
   cJSON_AddNumberToObject(mach, "sgemm_gflops", s->sgemm);
   cJSON_AddNumberToObject(mach, "read_gbs", s->read_gbs);
+  if (s->read_gbs_node > 0 && s->sgemm_busy > 0) {
+    cJSON_AddNumberToObject(mach, "read_gbs_node", s->read_gbs_node);
+    cJSON_AddNumberToObject(mach, "sgemm_gflops_busy", s->sgemm_busy);
+  }
   cJSON_AddNumberToObject(mach, "threads_per_rank", 1);
   cJSON_AddStringToObject(mach, "mpi", s->mpi);
   cJSON_AddStringToObject(mach, "transport", "mpi");
@@ -422,6 +439,9 @@ int tpr_scale_run(int argc, char **argv) {
     return fprintf(stderr, "tpr scale run: cannot write %s\n", s.tokens), 1;
   printf("tpr scale run: %s %s, %s scaling, machine: %.0f cores, sgemm %.1f GFLOP/s and read %.1f GB/s per rank, %s\n",
          tpr_workload_name(s.wl), s.config, strong ? "strong" : "weak", s.cores, s.sgemm, s.read_gbs, s.mpi);
+  if (s.read_gbs_node > 0)
+    printf("  every core busy: read %.1f GB/s for the node, sgemm %.1f GFLOP/s per rank\n", s.read_gbs_node,
+           s.sgemm_busy);
   char path[1200];
   snprintf(path, sizeof path, "%s/results.jsonl", s.out);
   FILE *results = fopen(path, "a");

@@ -62,6 +62,8 @@ tpr_status tpr_scale_hw_write(const char *path, const tpr_scale_hw *hw) {
   cJSON_AddStringToObject(j, "name", hw->name);
   cJSON_AddNumberToObject(j, "gemm_flops", hw->gemm_flops);
   cJSON_AddNumberToObject(j, "mem_bw", hw->mem_bw);
+  cJSON_AddNumberToObject(j, "mem_bw_node", hw->mem_bw_node);
+  cJSON_AddNumberToObject(j, "gemm_flops_busy", hw->gemm_flops_busy);
   cJSON_AddNumberToObject(j, "cores", hw->cores);
   cJSON_AddNumberToObject(j, "ranks_per_node", hw->ranks_per_node);
   cJSON_AddNumberToObject(j, "param_bytes", hw->param_bytes);
@@ -128,6 +130,7 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
   snprintf(out->name, sizeof out->name, "%s", cJSON_IsString(name) ? name->valuestring : "calibrated");
   out->gemm_flops = num(j, "gemm_flops"), out->mem_bw = num(j, "mem_bw"), out->cores = num(j, "cores");
+  out->mem_bw_node = num(j, "mem_bw_node"), out->gemm_flops_busy = num(j, "gemm_flops_busy");  // 0 when absent
   out->ranks_per_node = (int)num(j, "ranks_per_node");
   const cJSON *cp = cJSON_GetObjectItemCaseSensitive(j, "calibration_points");
   out->sync_on_tp = cJSON_IsString(cp) && !strcmp(cp->valuestring, "np1+tp");

@@ -116,6 +116,9 @@ tpr_status tpr_scale_point_from_json(const cJSON *j, tpr_scale_point *out) {
   const cJSON *mach = field(j, "machine");
   out->cores = field(mach, "cores")->valuedouble, out->sgemm_gflops = field(mach, "sgemm_gflops")->valuedouble;
   out->read_gbs = field(mach, "read_gbs")->valuedouble;
+  const cJSON *node = field(mach, "read_gbs_node"), *busy = field(mach, "sgemm_gflops_busy");
+  out->read_gbs_node = cJSON_IsNumber(node) && node->valuedouble > 0 ? node->valuedouble : 0;
+  out->sgemm_gflops_busy = cJSON_IsNumber(busy) && busy->valuedouble > 0 ? busy->valuedouble : 0;
   snprintf(out->config, sizeof out->config, "%s", field(j, "config")->valuestring);
   const cJSON *co = field(j, "collective_s");
   out->has_coll = co != NULL;

@@ -30,6 +30,7 @@ typedef struct tpr_scale_point {
   tpr_scale_work work;
   double step_s, step_q1, step_q3, tokens_per_s;
   double cores, sgemm_gflops, read_gbs;  // machine
+  double read_gbs_node, sgemm_gflops_busy;  // optional: every core busy (0: not measured)
   // collective_s (optional: sweeps before it lack it): measured seconds per
   // step in each collective kind on rank 0.
   bool has_coll;

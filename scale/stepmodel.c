@@ -238,7 +238,14 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
   tpr_scale_step_work(c, m, w, hw, &out->flops, &out->bytes);
   double node = m->world < hw->ranks_per_node ? m->world : hw->ranks_per_node;
   double s = hw->cores > 0 && node > hw->cores ? node / hw->cores : 1;
-  out->compute_s = s * (hw->t_fixed[w->kind] + fmax(out->flops / hw->gemm_flops, out->bytes / hw->mem_bw));
+  // Ranks running at once share the node's memory bandwidth and slow each
+  // other's GEMMs (shared caches, clocks): the rates measured with every
+  // core busy, where the sweep measured them.
+  double active = hw->cores > 0 ? fmin(node, hw->cores) : node, bw = hw->mem_bw, gemm = hw->gemm_flops;
+  if (hw->mem_bw_node > 0 && active > 1) bw = fmin(bw, hw->mem_bw_node / active);
+  if (hw->gemm_flops_busy > 0 && hw->cores > 1 && active > 1)
+    gemm += (hw->gemm_flops_busy - hw->gemm_flops) * (active - 1) / (hw->cores - 1);
+  out->compute_s = s * (hw->t_fixed[w->kind] + fmax(out->flops / gemm, out->bytes / bw));
   out->comm_s = out->sync_s;
   for (int k = 0; k < TPR_COLL_COUNT; k++) out->comm_s += out->coll_s[k];
   out->step_s = out->compute_s + out->comm_s;

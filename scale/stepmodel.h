@@ -2,6 +2,9 @@
 // collectives one step of a mesh issues (docs/scale.md derives the counts).
 //
 //   t_step = s * (t_fixed + max(flops / gemm_rate, bytes / mem_bw)) + sum_c count_c * t_ab(c)
+// where, with a = min(ranks on the node, cores) ranks running at once,
+// mem_bw = min(the solo rate, the node's / a) and gemm_rate goes from the
+// solo rate (a = 1) to the all-cores-busy rate (a = cores), linearly in a
 //
 // flops and bytes are per rank; s = max(1, ranks_per_node / cores) is the
 // oversubscription of a node (ranks sharing cores run their compute in turn);
@@ -47,8 +50,12 @@ typedef struct tpr_scale_work {
 typedef struct tpr_scale_hw {
   char name[32];
   double gemm_flops;    // per rank, achieved (FLOP/s)
-  double mem_bw;        // per rank (bytes/s)
+  double mem_bw;        // per rank (bytes/s), the rank streaming alone
   double cores;         // per node, as ranks see them (oversubscription); 0: never oversubscribed
+  // Measured with every core of the node busy (one rank each; 0: unknown,
+  // then the solo rates hold at any rank count): the node's streaming read
+  // bandwidth, which its ranks share, and a rank's GEMM rate then.
+  double mem_bw_node, gemm_flops_busy;
   int ranks_per_node;   // groups inside a node use `intra`, across nodes `inter`
   double t_fixed[3];    // per workload, seconds per step (calibrated)
   int param_bytes;      // weight element size in compute (4 f32 on the cpu, 2 bf16 on GPUs)

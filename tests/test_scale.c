@@ -140,6 +140,25 @@ static void test_predict_by_hand(void **state) {
   assert_true(fabs(p.flops - 1728) < 1e-9 && fabs(p.bytes - 4576) < 1e-9);
   assert_true(fabs(p.step_s / want_b - 1) < 1e-12);
   assert_true(fabs(p.tokens_per_s - 4 / want_b) < 1e-6 * p.tokens_per_s);
+  // The node's rates: 2 cores, both ranks of mesh A running. Their shared
+  // read bandwidth 1.5 GB/s gives each 0.75 (below the solo 1): bytes take
+  // 384 / 0.75 ns = 512 ns; the busy GEMM rate 0.5 GFLOP/s at a = cores
+  // gives 168 / 0.5 = 336 ns, still under the memory time.
+  tpr_scale_hw busy = hw;
+  busy.cores = 2, busy.mem_bw_node = 1.5e9, busy.gemm_flops_busy = 0.5e9;
+  TT_OK(tpr_scale_predict(&tiny, &a, &wa, &busy, &p));
+  printf("  mesh A, 2 ranks sharing 1.5 GB/s: compute %.6g s (hand 512e-9)\n", p.compute_s);
+  assert_true(fabs(p.compute_s / 512e-9 - 1) < 1e-12);
+  busy.gemm_flops_busy = 0.25e9;  // now the GEMMs bound it: 168 / 0.25 = 672 ns
+  TT_OK(tpr_scale_predict(&tiny, &a, &wa, &busy, &p));
+  assert_true(fabs(p.compute_s / 672e-9 - 1) < 1e-12);
+  // One rank alone (world 1) streams at the solo rate whatever the node's.
+  tpr_scale_mesh one = {.world = 1};
+  TT_OK(tpr_scale_mesh_resolve(&one));
+  tpr_scale_pred alone, shared;
+  TT_OK(tpr_scale_predict(&tiny, &one, &wa, &hw, &alone));
+  TT_OK(tpr_scale_predict(&tiny, &one, &wa, &busy, &shared));
+  assert_true(alone.compute_s == shared.compute_s);
   // Negative control: all_reduce with a wrong bus factor changes mesh A by more than the tolerance.
   hw.intra[TPR_COLL_ALL_REDUCE].beta *= 2;
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));
