@@ -42,6 +42,7 @@ int tpr_scale_int_list(const char *flag, const char *text, int *out, int max) {
 
 typedef struct sweep {
   const char *config, *out, *tpr, *mpirun;
+  const char *comm_max;  // the largest bench comm message (bench comm's size syntax)
   tpr_workload wl;
   bool strong;
   int64_t seq, batch, prompt, gen, steps, repeats, max_repeats;
@@ -144,8 +145,8 @@ static void comm_rows(const sweep *s, int np) {
   char path[1200], cmd[4096];
   snprintf(path, sizeof path, "%s/comm_np%d.jsonl", s->out, np);
   if (access(path, F_OK) == 0) return;  // measured already: one per machine and np
-  snprintf(cmd, sizeof cmd, "'%s' -np %d '%s' bench comm -o all -b 8 -e 1M -f 4 -n 20 -w 3 -c 0 --json > '%s' "
-           "2>>'%s/log'", s->mpirun, np, s->tpr, path, s->out);
+  snprintf(cmd, sizeof cmd, "'%s' -np %d '%s' bench comm -o all -b 8 -e %s -f 4 -n 10 -w 2 -c 0 --json > '%s' "
+           "2>>'%s/log'", s->mpirun, np, s->tpr, s->comm_max, path, s->out);
   if (system(cmd) != 0) fprintf(stderr, "tpr scale run: bench comm at np %d failed (see %s/log)\n", np, s->out);
 }
 
@@ -379,7 +380,7 @@ static const char run_usage[] =
 
 int tpr_scale_run(int argc, char **argv) {
   sweep s = {.wl = TPR_WL_TRAIN, .seq = 32, .batch = 1, .prompt = 16, .gen = 16, .steps = 6, .repeats = 3,
-             .max_repeats = 7, .mpirun = "mpirun"};
+             .max_repeats = 7, .mpirun = "mpirun", .comm_max = "64M"};
   const char *workload = "train", *np_s = "1,2,4", *tp_s = NULL, *ep_s = NULL, *dp_s = NULL;
   bool strong = false, weak = false;
   const tpr_arg args[] = {
@@ -400,6 +401,9 @@ int tpr_scale_run(int argc, char **argv) {
       {"repeats", TPR_ARG_INT, &s.repeats, "runs per mesh at least (default 3)"},
       {"max-repeats", TPR_ARG_INT, &s.max_repeats, "runs per mesh at most (default 7)"},
       {"mpirun", TPR_ARG_STR, &s.mpirun, "the MPI launcher (default mpirun)"},
+      {"comm-max-bytes", TPR_ARG_STR, &s.comm_max,
+       "largest message of the collectives' bench comm rows (default 64M: the sizes a step's FSDP gathers and "
+       "gradient reductions reach, past the caches)"},
   };
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], run_usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;

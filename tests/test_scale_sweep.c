@@ -20,7 +20,7 @@ static void test_sweep_np124(void **state) {
   assert_non_null(mkdtemp(tmp));
   const char *out = tt_path(tmp, "sweep");
   const char *args[] = {"scale", "run", "--config", config, "--np", "1,2,4", "--repeats", "1", "--max-repeats", "1",
-                        "--steps", "3", "--mpirun", TPR_MPIEXEC, "--out", out, NULL};
+                        "--steps", "3", "--comm-max-bytes", "1M", "--mpirun", TPR_MPIEXEC, "--out", out, NULL};
   run_result r = tt_run_tpr(tpr, tmp, args);
   printf("%s", r.out);
   if (r.code) printf("stderr: %s\n", r.err);
