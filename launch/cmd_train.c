@@ -23,7 +23,7 @@ static const char *usage =
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
-    "         [--resume DIR] [--positions-3d FILE] [--json]";
+    "         [--resume DIR] [--positions-3d FILE] [--eval-data TOKENS.npy [--eval-every N]] [--json]";
 
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
@@ -134,6 +134,12 @@ int tpr_cmd_train(int argc, char **argv) {
       {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
       {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same tp, ep, etp; dp may change)"},
       {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
+      {"eval-data", TPR_ARG_STR, &o.eval_data,
+       "validation tokens (.npy): the mean cross-entropy over their --seq-len windows, as tpr eval scores them, "
+       "after the last step and every --eval-every steps"},
+      {"eval-every", TPR_ARG_INT, &o.eval_every, "with --eval-data: also validate after every N steps (default 0: "
+       "only after the last)"},
+      {"eval-windows", TPR_ARG_INT, &o.eval_windows, "with --eval-data: at most N windows (default: all)"},
       {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile,
        "time every op; print seconds per op kind and the GEMM rate against sgemm (a last JSON line with --json)"},
@@ -193,6 +199,8 @@ int tpr_cmd_train(int argc, char **argv) {
   if (seed < 0) seed = 0;
   if (o.seq_len < 1 || o.micro_batch < 1 || o.grad_accum < 1 || o.steps < 1 || o.warmup < 0 || o.save_every < 0 || o.stop_after < 0)
     return usage_error("--seq-len, --micro-batch, --grad-accum and --steps must be >= 1; --warmup, --save-every, --stop-after >= 0");
+  if (o.eval_every < 0 || o.eval_windows < 0) return usage_error("--eval-every and --eval-windows must be >= 0");
+  if (!o.eval_data && (o.eval_every || o.eval_windows)) return usage_error("--eval-every and --eval-windows need --eval-data");
   if (!(o.lr > 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     return usage_error("--lr must be > 0, --weight-decay >= 0, betas in [0, 1)");
   if (!(o.bias_update_rate >= 0)) return usage_error("--bias-update-rate must be >= 0");

@@ -330,8 +330,8 @@ static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targe
   return TPR_OK;
 }
 
-tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, double weight,
-                                 tpr_m2_losses *out) {
+// One run of the program on a sequence, its losses read out.
+static tpr_status run_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, tpr_m2_losses *out) {
   struct tpr_m2_train *t = s->train;
   if (!t) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: not started");
   int64_t T = t->o.seq_len;
@@ -346,6 +346,18 @@ tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const in
     TPR_CHECK(read_scalar(t->exec, "ce", &out->ce));
     TPR_CHECK(read_scalar(t->exec, "aux", &out->aux));
   }
+  return TPR_OK;
+}
+
+tpr_status tpr_m2_train_eval_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets,
+                                      tpr_m2_losses *out) {
+  return run_sequence(s, inputs, targets, out);
+}
+
+tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, double weight,
+                                 tpr_m2_losses *out) {
+  TPR_CHECK(run_sequence(s, inputs, targets, out));
+  struct tpr_m2_train *t = s->train;
   int64_t E = s->cfg.num_experts;
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
     if (!tpr_model_config_layer_is_moe(&s->cfg, L)) continue;  // dense layers route nothing

@@ -75,6 +75,12 @@ void tpr_m2_train_params_updated(tpr_session *s);
 // Token ids outside the vocabulary: TPR_ERR_INVALID_ARG naming the position.
 tpr_status tpr_m2_train_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets, double weight,
                                  tpr_m2_losses *out);
+// The losses of one sequence with the trained params as they are, leaving
+// the gradients and the expert-load counts alone: validation (the program
+// still runs its backward, whose outputs are dropped). Collective like
+// tpr_m2_train_sequence.
+tpr_status tpr_m2_train_eval_sequence(tpr_session *s, const int32_t *inputs, const int32_t *targets,
+                                      tpr_m2_losses *out);
 
 // Collective. Folds copies of replicated heads (sum) and zeroes padding,
 // then averages over the dp replicas (experts: sums over edp, divided by dp).

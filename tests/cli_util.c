@@ -33,6 +33,22 @@ void tt_spit(const char *path, const void *bytes, size_t len) {
   fclose(f);
 }
 
+void tt_write_npy_i32(const char *path, const int32_t *v, int64_t n) {
+  char h[118];  // 10 + 118 = 128 bytes before the data: aligned, as numpy writes it
+  snprintf(h, sizeof h, "{'descr': '<i4', 'fortran_order': False, 'shape': (%lld,), }", (long long)n);
+  size_t len = strlen(h);
+  memset(h + len, ' ', sizeof h - len - 1), h[sizeof h - 1] = '\n';
+  size_t bytes = 10 + sizeof h + (size_t)n * sizeof *v;
+  unsigned char *b = malloc(bytes);
+  assert_non_null(b);
+  memcpy(b, "\x93NUMPY\x01\x00", 8);
+  b[8] = (unsigned char)sizeof h, b[9] = 0;
+  memcpy(b + 10, h, sizeof h);
+  memcpy(b + 10 + sizeof h, v, (size_t)n * sizeof *v);
+  tt_spit(path, b, bytes);
+  free(b);
+}
+
 const char *tt_path(const char *dir, const char *name) {
   static char paths[8][4200];
   static int next;

@@ -4,6 +4,7 @@
 #define TPR_CLI_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct run_result {
   int code;  // exit status, or -signal when killed by one
@@ -15,6 +16,8 @@ typedef struct run_result {
 char *tt_slurp(const char *path, size_t *len);
 // Writes len bytes to path, replacing it; fails the test, naming the path.
 void tt_spit(const char *path, const void *bytes, size_t len);
+// A 1-D numpy .npy file of n int32 values ('<i4', version 1.0).
+void tt_write_npy_i32(const char *path, const int32_t *v, int64_t n);
 // "dir/name" in one of 8 rotating static buffers.
 const char *tt_path(const char *dir, const char *name);
 // The configs/ directory of the source tree, or $TPR_CONFIGS_DIR.

@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/clip.h"
 #include "train/data.h"
+#include "train/eval_windows.h"
 #include "train/schedule.h"
 
 static double now_s(void) {
@@ -27,6 +28,8 @@ typedef struct loop {
   const tpr_train_opts *o;
   tpr_npy *tokens;
   tpr_data *data;
+  tpr_npy *eval;      // --eval-data (NULL: none)
+  int64_t eval_nw;    // its windows
   tpr_adamw_state *adam;  // (params)
   int n_params;
   int32_t *inputs, *targets;  // (seq_len)
@@ -180,6 +183,34 @@ static tpr_status report_memory(loop *l, FILE *out) {
   return rc;
 }
 
+static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum) {
+  loop *l = ctx;
+  tpr_m2_losses v;
+  TPR_CHECK(tpr_m2_train_eval_sequence(l->s, ids, ids + 1, &v));  // targets: the inputs shifted by one
+  *ce_sum = keep ? v.ce * (double)l->o->seq_len : 0;               // ce: the mean over the window's tokens
+  return TPR_OK;
+}
+
+// Validation after `step` steps: the windows `tpr eval` scores, through
+// the training program (forward and its backward, whose gradients are
+// dropped), reported on rank 0.
+static tpr_status evaluate(loop *l, int64_t step, FILE *out) {
+  double t0 = now_s();
+  tpr_eval_result r;
+  TPR_CHECK(tpr_eval_windows(l->world, l->mesh->tp, l->mesh->dp, l->mesh->dp_rank, l->eval, l->o->seq_len,
+                             l->eval_nw, score_window, l, &r));
+  double loss = r.ce_sum / (double)r.tokens, dt = now_s() - t0;
+  if (l->mesh->world_rank != 0) return TPR_OK;
+  if (l->o->json)
+    fprintf(out, "{\"eval\":{\"step\":%lld,\"loss\":%.9g,\"perplexity\":%.6g,\"windows\":%lld,\"tokens\":%lld,"
+            "\"seconds\":%.3f}}\n", (long long)step, loss, exp(loss), (long long)r.windows, (long long)r.tokens, dt);
+  else
+    fprintf(out, "eval after step %lld: mean cross-entropy %.6f nats/token (perplexity %.2f) over %lld windows of "
+            "%s, %.1f s\n", (long long)step, loss, exp(loss), (long long)r.windows, l->o->eval_data, dt);
+  fflush(out);
+  return TPR_OK;
+}
+
 static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, int64_t first) {
   if (r->step == first + 1 && sum->steps_timed == 1) *sum = (tpr_train_summary){0};  // drop the first step
   double k = (double)sum->steps_timed, total = sum->ms_per_step * k + r->ms;
@@ -219,6 +250,9 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
                         .seed = o->seed};
   if (rc == TPR_OK) rc = tpr_npy_open(o->data, &l.tokens);
   if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_session_config(s)->vocab_size, &l.data);
+  if (rc == TPR_OK && o->eval_data) rc = tpr_npy_open(o->eval_data, &l.eval);
+  if (rc == TPR_OK && l.eval) rc = tpr_eval_window_count(l.eval, o->eval_data, o->seq_len, o->eval_windows, &l.eval_nw);
+  if (rc == TPR_OK && l.eval) rc = tpr_npy_check_range(l.eval, tpr_session_config(s)->vocab_size);
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
   if (rc == TPR_OK) rc = report_memory(&l, out);
@@ -228,6 +262,8 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
     rc = step_once(&l, step, &r);
     if (rc == TPR_OK && l.mesh->world_rank == 0) report(o, &r, out);
     if (rc == TPR_OK) summarize(summary, &r, first);
+    bool eval = l.eval && (step + 1 == last || (o->eval_every > 0 && (step + 1) % o->eval_every == 0));
+    if (rc == TPR_OK && eval) rc = evaluate(&l, step + 1, out);
     bool save = o->save_dir && (step + 1 == last || (o->save_every > 0 && (step + 1) % o->save_every == 0));
     if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(s, world, o->save_dir, step + 1, o, l.adam);
   }
@@ -235,5 +271,6 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
   free(l.adam), free(l.inputs), free(l.targets);
   tpr_data_free(l.data);
   tpr_npy_close(l.tokens);
+  tpr_npy_close(l.eval);
   return rc;
 }

@@ -26,6 +26,11 @@ typedef struct tpr_train_opts {
   int64_t stop_after;       // > 0: stop (and save) after this step, the schedule still spanning `steps`
   const char *resume_dir;   // checkpoint written by --save (also the model to load)
   const char *dump_grads;   // safetensors path: step 0's reduced gradient, full tensors (tests)
+  // Validation (train/eval_windows.h): the mean cross-entropy over eval_data's
+  // windows of seq_len after every eval_every steps and after the last
+  // (eval_every 0: only after the last); at most eval_windows (0: all).
+  const char *eval_data;
+  int64_t eval_every, eval_windows;
   bool json;                // one JSON line per step on rank 0
   bool progress;            // a progress line on stderr (rank 0, a terminal)
 } tpr_train_opts;
