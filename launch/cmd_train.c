@@ -229,9 +229,10 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_model_config mc;
   if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
       mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE &&
-      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE)
+      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE &&
+      mc.family != TPR_FAMILY_QWEN2_VL)
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
-                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe and qwen3_vl_moe",
+                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl",
                   tpr_model_family_name(mc.family));
   int32_t *pos3 = NULL;
   if (rc == TPR_OK && pos3_path) rc = tpr_positions_3d_read(pos3_path, o.seq_len, &pos3);
