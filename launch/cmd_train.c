@@ -150,11 +150,12 @@ int tpr_cmd_train(int argc, char **argv) {
        "test only: sum-grads | wrong-shard: sum instead of average over replicas, or keep the next rank's chunk "
        "(negative controls)"},
       {"positions-3d", TPR_ARG_STR, &pos3_path,
-       "MRoPE families (qwen3_vl_moe): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
+       "MRoPE families (qwen3_vl_moe, qwen2_vl): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
        "(default: the text rule, every axis the position)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
-       "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces (a negative control)"},
+       "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces; bias-wrong: add one "
+       "on the q/k/v biases (negative controls)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
@@ -202,8 +203,9 @@ int tpr_cmd_train(int argc, char **argv) {
     if (!strcmp(skip_marks, "column")) skip = TPR_M2_MARKS_COLUMN;
     else if (!strcmp(skip_marks, "qk-norm")) skip = TPR_M2_MARKS_QK_NORM;
     else if (!strcmp(skip_marks, "shared-mlp")) skip = TPR_QKHD_MARKS_SHARED;  // hunyuan_v1_moe's shared expert
+    else if (!strcmp(skip_marks, "bias-wrong")) skip = TPR_QKHD_MARKS_BIAS_WRONG;  // qwen2_vl: a wrong mark added
     else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM | TPR_QKHD_MARKS_SHARED;
-    else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp or all");
+    else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp, bias-wrong or all");
   }
   if (fsdp && no_fsdp) return usage_error("give --fsdp or --no-fsdp, not both");
   tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
