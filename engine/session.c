@@ -395,6 +395,9 @@ static tpr_status open_session(tpr_session *s) {
   tpr_mesh claimed = s->mesh;
   if (o->force_tp_rank >= 0) claimed.tp_rank = o->force_tp_rank;  // negative control
   TPR_CHECK(tpr_mesh_rank_tensor(&claimed, s->be, &s->rank));
+  if (o->moe_stats && s->cfg.num_experts == 0)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-stats: %s is a dense model (no experts, nothing is routed)",
+                    tpr_model_family_name(s->cfg.family));
   if (o->moe_stats)
     TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
   TPR_CHECK(tpr_family_find(s->cfg.family, &s->family));

@@ -153,28 +153,37 @@ static bool reset_peak_rss(void) {
 }
 
 // Weights (elements) on this rank that a step of `tokens` tokens touches:
-// the dense slices, the router, and the experts the tokens pick, expected
-// under uniform routing (each of the rank's E/ep experts is hit with
-// probability 1 - (1 - k/E)^tokens; at one token that is k/ep experts).
+// the dense slices (attention; on dense layers the dense MLP's F/tp
+// columns, on MoE layers the shared expert's S/tp), the router, and the
+// experts the tokens pick, expected under uniform routing (each of the
+// rank's E/ep experts is hit with probability 1 - (1 - k/E)^tokens; at one
+// token that is k/ep experts). A model without experts (qwen2_vl) has no
+// router and no routed term.
 // The lm head's shard is *head (it runs on sampled rows only).
 // The bytes of each part per element as the session holds it (NULL: 1,
 // which makes the result a count of elements).
 typedef struct part_bytes {
-  double attn, router, experts, head;
+  double attn, router, experts, head, mlp;
 } part_bytes;
 
 static double step_parts(const tpr_shard_plan *p, double tokens, const part_bytes *b, double *head) {
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
-  const part_bytes one = {1, 1, 1, 1};
+  const part_bytes one = {1, 1, 1, 1, 1};
   if (!b) b = &one;
   double H = (double)c->hidden_size, D = (double)c->head_dim, Fr = (double)p->expert_inter_per_rank;
-  double E = (double)c->num_experts, k = (double)c->experts_per_tok;
+  double E = (double)c->num_experts, k = (double)c->experts_per_tok, tp = (double)p->tp;
+  double Lm = (double)c->num_moe_layers, Ld = (double)(c->num_layers - c->num_moe_layers);
   double attn = (2.0 * (double)a->q_per_rank + 2.0 * (double)a->kv_per_rank) * D * H;
-  double hit = 1.0 - pow(1.0 - k / E, tokens);
-  double moe = b->router * E * H + b->experts * E / p->ep * hit * 3.0 * Fr * H;
+  double moe = 0;
+  if (E > 0) {
+    double hit = 1.0 - pow(1.0 - k / E, tokens);
+    moe = b->router * E * H + b->experts * E / p->ep * hit * 3.0 * Fr * H +
+          b->mlp * 3.0 * (double)c->shared_expert_intermediate_size / tp * H;
+  }
+  double dense = b->mlp * 3.0 * (double)c->dense_intermediate_size / tp * H;
   *head = b->head * (double)(p->vocab_padded / p->tp) * H;
-  return (double)c->num_layers * (b->attn * attn + moe) + *head;
+  return (double)c->num_layers * b->attn * attn + Lm * moe + Ld * dense + *head;
 }
 
 static double step_weights(const tpr_shard_plan *p, double tokens, double *head) {
@@ -187,7 +196,8 @@ static double step_bytes(const tpr_session *s, const tpr_shard_plan *p, double t
   const part_bytes b = {tpr_session_weight_element_bytes(s, "q_proj.weight"),
                         tpr_session_weight_element_bytes(s, ".gate.weight"),
                         tpr_session_weight_element_bytes(s, ".w1.weight"),
-                        tpr_session_weight_element_bytes(s, p->config.tie_word_embeddings ? "embed_tokens" : "lm_head")};
+                        tpr_session_weight_element_bytes(s, p->config.tie_word_embeddings ? "embed_tokens" : "lm_head"),
+                        tpr_session_weight_element_bytes(s, "mlp.gate_proj.weight")};  // dense or shared MLP, not experts
   double head;
   return step_parts(p, tokens, &b, &head);
 }

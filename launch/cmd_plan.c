@@ -35,23 +35,35 @@ static void print_text(const tpr_shard_plan *p, const uint64_t *held, const uint
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
   char b1[64], b2[64];
-  printf("model %s: %lld layers (%lld MoE), hidden %lld, %lld Q / %lld KV heads x %lld, %lld experts top-%lld "
-         "(width %lld), vocab %lld\n",
+  // What applies to the family: experts (or the dense MLP), and the
+  // QK-norm's divisors only for the norm over the full projection (a
+  // per-head norm divides by head_dim on each rank; qwen2_vl has none).
+  printf("model %s: %lld layers (%lld MoE), hidden %lld, %lld Q / %lld KV heads x %lld, ",
          tpr_model_family_name(c->family), (long long)c->num_layers, (long long)c->num_moe_layers,
-         (long long)c->hidden_size, (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim,
-         (long long)c->num_experts, (long long)c->experts_per_tok, (long long)c->moe_intermediate_size,
-         (long long)c->vocab_size);
+         (long long)c->hidden_size, (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim);
+  if (c->num_experts)
+    printf("%lld experts top-%lld (width %lld), ", (long long)c->num_experts, (long long)c->experts_per_tok,
+           (long long)c->moe_intermediate_size);
+  if (c->num_moe_layers < c->num_layers) printf("dense MLP width %lld, ", (long long)c->dense_intermediate_size);
+  printf("vocab %lld\n", (long long)c->vocab_size);
   printf("mesh: world %d = dp %d x tp %d = edp %d x ep %d x etp %d; dtype %s\n", p->world, p->dp, p->tp, p->edp, p->ep,
          p->etp, tpr_dtype_name(p->dtype));
-  printf("attention: %s; Q %lld -> %lld (%lld per rank), KV %lld -> %lld (%lld per rank); qk-norm divisors q %lld, "
-         "k %lld\n",
+  printf("attention: %s; Q %lld -> %lld (%lld per rank), KV %lld -> %lld (%lld per rank); ",
          tpr_kv_strategy_name(a->strategy), (long long)a->nq, (long long)a->nq_padded, (long long)a->q_per_rank,
-         (long long)a->nkv, (long long)a->nkv_eff, (long long)a->kv_per_rank, (long long)a->q_norm_divisor,
-         (long long)a->k_norm_divisor);
+         (long long)a->nkv, (long long)a->nkv_eff, (long long)a->kv_per_rank);
+  if (c->qk_norm == TPR_QK_NORM_FULL)
+    printf("qk-norm divisors q %lld, k %lld\n", (long long)a->q_norm_divisor, (long long)a->k_norm_divisor);
+  else if (c->qk_norm == TPR_QK_NORM_PER_HEAD)
+    printf("qk-norm per head over %lld dims (rank-local)\n", (long long)c->head_dim);
+  else
+    printf("no qk-norm%s\n", c->qkv_bias ? "; q/k/v biases sliced like their heads" : "");
   print_map("q_head_map", a->q_head_map, a->nq_padded, a->q_per_rank);
   print_map("kv_head_map", a->kv_head_map, a->nkv_eff, a->kv_per_rank);
-  printf("vocab %lld -> %lld; %lld experts and expert width %lld per rank\n\n", (long long)c->vocab_size,
-         (long long)p->vocab_padded, (long long)p->experts_per_rank, (long long)p->expert_inter_per_rank);
+  printf("vocab %lld -> %lld", (long long)c->vocab_size, (long long)p->vocab_padded);
+  if (c->num_experts)
+    printf("; %lld experts and expert width %lld per rank", (long long)p->experts_per_rank,
+           (long long)p->expert_inter_per_rank);
+  printf("\n\n");
   printf("%-58s %-14s %-14s %-13s %8s %12s\n", "tensor", "global", "per rank", "transform", "count", "bytes/rank");
   for (int i = 0; i < p->n_tensors; i++) {
     const tpr_shard_tensor *t = &p->tensors[i];
@@ -114,6 +126,9 @@ static tpr_status print_json(const tpr_shard_plan *p, const uint64_t *held, cons
   cJSON_AddNumberToObject(at, "kv_heads_effective", (double)a->nkv_eff);
   cJSON_AddNumberToObject(at, "q_heads_per_rank", (double)a->q_per_rank);
   cJSON_AddNumberToObject(at, "kv_heads_per_rank", (double)a->kv_per_rank);
+  cJSON_AddStringToObject(at, "qk_norm", c->qk_norm == TPR_QK_NORM_FULL       ? "full"  // the divisors apply
+                                         : c->qk_norm == TPR_QK_NORM_PER_HEAD ? "per_head"
+                                                                              : "none");
   cJSON_AddNumberToObject(at, "q_norm_divisor", (double)a->q_norm_divisor);
   cJSON_AddNumberToObject(at, "k_norm_divisor", (double)a->k_norm_divisor);
   cJSON_AddItemToObject(at, "q_head_map", int_array(a->q_head_map, a->nq_padded));

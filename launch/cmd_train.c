@@ -156,11 +156,12 @@ int tpr_cmd_train(int argc, char **argv) {
        "test only: sum-grads | wrong-shard: sum instead of average over replicas, or keep the next rank's chunk "
        "(negative controls)"},
       {"positions-3d", TPR_ARG_STR, &pos3_path,
-       "MRoPE families (qwen3_vl_moe): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
+       "MRoPE families (qwen3_vl_moe, qwen2_vl): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
        "(default: the text rule, every axis the position)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
-       "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces (a negative control)"},
+       "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces; bias-wrong: add one "
+       "on the q/k/v biases (negative controls)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
@@ -210,8 +211,9 @@ int tpr_cmd_train(int argc, char **argv) {
     if (!strcmp(skip_marks, "column")) skip = TPR_M2_MARKS_COLUMN;
     else if (!strcmp(skip_marks, "qk-norm")) skip = TPR_M2_MARKS_QK_NORM;
     else if (!strcmp(skip_marks, "shared-mlp")) skip = TPR_QKHD_MARKS_SHARED;  // hunyuan_v1_moe's shared expert
+    else if (!strcmp(skip_marks, "bias-wrong")) skip = TPR_QKHD_MARKS_BIAS_WRONG;  // qwen2_vl: a wrong mark added
     else if (!strcmp(skip_marks, "all")) skip = TPR_M2_MARKS_COLUMN | TPR_M2_MARKS_QK_NORM | TPR_QKHD_MARKS_SHARED;
-    else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp or all");
+    else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp, bias-wrong or all");
   }
   if (fsdp && no_fsdp) return usage_error("give --fsdp or --no-fsdp, not both");
   tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
@@ -237,9 +239,10 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_model_config mc;
   if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
       mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE &&
-      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE)
+      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE &&
+      mc.family != TPR_FAMILY_QWEN2_VL)
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
-                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe and qwen3_vl_moe",
+                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl",
                   tpr_model_family_name(mc.family));
   int32_t *pos3 = NULL;
   if (rc == TPR_OK && pos3_path) rc = tpr_positions_3d_read(pos3_path, o.seq_len, &pos3);

@@ -65,9 +65,12 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
 
 // What a family leaves out of the checkpoint, said once on rank 0's stderr.
 static tpr_status family_note(const tpr_world *w, tpr_status rc, tpr_session *const *s) {
-  if (rc == TPR_OK && w->rank == 0 && tpr_session_config(*s)->family == TPR_FAMILY_QWEN3_VL_MOE)
-    fprintf(stderr, "tpr: note: qwen3_vl_moe runs its text decoder only: vision-tower weights are not loaded, image "
-                    "and video tokens are plain tokens; give their MRoPE positions with --positions-3d (forward)\n");
+  if (rc != TPR_OK || w->rank != 0) return rc;
+  tpr_model_family f = tpr_session_config(*s)->family;
+  if (f == TPR_FAMILY_QWEN3_VL_MOE || f == TPR_FAMILY_QWEN2_VL)
+    fprintf(stderr, "tpr: note: %s runs its text decoder only: vision-tower weights are not loaded, image "
+                    "and video tokens are plain tokens; give their MRoPE positions with --positions-3d (forward)\n",
+            tpr_model_family_name(f));
   return rc;
 }
 

@@ -1,6 +1,6 @@
 // Training state of a session: the forward+backward program of its family
 // (minimax_m2.c, or qk_head_decoder.c's training mode for qwen3_moe,
-// hunyuan_v1_moe and qwen3_vl_moe), the
+// hunyuan_v1_moe, qwen3_vl_moe and the dense qwen2_vl), the
 // trained params with their gradient accumulators, and the collective steps
 // on gradients (fold, dp mean, norm) and weights (export). Only the program
 // and the expert kinds' names depend on the family.
@@ -14,6 +14,7 @@
 #include "models/minimax_m2_impl.h"
 #include "models/minimax_m2_train_impl.h"
 #include "models/hunyuan_moe.h"
+#include "models/qwen2_vl.h"
 #include "models/qwen3_moe.h"
 #include "models/qwen3_vl_moe.h"
 #include "engine/session_impl.h"
@@ -136,16 +137,24 @@ static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
   qkhd_job j = {.d = s->cfg.family == TPR_FAMILY_QWEN3_MOE        ? &tpr_qwen3_moe_desc
                      : s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE ? &tpr_hunyuan_moe_desc
                      : s->cfg.family == TPR_FAMILY_QWEN3_VL_MOE   ? &tpr_qwen3_vl_moe_desc
+                     : s->cfg.family == TPR_FAMILY_QWEN2_VL       ? &tpr_qwen2_vl_desc
                                                                   : NULL};
   if (!j.d)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports "
-                    "minimax_m2, qwen3_moe, hunyuan_v1_moe and qwen3_vl_moe", fam);
+                    "minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl", fam);
   if (t->o.fsdp.on)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2 only; train %s with --no-fsdp "
                     "(plain data parallelism)", fam);
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
   // (no load-balancing loss): the family's default weight is 0.
   if (t->o.aux_coef < 0 && s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE) coef = 0;
+  // A dense model (qwen2_vl) has no router: nothing to balance.
+  if (!j.d->router) {
+    if (t->o.aux_coef > 0)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --aux-coef %g: %s has no experts (no load-balancing loss)",
+                      t->o.aux_coef, fam);
+    coef = 0;
+  }
   j.o = (tpr_qkhd_opts){.step = {.moe = s->o.moe},
                         // A test's control: the family's wrong QK-norm (hunyuan: the order around RoPE).
                         .qk_control = s->o.per_rank_qk_norm ? j.d->session_control : TPR_QK_CONTROL_NONE,
@@ -217,7 +226,7 @@ static tpr_status start(tpr_session *s, const tpr_m2_train_opts *o) {
   s->train = t;
   t->o = *o;
   if (!(t->host_i32 = malloc((size_t)o->seq_len * sizeof *t->host_i32)) ||
-      !(t->load = calloc((size_t)(s->cfg.num_layers * s->cfg.num_experts), sizeof *t->load)))
+      !(t->load = calloc((size_t)(s->cfg.num_layers * s->cfg.num_experts) + 1, sizeof *t->load)))  // + 1: E may be 0
     return TPR_FAIL(TPR_ERR_OOM, "train");
   TPR_CHECK(build(s, t));
   int64_t big = 0;

@@ -84,7 +84,12 @@ static tpr_status add_bias(qkhd *b, const char *pattern, int64_t L, tpr_value_id
   tpr_value_id bias;
   TPR_CHECK(tpr_fstep_param(&b->c, pattern, L, &bias));  // (n) f32; declared even unused: the session binds it
   if (b->control == TPR_QK_CONTROL_NO_BIAS) return TPR_OK;
-  return tpr_pb_add(b->c.p, *x, bias, x);  // broadcast over T
+  // Training: the bias is this rank's slice, rank-local like its weight's
+  // rows (replicated KV heads' copies are summed by the gradient fold), so
+  // it takes no mark; the control marks it anyway.
+  if (b->o->training && (b->o->skip_grad_marks & TPR_QKHD_MARKS_BIAS_WRONG) && b->c.plan->tp > 1)
+    TPR_CHECK(tpr_pb_grad_all_reduce(b->c.p, bias, TPR_AXIS_TP, b->c.plan->tp, &bias));
+  return tpr_pb_add(b->c.p, *x, bias, x);  // broadcast over T: the backward sums the cotangent over T
 }
 
 // x (T, H) -> x + attention(x), one layer.

@@ -65,7 +65,10 @@ typedef struct tpr_qkhd_desc {
 // leave out the grad_all_reduce of the column-parallel, expert and lm head
 // inputs (the shared expert's included), of the per-head norm weights, or of
 // the shared expert's input alone. The forward is unchanged.
-enum { TPR_QKHD_MARKS_COLUMN = 1, TPR_QKHD_MARKS_QK_NORM = 2, TPR_QKHD_MARKS_SHARED = 4 };
+// TPR_QKHD_MARKS_BIAS_WRONG adds a mark instead: the q/k/v biases treated as
+// replicated (their cotangents summed over tp), which they are not -- each
+// rank holds its own heads' slice, so the sum mixes heads.
+enum { TPR_QKHD_MARKS_COLUMN = 1, TPR_QKHD_MARKS_QK_NORM = 2, TPR_QKHD_MARKS_SHARED = 4, TPR_QKHD_MARKS_BIAS_WRONG = 8 };
 
 typedef struct tpr_qkhd_opts {
   tpr_step_build_opts step;  // inference: the step; training: moe options (step.shape unused)

@@ -2,10 +2,8 @@
 
 #include "models/qk_head_decoder.h"
 
-static const tpr_qkhd_desc desc;
-
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
-  return tpr_qkhd_build_step(&desc, plan, o, out);
+  return tpr_qkhd_build_step(&tpr_qwen2_vl_desc, plan, o, out);
 }
 
 // The expert names match no plan tensor of this dense family (the session
@@ -19,7 +17,7 @@ const tpr_family tpr_family_qwen2_vl = {
     .expert_down = "experts.{E}.down_proj.weight",
 };
 
-static const tpr_qkhd_desc desc = {
+const tpr_qkhd_desc tpr_qwen2_vl_desc = {
     .family = &tpr_family_qwen2_vl,
     .q_norm = NULL,  // no QK-norm
     .k_norm = NULL,

@@ -21,12 +21,22 @@
 // more). Not run: the vision tower (model.visual.* is never read; image and
 // video tokens are plain tokens, their positions given as positions_3d),
 // sliding-window attention and RoPE scaling (the config parser refuses
-// both by name), training (tpr train refuses the family).
+// both by name).
+//
+// Training (tpr train, qk_head_decoder's training mode): the loss is
+// cross-entropy alone (no router, no aux loss: Qwen2VLForConditionalGeneration's
+// loss); the biases' gradients are rank-local (each rank's slice of the
+// same heads as its weight rows, the replicated KV heads' copies summed by
+// the gradient fold like their weights'), so they need no backward mark:
+// the mark is on h, the replicated input of the column-parallel q/k/v.
 #ifndef TPR_QWEN2_VL_H
 #define TPR_QWEN2_VL_H
 
 #include "engine/family.h"
+#include "models/qk_head_decoder.h"
 
 extern const tpr_family tpr_family_qwen2_vl;
+// The family's descriptor (models/qk_head_decoder.h), for tpr_qkhd_build.
+extern const tpr_qkhd_desc tpr_qwen2_vl_desc;
 
 #endif

@@ -61,8 +61,15 @@ tpr_status tpr_train_build_loss(tpr_program *p, const tpr_shard_plan *plan, cons
     TPR_CHECK(tpr_pb_grad_all_reduce(p, x, TPR_AXIS_TP, tp, &x));
   TPR_CHECK(tpr_pb_matmul(p, x, head, false, true, &logits));  // (T, V'/tp)
   TPR_CHECK(tpr_build_vocab_parallel_xent(p, logits, targets, rank_tp, cfg->vocab_size, TPR_AXIS_TP, tp, &ce));
-  TPR_CHECK(tpr_build_moe_aux_loss(p, router_logits, n_router, (int)cfg->experts_per_tok, &aux));
-  TPR_CHECK(tpr_pb_scale(p, aux, (float)o->aux_coef, &scaled));
+  if (n_router > 0) {
+    TPR_CHECK(tpr_build_moe_aux_loss(p, router_logits, n_router, (int)cfg->experts_per_tok, &aux));
+    TPR_CHECK(tpr_pb_scale(p, aux, (float)o->aux_coef, &scaled));
+  } else {
+    // A dense model routes nothing: aux is 0 (0 * ce, an op the outputs can
+    // name), and loss = ce + 0 is ce exactly, its cotangent ce's.
+    TPR_CHECK(tpr_pb_scale(p, ce, 0.0f, &aux));
+    TPR_CHECK(tpr_pb_scale(p, aux, 1.0f, &scaled));
+  }
   TPR_CHECK(tpr_pb_add(p, ce, scaled, &loss));
   TPR_CHECK(tpr_program_output(p, loss, "loss"));
   TPR_CHECK(tpr_program_output(p, ce, "ce"));

@@ -17,7 +17,7 @@
 //    q/k/v biases left out;
 //  - config parsing (nested text_config and the hub's flat keys with the
 //    legacy rope_scaling; qwen2_5_vl) and refusals by name (sliding window,
-//    RoPE scaling, head_dim, hidden_act, ep > 1, MoE options, training).
+//    RoPE scaling, head_dim, hidden_act, ep > 1, MoE options, training under FSDP).
 #include "test_util.h"
 
 #include <math.h>
@@ -275,22 +275,23 @@ static void test_config(void **state) {
   tpr_shard_plan_free(&plan);
 }
 
-// A session refuses what a dense model cannot do: MoE statistics, the
-// capacity path, training.
+// A session refuses what a dense model cannot do: MoE statistics (naming
+// the family), the capacity path; and training under FSDP.
 static void test_session_refusals(void **state) {
   (void)state;
   tpr_session_opts o = fp_session_opts(FIX, T);
   tpr_session *s = NULL;
   o.moe_stats = true;
-  expect_refused("moe_stats", tpr_session_open(&o, fp.world, tt_cpu(), &s), TPR_ERR_INVALID_ARG, "0 experts");
+  expect_refused("moe_stats", tpr_session_open(&o, fp.world, tt_cpu(), &s), TPR_ERR_INVALID_ARG, "qwen2_vl is a dense model");
   o = fp_session_opts(FIX, T);
   o.moe.capacity_factor = 1.0;
   expect_refused("--capacity-factor", tpr_session_open(&o, fp.world, tt_cpu(), &s), TPR_ERR_INVALID_ARG, "dense");
   o = fp_session_opts(FIX, T);
   o.training = true;
   s = fp_open(&o, NULL);
-  tpr_m2_train_opts to = {.seq_len = 4, .aux_coef = -1};
-  expect_refused("training", tpr_m2_train_start(s, &to), TPR_ERR_UNSUPPORTED, "qwen2_vl");
+  // The family trains (tests/test_train_qwen2_vl.c) without FSDP.
+  tpr_m2_train_opts to = {.seq_len = 4, .aux_coef = -1, .fsdp = {.on = true}};
+  expect_refused("training under FSDP", tpr_m2_train_start(s, &to), TPR_ERR_UNSUPPORTED, "--no-fsdp");
   tpr_session_close(s);
 }
 

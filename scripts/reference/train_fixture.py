@@ -133,6 +133,8 @@ def optimizer_step(opt, trained, s, args):
 
 def aux_independent(router_logits, E, k):
     """load_balancing_loss_func re-derived in float64 from the recorded router logits."""
+    if not router_logits:  # a dense model (qwen2_vl): nothing routed, no aux loss
+        return 0.0
     rows = torch.cat([r.double() for r in router_logits], dim=0)  # (L*T, E)
     p = torch.softmax(rows, dim=-1)
     sel = torch.topk(p, k, dim=-1).indices

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Writes the Qwen2-VL training golden fixture (tests/fixtures/qwen2_vl_train):
+AdamW steps of transformers' own Qwen2VLForConditionalGeneration (its text
+decoder: the vision tower gets no input and is not trained), started from the
+committed tiny checkpoint (tests/fixtures/qwen2_vl_tiny: a dense Qwen2 with
+q/k/v biases, SECTIONED MRoPE with mrope_section [4, 2, 2], 6 query heads over
+2 KV heads), in f32 on CPU.
+
+    scripts/reference/.venv/bin/python scripts/reference/make_qwen2_vl_train_fixture.py \
+        --out tests/fixtures/qwen2_vl_train
+
+The recipe is make_qwen3_vl_train_fixture.py's (tpr's train loop, train_fixture.py), on this model:
+  positions  every window uses the same 3-D MRoPE positions (3, T) with an
+             image-like block, as get_rope_index lays out text + one image:
+             4 text tokens, a 2 x 4 grid (t constant, h/w varying, offset by
+             the start position), then text at max + 1 (positions_3d.npy).
+  loss       per window: logits = model(input_ids=inputs[None], position_ids=pos3[:, None]).logits;
+             loss_w = cross_entropy(logits[0], targets). The model has no router and
+             no aux loss: checked here, its own loss (labels=) is the cross-entropy alone.
+  step       mean over the windows of a step, clip_grad_norm_, AdamW(foreach=False,
+             betas (0.9, 0.95), eps 1e-8, decay on ndim >= 2: the biases get none),
+             warmup + cosine lr.
+
+Outputs, under the names tpr trains and saves the text decoder by (the hub's:
+"model.language_model." -> "model."): tokens.npy, positions_3d.npy (i32 (3, T)),
+step0_grads.safetensors, final_params.safetensors, meta.json (the keys
+tests/train_harness.c reads, plus text_positions_step0_loss: step 0's loss
+with transformers' text positions, every axis 0..T-1).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+from transformers import Qwen2VLForConditionalGeneration
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_fixture import (add_train_args, fail, load_for_training, run_train_fixture,  # noqa: E402
+                           save_pretrained_tensors, zipf_tokens)
+
+GEN = "scripts/reference/make_qwen2_vl_train_fixture.py"
+LM = "model.language_model."
+
+
+def positions(n_text_a, grid_h, grid_w, n_text_b):
+    """(3, T) MRoPE positions as get_rope_index lays out text + one image."""
+    rows = [[], [], []]
+    for i in range(n_text_a):
+        for a in range(3):
+            rows[a].append(i)
+    start = n_text_a
+    for h in range(grid_h):
+        for w in range(grid_w):
+            rows[0].append(start)
+            rows[1].append(start + h)
+            rows[2].append(start + w)
+    nxt = max(max(r) for r in rows) + 1
+    for i in range(n_text_b):
+        for a in range(3):
+            rows[a].append(nxt + i)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def to_tpr(tensors):
+    return {("model." + n[len(LM):] if n.startswith(LM) else n): t.detach().float().contiguous()
+            for n, t in tensors.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_train_args(ap, "qwen2_vl_train", "qwen2_vl_tiny", seed=2721, steps=6, aux_coef=0.0, warmup=2)
+    args = ap.parse_args()
+    if args.aux_coef != 0.0:
+        fail("Qwen2-VL has no router: --aux-coef must be 0")
+
+    model, _ = load_for_training(Qwen2VLForConditionalGeneration, args)
+    tc = model.config.text_config
+    if tc.attention_dropout != 0.0:
+        fail(f"attention_dropout {tc.attention_dropout}: training mode is not deterministic")
+    if tc.rope_parameters.get("mrope_interleaved") or tc.rope_parameters.get("mrope_section") is None:
+        fail("the checkpoint's MRoPE is not sectioned")
+    T = args.seq_len
+    pos3 = positions(4, 2, 4, 4)
+    if pos3.shape[1] != T:
+        fail(f"the positions cover {pos3.shape[1]} tokens, --seq-len is {T}")
+    if (pos3[1] == pos3[0]).all() or (pos3[2] == pos3[1]).all():
+        fail("the 3-D positions do not differ per axis")
+
+    sp = save_pretrained_tensors(model)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and not n.startswith("model.visual.")]
+    hub = to_tpr(dict(params))
+    for n, p in params:
+        h = "model." + n[len(LM):] if n.startswith(LM) else n
+        if h not in sp or not torch.equal(sp[h], p.detach()):
+            fail(f"{n} is not saved as {h} as it is held")
+    biases = [n for n in hub if n.endswith("_proj.bias")]
+    if len(biases) != 3 * tc.num_hidden_layers:
+        fail(f"expected q/k/v biases in every layer, found {biases}")
+
+    def forward_window(x, pos=pos3):
+        out = model(input_ids=x[None], position_ids=pos[:, None, :], use_cache=False)
+        return out.logits[0], None, []
+
+    tokens, _ = zipf_tokens(tc.vocab_size, args.steps * args.windows_per_step * T + 1, args)
+    with torch.no_grad():
+        # The model's own loss is the cross-entropy alone (no aux term): its
+        # shifted labels against ours on the first T - 1 targets.
+        x = tokens[: T + 1]
+        out = model(input_ids=x[:T][None], position_ids=pos3[:, None, :], labels=x[:T][None], use_cache=False)
+        mine = torch.nn.functional.cross_entropy(out.logits[0, :-1], x[1:T])
+        if abs(out.loss.item() - mine.item()) > 1e-6 * abs(mine.item()):
+            fail(f"the model's loss {out.loss.item()} is not the cross-entropy {mine.item()}")
+        # Step 0's loss with text positions (transformers' default for text:
+        # every axis 0..T-1): what tpr train without --positions-3d must give.
+        text_losses = []
+        for w in range(args.windows_per_step):
+            x = tokens[w * T: w * T + T + 1]
+            out = model(input_ids=x[:T][None], use_cache=False)
+            text_losses.append(torch.nn.functional.cross_entropy(out.logits[0], x[1:]).item())
+    text_loss0 = sum(text_losses) / len(text_losses)
+
+    os.makedirs(args.out, exist_ok=True)
+    np.save(os.path.join(args.out, "positions_3d.npy"), pos3.numpy().astype("<i4"))
+    run_train_fixture(args, model, params, to_tpr, forward_window, 0, 0, GEN,
+                      {"class": "transformers.Qwen2VLForConditionalGeneration (text decoder)",
+                       "checkpoint": "tests/fixtures/qwen2_vl_tiny",
+                       "names": "the hub's: model.language_model. -> model."},
+                      {"per_window": "cross_entropy(logits, targets) (the model's own loss; no router, no aux loss)",
+                       "positions": "positions_3d.npy (3, T), the same for every window"},
+                      {"meta": {"text_positions_step0_loss": text_loss0,
+                                "positions_3d": pos3.tolist()}})
+    check_no_tiny_grads(args.out)
+
+
+def check_no_tiny_grads(out):
+    """Step 0's AdamW update is lr * g / (|g| + eps): where a gradient element
+    is within a few eps (1e-8) of zero but not zero, it turns f32 rounding
+    differences (~1e-9 here) into parameter differences of up to lr * dg / eps,
+    above the 1e-4 bound of the steps test, whatever the implementation. The
+    fixture must have none (exact zeros, unseen tokens' embedding rows, are
+    exact in both); another --seed draws other windows."""
+    from safetensors.torch import load_file
+    tiny = []
+    for n, g in load_file(os.path.join(out, "step0_grads.safetensors")).items():
+        a = g.abs()
+        k = int(((a > 0) & (a < 1e-7)).sum())
+        if k:
+            tiny.append(f"{n}: {k} (min {float(a[a > 0].min()):.1e})")
+    if tiny:
+        fail("step-0 gradient elements within 10 eps of zero (AdamW amplifies rounding there): " + "; ".join(tiny))
+
+
+if __name__ == "__main__":
+    main()
