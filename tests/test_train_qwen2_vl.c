@@ -157,6 +157,13 @@ static double decode_bytes(int tp, bool dense) {
 // divisors, no "0 experts top-0"), bench model counts the dense MLPs (its
 // bytes per decode step against the hand count; no nan), --moe-stats is
 // refused naming the family, run says the vision tower is not run.
+// --save: the decoder under the names save_pretrained writes (the hub's
+// model.layers.*) and the vision tower (visual.*) copied from the fixture.
+static void test_save_transformers_layout(void **state) {
+  (void)state;
+  th_check_save_as_saved(POS);
+}
+
 static void test_cli(void **state) {
   (void)state;
   run_result r = tt_run(th.tpr, th.tmp_dir, MESH("plan", "--model", MODEL, "--tp", "4"), NULL);
@@ -223,6 +230,7 @@ int main(void) {
       cmocka_unit_test(test_resume_bit_identical),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cli),
+      cmocka_unit_test(test_save_transformers_layout),
   };
   return cmocka_run_group_tests(tests, setup, th_teardown);
 }

@@ -12,7 +12,6 @@
 // all-reduce left out must fail the gradient bound); refusals; --save in the
 // layout transformers' class writes and loads.
 #include "test_util.h"
-#include "cli_util.h"
 #include "train_harness.h"
 #include "shard/safetensors.h"
 
@@ -119,49 +118,13 @@ static void test_refusals(void **state) {
                    "--no-fsdp");
 }
 
-// Tensors of `want` whose name, dtype, shape or bytes differ in `got` (or
-// are missing); the sets must be the same size (else -1).
-static int tensors_differing(const char *got_dir, const char *want_dir) {
-  tpr_st_set *got = NULL, *want = NULL;
-  TT_OK(tpr_st_open(got_dir, &got));
-  TT_OK(tpr_st_open(want_dir, &want));
-  int differ = tpr_st_count(got) == tpr_st_count(want) ? 0 : -1;
-  for (int i = 0; i < tpr_st_count(want) && differ >= 0; i++) {
-    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
-    bool same = g && g->dtype == w->dtype && g->ndim == w->ndim && g->nbytes == w->nbytes &&
-                !memcmp(g->shape, w->shape, (size_t)w->ndim * sizeof *w->shape) &&
-                !memcmp(g->data, w->data, w->nbytes);
-    if (!g) printf("  %s missing from the save\n", w->name);
-    differ += !same;
-  }
-  tpr_st_close(got), tpr_st_close(want);
-  return differ;
-}
-
 // --save writes what Qwen3VLMoeForConditionalGeneration.save_pretrained
 // writes (model.language_model.*, each layer's experts fused as
 // gate_up_proj (E, 2F, H) and down_proj (E, H, F), the vision tower copied):
-// one step at a learning rate far below an f32 weight's last bit saves the
-// fixture's tensors -- itself save_pretrained's output -- byte for byte
-// under the same names. Control: a real step changes the fused experts.
+// the fixture's tensors byte for byte (th_check_save_as_saved), fused.
 static void test_save_transformers_layout(void **state) {
   (void)state;
-  char still[300], moved[300];
-  snprintf(still, sizeof still, "%s/save_still", th.tmp_dir);
-  snprintf(moved, sizeof moved, "%s/save_moved", th.tmp_dir);
-  const char *lr[2] = {"1e-30", "1e-2"}, *dirs[2] = {still, moved};
-  for (int k = 0; k < 2; k++) {
-    const char *args[] = {"train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--steps", "1",
-                          "--lr", lr[k], "--weight-decay", "0", "--positions-3d", POS, "--save", dirs[k], NULL};
-    run_result r = tt_run_tpr(th.tpr, th.tmp_dir, args);
-    if (r.code != 0) fail_msg("tpr train --save: exit %d\n%s", r.code, r.err);
-    tt_run_done(&r);
-  }
-  int still_differ = tensors_differing(still, MODEL), moved_differ = tensors_differing(moved, MODEL);
-  printf("  --save at lr 1e-30: %d tensor(s) differ from the save_pretrained fixture; at lr 1e-2: %d\n", still_differ,
-         moved_differ);
-  assert_int_equal(still_differ, 0);
-  assert_true(moved_differ > 0);
+  const char *moved = th_check_save_as_saved(POS);
   tpr_st_set *set = NULL;
   TT_OK(tpr_st_open(moved, &set));
   const tpr_st_tensor *gu = tpr_st_find(set, "model.language_model.layers.0.mlp.experts.gate_up_proj");

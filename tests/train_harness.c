@@ -276,3 +276,47 @@ void th_check_refusal(const char *what, int np, const char *const *args, const c
   assert_non_null(strstr(r.err, expect));
   tt_run_done(&r);
 }
+
+// Tensors of `want` whose name, dtype, shape or bytes differ in `got` (or
+// are missing); -1 when the two hold different numbers of tensors.
+static int tensors_differing(const char *got_dir, const char *want_dir) {
+  tpr_st_set *got = NULL, *want = NULL;
+  TT_OK(tpr_st_open(got_dir, &got));
+  TT_OK(tpr_st_open(want_dir, &want));
+  int differ = tpr_st_count(got) == tpr_st_count(want) ? 0 : -1;
+  for (int i = 0; i < tpr_st_count(want) && differ >= 0; i++) {
+    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
+    bool same = g && g->dtype == w->dtype && g->ndim == w->ndim && g->nbytes == w->nbytes &&
+                !memcmp(g->shape, w->shape, (size_t)w->ndim * sizeof *w->shape) &&
+                !memcmp(g->data, w->data, w->nbytes);
+    if (!g) printf("  %s missing from the save\n", w->name);
+    differ += !same;
+  }
+  tpr_st_close(got), tpr_st_close(want);
+  return differ;
+}
+
+const char *th_check_save_as_saved(const char *positions_3d) {
+  static char dirs[2][600];
+  char data[4096];
+  join(data, sizeof data, th.fix, "tokens.npy");
+  const char *lr[2] = {"1e-30", "1e-2"};
+  int differ[2];
+  for (int k = 0; k < 2; k++) {
+    join(dirs[k], sizeof dirs[k], th.tmp_dir, k ? "save_moved" : "save_still");
+    const char *args[24] = {"train", "--model", th.model, "--data", data, "--seq-len", "16", "--steps", "1",
+                            "--lr", lr[k], "--weight-decay", "0", "--save", dirs[k]};
+    int n = 15;
+    if (positions_3d) args[n++] = "--positions-3d", args[n++] = positions_3d;
+    args[n] = NULL;
+    run_result r = tt_run_tpr(th.tpr, th.tmp_dir, args);
+    if (r.code != 0) fail_msg("tpr train --save: exit %d\n%s", r.code, r.err);
+    tt_run_done(&r);
+    differ[k] = tensors_differing(dirs[k], th.model);
+  }
+  printf("  --save at lr 1e-30: %d tensor(s) differ from %s (save_pretrained's); at lr 1e-2: %d\n", differ[0],
+         th.model, differ[1]);
+  assert_int_equal(differ[0], 0);
+  assert_true(differ[1] > 0);
+  return dirs[1];
+}

@@ -92,4 +92,12 @@ void th_check_resume(int total, double aux);
 // `tpr args...` at np ranks must fail with `expect` in its stderr; prints it.
 void th_check_refusal(const char *what, int np, const char *const *args, const char *expect);
 
+// --save writes the model as the family's transformers class saves it:
+// one step at lr 1e-30 (far below an f32 weight's last bit) saves every
+// tensor of th.model -- itself save_pretrained's output -- byte for byte
+// under the same names (vision towers included); one at lr 1e-2 changes
+// some (the control). positions_3d: the fixture's file for MRoPE families,
+// or NULL. Returns the moved save's directory (static storage).
+const char *th_check_save_as_saved(const char *positions_3d);
+
 #endif

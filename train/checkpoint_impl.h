@@ -17,8 +17,9 @@ tpr_status tpr__collect_push(tpr__collect *c, char *name, tpr_dtype dt, int ndim
 void tpr__collect_free(tpr__collect *c);
 
 // Rank 0's collected model (the plan's names, experts one by one, f32)
-// rewritten where the family's transformers class saves otherwise:
-// qwen3_vl_moe (checkpoint_layout.c). Other families: unchanged.
+// made what the family's transformers class saves (checkpoint_layout.c):
+// qwen3_vl_moe's names and fused experts, and the VL families' vision tower
+// copied from src_dir. Other families: unchanged.
 tpr_status tpr__train_hf_layout(const tpr_session *s, const char *src_dir, tpr__collect *c);
 
 // "optim-rank-RRRRR-of-WWWWW.safetensors"

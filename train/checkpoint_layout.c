@@ -11,6 +11,9 @@
 //   - the vision tower, model.visual.*, which tpr does not run: copied from
 //     the checkpoint the run started from, byte for byte, so the saved
 //     directory is a whole model again.
+// qwen2_vl: the decoder's names are already what save_pretrained writes
+// for Qwen2VLForConditionalGeneration (the hub's model.layers.*); its
+// vision tower (visual.*) is copied the same way.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,20 +86,16 @@ static tpr_status fuse_layer(const tpr_model_config *cfg, const tpr__collect *in
   return rc;
 }
 
-// The tensors of src_dir tpr does not run (the vision tower), copied as
-// they are under transformers 5's names ("visual." of older releases
-// becomes "model.visual.").
+// The tensors of src_dir tpr does not run (the vision tower: model.visual.*
+// or visual.*), copied as they are, under their names.
 static tpr_status copy_vision(const char *src_dir, tpr__collect *out, int *copied) {
   tpr_st_set *set = NULL;
   TPR_CHECK(tpr_st_open(src_dir, &set));
   tpr_status rc = TPR_OK;
   for (int i = 0; i < tpr_st_count(set) && rc == TPR_OK; i++) {
     const tpr_st_tensor *t = tpr_st_get(set, i);
-    const char *rest = !strncmp(t->name, "model.visual.", 13) ? t->name + 13
-                       : !strncmp(t->name, "visual.", 7)      ? t->name + 7
-                                                              : NULL;
-    if (!rest) continue;
-    char *name = str_cat("model.visual.", rest);
+    if (strncmp(t->name, "model.visual.", 13) && strncmp(t->name, "visual.", 7)) continue;
+    char *name = strdup(t->name);
     int64_t *shape = malloc((size_t)(t->ndim ? t->ndim : 1) * sizeof *shape);
     void *data = malloc(t->nbytes ? t->nbytes : 1);
     if (!name || !shape || !data) {
@@ -115,6 +114,13 @@ static tpr_status copy_vision(const char *src_dir, tpr__collect *out, int *copie
 
 tpr_status tpr__train_hf_layout(const tpr_session *s, const char *src_dir, tpr__collect *c) {
   const tpr_model_config *cfg = tpr_session_config(s);
+  int vision = 0;
+  if (cfg->family == TPR_FAMILY_QWEN2_VL) {
+    TPR_CHECK(copy_vision(src_dir, c, &vision));
+    if (!vision) TPR_LOG_WRN("save: %s holds no vision tower (visual.*) to copy: the saved checkpoint has the text "
+                             "decoder only", src_dir);
+    return TPR_OK;
+  }
   if (cfg->family != TPR_FAMILY_QWEN3_VL_MOE) return TPR_OK;
   tpr__collect out = {0};
   tpr_status rc = TPR_OK;
@@ -134,7 +140,6 @@ tpr_status tpr__train_hf_layout(const tpr_session *s, const char *src_dir, tpr__
   }
   for (int L = 0; L < cfg->num_layers && rc == TPR_OK; L++)
     if (tpr_model_config_layer_is_moe(cfg, L)) rc = fuse_layer(cfg, c, L, &out);
-  int vision = 0;
   if (rc == TPR_OK) rc = copy_vision(src_dir, &out, &vision);
   if (rc == TPR_OK && !vision)
     TPR_LOG_WRN("save: %s holds no vision tower (model.visual.*) to copy: the saved checkpoint has the text decoder "
