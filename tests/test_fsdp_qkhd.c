@@ -24,7 +24,7 @@
 #include "shard/safetensors.h"
 
 #define BOUND 1e-5      // relative: losses, gradient norms, ||a - b|| / ||b|| of every parameter tensor
-#define DP_BOUND 1e-6   // the same, FSDP against plain data parallelism of the same layout
+#define DP_BOUND 1e-6   // losses and gradient norms, FSDP against plain data parallelism of the same layout
 #define BF16_BOUND 1e-4  // parameters, bf16 params: see test_bf16
 #define CONTROL 1e-3    // a negative control must differ by more than this
 #define MEMORY_BAR 0.3  // params + gradients + optimizer bytes per rank, dp 4 / dp 1
@@ -154,13 +154,16 @@ static const char *const *join(const char **buf, const char *const *args, const 
 
 // f on np ranks in `layout` (--dp/--tp/--ep/--micro-batch), FSDP with
 // `extra` flags, against (1) plain data parallelism of the same layout
-// (--no-fsdp): the same arithmetic but for the order of the replicas'
-// reduction, so DP_BOUND; (2) the one-rank run `ref` of the concatenated
-// batch: BOUND on losses and gradient norms; on parameters BOUND, or no
-// further from one rank than plain data parallelism itself is -- a rarely
-// routed expert's AdamW update amplifies the reduction order's rounding
-// (measured: 1e-5 on one qwen3_vl_moe expert for DP and FSDP alike, 2e-8
-// between them). A control (extra holds --debug-fsdp) must differ.
+// (--no-fsdp), which differs only in the order of the replicas' reduction
+// (per sequence in FSDP's reduce-scatter, per step in DP's all-reduce):
+// losses and gradient norms to DP_BOUND, parameters to BOUND; (2) the
+// one-rank run `ref` of the concatenated batch: losses and gradient norms
+// to BOUND, parameters to BOUND beyond plain data parallelism's own
+// distance from it. A rarely routed expert's AdamW update amplifies the
+// reduction order's rounding (measured over 10 seeds: up to 1.1e-5 for
+// plain DP against one rank, 1.4e-6 for FSDP against plain DP); a real bug
+// moves parameters by 1e-3 or more. A control (extra holds --debug-fsdp)
+// must differ from both.
 static void check(const family *f, int np, const char *const *layout, const char *const *extra, const run *ref,
                   const char *ref_dir, bool control) {
   dir_name fd = dir_of("got"), dd = dir_of("plain");
@@ -187,9 +190,9 @@ static void check(const family *f, int np, const char *const *layout, const char
     assert_true(dpe > CONTROL || dg > CONTROL);
     assert_true(pe > CONTROL || ge > CONTROL);
   } else {
-    assert_true(dl <= DP_BOUND && dg <= DP_BOUND && dpe <= DP_BOUND);
+    assert_true(dl <= DP_BOUND && dg <= DP_BOUND && dpe <= BOUND);
     assert_true(le <= BOUND && ge <= BOUND);
-    assert_true(pe <= BOUND || pe <= base + DP_BOUND);
+    assert_true(pe <= BOUND + base);
   }
 }
 
@@ -294,6 +297,12 @@ static void test_reshard(void **state) {
   dir_name rd = dir_of("ref_5"), hd = dir_of("half");
   const char *ref = rd.s, *half = hd.s;
   run r = train(&QWEN3, 1, ref, ARGS("--micro-batch", "4", "--no-fsdp"));  // uninterrupted
+  // The first 2 steps at dp 4 carry dp 4's reduction order: its distance
+  // from one rank, uninterrupted, is the baseline (see check).
+  dir_name ud = dir_of("full_dp4");
+  train(&QWEN3, 4, ud.s, ARGS("--fsdp", "--dp", "4", "--micro-batch", "1"));
+  const char *bw;
+  double base = compare_dirs(ud.s, ref, &bw);
   train(&QWEN3, 4, half, ARGS("--fsdp", "--dp", "4", "--micro-batch", "1", "--stop-after", "2"));
   const struct {
     int np;
@@ -311,10 +320,10 @@ static void test_reshard(void **state) {
     }
     const char *worst;
     double pe = compare_dirs(d.s, ref, &worst);
-    printf("  qwen3_moe saved at dp 4 after 2 steps, resumed on np %d for 3: losses %.2e, parameters %.2e (%s)\n",
-           cases[c].np, le, pe, worst);
+    printf("  qwen3_moe saved at dp 4 after 2 steps, resumed on np %d for 3: losses %.2e, parameters %.2e (%s; "
+           "uninterrupted dp 4: %.2e)\n", cases[c].np, le, pe, worst, base);
     assert_true(le <= BOUND);
-    assert_true(pe <= BOUND);
+    assert_true(pe <= BOUND + base);
   }
 }
 
