@@ -43,13 +43,52 @@ tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind) {
   return TPR_FAIL(TPR_ERR_INTERNAL, "%s: the plan has no tensor %s", c->family->name, pattern);
 }
 
+tpr_status tpr_fstep_gather_param(tpr_program *p, const tpr_shard_plan *plan, const tpr_moe_opts *moe,
+                                  const tpr_fsdp_opts *f, int group, const char *name, int ndim,
+                                  const int64_t *shape, bool expert, tpr_value_id *out) {
+  int n = expert ? plan->edp : plan->dp;
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  if (n < 1 || numel < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "fsdp: param %s of %lld elements over a group of %d", name,
+                    (long long)numel, n);
+  int64_t chunk = tpr_fsdp_chunk(numel, n);
+  // The gradient's mean over the replicas. Experts under the alltoall
+  // dispatcher: each edp copy saw only its ep group's tokens, so the sum over
+  // edp divided by dp; under the allreduce dispatcher every copy saw every
+  // token and the sum over edp counts each edp times.
+  bool split = tpr_moe_dispatch_resolve(moe->dispatch, plan) == TPR_MOE_DISPATCH_ALLTOALL;
+  float scale = 1.0f / (float)(expert && !split ? plan->edp : plan->dp);
+  tpr_param_gather_opts g = {.axis = expert ? TPR_AXIS_EDP : TPR_AXIS_DP,
+                             .n = n,
+                             .group = group,
+                             .prefetch = f->prefetch,
+                             .reshard = f->reshard,
+                             .grad_scale = f->debug_sum_grads ? 1.0f : scale};
+  tpr_value_id shard, full;
+  TPR_CHECK(tpr_program_param(p, name, f->param_dtype, 1, &chunk, &shard));  // (chunk)
+  TPR_CHECK(tpr_pb_param_gather(p, shard, &g, &full));                       // (n*chunk) f32
+  if (chunk * n != numel) TPR_CHECK(tpr_pb_slice(p, full, 0, 0, numel, &full));
+  return tpr_pb_reshape(p, full, ndim, shape, out);
+}
+
+// A param of the program: the held dtype (inference), f32 (training), or
+// gathered from its FSDP chunk (training under FSDP; every param of these
+// families is trained).
+static tpr_status declare(tpr_fstep *c, const char *name, tpr_dtype dt, int ndim, const int64_t *shape, bool expert,
+                          tpr_value_id *out) {
+  if (!c->training) return tpr_program_param(c->p, name, dt, ndim, shape, out);
+  if (!c->fsdp || !c->fsdp->on) return tpr_program_param(c->p, name, TPR_F32, ndim, shape, out);
+  return tpr_fstep_gather_param(c->p, c->plan, &c->o->moe, c->fsdp, c->group, name, ndim, shape, expert, out);
+}
+
 tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr_value_id *out) {
   int i = -1;
   TPR_CHECK(tpr_fstep_kind(c, pattern, &i));
   const tpr_shard_tensor *t = &c->plan->tensors[i];
   char name[160];
   tpr_family_param_name(pattern, layer, name, sizeof name);
-  return tpr_program_param(c->p, name, kind_dtype(c, i), t->ndim, t->rank_shape, out);
+  return declare(c, name, kind_dtype(c, i), t->ndim, t->rank_shape, false, out);
 }
 
 tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,
@@ -133,8 +172,8 @@ tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id g
   tpr_moe_values v;
   tpr_family_expert_name(L, "w13", n13, sizeof n13);
   tpr_family_expert_name(L, "w2", n2, sizeof n2);
-  TPR_CHECK(tpr_program_param(c->p, n13, kind_dtype(c, ek), 3, s13, &w13));
-  TPR_CHECK(tpr_program_param(c->p, n2, kind_dtype(c, ek), 3, s2, &w2));
+  TPR_CHECK(declare(c, n13, kind_dtype(c, ek), 3, s13, true, &w13));
+  TPR_CHECK(declare(c, n2, kind_dtype(c, ek), 3, s2, true, &w2));
   tpr_moe_opts mo = c->o->moe;
   if ((mo.fp8_block = kind_block(c, ek)) > 0) {  // FP8 experts: their stacked scales
     TPR_CHECK(tpr_fstep_scales(c->p, n13, 3, s13, mo.fp8_block, &mo.s13));

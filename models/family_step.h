@@ -10,6 +10,7 @@
 
 #include "engine/family.h"
 #include "runtime/tpr_runtime.h"
+#include "shard/fsdp.h"
 #include "shard/shard_plan.h"
 
 typedef struct tpr_fstep {
@@ -26,6 +27,13 @@ typedef struct tpr_fstep {
   tpr_value_id seq;          // (T) i32 block-table row (-1 padded)
   tpr_value_id blocks;       // (B, MB) i32 block tables
   int64_t T;
+  // Training programs: every param f32 (the trainer's masters); with
+  // fsdp->on the trained ones are declared as chunks and gathered
+  // (tpr_fstep_gather_param) in prefetch group `group`, which the builder
+  // moves on per layer part. Inference: training false, fsdp NULL.
+  bool training;
+  const tpr_fsdp_opts *fsdp;
+  int group;
 } tpr_fstep;
 
 // A weight matrix as the program reads it: the param and, FP8, its scales.
@@ -41,6 +49,16 @@ tpr_status tpr_fstep_begin(tpr_fstep *c);
 // tensor and its tp index, inputs "tokens" and "positions" (T), and
 // "positions_3d" (3, T) for an MRoPE config.
 tpr_status tpr_fstep_begin_tokens(tpr_fstep *c, int64_t T);
+
+// FSDP (shard/fsdp.h): declares param `name` as this rank's flat f32|bf16
+// chunk over dp (experts: edp) and gathers it, in prefetch group `group`,
+// into `out` (the rank's `shape`, f32). The gather's backward
+// reduce-scatters the gradient with the replicas' mean as scale: 1/dp, or
+// 1/edp for experts under the allreduce dispatcher (every edp copy saw every
+// token). Shared by models/minimax_m2.c and the tpr_fstep params.
+tpr_status tpr_fstep_gather_param(tpr_program *p, const tpr_shard_plan *plan, const tpr_moe_opts *moe,
+                                  const tpr_fsdp_opts *f, int group, const char *name, int ndim,
+                                  const int64_t *shape, bool expert, tpr_value_id *out);
 
 // The plan kind named exactly `pattern`.
 tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind);

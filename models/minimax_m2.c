@@ -30,35 +30,15 @@ typedef struct m2_ctx {
 
 // Declares a param with the rank's shape. Under FSDP (training) a trained
 // param is this rank's flat chunk (shard/fsdp.h), gathered here -- just
-// before the layer that declares it runs -- into the rank's shape.
-// Inference params have the dtype the session holds them in (dt).
+// before the layer that declares it runs -- into the rank's shape
+// (tpr_fstep_gather_param). Inference params have the dtype the session
+// holds them in (dt).
 static tpr_status declare(m2_ctx *c, const char *name, tpr_dtype dt, int ndim, const int64_t *shape, bool expert,
                           bool trained, tpr_value_id *out) {
   const tpr_fsdp_opts *f = &c->o->fsdp;
   if (!c->o->training) return tpr_program_param(c->p, name, dt, ndim, shape, out);
   if (!f->on || !trained) return tpr_program_param(c->p, name, TPR_F32, ndim, shape, out);
-  const tpr_shard_plan *pl = c->plan;
-  int n = expert ? pl->edp : pl->dp;
-  int64_t numel = 1;
-  for (int d = 0; d < ndim; d++) numel *= shape[d];
-  int64_t chunk = tpr_fsdp_chunk(numel, n);
-  // The gradient's mean over the replicas. Experts under the alltoall
-  // dispatcher: each edp copy saw only its ep group's tokens, so the sum over
-  // edp divided by dp; under the allreduce dispatcher every copy saw every
-  // token and the sum over edp counts each edp times.
-  bool split = tpr_moe_dispatch_resolve(c->o->moe.dispatch, pl) == TPR_MOE_DISPATCH_ALLTOALL;
-  float scale = 1.0f / (float)(expert && !split ? pl->edp : pl->dp);
-  tpr_param_gather_opts g = {.axis = expert ? TPR_AXIS_EDP : TPR_AXIS_DP,
-                             .n = n,
-                             .group = c->group,
-                             .prefetch = f->prefetch,
-                             .reshard = f->reshard,
-                             .grad_scale = f->debug_sum_grads ? 1.0f : scale};
-  tpr_value_id shard, full;
-  TPR_CHECK(tpr_program_param(c->p, name, f->param_dtype, 1, &chunk, &shard));  // (chunk)
-  TPR_CHECK(tpr_pb_param_gather(c->p, shard, &g, &full));                       // (n*chunk) f32
-  if (chunk * n != numel) TPR_CHECK(tpr_pb_slice(c->p, full, 0, 0, numel, &full));
-  return tpr_pb_reshape(c->p, full, ndim, shape, out);
+  return tpr_fstep_gather_param(c->p, c->plan, &c->o->moe, f, c->group, name, ndim, shape, expert, out);
 }
 
 // Declares the param of plan tensor `pattern` for `layer` with the plan's

@@ -142,9 +142,14 @@ static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
   if (!j.d)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports "
                     "minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl", fam);
-  if (t->o.fsdp.on)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2 only; train %s with --no-fsdp "
-                    "(plain data parallelism)", fam);
+  // FSDP: the builder gathers every param from its chunk (family_step.c);
+  // the session's chunks are family-blind (minimax_m2_fsdp.c). Families
+  // added to the builder later stay refused here until tested under FSDP.
+  bool fsdp_built = s->cfg.family == TPR_FAMILY_QWEN3_MOE || s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE ||
+                    s->cfg.family == TPR_FAMILY_QWEN3_VL_MOE;
+  if (t->o.fsdp.on && !fsdp_built)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2, qwen3_moe, hunyuan_v1_moe and "
+                    "qwen3_vl_moe, not %s; train it with --no-fsdp (plain data parallelism)", fam);
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
   // (no load-balancing loss): the family's default weight is 0.
   if (t->o.aux_coef < 0 && s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE) coef = 0;
@@ -161,7 +166,8 @@ static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
                         .training = true,
                         .tokens = T,
                         .aux_coef = coef,
-                        .skip_grad_marks = s->o.skip_grad_marks};
+                        .skip_grad_marks = s->o.skip_grad_marks,
+                        .fsdp = t->o.fsdp};
   return tpr__session_make_program(s, build_qkhd, &j, &t->program);
 }
 

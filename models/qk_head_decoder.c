@@ -290,11 +290,15 @@ static tpr_status build(qkhd *b) {
   const tpr_model_config *cfg = &c->plan->config;
   tpr_value_id embed, x, fn, head;
   TPR_CHECK(b->o->training ? begin_training(b) : tpr_fstep_begin(c));
+  c->group = 0;  // FSDP prefetch groups: one per layer part
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   for (int64_t L = 0; L < cfg->num_layers; L++) {
+    c->group = (int)(1 + 2 * L);
     TPR_CHECK(attention(b, L, x, &x));
+    c->group = (int)(2 + 2 * L);
     TPR_CHECK(mlp(b, L, x, &x));
   }
+  c->group = (int)(1 + 2 * cfg->num_layers);
   TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
   if (cfg->tie_word_embeddings)
@@ -319,7 +323,11 @@ tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, co
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: --capacity-factor %g has no backward in training (the re-routed "
                     "token's own-probability gate); train dropless, as transformers' model is", d->family->name,
                     o->step.moe.capacity_factor);
-  qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family}, .d = d, .o = o, .control = o->qk_control};
+  qkhd b = {.c = {.plan = plan, .o = &o->step, .family = d->family, .training = o->training,
+                  .fsdp = o->training ? &o->fsdp : NULL},
+            .d = d,
+            .o = o,
+            .control = o->qk_control};
   if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
     return TPR_FAIL(TPR_ERR_OOM, "%s: router logits", d->family->name);
   tpr_status rc = tpr_program_new(&b.c.p);

@@ -34,6 +34,7 @@
 #include <stdbool.h>
 
 #include "engine/family.h"
+#include "shard/fsdp.h"
 
 // Negative controls of the parity tests (never in real runs).
 typedef enum tpr_qk_control {
@@ -77,13 +78,19 @@ typedef struct tpr_qkhd_opts {
   // "positions_3d" (3, T) for MRoPE families), "start" (1) i32 (0),
   // "targets" (T) i32; outputs "loss", "ce", "aux", per MoE layer L
   // "moe_load.L" (E) i32 (tokens routed per expert) and "grad:<param>" for
-  // every trained param (models/train_loss.h). Params are f32. Dropless
+  // every trained param (models/train_loss.h). Params are f32 (FSDP: the
+  // chunks, in fsdp.param_dtype; their gradients f32). Dropless
   // only for a family with reroute_own_prob (its capacity rule has no
   // backward): step.moe.capacity_factor > 0 is refused naming the flag.
   bool training;
   int64_t tokens;       // T, training
   double aux_coef;      // weight of the load-balancing loss, training
   int skip_grad_marks;  // TPR_QKHD_MARKS_* negative controls, training
+  // Training: params sharded over dp, experts over edp (shard/fsdp.h): each
+  // is declared as this rank's chunk "<name>" and gathered before its layer
+  // part (prefetch group 0 the embedding, 1 + 2L layer L's attention,
+  // 2 + 2L its MLP, 1 + 2*layers the final norm and lm head).
+  tpr_fsdp_opts fsdp;
 } tpr_qkhd_opts;
 
 // The step program of `d`'s family on `plan` (whose config must be d's).

@@ -6,7 +6,7 @@
 // steps' losses and parameters; a resume bit for bit; negative controls (the
 // shared expert's backward all-reduce left out, the per-head norm moved
 // before RoPE, the norm weights' all-reduce left out must fail the gradient
-// bound); refusals (the capacity path, FSDP, 3-D positions).
+// bound); refusals (the capacity path, 3-D positions; FSDP: tests/test_fsdp_qkhd.c).
 // The family trains on the cross-entropy alone (transformers' model has no
 // aux loss): the fixture's coef is 0, and tpr's default for the family too.
 #include "test_util.h"
@@ -104,8 +104,6 @@ static void test_refusals(void **state) {
                    MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16",
                         "--capacity-factor", "1.0"),
                    "--capacity-factor 1 has no backward");
-  th_check_refusal("FSDP", 1, MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--fsdp"),
-                   "--no-fsdp");
   th_check_refusal("3-D positions", 1,
                    MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--positions-3d",
                         TPR_FIXTURES "/qwen3_vl_moe_train/positions_3d.npy"),

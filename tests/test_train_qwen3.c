@@ -79,8 +79,6 @@ static void test_resume_bit_identical(void **state) {
 
 static void test_refusals(void **state) {
   (void)state;
-  th_check_refusal("FSDP", 1, MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--fsdp"),
-                   "--no-fsdp");
   th_check_refusal("routing-bias update", 1,
                    MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16",
                         "--bias-update-rate", "0.01"),
