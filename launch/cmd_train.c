@@ -254,9 +254,9 @@ int tpr_cmd_train(int argc, char **argv) {
     rc = tpr_session_open(&so, w.host, w.be, &s);
   }
   // FSDP by default once there is more than one replica to shard over (the
-  // families whose training program shards its params: minimax_m2).
+  // families whose training program shards its params; qwen2_vl's does not).
   if (rc == TPR_OK && !no_fsdp)
-    fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_session_plan(s)->config.family == TPR_FAMILY_MINIMAX_M2);
+    fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_m2_train_fsdp_built(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && o.bias_update_rate > 0 && tpr_session_plan(s)->config.family != TPR_FAMILY_MINIMAX_M2)
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --bias-update-rate moves e_score_correction_bias, which %s has not",
                   tpr_model_family_name(tpr_session_plan(s)->config.family));

@@ -118,6 +118,11 @@ static tpr_status build_qkhd(const tpr_shard_plan *plan, const void *opts, tpr_p
   return tpr_qkhd_build(j->d, plan, &j->o, out);
 }
 
+bool tpr_m2_train_fsdp_built(tpr_model_family f) {
+  return f == TPR_FAMILY_MINIMAX_M2 || f == TPR_FAMILY_QWEN3_MOE || f == TPR_FAMILY_HUNYUAN_V1_MOE ||
+         f == TPR_FAMILY_QWEN3_VL_MOE;
+}
+
 // The family's training program: MiniMax-M2's builder, or the per-head
 // QK-norm builder's training mode from the family's descriptor.
 static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
@@ -145,9 +150,7 @@ static tpr_status make_program(tpr_session *s, struct tpr_m2_train *t) {
   // FSDP: the builder gathers every param from its chunk (family_step.c);
   // the session's chunks are family-blind (minimax_m2_fsdp.c). Families
   // added to the builder later stay refused here until tested under FSDP.
-  bool fsdp_built = s->cfg.family == TPR_FAMILY_QWEN3_MOE || s->cfg.family == TPR_FAMILY_HUNYUAN_V1_MOE ||
-                    s->cfg.family == TPR_FAMILY_QWEN3_VL_MOE;
-  if (t->o.fsdp.on && !fsdp_built)
+  if (t->o.fsdp.on && !tpr_m2_train_fsdp_built(s->cfg.family))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2, qwen3_moe, hunyuan_v1_moe and "
                     "qwen3_vl_moe, not %s; train it with --no-fsdp (plain data parallelism)", fam);
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone

@@ -63,6 +63,9 @@ typedef struct tpr_m2_losses {
 } tpr_m2_losses;
 
 tpr_status tpr_m2_train_start(tpr_session *s, const tpr_m2_train_opts *o);
+// Whether the family's training program shards its params under FSDP (the
+// families tested under it; the others are refused with --fsdp).
+bool tpr_m2_train_fsdp_built(tpr_model_family f);
 int tpr_m2_train_num_params(const tpr_session *s);
 const tpr_m2_param *tpr_m2_train_param(const tpr_session *s, int i);
 void tpr_m2_train_zero_grads(tpr_session *s);

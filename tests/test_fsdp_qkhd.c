@@ -111,7 +111,7 @@ static double compare_dirs(const char *got_dir, const char *want_dir, const char
   for (int i = 0; tpr_st_get(want, i); i++, count++) {
     const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
     if (!g || g->ndim != w->ndim || g->shape[0] != w->shape[0]) fail_msg("%s: missing or another shape", w->name);
-    int64_t n = 1, start[2] = {0, 0};
+    int64_t n = 1, start[TPR_MAX_DIMS] = {0};  // any rank: fused experts, a vision tower's 5-D patch embedding
     for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
     float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
     TT_OK(tpr_st_read_f32(got, w->name, start, w->shape, a));

@@ -26,10 +26,13 @@ static char tpr_path[4096], config[4200];
 static char tmp_dir[] = "/tmp/tpr_test_train_eval_XXXXXX";
 static char train_npy[4300], val_npy[4300];
 
-static void write_tokens(const char *path, int64_t n, int vocab) {
+// Tokens a few steps can learn: a random cycle of `period` ids (drawn from
+// the test seed) with one id in 8 replaced by a random one, so training
+// moves the validation loss far more than the comparison's bound.
+static void write_tokens(const char *path, int64_t n, int vocab, const int32_t *cycle, int period) {
   int32_t *v = malloc((size_t)n * sizeof *v);
   assert_non_null(v);
-  for (int64_t i = 0; i < n; i++) v[i] = (int32_t)tt_randint(0, vocab - 1);
+  for (int64_t i = 0; i < n; i++) v[i] = tt_randint(0, 7) ? cycle[i % period] : (int32_t)tt_randint(0, vocab - 1);
   tt_write_npy_i32(path, v, n);
   free(v);
 }
@@ -122,7 +125,8 @@ static void test_bad_input(void **state) {
   char short_path[4300], big_path[4300];
   snprintf(short_path, sizeof short_path, "%s", shortf);
   snprintf(big_path, sizeof big_path, "%s", big);
-  write_tokens(short_path, 20, 256);  // fewer than a window of 32 + 1
+  int32_t zero = 0;
+  write_tokens(short_path, 20, 256, &zero, 1);  // fewer than a window of 32 + 1
   int32_t v[100];
   for (int i = 0; i < 100; i++) v[i] = i == 57 ? 256 : i;  // one id past the tiny config's vocabulary
   tt_write_npy_i32(big_path, v, 100);
@@ -157,8 +161,10 @@ static int setup(void **state) {
   snprintf(config, sizeof config, "%s/minimax_m2_tiny.json", configs);
   snprintf(train_npy, sizeof train_npy, "%s", tt_path(tmp_dir, "train.npy"));
   snprintf(val_npy, sizeof val_npy, "%s", tt_path(tmp_dir, "val.npy"));
-  write_tokens(train_npy, 4096, 256);
-  write_tokens(val_npy, 32 * 21 + 1, 256);  // 21 windows: odd, so at dp 2 one replica scores a filler
+  int32_t cycle[16];
+  for (int i = 0; i < 16; i++) cycle[i] = (int32_t)tt_randint(0, 255);
+  write_tokens(train_npy, 4096, 256, cycle, 16);
+  write_tokens(val_npy, 32 * 21 + 1, 256, cycle, 16);  // 21 windows: odd, so at dp 2 one replica scores a filler
   return 0;
 }
 
