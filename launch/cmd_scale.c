@@ -60,10 +60,11 @@ static tpr_status points_config(const char *dir, const tpr_scale_point *pts, siz
 
 // The machine's hardware description: alpha-beta fits of DIR/comm_np*.jsonl
 // (one node: every group is "intra"), the roofline from the sweep's machine
-// description, t_fixed from the single-rank points (their median residual
-// over the roofline). Points with np > 1 are not used.
+// description, the roofline factor from the single-rank points (the median
+// of measured / roofline; additive: t_fixed, their median residual over
+// it). Points with np > 1 are not used.
 static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const tpr_scale_point *pts, size_t n,
-                            bool sync_on_tp, tpr_scale_hw *hw) {
+                            bool sync_on_tp, bool additive, tpr_scale_hw *hw) {
   *hw = (tpr_scale_hw){.ranks_per_node = 1 << 20, .param_bytes = 4, .act_bytes = 4, .sync_on_tp = sync_on_tp};
   snprintf(hw->name, sizeof hw->name, "calibrated");
   if (!n) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: %s/results.jsonl has no points", dir);
@@ -120,10 +121,16 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
       if (pts[i].workload != (tpr_workload)w || pts[i].mesh.world != 1) continue;
       double fl, by;
       tpr_scale_step_work(cfg, &pts[i].mesh, &pts[i].work, hw, &fl, &by);
-      r[m++] = fmax(0, pts[i].step_s - fmax(fl / hw->gemm_flops, by / hw->mem_bw));
+      double roof = fmax(fl / hw->gemm_flops, by / hw->mem_bw);
+      r[m++] = additive ? fmax(0, pts[i].step_s - roof) : pts[i].step_s / roof;
     }
     if (m) qsort(r, m, sizeof *r, cmp_d);
-    hw->t_fixed[w] = m ? r[m / 2] : 0;
+    // What a single-rank step takes beyond its roofline is either a cost
+    // per step (additive) or, by default, a factor on the work (kernels
+    // below peak, elementwise ops): a rank's share of the work shrinks with
+    // tp, and so does that part of its time.
+    if (additive) hw->t_fixed[w] = m ? r[m / 2] : 0;
+    else hw->roofline_factor[w] = m ? r[m / 2] : 1;
   }
   // t_sync[np]: the median over the calibration meshes at np of what their
   // steps took beyond the model so far, per collective call.
@@ -222,25 +229,32 @@ static const char model_usage[] =
     "usage: tpr scale model --calibrate DIR\n\n"
     "Fits the alpha-beta model of every collective to DIR/comm_np*.jsonl (tpr bench comm --json; nccl-tests' bus\n"
     "factors), takes the roofline (sgemm rate, read bandwidth) from DIR/results.jsonl's machine description and\n"
-    "the per-step fixed cost from its single-rank points, writes DIR/model.json, predicts every measured point\n"
+    "the roofline factor (measured / roofline) from its single-rank points, writes DIR/model.json, predicts every\n"
+    "measured point\n"
     "from its mesh and config alone (DIR/predictions.jsonl) and prints the error of each, with the median and\n"
     "worst absolute error over the points not used for calibration (default: every point with np > 1).\n"
     "--calibrate-on tp also fits a per-call synchronisation cost at each np from the tp = np, ep = 1 meshes\n"
-    "(then held out no more).";
+    "(then held out no more). --single-rank-residual per-step: the single-rank points' time beyond the roofline\n"
+    "is a fixed cost per step instead of a factor on the work (the model before the factor, for comparison).";
 
 static int cmd_model(int argc, char **argv) {
   const char *dir = NULL;
-  const char *on = "single";
+  const char *on = "single", *residual = "per-work";
   const tpr_arg args[] = {
       {"calibrate", TPR_ARG_STR, &dir, "sweep directory of tpr scale run"},
       {"calibrate-on", TPR_ARG_STR, &on,
        "single (default): the single-rank points only; tp: also the tp = np, ep = 1 meshes (t_sync per np)"},
+      {"single-rank-residual", TPR_ARG_STR, &residual,
+       "per-work (default): a factor on the roofline time; per-step: a fixed cost per step"},
   };
-  tpr_args_result ar = tpr_args_parse(argc, argv, args, 2, model_usage);
+  tpr_args_result ar = tpr_args_parse(argc, argv, args, 3, model_usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (strcmp(on, "tp") && strcmp(on, "single"))
     return fprintf(stderr, "tpr scale model: --calibrate-on '%s' (tp, single)\n", on), 2;
   bool sync_on_tp = !strcmp(on, "tp");
+  if (strcmp(residual, "per-work") && strcmp(residual, "per-step"))
+    return fprintf(stderr, "tpr scale model: --single-rank-residual '%s' (per-work, per-step)\n", residual), 2;
+  bool additive = !strcmp(residual, "per-step");
   if (!dir) return fprintf(stderr, "tpr scale model: --calibrate DIR is required\n%s\n", model_usage), 2;
   char path[1200];
   snprintf(path, sizeof path, "%s/results.jsonl", dir);
@@ -249,13 +263,18 @@ static int cmd_model(int argc, char **argv) {
   tpr_scale_config cfg;
   tpr_scale_hw hw;
   if (tpr_scale_read_results(path, &pts, &n) != TPR_OK || points_config(dir, pts, n, &cfg) != TPR_OK ||
-      calibrate(dir, &cfg, pts, n, sync_on_tp, &hw) != TPR_OK) {
+      calibrate(dir, &cfg, pts, n, sync_on_tp, additive, &hw) != TPR_OK) {
     free(pts);
     return fail("model");
   }
-  printf("calibrated on %s: sgemm %.1f GFLOP/s, read %.1f GB/s per rank, %.0f cores; fixed cost per step: train "
-         "%.3f ms, prefill %.3f ms, decode %.3f ms\n", dir, hw.gemm_flops * 1e-9, hw.mem_bw * 1e-9, hw.cores,
-         hw.t_fixed[0] * 1e3, hw.t_fixed[1] * 1e3, hw.t_fixed[2] * 1e3);
+  printf("calibrated on %s: sgemm %.1f GFLOP/s, read %.1f GB/s per rank, %.0f cores\n", dir, hw.gemm_flops * 1e-9,
+         hw.mem_bw * 1e-9, hw.cores);
+  if (additive)
+    printf("  single-rank time beyond the roofline, a fixed cost per step: train %.3f ms, prefill %.3f ms, decode "
+           "%.3f ms\n", hw.t_fixed[0] * 1e3, hw.t_fixed[1] * 1e3, hw.t_fixed[2] * 1e3);
+  else
+    printf("  single-rank time over the roofline time (a factor on each rank's work): train %.2f, prefill %.2f, "
+           "decode %.2f\n", hw.roofline_factor[0], hw.roofline_factor[1], hw.roofline_factor[2]);
   if (hw.mem_bw_node > 0)
     printf("  every core busy: read %.1f GB/s for the node (shared by its running ranks), sgemm %.1f GFLOP/s per "
            "rank\n", hw.mem_bw_node * 1e-9, hw.gemm_flops_busy * 1e-9);

@@ -70,6 +70,9 @@ tpr_status tpr_scale_hw_write(const char *path, const tpr_scale_hw *hw) {
   cJSON_AddNumberToObject(j, "act_bytes", hw->act_bytes);
   for (int w = 0; w < 3; w++) cJSON_AddNumberToObject(fixed, tpr_workload_name((tpr_workload)w), hw->t_fixed[w]);
   cJSON_AddItemToObject(j, "t_fixed_s", fixed);
+  cJSON *eta = cJSON_CreateObject();
+  for (int w = 0; w < 3; w++) cJSON_AddNumberToObject(eta, tpr_workload_name((tpr_workload)w), hw->roofline_factor[w]);
+  cJSON_AddItemToObject(j, "roofline_factor", eta);
   for (int k = 0; k < TPR_COLL_COUNT; k++) {
     if (hw->intra[k].points) cJSON_AddItemToObject(intra, tpr_coll_name((tpr_coll)k), ab_json(&hw->intra[k]));
     if (hw->inter[k].points) cJSON_AddItemToObject(inter, tpr_coll_name((tpr_coll)k), ab_json(&hw->inter[k]));
@@ -137,6 +140,8 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
   out->param_bytes = (int)num(j, "param_bytes"), out->act_bytes = (int)num(j, "act_bytes");
   const cJSON *fixed = cJSON_GetObjectItemCaseSensitive(j, "t_fixed_s");
   for (int w = 0; w < 3; w++) out->t_fixed[w] = num(fixed, tpr_workload_name((tpr_workload)w));
+  const cJSON *eta = cJSON_GetObjectItemCaseSensitive(j, "roofline_factor");  // absent in older files: 1
+  for (int w = 0; w < 3; w++) out->roofline_factor[w] = num(eta, tpr_workload_name((tpr_workload)w));
   const char *sides[2] = {"intra", "inter"};
   for (int s = 0; s < 2; s++) {
     const cJSON *side = cJSON_GetObjectItemCaseSensitive(j, sides[s]);

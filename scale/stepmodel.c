@@ -245,7 +245,8 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
   if (hw->mem_bw_node > 0 && active > 1) bw = fmin(bw, hw->mem_bw_node / active);
   if (hw->gemm_flops_busy > 0 && hw->cores > 1 && active > 1)
     gemm += (hw->gemm_flops_busy - hw->gemm_flops) * (active - 1) / (hw->cores - 1);
-  out->compute_s = s * (hw->t_fixed[w->kind] + fmax(out->flops / gemm, out->bytes / bw));
+  double eta = hw->roofline_factor[w->kind] > 0 ? hw->roofline_factor[w->kind] : 1;
+  out->compute_s = s * (hw->t_fixed[w->kind] + eta * fmax(out->flops / gemm, out->bytes / bw));
   out->comm_s = out->sync_s;
   for (int k = 0; k < TPR_COLL_COUNT; k++) out->comm_s += out->coll_s[k];
   out->step_s = out->compute_s + out->comm_s;

@@ -57,7 +57,11 @@ typedef struct tpr_scale_hw {
   // bandwidth, which its ranks share, and a rank's GEMM rate then.
   double mem_bw_node, gemm_flops_busy;
   int ranks_per_node;   // groups inside a node use `intra`, across nodes `inter`
-  double t_fixed[3];    // per workload, seconds per step (calibrated)
+  double t_fixed[3];    // per workload, seconds per step (calibrated; 0 under the work-proportional fit)
+  // Per workload, the factor on the roofline time: the measured single-rank
+  // step over its roofline (kernels below peak, elementwise ops, attention:
+  // costs that shrink with each rank's share of the work). 0 reads as 1.
+  double roofline_factor[3];
   int param_bytes;      // weight element size in compute (4 f32 on the cpu, 2 bf16 on GPUs)
   int act_bytes;        // activation element size in the collectives
   tpr_ab intra[TPR_COLL_COUNT], inter[TPR_COLL_COUNT];  // pooled over rank counts: any group size

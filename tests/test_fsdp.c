@@ -7,6 +7,7 @@
 // checkpoint saved at dp 4 onto dp 2 and dp 1.
 #include "test_util.h"
 #include "cli_util.h"
+#include "fsdp_runs.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -36,11 +37,6 @@ static dir_name dir_of(const char *name) {
   return d;
 }
 
-typedef struct run {
-  double loss[8], norm[8];  // per step: the loss, the gradient's global norm
-  int steps;
-  double mem[4];  // rank 0: params, grads, optimizer, arena bytes
-} run;
 
 // `tpr train` on the fixture (5 steps of a 5-step schedule unless args say
 // otherwise, sequential windows, etp 1 so the expert layout does not follow
@@ -57,65 +53,12 @@ static run train(int np, const char *save, const char *const *args) {
   a[n] = NULL;
   run_result r = tt_run(tpr_path, tmp_dir, a, &(tt_run_opts){.np = np, .timeout_s = 300});
   if (r.code != 0) fail_msg("tpr train (np %d) failed with %d: %s", np, r.code, r.err);
-  run out = {0};
-  for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
-    cJSON *j = cJSON_Parse(line);
-    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"), *mem = cJSON_GetObjectItemCaseSensitive(j, "memory");
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(j, "grad_norm");
-    if (cJSON_IsNumber(loss) && cJSON_IsNumber(norm) && out.steps < 8)
-      out.norm[out.steps] = norm->valuedouble, out.loss[out.steps++] = loss->valuedouble;
-    const char *keys[4] = {"params_bytes", "grads_bytes", "optimizer_bytes", "arena_bytes"};
-    for (int k = 0; mem && k < 4; k++)
-      out.mem[k] = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(mem, keys[k]), 0)->valuedouble;
-    cJSON_Delete(j);
-  }
+  run out = fr_parse(r.out);
   tt_run_done(&r);
   return out;
 }
 
-// Worst ||a - b|| / ||b|| over the tensors of want's model.safetensors.
-static double compare_dirs(const char *got_dir, const char *want_dir, const char **worst_name) {
-  tpr_st_set *got, *want;
-  char gp[600], wp[600];
-  snprintf(gp, sizeof gp, "%s/model.safetensors", got_dir);
-  snprintf(wp, sizeof wp, "%s/model.safetensors", want_dir);
-  if (tpr_st_open(gp, &got) != TPR_OK) fail_msg("%s: %s", gp, tpr_last_error());
-  if (tpr_st_open(wp, &want) != TPR_OK) fail_msg("%s: %s", wp, tpr_last_error());
-  static char name[160];
-  double worst = 0;
-  for (int i = 0; tpr_st_get(want, i); i++) {
-    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
-    if (!g || g->ndim != w->ndim || g->shape[0] != w->shape[0]) fail_msg("%s: missing or another shape", w->name);
-    int64_t n = 1, start[2] = {0, 0};
-    for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
-    TT_OK(tpr_st_read_f32(got, w->name, start, w->shape, a));
-    TT_OK(tpr_st_read_f32(want, w->name, start, w->shape, b));
-    double dd = 0, bb = 0;
-    for (int64_t k = 0; k < n; k++) dd += ((double)a[k] - b[k]) * ((double)a[k] - b[k]), bb += (double)b[k] * b[k];
-    double rel = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
-    if (rel > worst || isnan(rel)) {
-      worst = isnan(rel) ? INFINITY : rel;
-      snprintf(name, sizeof name, "%s", w->name);
-    }
-    free(a), free(b);
-  }
-  tpr_st_close(got), tpr_st_close(want);
-  *worst_name = name;
-  return worst;
-}
 
-// Worst relative difference of the step losses (norms: of the gradient norms).
-static double step_err(const run *a, const run *b, bool norms) {
-  assert_int_equal(a->steps, b->steps);
-  double worst = 0;
-  for (int i = 0; i < a->steps; i++) {
-    double x = norms ? a->norm[i] : a->loss[i], y = norms ? b->norm[i] : b->loss[i];
-    double e = fabs(x - y) / fabs(y);
-    worst = e > worst ? e : worst;
-  }
-  return worst;
-}
 
 // Runs np ranks with args, compares with the reference run in ref_dir.
 static void check(int np, const char *const *args, const run *ref, const char *ref_dir, bool control) {
@@ -123,7 +66,7 @@ static void check(int np, const char *const *args, const run *ref, const char *r
   const char *dir = d.s;
   run got = train(np, dir, args);
   const char *worst;
-  double le = step_err(&got, ref, false), ge = step_err(&got, ref, true), pe = compare_dirs(dir, ref_dir, &worst);
+  double le = fr_step_err(&got, ref, false), ge = fr_step_err(&got, ref, true), pe = fr_compare_dirs(dir, ref_dir, &worst);
   printf("  np %d", np);
   for (int i = 0; args[i]; i++) printf(" %s", args[i]);
   printf(": losses %.2e, gradient norms %.2e, parameters %.2e (%s)%s\n", le, ge, pe, worst,
@@ -164,7 +107,7 @@ static void test_bf16(void **state) {
   // bf16 params really are rounded: against the f32 run they differ.
   const char *f32 = fd.s;
   const char *worst;
-  double d = compare_dirs(ref, f32, &worst);
+  double d = fr_compare_dirs(ref, f32, &worst);
   printf("  bf16 against f32 params: %.2e (%s)\n", d, worst);
   assert_true(d > BOUND);
 }
@@ -208,7 +151,7 @@ static void test_reshard(void **state) {
       le = e > le ? e : le;
     }
     const char *worst;
-    double pe = compare_dirs(dir, ref, &worst);
+    double pe = fr_compare_dirs(dir, ref, &worst);
     printf("  saved at dp 4 after 2 steps, resumed on np %d for 3: losses %.2e, parameters %.2e (%s)\n",
            cases[c].np, le, pe, worst);
     assert_true(le <= BOUND);

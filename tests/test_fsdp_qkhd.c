@@ -14,6 +14,7 @@
 // (fresh data each run; the same windows for every layout of one check).
 #include "test_util.h"
 #include "cli_util.h"
+#include "fsdp_runs.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -56,12 +57,6 @@ static dir_name dir_of(const char *name) {
   return d;
 }
 
-typedef struct run {
-  double loss[8], norm[8];  // per step: the loss, the gradient's global norm
-  int steps;
-  double gathered;  // FSDP all-gather bytes of the last step (0: FSDP was off)
-  double mem[4];    // rank 0: params, grads, optimizer, arena bytes
-} run;
 
 // `tpr train` on f's fixture (5 steps unless args say otherwise, seeded
 // window order, etp 1 so the expert layout does not follow the world size);
@@ -79,69 +74,12 @@ static run train(const family *f, int np, const char *save, const char *const *a
   a[n] = NULL;
   run_result r = tt_run(tpr_path, tmp_dir, a, &(tt_run_opts){.np = np, .timeout_s = 300});
   if (r.code != 0) fail_msg("%s: tpr train (np %d) failed with %d: %s", f->name, np, r.code, r.err);
-  run out = {0};
-  for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
-    cJSON *j = cJSON_Parse(line);
-    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"), *mem = cJSON_GetObjectItemCaseSensitive(j, "memory");
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(j, "grad_norm"), *fs = cJSON_GetObjectItemCaseSensitive(j, "fsdp");
-    if (cJSON_IsNumber(loss) && cJSON_IsNumber(norm) && out.steps < 8)
-      out.norm[out.steps] = norm->valuedouble, out.loss[out.steps++] = loss->valuedouble;
-    const cJSON *gb = cJSON_GetObjectItemCaseSensitive(fs, "all_gather_bytes");
-    if (cJSON_IsNumber(gb)) out.gathered = gb->valuedouble;
-    const char *keys[4] = {"params_bytes", "grads_bytes", "optimizer_bytes", "arena_bytes"};
-    for (int k = 0; mem && k < 4; k++)
-      out.mem[k] = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(mem, keys[k]), 0)->valuedouble;
-    cJSON_Delete(j);
-  }
+  run out = fr_parse(r.out);
   tt_run_done(&r);
   return out;
 }
 
-// Worst ||a - b|| / ||b|| over the tensors of want's model.safetensors.
-static double compare_dirs(const char *got_dir, const char *want_dir, const char **worst_name) {
-  tpr_st_set *got, *want;
-  char gp[600], wp[600];
-  snprintf(gp, sizeof gp, "%s/model.safetensors", got_dir);
-  snprintf(wp, sizeof wp, "%s/model.safetensors", want_dir);
-  if (tpr_st_open(gp, &got) != TPR_OK) fail_msg("%s: %s", gp, tpr_last_error());
-  if (tpr_st_open(wp, &want) != TPR_OK) fail_msg("%s: %s", wp, tpr_last_error());
-  static char name[160];
-  double worst = 0;
-  int count = 0;
-  for (int i = 0; tpr_st_get(want, i); i++, count++) {
-    const tpr_st_tensor *w = tpr_st_get(want, i), *g = tpr_st_find(got, w->name);
-    if (!g || g->ndim != w->ndim || g->shape[0] != w->shape[0]) fail_msg("%s: missing or another shape", w->name);
-    int64_t n = 1, start[TPR_MAX_DIMS] = {0};  // any rank: fused experts, a vision tower's 5-D patch embedding
-    for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
-    TT_OK(tpr_st_read_f32(got, w->name, start, w->shape, a));
-    TT_OK(tpr_st_read_f32(want, w->name, start, w->shape, b));
-    double dd = 0, bb = 0;
-    for (int64_t k = 0; k < n; k++) dd += ((double)a[k] - b[k]) * ((double)a[k] - b[k]), bb += (double)b[k] * b[k];
-    double rel = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
-    if (rel > worst || isnan(rel)) {
-      worst = isnan(rel) ? INFINITY : rel;
-      snprintf(name, sizeof name, "%s", w->name);
-    }
-    free(a), free(b);
-  }
-  tpr_st_close(got), tpr_st_close(want);
-  assert_true(count > 0);
-  *worst_name = name;
-  return worst;
-}
 
-// Worst relative difference of the step losses (norms: of the gradient norms).
-static double step_err(const run *a, const run *b, bool norms) {
-  assert_int_equal(a->steps, b->steps);
-  double worst = 0;
-  for (int i = 0; i < a->steps; i++) {
-    double x = norms ? a->norm[i] : a->loss[i], y = norms ? b->norm[i] : b->loss[i];
-    double e = fabs(x - y) / fabs(y);
-    worst = e > worst ? e : worst;
-  }
-  return worst;
-}
 
 // args + more (both NULL-terminated) in buf (cap 32).
 static const char *const *join(const char **buf, const char *const *args, const char *const *more) {
@@ -171,9 +109,9 @@ static void check(const family *f, int np, const char *const *layout, const char
   run got = train(f, np, fd.s, join(a, layout, extra));
   run dp = train(f, np, dd.s, join(b, layout, ARGS("--no-fsdp")));
   const char *w1, *w2, *w3;
-  double le = step_err(&got, ref, false), ge = step_err(&got, ref, true), pe = compare_dirs(fd.s, ref_dir, &w1);
-  double dl = step_err(&got, &dp, false), dg = step_err(&got, &dp, true), dpe = compare_dirs(fd.s, dd.s, &w2);
-  double base = compare_dirs(dd.s, ref_dir, &w3);
+  double le = fr_step_err(&got, ref, false), ge = fr_step_err(&got, ref, true), pe = fr_compare_dirs(fd.s, ref_dir, &w1);
+  double dl = fr_step_err(&got, &dp, false), dg = fr_step_err(&got, &dp, true), dpe = fr_compare_dirs(fd.s, dd.s, &w2);
+  double base = fr_compare_dirs(dd.s, ref_dir, &w3);
   printf("  %s np %d", f->name, np);
   for (int i = 0; layout[i]; i++) printf(" %s", layout[i]);
   for (int i = 0; extra[i]; i++) printf(" %s", extra[i]);
@@ -262,7 +200,7 @@ static void test_bf16(void **state) {
     int np = i ? 4 : 2;
     run got = train(&QWEN3, np, gd.s, join(a, layouts[i], ARGS("--fsdp", "--param-dtype", "bf16")));
     const char *worst;
-    double le = step_err(&got, &r, false), ge = step_err(&got, &r, true), pe = compare_dirs(gd.s, rd.s, &worst);
+    double le = fr_step_err(&got, &r, false), ge = fr_step_err(&got, &r, true), pe = fr_compare_dirs(gd.s, rd.s, &worst);
     printf("  qwen3_moe bf16 params np %d %s: losses %.2e, gradient norms %.2e, parameters %.2e (%s)\n", np,
            i ? "dp 2 tp 2" : "dp 2", le, ge, pe, worst);
     assert_true(got.gathered > 0);
@@ -271,7 +209,7 @@ static void test_bf16(void **state) {
   // bf16 params really are rounded: against f32 params they differ.
   train(&QWEN3, 1, fd.s, ARGS("--micro-batch", "4", "--no-fsdp"));
   const char *worst;
-  double d = compare_dirs(rd.s, fd.s, &worst);
+  double d = fr_compare_dirs(rd.s, fd.s, &worst);
   printf("  qwen3_moe bf16 against f32 params: %.2e (%s)\n", d, worst);
   assert_true(d > BF16_BOUND);
 }
@@ -304,7 +242,7 @@ static void test_reshard(void **state) {
   dir_name ud = dir_of("full_dp4");
   train(&QWEN3, 4, ud.s, ARGS("--fsdp", "--dp", "4", "--micro-batch", "1"));
   const char *bw;
-  double base = compare_dirs(ud.s, ref, &bw);
+  double base = fr_compare_dirs(ud.s, ref, &bw);
   train(&QWEN3, 4, half, ARGS("--fsdp", "--dp", "4", "--micro-batch", "1", "--stop-after", "2"));
   const struct {
     int np;
@@ -321,7 +259,7 @@ static void test_reshard(void **state) {
       le = e > le ? e : le;
     }
     const char *worst;
-    double pe = compare_dirs(d.s, ref, &worst);
+    double pe = fr_compare_dirs(d.s, ref, &worst);
     printf("  qwen3_moe saved at dp 4 after 2 steps, resumed on np %d for 3: losses %.2e, parameters %.2e (%s; "
            "uninterrupted dp 4: %.2e)\n", cases[c].np, le, pe, worst, base);
     assert_true(le <= BOUND);

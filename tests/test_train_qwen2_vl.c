@@ -98,24 +98,8 @@ static void test_controls_fail(void **state) {
 // fixture's tiny checkpoint's, less the vision tower), the biases included.
 static void test_steps(void **state) {
   (void)state;
-  int total = (int)th_meta_at("optimizer.steps", -1);
   const char *const *meshes[] = {MESH("--grad-accum", "2"), MESH("--grad-accum", "2", "--tp", "4")};
-  int nps[] = {1, 4};
-  for (int m = 0; m < 2; m++) {
-    char save[512];
-    snprintf(save, sizeof save, "%s", tt_path(th.tmp_dir, m ? "steps_tp4" : "steps_tp1"));
-    th_check_steps(nps[m], meshes[m], total, aux(), save, MIN_TENSORS);
-    char *cfg = tt_slurp(tt_path(save, "config.json"), NULL);  // what from_pretrained reads the class from
-    assert_non_null(strstr(cfg, "\"qwen2_vl\""));
-    free(cfg);
-    char *file = tt_slurp(tt_path(save, "model.safetensors"), NULL), *st = file + 8;  // the JSON header
-    const char *names[] = {"model.layers.1.self_attn.k_proj.bias", "model.layers.0.mlp.down_proj.weight",
-                           "model.embed_tokens.weight", "lm_head.weight"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) assert_non_null(strstr(st, names[i]));
-    assert_null(strstr(st, "model.visual."));
-    assert_null(strstr(st, "language_model"));
-    free(file);
-  }
+  th_check_steps_meshes(2, (const int[]){1, 4}, meshes, aux(), MIN_TENSORS, "qwen2_vl");
 }
 
 static void test_resume_bit_identical(void **state) {

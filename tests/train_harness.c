@@ -320,3 +320,19 @@ const char *th_check_save_as_saved(const char *positions_3d) {
   assert_true(differ[1] > 0);
   return dirs[1];
 }
+
+void th_check_steps_meshes(int n, const int *nps, const char *const *const *meshes, double aux, int min_tensors,
+                           const char *model_type) {
+  int total = (int)th_meta_at("optimizer.steps", -1);
+  char want[96];
+  snprintf(want, sizeof want, "\"%s\"", model_type);
+  for (int m = 0; m < n; m++) {
+    char save[600], cfg_path[700];
+    snprintf(save, sizeof save, "%s/steps_%d", th.tmp_dir, m);
+    th_check_steps(nps[m], meshes[m], total, aux, save, min_tensors);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", save);
+    char *cfg = tt_slurp(cfg_path, NULL);
+    if (!strstr(cfg, want)) fail_msg("%s does not name %s", cfg_path, want);
+    free(cfg);
+  }
+}

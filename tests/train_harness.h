@@ -100,4 +100,10 @@ void th_check_refusal(const char *what, int np, const char *const *args, const c
 // or NULL. Returns the moved save's directory (static storage).
 const char *th_check_save_as_saved(const char *positions_3d);
 
+// th_check_steps over the fixture's whole schedule on each of n meshes
+// (nps[i] ranks), saving to the scratch directory; each save's config.json
+// names model_type (what from_pretrained picks the class by).
+void th_check_steps_meshes(int n, const int *nps, const char *const *const *meshes, double aux, int min_tensors,
+                           const char *model_type);
+
 #endif

@@ -96,6 +96,34 @@ def forward_logits(model, tokens):
         return model(tokens[None, :], use_cache=False).logits[0].float()
 
 
+def grid_positions(n_text_a, grid_h, grid_w, n_text_b):
+    """(3, T) MRoPE positions as get_rope_index lays out text + one image:
+    n_text_a text tokens, a grid_h x grid_w image grid (t constant, h/w
+    offset by its start), then n_text_b text tokens from max + 1."""
+    rows = [[], [], []]
+    for i in range(n_text_a):
+        for a in range(3):
+            rows[a].append(i)
+    start = n_text_a
+    for h in range(grid_h):
+        for w in range(grid_w):
+            rows[0].append(start)
+            rows[1].append(start + h)
+            rows[2].append(start + w)
+    nxt = max(max(r) for r in rows) + 1
+    for i in range(n_text_b):
+        for a in range(3):
+            rows[a].append(nxt + i)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def vl_lm_logits(model, tokens, pos3):
+    """A VL model's language model alone on tokens at 3-D positions pos3 (3, T): the logits (T, V)."""
+    with torch.no_grad():
+        out = model.model.language_model(input_ids=tokens[None, :], position_ids=pos3[:, None, :], use_cache=False)
+        return model.lm_head(out.last_hidden_state)[0].float()
+
+
 def two_prompt_args(doc, family, config_name):
     """The command line of a two-prompt fixture: tests/fixtures/<family>_tiny
     from configs/<config_name>.json."""

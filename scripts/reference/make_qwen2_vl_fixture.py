@@ -40,8 +40,8 @@ import torch
 import transformers
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, randomize, seeded, tensor_names,
-                            write_reference)
+from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, grid_positions, randomize, seeded,
+                            tensor_names, vl_lm_logits, write_reference)
 
 # head_dim = hidden_size / num_attention_heads (Qwen2VLAttention ignores a head_dim key).
 TEXT = dict(vocab_size=90, hidden_size=96, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
@@ -49,31 +49,6 @@ TEXT = dict(vocab_size=90, hidden_size=96, intermediate_size=64, num_hidden_laye
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]})
 VISION = dict(depth=1, embed_dim=16, hidden_size=96, mlp_ratio=1, num_heads=2, patch_size=4, spatial_merge_size=2,
               temporal_patch_size=2)
-
-
-def positions(n_text_a, grid_h, grid_w, n_text_b):
-    """(3, T) MRoPE positions as get_rope_index lays out text + one image."""
-    rows = [[], [], []]
-    for i in range(n_text_a):
-        for a in range(3):
-            rows[a].append(i)
-    start = n_text_a
-    for h in range(grid_h):
-        for w in range(grid_w):
-            rows[0].append(start)
-            rows[1].append(start + h)
-            rows[2].append(start + w)
-    nxt = max(max(r) for r in rows) + 1
-    for i in range(n_text_b):
-        for a in range(3):
-            rows[a].append(nxt + i)
-    return torch.tensor(rows, dtype=torch.int64)
-
-
-def lm_logits(model, tokens, pos3):
-    with torch.no_grad():
-        out = model.model.language_model(input_ids=tokens[None, :], position_ids=pos3[:, None, :], use_cache=False)
-        return model.lm_head(out.last_hidden_state)[0].float()
 
 
 def main():
@@ -92,7 +67,7 @@ def main():
     model.set_attn_implementation("eager")
     randomize(model, gen, None, visual_scale=0.02)
 
-    pos3 = positions(3, 2, 3, 3)
+    pos3 = grid_positions(3, 2, 3, 3)
     T = pos3.shape[1]
     V = tc.vocab_size
     tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
@@ -118,24 +93,24 @@ def main():
     if len(biases) != 3 * tc.num_hidden_layers:
         fail(f"expected q/k/v biases in every layer, found {biases}")
 
-    out = {"tokens": tokens, "pos3": pos3, "logits": lm_logits(ref, tokens, pos3)}
+    out = {"tokens": tokens, "pos3": pos3, "logits": vl_lm_logits(ref, tokens, pos3)}
     # What the controls should see: 1-D positions and biases left out change the logits.
     flat = torch.arange(T)[None, :].expand(3, -1)
-    d_flat = float((lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
+    d_flat = float((vl_lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
     saved = {}
     with torch.no_grad():
         for n, p in ref.named_parameters():
             if n.endswith("_proj.bias"):
                 saved[n] = p.clone()
                 p.zero_()
-        d_bias = float((lm_logits(ref, tokens, pos3) - out["logits"]).abs().max())
+        d_bias = float((vl_lm_logits(ref, tokens, pos3) - out["logits"]).abs().max())
         for n, p in ref.named_parameters():
             if n in saved:
                 p.copy_(saved[n])
     seq, p3, glog, greedy = tokens.clone(), pos3.clone(), [], []
     nxt = int(pos3.max()) + 1
     for j in range(args.gen):
-        lg = lm_logits(ref, seq, p3)[-1]
+        lg = vl_lm_logits(ref, seq, p3)[-1]
         tok = int(lg.argmax())
         glog.append(lg)
         greedy.append(tok)

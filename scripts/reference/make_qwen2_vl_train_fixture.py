@@ -36,30 +36,12 @@ import torch
 from transformers import Qwen2VLForConditionalGeneration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from family_fixture import grid_positions  # noqa: E402
 from train_fixture import (add_train_args, fail, load_for_training, run_train_fixture,  # noqa: E402
                            save_pretrained_tensors, zipf_tokens)
 
 GEN = "scripts/reference/make_qwen2_vl_train_fixture.py"
 LM = "model.language_model."
-
-
-def positions(n_text_a, grid_h, grid_w, n_text_b):
-    """(3, T) MRoPE positions as get_rope_index lays out text + one image."""
-    rows = [[], [], []]
-    for i in range(n_text_a):
-        for a in range(3):
-            rows[a].append(i)
-    start = n_text_a
-    for h in range(grid_h):
-        for w in range(grid_w):
-            rows[0].append(start)
-            rows[1].append(start + h)
-            rows[2].append(start + w)
-    nxt = max(max(r) for r in rows) + 1
-    for i in range(n_text_b):
-        for a in range(3):
-            rows[a].append(nxt + i)
-    return torch.tensor(rows, dtype=torch.int64)
 
 
 def to_tpr(tensors):
@@ -81,7 +63,7 @@ def main():
     if tc.rope_parameters.get("mrope_interleaved") or tc.rope_parameters.get("mrope_section") is None:
         fail("the checkpoint's MRoPE is not sectioned")
     T = args.seq_len
-    pos3 = positions(4, 2, 4, 4)
+    pos3 = grid_positions(4, 2, 4, 4)
     if pos3.shape[1] != T:
         fail(f"the positions cover {pos3.shape[1]} tokens, --seq-len is {T}")
     if (pos3[1] == pos3[0]).all() or (pos3[2] == pos3[1]).all():

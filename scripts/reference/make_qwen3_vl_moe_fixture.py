@@ -42,8 +42,8 @@ import transformers
 from safetensors import safe_open
 from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
-from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, randomize, seeded, tensor_names,
-                            write_reference)
+from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, grid_positions, randomize, seeded,
+                            tensor_names, vl_lm_logits, write_reference)
 
 
 TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=8, num_hidden_layers=2,
@@ -53,31 +53,6 @@ TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediat
                              "mrope_interleaved": True})
 VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
               spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0], num_position_embeddings=16)
-
-
-def positions(n_text_a, grid_h, grid_w, n_text_b):
-    """(3, T) MRoPE positions as get_rope_index lays out text + one image."""
-    rows = [[], [], []]
-    for i in range(n_text_a):
-        for a in range(3):
-            rows[a].append(i)
-    start = n_text_a
-    for h in range(grid_h):
-        for w in range(grid_w):
-            rows[0].append(start)
-            rows[1].append(start + h)
-            rows[2].append(start + w)
-    nxt = max(max(r) for r in rows) + 1
-    for i in range(n_text_b):
-        for a in range(3):
-            rows[a].append(nxt + i)
-    return torch.tensor(rows, dtype=torch.int64)
-
-
-def lm_logits(model, tokens, pos3):
-    with torch.no_grad():
-        out = model.model.language_model(input_ids=tokens[None, :], position_ids=pos3[:, None, :], use_cache=False)
-        return model.lm_head(out.last_hidden_state)[0].float()
 
 
 def main():
@@ -99,7 +74,7 @@ def main():
     model.set_attn_implementation("eager")
     randomize(model, gen, "mlp.gate.weight", visual_scale=0.02)
 
-    pos3 = positions(3, 2, 3, 3)
+    pos3 = grid_positions(3, 2, 3, 3)
     T = pos3.shape[1]
     V = tc.vocab_size
     tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
@@ -120,15 +95,15 @@ def main():
     if ref.lm_head.weight.data_ptr() == emb.data_ptr():
         fail("lm_head is tied to embed_tokens; the fixture wants them apart")
 
-    out = {"tokens": tokens, "pos3": pos3, "logits": lm_logits(ref, tokens, pos3)}
+    out = {"tokens": tokens, "pos3": pos3, "logits": vl_lm_logits(ref, tokens, pos3)}
     # Controls measured here too: 1-D positions must give other logits.
     flat = torch.arange(T)[None, :].expand(3, -1)
-    d_flat = float((lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
+    d_flat = float((vl_lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
     # Greedy decode continuing at max + 1 on every axis (rope_deltas).
     seq, p3, glog, greedy = tokens.clone(), pos3.clone(), [], []
     nxt = int(pos3.max()) + 1
     for j in range(args.gen):
-        lg = lm_logits(ref, seq, p3)[-1]
+        lg = vl_lm_logits(ref, seq, p3)[-1]
         tok = int(lg.argmax())
         glog.append(lg)
         greedy.append(tok)
