@@ -1,15 +1,15 @@
 // The step-time model: a roofline for compute plus alpha-beta terms for the
 // collectives one step of a mesh issues (docs/scale.md derives the counts).
 //
-//   t_step = s * (t_fixed + max(flops / gemm_rate, bytes / mem_bw)) + sum_c count_c * t_ab(c)
+//   t_step = s * (t_fixed + eta * max(flops / gemm_rate, bytes / mem_bw)) + sum_c count_c * t_ab(c)
 // where, with a = min(ranks on the node, cores) ranks running at once,
 // mem_bw = min(the solo rate, the node's / a) and gemm_rate goes from the
 // solo rate (a = 1) to the all-cores-busy rate (a = cores), linearly in a
 //
 // flops and bytes are per rank; s = max(1, ranks_per_node / cores) is the
 // oversubscription of a node (ranks sharing cores run their compute in turn);
-// t_fixed is the per-step cost no FLOP count sees (op dispatch, the host
-// loop), calibrated on single-rank runs. Communication is not overlapped
+// eta (the roofline factor, by default) or t_fixed (a cost per step) is
+// what a single-rank run takes beyond its roofline, calibrated on them. Communication is not overlapped
 // with compute (FSDP's prefetch hides some: the model is an upper bound there).
 #ifndef TPR_SCALE_STEPMODEL_H
 #define TPR_SCALE_STEPMODEL_H
