@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "m2_ref.h"
 #include "mpi_util.h"
 #include "runtime/ops/rope_layout.h"
@@ -166,4 +167,54 @@ int fp_run(const struct CMUnitTest *tests, size_t n, fp_ref *ref) {
   int failed = _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
   if (ref) fp_free_ref(ref);
   return tt_mpi_finish(fp.world, failed);
+}
+
+typedef struct engine_check {
+  const float *want;  // (ngt, V)
+  int64_t ngt, V;
+  double worst;
+} engine_check;
+
+static void engine_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
+  engine_check *c = ctx;
+  (void)seq, (void)vocab;
+  if (gen < c->ngt) c->worst = fmax(c->worst, m2_rel_err(logits, c->want + gen * c->V, (size_t)c->V));
+}
+
+void fp_test_engine_text(const char *dir, const int32_t *text, int64_t tt, const int32_t *want_tokens,
+                         const float *want_logits, int64_t ngt, int64_t V, double bound) {
+  tpr_session_opts so = fp_session_opts(dir, tt + ngt);
+  so.max_batch = 2;
+  tpr_session *s = fp_open(&so, NULL);
+  engine_check c = {.want = want_logits, .ngt = ngt, .V = V};
+  tpr_engine_opts eo = {.on_logits = engine_logits, .ctx = &c};
+  tpr_engine *e = NULL;
+  TT_OK(tpr_engine_new(s, &eo, &e));
+  int64_t ids[2] = {-1, -1};
+  tpr_gen_params g = {.max_new = ngt, .stop_token = -1, .sampling = {.top_p = 1}};
+  tpr_status sub = TPR_OK;  // checked after the steps, so no rank is left stepping alone
+  for (int i = 0; fp.R == 0 && sub == TPR_OK && i < 2; i++) sub = tpr_engine_submit(e, text, tt, &g, &ids[i]);
+  for (int guard = 0; guard < 64; guard++) {
+    tpr_engine_step_info info;
+    TT_OK(tpr_engine_step(e, &info));
+    if (info.idle) break;
+  }
+  if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
+  for (int i = 0; fp.R == 0 && i < 2; i++) {
+    tpr_sched_seq_info r;
+    TT_OK(tpr_engine_result(e, ids[i], &r));
+    assert_int_equal(r.len, tt + ngt);
+    for (int64_t j = 0; j < ngt; j++)
+      if (r.tokens[tt + j] != want_tokens[j])
+        fail_msg("sequence %d: generated token %lld is %d, transformers' generate %d", i, (long long)j,
+                 r.tokens[tt + j], want_tokens[j]);
+  }
+  tpr_engine_free(e);
+  tpr_session_close(s);
+  float w = (float)c.worst;
+  TT_OK(tpr_comm_all_reduce(fp.world, &w, &w, 1, TPR_F32, TPR_MAX));
+  if (fp.R == 0)
+    printf("engine, text prompt x2 (tpr run's path): %lld greedy tokens equal transformers' generate, logits %.3g "
+           "(bound %.0e)\n", (long long)ngt, w, bound);
+  if (!(w <= bound)) fail_msg("engine logits differ from transformers' generate by %.3g", w);
 }

@@ -65,6 +65,14 @@ void fp_test_control(const tpr_session_opts *o, const fp_ref *r, double bound, c
 // forward over the whole sequence.
 void fp_test_greedy_cached(const tpr_session_opts *o, const fp_ref *r, double bound, double kv_bound);
 
+// What tpr run does: the batched engine on the checkpoint in dir with a
+// text prompt (tt ids; no 3-D positions: every axis is the sequence
+// position), two sequences in one batch, each ngt greedy tokens equal to
+// transformers' generate (want_tokens (ngt)) and their logits within bound
+// of want_logits (ngt, V).
+void fp_test_engine_text(const char *dir, const int32_t *text, int64_t tt, const int32_t *want_tokens,
+                         const float *want_logits, int64_t ngt, int64_t V, double bound);
+
 // Runs the tests, frees ref (when not NULL) and returns every rank's
 // verdict (main's exit code); frees the world.
 int fp_run(const struct CMUnitTest *tests, size_t n, fp_ref *ref);

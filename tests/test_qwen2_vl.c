@@ -107,50 +107,11 @@ static void test_greedy_cached(void **state) {
   if (!(worst <= BOUND)) fail_msg("decoded logits differ from transformers' by %.3g", worst);
 }
 
-static double engine_worst;
-static void on_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
-  (void)ctx, (void)seq, (void)vocab;
-  if (gen < NGT) engine_worst = fmax(engine_worst, m2_rel_err(logits, ref.text_logits + gen * V, V));
-}
-
-// What tpr run does: the batched engine on a text prompt, two sequences in
-// one batch (no 3-D positions: every axis is the sequence position).
+// What tpr run does: the batched engine on a text prompt, against
+// transformers' own generate on the same prompt.
 static void test_engine_text(void **state) {
   (void)state;
-  tpr_session_opts so = fp_session_opts(FIX, TT + NGT);
-  so.max_batch = 2;
-  tpr_session *s = fp_open(&so, NULL);
-  tpr_engine_opts eo = {.on_logits = on_logits};
-  tpr_engine *e = NULL;
-  TT_OK(tpr_engine_new(s, &eo, &e));
-  engine_worst = 0;
-  int64_t ids[2] = {-1, -1};
-  tpr_gen_params g = {.max_new = NGT, .stop_token = -1, .sampling = {.top_p = 1}};
-  tpr_status sub = TPR_OK;  // checked after the steps, so no rank is left stepping alone
-  for (int i = 0; fp.R == 0 && sub == TPR_OK && i < 2; i++) sub = tpr_engine_submit(e, ref.text, TT, &g, &ids[i]);
-  for (int guard = 0; guard < 64; guard++) {
-    tpr_engine_step_info info;
-    TT_OK(tpr_engine_step(e, &info));
-    if (info.idle) break;
-  }
-  if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
-  for (int i = 0; fp.R == 0 && i < 2; i++) {
-    tpr_sched_seq_info r;
-    TT_OK(tpr_engine_result(e, ids[i], &r));
-    assert_int_equal(r.len, TT + NGT);
-    for (int j = 0; j < NGT; j++)
-      if (r.tokens[TT + j] != ref.text_greedy[j])
-        fail_msg("sequence %d: generated token %d is %d, transformers' generate %d", i, j, r.tokens[TT + j],
-                 ref.text_greedy[j]);
-  }
-  tpr_engine_free(e);
-  tpr_session_close(s);
-  float w = (float)engine_worst;
-  TT_OK(tpr_comm_all_reduce(fp.world, &w, &w, 1, TPR_F32, TPR_MAX));
-  if (fp.R == 0)
-    printf("engine, text prompt x2 (tpr run's path): %d greedy tokens equal transformers' generate, logits %.3g "
-           "(bound %.0e)\n", NGT, w, BOUND);
-  if (!(w <= BOUND)) fail_msg("engine logits differ from transformers' generate by %.3g", w);
+  fp_test_engine_text(FIX, ref.text, TT, ref.text_greedy, ref.text_logits, NGT, V, BOUND);
 }
 
 static void control(const char *what, int layout, bool no_bias, const int32_t *pos3) {
