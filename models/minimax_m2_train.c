@@ -120,7 +120,7 @@ static tpr_status build_qkhd(const tpr_shard_plan *plan, const void *opts, tpr_p
 
 bool tpr_m2_train_fsdp_built(tpr_model_family f) {
   return f == TPR_FAMILY_MINIMAX_M2 || f == TPR_FAMILY_QWEN3_MOE || f == TPR_FAMILY_HUNYUAN_V1_MOE ||
-         f == TPR_FAMILY_QWEN3_VL_MOE;
+         f == TPR_FAMILY_QWEN3_VL_MOE || f == TPR_FAMILY_QWEN2_VL;
 }
 
 // The family's training program: MiniMax-M2's builder, or the per-head

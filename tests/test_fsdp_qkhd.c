@@ -10,6 +10,7 @@
 //   hunyuan_v1_moe: the shared expert (and QK-norm after RoPE).
 //   qwen3_vl_moe:   MRoPE with the fixture's positions_3d, which FSDP leaves
 //                   as they are.
+//   qwen2_vl:       no experts; its q/k/v biases chunked like any param.
 // Every run reads the windows in a permutation seeded from TPR_TEST_SEED
 // (fresh data each run; the same windows for every layout of one check).
 #include "test_util.h"
@@ -46,6 +47,8 @@ static const family QWEN3 = {"qwen3_moe", TPR_FIXTURES "/qwen3_moe_tiny", TPR_FI
                              NULL};
 static const family HUNYUAN = {"hunyuan_v1_moe", TPR_FIXTURES "/hunyuan_moe_tiny",
                                TPR_FIXTURES "/hunyuan_moe_train/tokens.npy", NULL};
+static const family QWEN2_VL = {"qwen2_vl", TPR_FIXTURES "/qwen2_vl_tiny", TPR_FIXTURES "/qwen2_vl_train/tokens.npy",
+                                TPR_FIXTURES "/qwen2_vl_train/positions_3d.npy"};
 static const family QWEN3_VL = {"qwen3_vl_moe", TPR_FIXTURES "/qwen3_vl_moe_tiny",
                                 TPR_FIXTURES "/qwen3_vl_moe_train/tokens.npy",
                                 TPR_FIXTURES "/qwen3_vl_moe_train/positions_3d.npy"};
@@ -183,6 +186,18 @@ static void test_qwen3_vl(void **state) {
   check(&QWEN3_VL, 2, DP2, ARGS("--fsdp", "--debug-fsdp", "sum-grads"), &r, rd.s, true);
 }
 
+// qwen2_vl: no experts, q/k/v biases (1-D column params chunked like any
+// other), sectioned MRoPE at the fixture's positions.
+static void test_qwen2_vl(void **state) {
+  (void)state;
+  dir_name rd = dir_of("ref_qwen2_vl");
+  run r = reference(&QWEN2_VL, rd.s);
+  check(&QWEN2_VL, 2, DP2, FSDP, &r, rd.s, false);
+  check(&QWEN2_VL, 4, DP4, FSDP, &r, rd.s, false);
+  check(&QWEN2_VL, 4, DP2_TP2, FSDP, &r, rd.s, false);
+  check(&QWEN2_VL, 2, DP2, ARGS("--fsdp", "--debug-fsdp", "wrong-shard"), &r, rd.s, true);
+}
+
 // bf16 params (FSDP only, so no plain run to compare with): dp 2 and dp 2 x
 // tp 2 against dp 1 with the same bf16 params, to BF16_BOUND: an f32 master
 // one rounding step away (the reduction order) can round to the
@@ -284,6 +299,7 @@ int main(void) {
   snprintf(seed_arg, sizeof seed_arg, "%llu", (unsigned long long)(tt_seed_from_env() % 1000000007ULL));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_qwen3),  cmocka_unit_test(test_hunyuan), cmocka_unit_test(test_qwen3_vl),
+      cmocka_unit_test(test_qwen2_vl),
       cmocka_unit_test(test_bf16),   cmocka_unit_test(test_reshard), cmocka_unit_test(test_memory),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

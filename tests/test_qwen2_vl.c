@@ -17,7 +17,7 @@
 //    q/k/v biases left out;
 //  - config parsing (nested text_config and the hub's flat keys with the
 //    legacy rope_scaling; qwen2_5_vl) and refusals by name (sliding window,
-//    RoPE scaling, head_dim, hidden_act, ep > 1, MoE options, training under FSDP).
+//    RoPE scaling, head_dim, hidden_act, ep > 1, MoE options).
 #include "test_util.h"
 
 #include <math.h>
@@ -28,7 +28,6 @@
 #include "engine/engine.h"
 #include "family_parity.h"
 #include "m2_ref.h"
-#include "models/minimax_m2_train.h"
 #include "runtime/ops/rope_layout.h"
 
 #define FIX TPR_FIXTURES "/qwen2_vl_tiny"
@@ -237,7 +236,7 @@ static void test_config(void **state) {
 }
 
 // A session refuses what a dense model cannot do: MoE statistics (naming
-// the family), the capacity path; and training under FSDP.
+// the family), the capacity path.
 static void test_session_refusals(void **state) {
   (void)state;
   tpr_session_opts o = fp_session_opts(FIX, T);
@@ -247,13 +246,6 @@ static void test_session_refusals(void **state) {
   o = fp_session_opts(FIX, T);
   o.moe.capacity_factor = 1.0;
   expect_refused("--capacity-factor", tpr_session_open(&o, fp.world, tt_cpu(), &s), TPR_ERR_INVALID_ARG, "dense");
-  o = fp_session_opts(FIX, T);
-  o.training = true;
-  s = fp_open(&o, NULL);
-  // The family trains (tests/test_train_qwen2_vl.c) without FSDP.
-  tpr_m2_train_opts to = {.seq_len = 4, .aux_coef = -1, .fsdp = {.on = true}};
-  expect_refused("training under FSDP", tpr_m2_train_start(s, &to), TPR_ERR_UNSUPPORTED, "--no-fsdp");
-  tpr_session_close(s);
 }
 
 int main(int argc, char **argv) {

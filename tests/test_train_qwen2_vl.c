@@ -113,9 +113,6 @@ static void test_refusals(void **state) {
                    MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "8", "--positions-3d",
                         POS),
                    "positions_3d.npy");
-  th_check_refusal("FSDP", 1,
-                   MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--fsdp"),
-                   "--no-fsdp");
   th_check_refusal("an aux loss", 1,
                    MESH("train", "--model", MODEL, "--data", FIX "/tokens.npy", "--seq-len", "16", "--aux-coef",
                         "0.01"),
