@@ -124,6 +124,33 @@ def vl_lm_logits(model, tokens, pos3):
         return model.lm_head(out.last_hidden_state)[0].float()
 
 
+def vl_greedy_references(ref, tokens, pos3, gen, text_tokens, text_gen, out):
+    """A VL fixture's decoding references into out: greedy continuations of
+    tokens at 3-D positions pos3, continuing at max + 1 on every axis
+    (rope_deltas: "greedy", "greedy_logits"), and transformers' own generate
+    on a text prompt ("text_tokens", "text_greedy", "text_greedy_logits")."""
+    seq, p3, glog, greedy = tokens.clone(), pos3.clone(), [], []
+    nxt = int(pos3.max()) + 1
+    for j in range(gen):
+        lg = vl_lm_logits(ref, seq, p3)[-1]
+        tok = int(lg.argmax())
+        glog.append(lg)
+        greedy.append(tok)
+        seq = torch.cat([seq, torch.tensor([tok])])
+        p3 = torch.cat([p3, torch.full((3, 1), nxt + j, dtype=torch.int64)], dim=1)
+    out["greedy"] = torch.tensor(greedy, dtype=torch.int64)
+    out["greedy_logits"] = torch.stack(glog)
+    with torch.no_grad():
+        g = ref.generate(text_tokens[None, :], max_new_tokens=text_gen, min_new_tokens=text_gen,
+                         do_sample=False, num_beams=1, use_cache=True, output_logits=True,
+                         return_dict_in_generate=True)
+    out["text_tokens"] = text_tokens
+    out["text_greedy"] = g.sequences[0, text_tokens.shape[0]:].clone().to(torch.int64)
+    out["text_greedy_logits"] = torch.stack([x[0].float() for x in g.logits])
+    if out["text_greedy"].shape[0] != text_gen:
+        fail("generate returned the wrong number of tokens")
+
+
 def two_prompt_args(doc, family, config_name):
     """The command line of a two-prompt fixture: tests/fixtures/<family>_tiny
     from configs/<config_name>.json."""

@@ -43,7 +43,8 @@ from safetensors import safe_open
 from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
 from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, grid_positions, randomize, seeded,
-                            tensor_names, vl_lm_logits, write_reference)
+                            tensor_names, vl_greedy_references, vl_lm_logits,
+                            write_reference)
 
 
 TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=8, num_hidden_layers=2,
@@ -99,27 +100,7 @@ def main():
     # Controls measured here too: 1-D positions must give other logits.
     flat = torch.arange(T)[None, :].expand(3, -1)
     d_flat = float((vl_lm_logits(ref, tokens, flat) - out["logits"]).abs().max())
-    # Greedy decode continuing at max + 1 on every axis (rope_deltas).
-    seq, p3, glog, greedy = tokens.clone(), pos3.clone(), [], []
-    nxt = int(pos3.max()) + 1
-    for j in range(args.gen):
-        lg = vl_lm_logits(ref, seq, p3)[-1]
-        tok = int(lg.argmax())
-        glog.append(lg)
-        greedy.append(tok)
-        seq = torch.cat([seq, torch.tensor([tok])])
-        p3 = torch.cat([p3, torch.full((3, 1), nxt + j, dtype=torch.int64)], dim=1)
-    out["greedy"] = torch.tensor(greedy, dtype=torch.int64)
-    out["greedy_logits"] = torch.stack(glog)
-    with torch.no_grad():
-        g = ref.generate(text_tokens[None, :], max_new_tokens=args.text_gen, min_new_tokens=args.text_gen,
-                         do_sample=False, num_beams=1, use_cache=True, output_logits=True,
-                         return_dict_in_generate=True)
-    out["text_tokens"] = text_tokens
-    out["text_greedy"] = g.sequences[0, args.text_len:].clone().to(torch.int64)
-    out["text_greedy_logits"] = torch.stack([x[0].float() for x in g.logits])
-    if out["text_greedy"].shape[0] != args.text_gen:
-        fail("generate returned the wrong number of tokens")
+    vl_greedy_references(ref, tokens, pos3, args.gen, text_tokens, args.text_gen, out)
     top2 = torch.cat([out["greedy_logits"], out["text_greedy_logits"]]).topk(2, dim=-1).values
     write_reference(args.out, out)
     size = fixture_bytes(args.out)
@@ -131,7 +112,7 @@ def main():
         fail(f"save_pretrained did not write the native layout: {names[:6]}")
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__, "seed": args.seed,
                       "T": T, "pos3": pos3.tolist(), "tensors": len(names), "first_tensors": names[:4], "fused_experts": fused,
-                      "max_abs_logit_change_with_1d_positions": d_flat, "greedy": greedy, "text_greedy": out["text_greedy"].tolist(),
+                      "max_abs_logit_change_with_1d_positions": d_flat, "greedy": out["greedy"].tolist(), "text_greedy": out["text_greedy"].tolist(),
                       "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()), "bytes": size}, indent=1))
     if d_flat < 1e-3:
         fail("1-D positions give the same logits; the prompt does not exercise MRoPE")
