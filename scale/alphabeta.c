@@ -41,6 +41,16 @@ double tpr_ab_time(const tpr_ab *ab, tpr_coll op, int n, double size) {
   return ab->alpha * tpr_scale_latency_steps(n) + ab->beta * size * tpr_scale_bus_factor(op, n);
 }
 
+// A row the fit uses. Rows that moved nothing are left out: nccl-tests' sizes
+// round a gather's per-rank count down to 16 bytes, so its 8- and 32-byte rows
+// are calls of count 0 that return at once (~0.05 us). Under the relative
+// weights below one of them outweighs a thousand real rows and drags alpha to
+// zero, which made every small collective of a decode step look free.
+static bool fit_row(const tpr_comm_sample *r, tpr_coll op, const char *transport, int ranks) {
+  if (r->op != op || r->ranks <= 1 || !(r->time_s > 0) || !(r->size > 0)) return false;
+  return !(transport && strcmp(r->transport, transport)) && !(ranks > 0 && r->ranks != ranks);
+}
+
 tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport, int ranks,
                             tpr_bus_factor_fn factor, tpr_ab *out) {
   if (!factor) factor = tpr_scale_bus_factor;
@@ -49,8 +59,7 @@ tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, con
   double sll = 0, slx = 0, sxx = 0, slt = 0, sxt = 0;
   int used = 0;
   for (size_t i = 0; i < n; i++) {
-    if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
-    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
+    if (!fit_row(&s[i], op, transport, ranks)) continue;
     double L = tpr_scale_latency_steps(s[i].ranks), x = s[i].size * factor(op, s[i].ranks), w = 1 / (s[i].time_s * s[i].time_s);
     sll += w * L * L, slx += w * L * x, sxx += w * x * x, slt += w * L * s[i].time_s, sxt += w * x * s[i].time_s;
     used++;
@@ -65,8 +74,7 @@ tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, con
   out->points = used;
   double r2 = 0;
   for (size_t i = 0; i < n; i++) {
-    if (s[i].op != op || s[i].ranks <= 1 || !(s[i].time_s > 0)) continue;
-    if ((transport && strcmp(s[i].transport, transport)) || (ranks > 0 && s[i].ranks != ranks)) continue;
+    if (!fit_row(&s[i], op, transport, ranks)) continue;
     double pred = out->alpha * tpr_scale_latency_steps(s[i].ranks) + out->beta * s[i].size * factor(op, s[i].ranks);
     r2 += (pred / s[i].time_s - 1) * (pred / s[i].time_s - 1);
   }

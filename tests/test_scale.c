@@ -51,6 +51,31 @@ static void test_fit_recovers(void **state) {
   }
 }
 
+// bench comm's rows of count 0 (a gather's 8- and 32-byte sizes round to no
+// element per rank) return in ~0.05 us having moved nothing. The fit leaves
+// them out; weighted by 1/time^2 they would outweigh every real row, and the
+// control (the same rows given a size of 1 byte, so the fit takes them) shows
+// alpha collapsing.
+static void test_fit_skips_empty_rows(void **state) {
+  tpr_comm_sample s[80];
+  double alpha = tt_uniform(2e-6, 50e-6), beta = 1 / tt_uniform(1e9, 50e9);
+  size_t n = synth(TPR_COLL_ALL_GATHER, alpha, beta, s), real = n;
+  for (int ranks = 2; ranks <= 8; ranks *= 2)
+    for (int k = 0; k < 2; k++)
+      s[n++] = (tpr_comm_sample){.op = TPR_COLL_ALL_GATHER, .ranks = ranks, .size = 0,
+                                 .time_s = tt_uniform(0.04e-6, 0.1e-6), .transport = "mpi"};
+  tpr_ab ab, control;
+  TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_GATHER, "mpi", 0, NULL, &ab));
+  for (size_t i = real; i < n; i++) s[i].size = 1;
+  TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_GATHER, "mpi", 0, NULL, &control));
+  double ea = fabs(ab.alpha / alpha - 1), ec = fabs(control.alpha / alpha - 1);
+  printf("  alpha with 6 empty rows: err %.3f%% (%d rows used); control (taken as 1-byte rows): err %.1f%%\n",
+         100 * ea, ab.points, 100 * ec);
+  assert_int_equal(ab.points, (int)real);
+  assert_true(ea < 0.01 && fabs(ab.beta / beta - 1) < 0.01);
+  assert_true(ec > 0.5);
+}
+
 // Rows whose latency jumps at 8 ranks (ranks outnumbering cores): the fit at
 // ranks = 8 alone recovers that alpha; the pooled fit cannot.
 static void test_fit_by_ranks(void **state) {
@@ -351,6 +376,7 @@ int main(void) {
       cmocka_unit_test(test_fit_recovers),
       cmocka_unit_test(test_fit_wrong_factor),
       cmocka_unit_test(test_fit_by_ranks),
+      cmocka_unit_test(test_fit_skips_empty_rows),
       cmocka_unit_test(test_predict_by_hand),
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_results_schema),
