@@ -1,5 +1,7 @@
 #include "args.h"
 
+#include "runtime/tensor.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +10,7 @@
 static void print_usage(FILE *f, const char *usage, const tpr_arg *args, int n) {
   fprintf(f, "%s\n\noptions:\n", usage);
   for (int i = 0; i < n; i++) {
-    const char *meta = args[i].type == TPR_ARG_INT ? " N" : args[i].type == TPR_ARG_FLOAT ? " X"
+    const char *meta = args[i].type == TPR_ARG_INT || args[i].type == TPR_ARG_SIZE ? " N" : args[i].type == TPR_ARG_FLOAT ? " X"
                        : args[i].type == TPR_ARG_STR ? " VALUE"
                        : args[i].type == TPR_ARG_STR_LIST ? " VALUE..." : "";
     char left[64];
@@ -21,7 +23,7 @@ static void print_usage(FILE *f, const char *usage, const tpr_arg *args, int n) 
 static bool parse_value(const tpr_arg *a, const char *text) {
   char *end = NULL;
   errno = 0;
-  if (a->type == TPR_ARG_INT) {
+  if (a->type == TPR_ARG_INT || a->type == TPR_ARG_SIZE) {
     long long v = strtoll(text, &end, 10);
     if (errno || end == text || *end) return false;
     *(int64_t *)a->dest = v;
@@ -37,6 +39,21 @@ static bool parse_value(const tpr_arg *a, const char *text) {
     *(const char **)a->dest = text;
   }
   return true;
+}
+
+// A size from the command line goes through the same checked helper as the
+// sizes in files: negative or past TPR_SHAPE_MAX_BYTES is refused here, before
+// a command computes anything from it.
+static bool size_in_range(const char *cmd, const tpr_arg *a, int64_t v) {
+  char what[96];
+  snprintf(what, sizeof what, "--%s", a->name);
+  int64_t out;
+  if (v >= 0 && tpr_size_mul_checked(what, v, 1, TPR_SHAPE_MAX_BYTES, &out) == TPR_OK) return true;
+  if (v < 0)
+    fprintf(stderr, "%s: --%s %lld: a size cannot be negative\n", cmd, a->name, (long long)v);
+  else
+    fprintf(stderr, "%s: --%s %lld: larger than any size tpr accepts (2^50)\n", cmd, a->name, (long long)v);
+  return false;
 }
 
 tpr_args_result tpr_args_parse(int argc, char **argv, const tpr_arg *args, int n_args, const char *usage) {
@@ -75,9 +92,10 @@ tpr_args_result tpr_args_parse(int argc, char **argv, const tpr_arg *args, int n
     }
     if (!parse_value(a, value)) {
       fprintf(stderr, "%s: --%s: '%s' is not a valid %s\n", argv[0], a->name, value,
-              a->type == TPR_ARG_INT ? "integer" : "number");
+              a->type == TPR_ARG_INT ? "integer" : a->type == TPR_ARG_SIZE ? "size" : "number");
       return TPR_ARGS_ERROR;
     }
+    if (a->type == TPR_ARG_SIZE && !size_in_range(argv[0], a, *(int64_t *)a->dest)) return TPR_ARGS_ERROR;
   }
   return TPR_ARGS_OK;
 }

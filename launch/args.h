@@ -6,7 +6,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef enum tpr_arg_type { TPR_ARG_INT, TPR_ARG_FLOAT, TPR_ARG_STR, TPR_ARG_FLAG, TPR_ARG_STR_LIST } tpr_arg_type;
+// TPR_ARG_SIZE: an int64_t that sizes something (tokens, sequences, bytes): a
+// whole number from 0 to TPR_SHAPE_MAX_BYTES, checked by runtime/tensor.h's
+// tpr_size_mul_checked like every other size from outside, so a command can
+// multiply two of them with tpr_size_mul_checked before it allocates.
+typedef enum tpr_arg_type {
+  TPR_ARG_INT,
+  TPR_ARG_FLOAT,
+  TPR_ARG_STR,
+  TPR_ARG_FLAG,
+  TPR_ARG_STR_LIST,
+  TPR_ARG_SIZE
+} tpr_arg_type;
 
 // Destination of a TPR_ARG_STR_LIST option: every occurrence is appended.
 #define TPR_ARG_LIST_MAX 64
@@ -18,7 +29,7 @@ typedef struct tpr_arg_list {
 typedef struct tpr_arg {
   const char *name;  // without the leading "--"
   tpr_arg_type type;
-  void *dest;        // int64_t*, double*, const char**, bool*, tpr_arg_list*
+  void *dest;        // int64_t* (INT, SIZE), double*, const char**, bool*, tpr_arg_list*
   const char *help;
 } tpr_arg;
 

@@ -385,9 +385,9 @@ int tpr_bench_model(int argc, char **argv) {
       {"config", TPR_ARG_STR, &config, "model config.json (with --random-weights)"},
       {"random-weights", TPR_ARG_FLAG, &random_weights, "write a random checkpoint of --config first"},
       {"model", TPR_ARG_STR, &model, "or: an existing checkpoint directory"},
-      {"batch", TPR_ARG_INT, &batch, "sequences, run together by the batched engine (default 1)"},
-      {"prompt-len", TPR_ARG_INT, &P, "prompt tokens per sequence (default 32)"},
-      {"gen-len", TPR_ARG_INT, &G, "generated tokens per sequence (default 16)"},
+      {"batch", TPR_ARG_SIZE, &batch, "sequences, run together by the batched engine (default 1)"},
+      {"prompt-len", TPR_ARG_SIZE, &P, "prompt tokens per sequence (default 32)"},
+      {"gen-len", TPR_ARG_SIZE, &G, "generated tokens per sequence (default 16)"},
       {"seed", TPR_ARG_INT, &seed, "seed of the weights and prompts (default 1)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile, "time every op of the steps: per op kind, prefill and decode apart (rank 0's)"},
@@ -404,6 +404,8 @@ int tpr_bench_model(int argc, char **argv) {
                     "--batch/--prompt-len/--gen-len\n%s\n", usage);
     return 2;
   }
+  const int64_t tokens[2] = {batch, P + G};  // every sequence's prompt and generated tokens: the engine's rows
+  if (!tpr_cli_sizes_ok("tpr bench model", "--batch x (--prompt-len + --gen-len)", 2, tokens, INT32_MAX)) return 2;
   tpr_world w;
   tpr_session *s = NULL;
   char dir[256];

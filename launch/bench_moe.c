@@ -367,7 +367,7 @@ int tpr_bench_moe(int argc, char **argv) {
       {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree of the tokens' replicas (default world / dp)"},
       {"etp", TPR_ARG_INT, &etp, "expert tensor-parallel degree (default world / ep)"},
       {"dp", TPR_ARG_INT, &dp, "data-parallel replicas; world = dp * tp (default 1, or world / tp)"},
-      {"tokens", TPR_ARG_INT, &tokens, "tokens per dp replica (default 512)"},
+      {"tokens", TPR_ARG_SIZE, &tokens, "tokens per dp replica (default 512)"},
       {"iters", TPR_ARG_INT, &iters, "timed cycles (default 20)"},
       {"warmup", TPR_ARG_INT, &warmup, "untimed cycles before them (default 3)"},
       {"capacity-factor", TPR_ARG_FLOAT, &capacity, "expert capacity factor (default: dropless)"},

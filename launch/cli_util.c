@@ -9,6 +9,17 @@
 #include <sys/stat.h>
 #include <time.h>
 
+bool tpr_cli_sizes_ok(const char *cmd, const char *names, int n, const int64_t *v, int64_t limit) {
+  int64_t prod = 1;
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) ok = tpr_size_mul_checked(names, prod, v[i], limit, &prod) == TPR_OK;
+  if (ok) return true;
+  fprintf(stderr, "%s: %s:", cmd, names);
+  for (int i = 0; i < n; i++) fprintf(stderr, "%s %lld", i ? " x" : "", (long long)v[i]);
+  fprintf(stderr, " exceeds %lld\n", (long long)limit);
+  return false;
+}
+
 bool tpr_cli_mesh_ok(const char *cmd, const tpr_cli_mesh *m, const char *usage) {
   if (m->tp == 0) {
     fprintf(stderr, "tpr %s: --tp is required\n%s\n", cmd, usage);

@@ -17,6 +17,12 @@ typedef struct tpr_cli_mesh {
 // `usage` and returns false on bad usage.
 bool tpr_cli_mesh_ok(const char *cmd, const tpr_cli_mesh *m, const char *usage);
 
+// Sizes from the command line that a command multiplies (tokens of a step,
+// rows of a batch): the product of v[0..n) through tpr_size_mul_checked, at
+// most `limit`. Prints "cmd: NAMES: a x b x ... exceeds limit" and returns
+// false when it does not fit, so nothing is computed from an overflowed size.
+bool tpr_cli_sizes_ok(const char *cmd, const char *names, int n, const int64_t *v, int64_t limit);
+
 // "source" (each tensor's own dtype) or a float dtype name (f32, bf16, f16).
 bool tpr_cli_load_dtype(const char *cmd, const char *name, tpr_dtype *out);
 

@@ -48,7 +48,9 @@ static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_npy *data
                                tpr_eval_result *res) {
   const tpr_shard_plan *pl = tpr_session_plan(s);
   session_scorer c = {.s = s, .T = T, .V = tpr_session_config(s)->vocab_size};
-  c.logits = malloc((size_t)(T * c.V) * sizeof *c.logits);
+  int64_t numel;  // T comes from --seq-len: checked before the product sizes an allocation
+  TPR_CHECK(tpr_size_mul_checked("tpr eval: --seq-len x vocabulary", T, c.V, TPR_SHAPE_MAX_NUMEL, &numel));
+  c.logits = malloc((size_t)numel * sizeof *c.logits);
   if (!c.logits) return TPR_FAIL(TPR_ERR_OOM, "eval: logits (%lld, %lld)", (long long)T, (long long)c.V);
   tpr_status rc = tpr_eval_windows(w->host, pl->tp, pl->dp, w->rank / pl->tp, data, T, nw, score_window, &c, res);
   free(c.logits);
@@ -65,8 +67,8 @@ int tpr_cmd_eval(int argc, char **argv) {
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
       {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
-      {"seq-len", TPR_ARG_INT, &T, "tokens per window, as `tpr train --seq-len` (default 256)"},
-      {"windows", TPR_ARG_INT, &max_windows, "score only the first N windows (default: all whole windows)"},
+      {"seq-len", TPR_ARG_SIZE, &T, "tokens per window, as `tpr train --seq-len` (default 256)"},
+      {"windows", TPR_ARG_SIZE, &max_windows, "score only the first N windows (default: all whole windows)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),

@@ -112,7 +112,7 @@ int tpr_cmd_mlp(int argc, char **argv) {
       {"config", TPR_ARG_STR, &config, "JSON config (hidden_size, intermediate_size, tokens, rms_norm_eps); "
                                        "default: the embedded tiny block (H=256, F=1024, T=64)"},
       {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree (default: the world size)"},
-      {"tokens", TPR_ARG_INT, &tokens, "override the number of tokens per run"},
+      {"tokens", TPR_ARG_SIZE, &tokens, "override the number of tokens per run"},
       {"seed", TPR_ARG_INT, &seed, "seed of the random weights and input (default 1234)"},
       {"iters", TPR_ARG_INT, &iters, "timed runs after one warm-up (default 10)"},
       {"no-check", TPR_ARG_FLAG, &no_check, "skip the comparison with the unsharded block"},

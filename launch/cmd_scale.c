@@ -325,10 +325,10 @@ static int cmd_predict(int argc, char **argv) {
       {"tp", TPR_ARG_INT, &tp, "tensor-parallel degree, capped at np (default 8: one node)"},
       {"ep", TPR_ARG_INT, &ep, "expert-parallel degree, capped at np (default: the number of experts)"},
       {"etp", TPR_ARG_INT, &etp, "expert tensor-parallel degree (default 1)"},
-      {"seq-len", TPR_ARG_INT, &seq, "train: tokens per sequence (default 4096)"},
-      {"batch", TPR_ARG_INT, &batch, "sequences per replica per step (default 1)"},
-      {"prompt-len", TPR_ARG_INT, &prompt, "prefill/decode prompt tokens (default 1024)"},
-      {"gen-len", TPR_ARG_INT, &gen, "decode: generated tokens (default 256)"},
+      {"seq-len", TPR_ARG_SIZE, &seq, "train: tokens per sequence (default 4096)"},
+      {"batch", TPR_ARG_SIZE, &batch, "sequences per replica per step (default 1)"},
+      {"prompt-len", TPR_ARG_SIZE, &prompt, "prefill/decode prompt tokens (default 1024)"},
+      {"gen-len", TPR_ARG_SIZE, &gen, "decode: generated tokens (default 256)"},
   };
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], predict_usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;

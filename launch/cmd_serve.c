@@ -47,9 +47,9 @@ int tpr_cmd_serve(int argc, char **argv) {
       {"host", TPR_ARG_STR, &host, "address to listen on (default 127.0.0.1)"},
       {"port", TPR_ARG_INT, &port, "TCP port (default 8000; 0: any free port, printed)"},
       {"served-model-name", TPR_ARG_STR, &name, "the model id clients name (default: the directory's name)"},
-      {"max-seq", TPR_ARG_INT, &max_seq,
+      {"max-seq", TPR_ARG_SIZE, &max_seq,
        "longest sequence, prompt + max_tokens (default: max_position_embeddings, at most 4096)"},
-      {"max-body-bytes", TPR_ARG_INT, &max_body, "largest request body; larger ones get 413 (default 1 MiB)"},
+      {"max-body-bytes", TPR_ARG_SIZE, &max_body, "largest request body; larger ones get 413 (default 1 MiB)"},
       {"chat-template", TPR_ARG_STR, &template_name,
        "chat template of /v1/chat/completions: auto (recognised from the checkpoint; ChatML when it has none), "
        "chatml, minimax_m2"},

@@ -114,9 +114,9 @@ int tpr_cmd_train(int argc, char **argv) {
       {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
       {"data-order", TPR_ARG_STR, &order,
        "random (a seeded permutation of windows per epoch, default) | sequential; --resume: the checkpoint's"},
-      {"seq-len", TPR_ARG_INT, &o.seq_len, "tokens per sequence (default 256)"},
-      {"micro-batch", TPR_ARG_INT, &o.micro_batch, "sequences per micro-step per replica (default 1)"},
-      {"grad-accum", TPR_ARG_INT, &o.grad_accum, "micro-steps per optimizer step (default 1)"},
+      {"seq-len", TPR_ARG_SIZE, &o.seq_len, "tokens per sequence (default 256)"},
+      {"micro-batch", TPR_ARG_SIZE, &o.micro_batch, "sequences per micro-step per replica (default 1)"},
+      {"grad-accum", TPR_ARG_SIZE, &o.grad_accum, "micro-steps per optimizer step (default 1)"},
       {"steps", TPR_ARG_INT, &o.steps, "optimizer steps (default 10)"},
       {"lr", TPR_ARG_FLOAT, &o.lr, "peak learning rate (default 3e-4)"},
       {"warmup", TPR_ARG_INT, &o.warmup, "linear warmup steps (default 0)"},
@@ -139,7 +139,7 @@ int tpr_cmd_train(int argc, char **argv) {
        "after the last step and every --eval-every steps"},
       {"eval-every", TPR_ARG_INT, &o.eval_every, "with --eval-data: also validate after every N steps (default 0: "
        "only after the last)"},
-      {"eval-windows", TPR_ARG_INT, &o.eval_windows, "with --eval-data: at most N windows (default: all)"},
+      {"eval-windows", TPR_ARG_SIZE, &o.eval_windows, "with --eval-data: at most N windows (default: all)"},
       {"json", TPR_ARG_FLAG, &o.json, "one JSON line per step (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile,
        "time every op; print seconds per op kind and the GEMM rate against sgemm (a last JSON line with --json)"},
@@ -201,6 +201,12 @@ int tpr_cmd_train(int argc, char **argv) {
   if (o.seq_len < 1 || o.micro_batch < 1 || o.grad_accum < 1 || o.steps < 1 || o.warmup < 0 || o.save_every < 0 || o.stop_after < 0)
     return usage_error("--seq-len, --micro-batch, --grad-accum and --steps must be >= 1; --warmup, --save-every, --stop-after >= 0");
   if (o.eval_every < 0 || o.eval_windows < 0) return usage_error("--eval-every and --eval-windows must be >= 0");
+  // A micro-step's tokens are one tensor's rows and the step's windows are
+  // counted in int: both products must fit before the data reader sees them.
+  const int64_t micro_tokens[2] = {o.seq_len, o.micro_batch}, step_rows[2] = {o.micro_batch, o.grad_accum};
+  if (!tpr_cli_sizes_ok("tpr train", "--seq-len x --micro-batch", 2, micro_tokens, INT32_MAX) ||
+      !tpr_cli_sizes_ok("tpr train", "--micro-batch x --grad-accum", 2, step_rows, INT32_MAX))
+    return 2;
   if (!o.eval_data && (o.eval_every || o.eval_windows)) return usage_error("--eval-every and --eval-windows need --eval-data");
   if (!(o.lr > 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     return usage_error("--lr must be > 0, --weight-decay >= 0, betas in [0, 1)");

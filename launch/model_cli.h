@@ -63,11 +63,11 @@ typedef struct tpr_model_engine {
   double kv_cache_fraction;     // of the memory left after the weights (0: unused)
 } tpr_model_engine;
 #define TPR_MODEL_ENGINE_ARGS(g)                                                                                  \
-  {"max-batch", TPR_ARG_INT, &(g).max_batch, "sequences a replica runs per step (default: all the prompts)"},      \
-  {"max-tokens-per-step", TPR_ARG_INT, &(g).max_tokens_per_step,                                                  \
+  {"max-batch", TPR_ARG_SIZE, &(g).max_batch, "sequences a replica runs per step (default: all the prompts)"},      \
+  {"max-tokens-per-step", TPR_ARG_SIZE, &(g).max_tokens_per_step,                                                  \
    "token budget of a step per replica: decodes first, then prefill chunks (default 256)"},                       \
-  {"block-size", TPR_ARG_INT, &(g).block_size, "KV cache rows per block (default 16)"},                          \
-  {"kv-cache-bytes", TPR_ARG_INT, &(g).kv_cache_bytes,                                                           \
+  {"block-size", TPR_ARG_SIZE, &(g).block_size, "KV cache rows per block (default 16)"},                          \
+  {"kv-cache-bytes", TPR_ARG_SIZE, &(g).kv_cache_bytes,                                                           \
    "KV pool per rank, all layers (default: room for --max-batch full-length sequences)"},                         \
   {"kv-cache-fraction", TPR_ARG_FLOAT, &(g).kv_cache_fraction,                                                   \
    "KV pool as this fraction of the memory free after loading (instead of --kv-cache-bytes)"}

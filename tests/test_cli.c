@@ -8,6 +8,7 @@
 #include "cli_util.h"
 
 #include <cjson/cJSON.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,7 +111,7 @@ static void test_mlp_json(void **state) {
 
 static void test_mlp_bad_args(void **state) {
   static const char *const bad[][3] = {
-      {"--tokens", "abc", "not a valid integer"}, {"--tokens", "12x", "not a valid integer"},
+      {"--tokens", "abc", "not a valid size"}, {"--tokens", "12x", "not a valid size"},
       {"--tokens", NULL, "needs a value"},        {"--bogus", NULL, "unknown option '--bogus'"},
       {"--json=1", NULL, "takes no value"},
   };
@@ -265,6 +266,55 @@ static void test_program_corrupt(void **state) {
   free(bytes);
 }
 
+// Sizes on the command line go through runtime/tensor.h's checked helper:
+// past 2^50, negative, or products a command multiplies past what fits, each
+// is refused with exit 2 and a message naming the option, before anything is
+// loaded or allocated. Values are drawn fresh; the control is a size at the
+// bound itself, which the parser must pass on (the command then fails later,
+// for the missing model, not for the size).
+static void test_cli_sizes(void **state) {
+  char cfg[4096], here[4096], big[32], neg[32], seq[32], mb[32], bound[32];
+  snprintf(here, sizeof here, "%s", __FILE__);
+  snprintf(cfg, sizeof cfg, "%s/fixtures/minimax_m2_tiny/config.json", dirname(here));
+  snprintf(big, sizeof big, "%lld", (long long)tt_randint((INT64_C(1) << 50) + 1, INT64_MAX));
+  snprintf(neg, sizeof neg, "%lld", (long long)-tt_randint(1, INT64_MAX));
+  int64_t s = tt_randint(1 << 16, 1 << 20), m = tt_randint((INT32_MAX / s) + 1, (INT64_C(1) << 40) / s);
+  snprintf(seq, sizeof seq, "%lld", (long long)s);
+  snprintf(mb, sizeof mb, "%lld", (long long)m);
+  snprintf(bound, sizeof bound, "%lld", (long long)(INT64_C(1) << 50));
+  printf("  too big %s, negative %s, seq-len x micro-batch %s x %s\n", big, neg, seq, mb);
+  struct {
+    const char *const *argv;
+    const char *want;
+  } cases[] = {
+      {(const char *const[]){"train", "--config", cfg, "--random-init", "--data", "none.npy", "--seq-len", big, NULL},
+       "--seq-len"},
+      {(const char *const[]){"train", "--config", cfg, "--random-init", "--data", "none.npy", "--seq-len", seq,
+                             "--micro-batch", mb, NULL},
+       "--seq-len x --micro-batch"},
+      {(const char *const[]){"bench", "model", "--config", cfg, "--random-weights", "--batch", mb, "--prompt-len", seq,
+                             NULL},
+       "--batch x (--prompt-len + --gen-len)"},
+      {(const char *const[]){"run", "--model", "none", "--prompt-ids", "1", "--max-new-tokens", neg, NULL},
+       "a size cannot be negative"},
+      {(const char *const[]){"serve", "--model", "none", "--kv-cache-bytes", big, NULL}, "larger than any size"},
+      {(const char *const[]){"eval", "--model", "none", "--data", "none.npy", "--seq-len", "1e3", NULL},
+       "is not a valid size"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    run_result r = tt_run_tpr(tpr_path, tmp_dir, cases[i].argv);
+    printf("  %s: exit %d: %s", cases[i].argv[0], r.code, r.err);
+    expect_exit(&r, 2);
+    expect_contains(r.err, cases[i].want);
+    tt_run_done(&r);
+  }
+  // Control: exactly 2^50 is a size the parser accepts.
+  run_result r = RUN("run", "--model", "none", "--prompt-ids", "1", "--max-new-tokens", bound);
+  if (r.code == 0 || strstr(r.err, "larger than any size") || strstr(r.err, "cannot be negative"))
+    fail_msg("--max-new-tokens 2^50 refused as a size (exit %d):\n%s", r.code, r.err);
+  tt_run_done(&r);
+}
+
 static int remove_tmp(void **state) {
   static const char *const names[] = {"stdout", "stderr", "missing.json", "malformed.json", "bad_value.json",
                                       "good.json", "block.tprp", "good.tprp", "bad.tprp"};
@@ -283,6 +333,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_configs),
       cmocka_unit_test(test_program_round_trip),
       cmocka_unit_test(test_program_corrupt),
+      cmocka_unit_test(test_cli_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, remove_tmp);
 }

@@ -86,12 +86,18 @@ static void test_kv_larger_than_machine(void **state) {
   expect_refused((const char *const[]){"--kv-cache-bytes", "1000000000000000", NULL}, 0, "--kv-cache-bytes) needs");
   expect_refused((const char *const[]){"--max-batch", "100000000", "--max-seq", "100000000", NULL}, 0,
                  "--max-batch x --max-seq) needs");
-  // Past int64: an overflow is named, not wrapped into a small pool.
+  // Each size within the CLI's bound (2^50) but their product of blocks past
+  // int64: an overflow is named, not wrapped into a small pool.
   double secs;
-  run_result r = run_with((const char *const[]){"--max-batch", "4611686018427387904", "--max-seq", "1000", NULL}, 0,
-                          &secs);
-  printf("  --max-batch 2^62 --max-seq 1000: exit %d\n    %s", r.code, r.err);
+  run_result r = run_with((const char *const[]){"--max-batch", "1125899906842624", "--max-seq", "1125899906842624",
+                                                 NULL}, 0, &secs);
+  printf("  --max-batch 2^50 --max-seq 2^50: exit %d\n    %s", r.code, r.err);
   assert_true(r.code > 0 && strstr(r.err, "overflows"));
+  tt_run_done(&r);
+  // One size past the bound is refused by the option parser itself.
+  r = run_with((const char *const[]){"--max-batch", "4611686018427387904", "--max-seq", "1000", NULL}, 0, &secs);
+  printf("  --max-batch 2^62: exit %d\n    %s", r.code, r.err);
+  assert_true(r.code == 2 && strstr(r.err, "--max-batch 4611686018427387904: larger than any size"));
   tt_run_done(&r);
 }
 
