@@ -52,7 +52,7 @@ int tpr_cmd_serve(int argc, char **argv) {
       {"max-body-bytes", TPR_ARG_SIZE, &max_body, "largest request body; larger ones get 413 (default 1 MiB)"},
       {"chat-template", TPR_ARG_STR, &template_name,
        "chat template of /v1/chat/completions: auto (recognised from the checkpoint; ChatML when it has none), "
-       "chatml, minimax_m2"},
+       "chatml, minimax_m2, hunyuan_moe"},
       {"request-timeout", TPR_ARG_FLOAT, &request_timeout,
        "seconds a client has to send a whole request, and an idle keep-alive connection stays open; 408 after "
        "(default 30; 0: none)"},
@@ -67,7 +67,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   };
   const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
-                      "       [--chat-template auto|chatml|minimax_m2] [--request-timeout S] [--drain-timeout S]\n"
+                      "       [--chat-template auto|chatml|minimax_m2|hunyuan_moe] [--request-timeout S] [--drain-timeout S]\n"
                       "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
                       "POST /v1/chat/completions";
@@ -90,7 +90,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   if (strcmp(template_name, "auto") == 0) {
     tmpl = tpr_chat_template_detect(model, tmpl_why, sizeof tmpl_why);
   } else if (!tpr_chat_template_parse(template_name, &tmpl)) {
-    fprintf(stderr, "tpr serve: unknown --chat-template '%s' (auto, chatml, minimax_m2)\n", template_name);
+    fprintf(stderr, "tpr serve: unknown --chat-template '%s' (auto, chatml, minimax_m2, hunyuan_moe)\n", template_name);
     return 2;
   }
   int64_t eos = -1, max_pos = 0;

@@ -1,12 +1,19 @@
 // Chat templates, built in (tpr has no Jinja engine, so a checkpoint's own
 // template text is recognised, not run):
-//   chatml      <|im_start|>{role}\n{content}<|im_end|>\n per message, then
-//               <|im_start|>assistant\n  (Qwen2/Qwen3, Qwen3-MoE; any role)
-//   minimax_m2  ]~!b[ once, then ]~b]{role}\n{content}[e~[\n per message, the
-//               assistant's role written "ai", then ]~b]ai\n<think>\n
-//               (MiniMax-M2's turn markers; roles system, user, assistant,
-//               tool). The official template's default system prompt and
-//               tool-call rendering are not reproduced.
+//   chatml       <|im_start|>{role}\n{content}<|im_end|>\n per message, then
+//                <|im_start|>assistant\n  (Qwen2/Qwen3, Qwen3-MoE; any role)
+//   minimax_m2   ]~!b[ once, then ]~b]{role}\n{content}[e~[\n per message, the
+//                assistant's role written "ai", then ]~b]ai\n<think>\n
+//                (MiniMax-M2's turn markers; roles system, user, assistant,
+//                tool). The official template's default system prompt and
+//                tool-call rendering are not reproduced.
+//   hunyuan_moe  <|startoftext|>{system}<|extra_4|>, <|startoftext|>{user}<|extra_0|>
+//                (the user's <|startoftext|> left out right after a system
+//                message, which opened the turn), {assistant}<|eos|>; nothing
+//                after the last message: <|extra_0|> hands the turn to the
+//                model (Hunyuan-A13B-Instruct's turn markers; roles system,
+//                user, assistant). The official template's /think and
+//                /no_think switches are not reproduced.
 // The markers are special tokens of those tokenizers, so each encodes to a
 // single id.
 #include <stdio.h>
@@ -56,19 +63,45 @@ static bool put_content(sbuf *b, const cJSON *content) {
   return true;
 }
 
+// How a template writes one role's turn: open, the content, close.
+typedef struct role_def {
+  const char *role, *open, *close;
+} role_def;
+
 typedef struct template_def {
   const char *name;
-  const char *begin, *turn_open, *turn_sep, *turn_close, *generation;
-  // Roles the template can render and how it writes them; NULL: any role, as given.
-  const char *const (*roles)[2];
+  const char *begin, *generation;
+  // Any role, as given: turn_open {role} turn_sep {content} turn_close. Used
+  // when roles is NULL.
+  const char *turn_open, *turn_sep, *turn_close;
+  // The roles the template can render and how it writes each; NULL: any role.
+  const role_def *roles;
+  // A user turn right after a system message leaves out its open (the system
+  // message opened the turn).
+  bool user_joins_system;
 } template_def;
 
-static const char *const minimax_roles[][2] = {
-    {"system", "system"}, {"user", "user"}, {"assistant", "ai"}, {"tool", "tool"}, {NULL, NULL}};
+static const role_def minimax_roles[] = {{"system", "]~b]system\n", "[e~[\n"},
+                                         {"user", "]~b]user\n", "[e~[\n"},
+                                         {"assistant", "]~b]ai\n", "[e~[\n"},
+                                         {"tool", "]~b]tool\n", "[e~[\n"},
+                                         {NULL, NULL, NULL}};
+static const role_def hunyuan_roles[] = {{"system", "<|startoftext|>", "<|extra_4|>"},
+                                         {"user", "<|startoftext|>", "<|extra_0|>"},
+                                         {"assistant", "", "<|eos|>"},
+                                         {NULL, NULL, NULL}};
 
 static const template_def templates[TPR_CHAT_TEMPLATE_COUNT] = {
-    [TPR_CHAT_CHATML] = {"chatml", "", "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n", NULL},
-    [TPR_CHAT_MINIMAX_M2] = {"minimax_m2", "]~!b[", "]~b]", "\n", "[e~[\n", "]~b]ai\n<think>\n", minimax_roles},
+    [TPR_CHAT_CHATML] = {.name = "chatml",
+                         .begin = "",
+                         .generation = "<|im_start|>assistant\n",
+                         .turn_open = "<|im_start|>",
+                         .turn_sep = "\n",
+                         .turn_close = "<|im_end|>\n"},
+    [TPR_CHAT_MINIMAX_M2] = {.name = "minimax_m2", .begin = "]~!b[", .generation = "]~b]ai\n<think>\n",
+                             .roles = minimax_roles},
+    [TPR_CHAT_HUNYUAN_MOE] = {.name = "hunyuan_moe", .begin = "", .generation = "", .roles = hunyuan_roles,
+                              .user_joins_system = true},
 };
 
 const char *tpr_chat_template_name(tpr_chat_template t) {
@@ -87,6 +120,7 @@ bool tpr_chat_template_parse(const char *s, tpr_chat_template *out) {
 // Which built-in template a checkpoint's Jinja text is, by its markers.
 static tpr_chat_template recognise(const char *jinja) {
   if (strstr(jinja, "]~b]")) return TPR_CHAT_MINIMAX_M2;
+  if (strstr(jinja, "<|extra_0|>") && strstr(jinja, "<|extra_4|>")) return TPR_CHAT_HUNYUAN_MOE;
   if (strstr(jinja, "<|im_start|>")) return TPR_CHAT_CHATML;
   return TPR_CHAT_NONE;
 }
@@ -137,8 +171,8 @@ tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, siz
 char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen) {
   if (t < 0 || t >= TPR_CHAT_TEMPLATE_COUNT) {
     snprintf(err, errlen,
-             "this model's chat template is not one tpr has built in (chatml, minimax_m2): start the server with "
-             "--chat-template NAME, or use /v1/completions with a prompt you render");
+             "this model's chat template is not one tpr has built in (chatml, minimax_m2, hunyuan_moe): start the "
+             "server with --chat-template NAME, or use /v1/completions with a prompt you render");
     return NULL;
   }
   const template_def *d = &templates[t];
@@ -149,6 +183,7 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
   sbuf b = {0};
   put(&b, d->begin);
   int i = 0;
+  bool prev_system = false;
   const cJSON *m;
   cJSON_ArrayForEach(m, messages) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -157,25 +192,30 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
       snprintf(err, errlen, "messages[%d].role must be a non-empty string", i);
       goto fail;
     }
-    const char *written = role->valuestring;
+    const char *open_prefix = d->turn_open, *written = role->valuestring, *open_suffix = d->turn_sep;
+    const char *close = d->turn_close;
     if (d->roles) {
-      written = NULL;
-      for (int r = 0; d->roles[r][0]; r++)
-        if (strcmp(d->roles[r][0], role->valuestring) == 0) written = d->roles[r][1];
-      if (!written) {
+      const role_def *r = d->roles;
+      while (r->role && strcmp(r->role, role->valuestring) != 0) r++;
+      if (!r->role) {
         snprintf(err, errlen, "messages[%d].role '%.64s' has no place in the %s chat template", i, role->valuestring,
                  d->name);
         goto fail;
       }
+      bool joined = d->user_joins_system && strcmp(r->role, "user") == 0 && prev_system;
+      open_prefix = joined ? "" : r->open;
+      written = open_suffix = "";
+      close = r->close;
     }
-    put(&b, d->turn_open);
+    prev_system = strcmp(role->valuestring, "system") == 0;
+    put(&b, open_prefix);
     put(&b, written);
-    put(&b, d->turn_sep);
+    put(&b, open_suffix);
     if (!put_content(&b, content)) {
       snprintf(err, errlen, "messages[%d].content must be a string or a list of text parts", i);
       goto fail;
     }
-    put(&b, d->turn_close);
+    put(&b, close);
     i++;
   }
   put(&b, d->generation);

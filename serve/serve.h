@@ -68,10 +68,11 @@ typedef enum tpr_chat_template {
   TPR_CHAT_NONE = -1,  // the checkpoint declares a template tpr does not have: chat requests get 400
   TPR_CHAT_CHATML = 0,
   TPR_CHAT_MINIMAX_M2 = 1,
+  TPR_CHAT_HUNYUAN_MOE = 2,
   TPR_CHAT_TEMPLATE_COUNT
 } tpr_chat_template;
 
-const char *tpr_chat_template_name(tpr_chat_template t);  // "chatml", "minimax_m2"; "none"
+const char *tpr_chat_template_name(tpr_chat_template t);  // "chatml", "minimax_m2", "hunyuan_moe"; "none"
 bool tpr_chat_template_parse(const char *s, tpr_chat_template *out);
 // The template a checkpoint declares (chat_template.jinja, else
 // tokenizer_config.json's chat_template), recognised by its markers; ChatML

@@ -40,7 +40,19 @@ static void test_templates_render(void **state) {
                       "]~!b[]~b]system\nbe brief[e~[\n]~b]user\nhi there[e~[\n]~b]ai\nyes[e~[\n"
                       "]~b]user\n日本[e~[\n]~b]ai\n<think>\n");
   free(m);
-  printf("chatml and minimax_m2 render a 4-message conversation exactly\n");
+  // Hunyuan-A13B: the system message opens the first turn, so the user's
+  // <|startoftext|> is left out there and written for the later user turn.
+  char *h = render(TPR_CHAT_HUNYUAN_MOE, conversation, err, sizeof err);
+  assert_non_null(h);
+  assert_string_equal(h,
+                      "<|startoftext|>be brief<|extra_4|>hi there<|extra_0|>yes<|eos|>"
+                      "<|startoftext|>日本<|extra_0|>");
+  free(h);
+  h = render(TPR_CHAT_HUNYUAN_MOE, "[{\"role\":\"user\",\"content\":\"hi\"}]", err, sizeof err);
+  assert_non_null(h);
+  assert_string_equal(h, "<|startoftext|>hi<|extra_0|>");
+  free(h);
+  printf("chatml, minimax_m2 and hunyuan_moe render a 4-message conversation exactly\n");
 }
 
 static void test_templates_refuse(void **state) {
@@ -54,6 +66,8 @@ static void test_templates_refuse(void **state) {
   assert_null(render(TPR_CHAT_MINIMAX_M2, odd, err, sizeof err));
   assert_non_null(strstr(err, "'critic'"));
   assert_non_null(strstr(err, "minimax_m2"));
+  assert_null(render(TPR_CHAT_HUNYUAN_MOE, "[{\"role\":\"tool\",\"content\":\"x\"}]", err, sizeof err));
+  assert_non_null(strstr(err, "hunyuan_moe"));
   assert_null(render(TPR_CHAT_NONE, conversation, err, sizeof err));
   assert_non_null(strstr(err, "--chat-template"));
   assert_null(render(TPR_CHAT_CHATML, "[]", err, sizeof err));
@@ -86,6 +100,9 @@ static void test_templates_detect(void **state) {
   assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_CHATML);
   write_file(dir, "tokenizer_config.json", "{\"chat_template\": \"[INST] {{ m }} [/INST]\"}");
   assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_NONE);
+  write_file(dir, "tokenizer_config.json",
+             "{\"chat_template\": \"{{ '<|startoftext|>' + m + '<|extra_4|>' }}{{ u + '<|extra_0|>' }}\"}");
+  assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_HUNYUAN_MOE);
   // chat_template.jinja takes precedence over tokenizer_config.json.
   write_file(dir, "chat_template.jinja", "]~!b[]~b]system");
   assert_int_equal(tpr_chat_template_detect(dir, why, sizeof why), TPR_CHAT_MINIMAX_M2);
@@ -96,7 +113,8 @@ static void test_templates_detect(void **state) {
   snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
   unlink(p);
   rmdir(dir);
-  printf("detected: none -> chatml, ]~b] -> minimax_m2, named default, [INST] -> none, .jinja first\n");
+  printf("detected: none -> chatml, ]~b] -> minimax_m2, named default, [INST] -> none, extra_0/4 -> hunyuan_moe, "
+         ".jinja first\n");
 }
 
 // Feeds `stream` in random pieces; returns the requests seen (path and body
