@@ -234,7 +234,10 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
     out->coll_calls[k->op] += k->count;
     out->calls += k->count;
   }
-  if (m->world < TPR_SCALE_FIT_RANKS && m->world <= hw->ranks_per_node) out->sync_s = out->calls * hw->t_sync[m->world];
+  // The synchronisation cost of a call is that of its group's ranks
+  // meeting: t_sync at the group's size (calibrated where group = world).
+  for (int i = 0; i < n && m->world <= hw->ranks_per_node; i++)
+    if (calls[i].group < TPR_SCALE_FIT_RANKS) out->sync_s += calls[i].count * hw->t_sync[calls[i].group];
   tpr_scale_step_work(c, m, w, hw, &out->flops, &out->bytes);
   double node = m->world < hw->ranks_per_node ? m->world : hw->ranks_per_node;
   double s = hw->cores > 0 && node > hw->cores ? node / hw->cores : 1;

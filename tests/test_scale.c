@@ -184,6 +184,31 @@ static void test_predict_by_hand(void **state) {
   TT_OK(tpr_scale_predict(&tiny, &one, &wa, &hw, &alone));
   TT_OK(tpr_scale_predict(&tiny, &one, &wa, &busy, &shared));
   assert_true(alone.compute_s == shared.compute_s);
+  // The synchronisation cost (--calibrate-on tp): a call pays t_sync at its
+  // group's size, not the world's. World 4 = tp 2 x dp 2 (etp 4, the
+  // all-to-all dispatcher) issues calls over groups of 2 (tp) and 4 (etp,
+  // the world); with t_sync 1 ms at 2 and 3 ms at 4 the sync share is the
+  // sum over the call list of count x t_sync[group].
+  tpr_scale_mesh c4 = {.world = 4, .tp = 2, .dp = 2};
+  TT_OK(tpr_scale_mesh_resolve(&c4));
+  tpr_scale_work wc = {.kind = TPR_WL_DECODE, .tokens = 2, .context = 3, .samples = 2};
+  tpr_scale_call calls[TPR_SCALE_MAX_CALLS];
+  int nc = tpr_scale_step_calls(&tiny, &c4, &wc, &hw, calls);
+  double by_group = 0, by_world = 0, in2 = 0, in4 = 0;
+  for (int i = 0; i < nc; i++) {
+    by_group += calls[i].count * (calls[i].group == 2 ? 1e-3 : calls[i].group == 4 ? 3e-3 : 0);
+    by_world += calls[i].count * 3e-3;
+    if (calls[i].group == 2) in2 += calls[i].count;
+    if (calls[i].group == 4) in4 += calls[i].count;
+  }
+  tpr_scale_hw sync = hw;
+  sync.t_sync[2] = 1e-3, sync.t_sync[4] = 3e-3;
+  TT_OK(tpr_scale_predict(&tiny, &c4, &wc, &sync, &p));
+  printf("  world 4 (tp 2 x dp 2): %.0f calls over 2 ranks, %.0f over 4: sync %.6g s (by group %.6g, by world %.6g)\n",
+         in2, in4, p.sync_s, by_group, by_world);
+  assert_true(in2 > 0 && in4 > 0);
+  assert_true(fabs(p.sync_s / by_group - 1) < 1e-12);
+  assert_true(fabs(p.sync_s / by_world - 1) > 0.1);  // the world's t_sync for every call would differ
   // Negative control: all_reduce with a wrong bus factor changes mesh A by more than the tolerance.
   hw.intra[TPR_COLL_ALL_REDUCE].beta *= 2;
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));
