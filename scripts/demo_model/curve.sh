@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# After scripts/demo_model/train.sh: the validation loss of every snapshot
-# (`tpr eval` over all of val.npy's 256-token windows), the unigram/bigram
+# After scripts/demo_model/train.sh: the validation loss over all of val.npy's
+# 256-token windows (from tpr train's own eval lines; for a log without them,
+# `tpr eval` of every snapshot), the unigram/bigram
 # baselines on the same targets, a summary JSON and the loss-curve PNG.
 # Usage: scripts/demo_model/curve.sh [DATA=build/demo_data] [OUT=build/demo_run] [PNG=docs/demo_model_loss.png]
 set -euo pipefail
@@ -11,16 +12,23 @@ PNG=${3:-docs/demo_model_loss.png}
 PY=${PYTHON:-scripts/reference/.venv/bin/python}
 SEQ=${SEQ:-256}
 EVERY=${EVERY:-100}  # score every EVERY-th step's snapshot
-touch "$OUT/val.tsv"  # snapshots already scored are kept (the curve can be filled in while training runs)
-for d in "$OUT"/snapshots/step-*; do
-  step=$((10#${d##*step-}))
-  [ $((step % EVERY)) -eq 0 ] || continue
-  grep -q "^$step	" "$OUT/val.tsv" && continue
-  loss=$(build/bin/tpr eval --model "$d" --data "$DATA/val.npy" --seq-len "$SEQ" --json |
-         sed -n 's/.*"loss":\([^,]*\).*/\1/p')
-  printf '%d\t%s\n' "$step" "$loss" >> "$OUT/val.tsv"
-  echo "step $step: val loss $loss"
-done
+if grep -q '^{"eval"' "$OUT/train.jsonl"; then
+  # tpr train --eval-data scored the windows as it went (the last line for a
+  # step wins, as for the steps of a resumed part).
+  sed -n 's/^{"eval":{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1\t\2/p' "$OUT/train.jsonl" |
+    awk -F'\t' '{v[$1] = $2} END {for (s in v) print s "\t" v[s]}' | sort -n > "$OUT/val.tsv"
+else
+  touch "$OUT/val.tsv"  # snapshots already scored are kept (the curve can be filled in while training runs)
+  for d in "$OUT"/snapshots/step-*; do
+    step=$((10#${d##*step-}))
+    [ $((step % EVERY)) -eq 0 ] || continue
+    grep -q "^$step	" "$OUT/val.tsv" && continue
+    loss=$(build/bin/tpr eval --model "$d" --data "$DATA/val.npy" --seq-len "$SEQ" --json |
+           sed -n 's/.*"loss":\([^,]*\).*/\1/p')
+    printf '%d\t%s\n' "$step" "$loss" >> "$OUT/val.tsv"
+    echo "step $step: val loss $loss"
+  done
+fi
 "$PY" scripts/demo_model/baselines.py --train "$DATA/train.npy" --val "$DATA/val.npy" --vocab 4096 \
   --seq-len "$SEQ" --out "$OUT/baselines.json" >/dev/null
 "$PY" - "$OUT" "$DATA" <<'PY'

@@ -3,25 +3,23 @@
 # itself: 2 ranks under mpirun, data parallel x expert parallel (dp 2, ep 2:
 # each rank holds 4 of the 8 experts of every layer, tokens exchanged all-to-all),
 # aux-loss-free balancing of the routing bias on top of the config's small aux loss.
-# Every SAVE_EVERY steps the checkpoint is copied to OUT/snapshots/step-N so
-# that the validation curve can be computed afterwards with `tpr eval`
-# (scripts/demo_model/curve.sh) without slowing the run.
+# The validation loss over every 256-token window of val.npy is computed by
+# tpr train itself every EVAL_EVERY steps (--eval-data, the windows of
+# `tpr eval`); every SAVE_EVERY steps the checkpoint is also copied to
+# OUT/snapshots/step-N. scripts/demo_model/curve.sh then draws the curve.
 #
 # Usage: scripts/demo_model/train.sh [DATA=build/demo_data] [OUT=build/demo_run]
-#   STEPS (800) MB (micro-batch, 4) SEQ (256) LR (3e-3) SAVE_EVERY (50) override the run.
-#   RESUME=1 continues from OUT/ckpt (the log and the wall time are appended to).
-# The committed model was trained in three parts on a shared, loaded machine
-# (the schedule was shortened, then lengthened, as the load changed):
-#   STEPS=700             stopped after its step-100 save
-#   RESUME=1 STEPS=450    from step 100 (LR 2.82e-3 there instead of 2.93e-3), stopped after the step-400 save
-#   RESUME=1 STEPS=800    from step 400 to 800 (a warm restart: the LR goes back up from 4.5e-4 to 1.7e-3)
-# A resumed part reads exactly the windows an uninterrupted run would read; a run of the
-# defaults (800 steps in one go) differs from the committed model only by the LR schedule.
+#   STEPS (2000) MB (micro-batch, 4) SEQ (256) LR (3e-3) WARMUP (60) SAVE_EVERY (100)
+#   EVAL_EVERY (100) override the run. RESUME=1 continues from OUT/ckpt (the log
+#   and the wall time are appended to).
+# The committed model is one run of these defaults, in one go, on a quiet
+# machine (training.json has its wall time and curve).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${1:-build/demo_data}
 OUT=${2:-build/demo_run}
-STEPS=${STEPS:-800} MB=${MB:-4} SEQ=${SEQ:-256} LR=${LR:-3e-3} SAVE_EVERY=${SAVE_EVERY:-50}
+STEPS=${STEPS:-2000} MB=${MB:-4} SEQ=${SEQ:-256} LR=${LR:-3e-3} WARMUP=${WARMUP:-60}
+SAVE_EVERY=${SAVE_EVERY:-100} EVAL_EVERY=${EVAL_EVERY:-100}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT/snapshots"
 CKPT="$OUT/ckpt"
@@ -55,7 +53,8 @@ start=$(date +%s)
 set +e
 mpirun -np 2 build/bin/tpr train "${SRC[@]}" \
   --data "$DATA/train.npy" --seq-len "$SEQ" --micro-batch "$MB" --steps "$STEPS" \
-  --lr "$LR" --min-lr 3e-4 --warmup 30 --weight-decay 0.1 --clip 1.0 --bias-update-rate 1e-3 \
+  --eval-data "$DATA/val.npy" --eval-every "$EVAL_EVERY" \
+  --lr "$LR" --min-lr 3e-4 --warmup "$WARMUP" --weight-decay 0.1 --clip 1.0 --bias-update-rate 1e-3 \
   --tp 1 --dp 2 --ep 2 --no-fsdp --save "$CKPT" --save-every "$SAVE_EVERY" --json >> "$OUT/train.jsonl"
 rc=$?
 set -e
