@@ -289,6 +289,9 @@ static int cmd_model(int argc, char **argv) {
       if (ab->points)
         printf("%-15s %6s %12.2f %14.3f %9.1f%% %6d\n", tpr_coll_name((tpr_coll)k), ranks, ab->alpha * 1e6,
                1e-9 / ab->beta, 100 * ab->rms_rel, ab->points);
+      if (ab->points && ab->split > 0)  // the large-message regime, from `split` bytes on
+        printf("%-15s %6s %12.2f %14.3f   from %.0f KiB\n", "", "", ab->alpha_large * 1e6, 1e-9 / ab->beta_large,
+               ab->split / 1024);
     }
   double med, worst;
   int held;

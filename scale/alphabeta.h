@@ -37,11 +37,16 @@ typedef double (*tpr_bus_factor_fn)(tpr_coll op, int n);
 // ceil(log2 n): latency rounds.
 double tpr_scale_latency_steps(int n);
 
+// Two regimes where one line does not fit: an MPI library switches
+// algorithms (and messages outgrow the caches) as the size grows, so calls of
+// at least `split` bytes use their own alpha_large and beta_large.
 typedef struct tpr_ab {
   double alpha;   // seconds per latency round
   double beta;    // seconds per bus byte (1 / bus bandwidth)
   double rms_rel; // root-mean-square relative residual of the fit
   int points;     // rows used (0: not fitted)
+  double split;   // bytes (nccl-tests' size) from which the large regime holds; 0: one regime
+  double alpha_large, beta_large;
 } tpr_ab;
 
 // Time of one call of op moving `size` bytes (nccl-tests' size) over n ranks.
@@ -62,6 +67,12 @@ typedef struct tpr_comm_sample {
 // Weighted by 1/time so small and large messages count alike (relative
 // error). Fewer than two usable rows, or rows that cannot separate alpha from
 // beta, are TPR_ERR_INVALID_ARG naming the op.
+// Where one line leaves an rms relative residual over 2%, the fit also tries
+// every row size as the split between two regimes (each fitted alone, each
+// with at least two sizes and beta > 0; the small one's alpha >= 0, the large
+// one's time positive from the split on) and keeps the best split when
+// it cuts the rms residual by at least a quarter; rms_rel is then the
+// two-regime fit's.
 tpr_status tpr_scale_fit_ab(const tpr_comm_sample *s, size_t n, tpr_coll op, const char *transport, int ranks,
                             tpr_bus_factor_fn factor, tpr_ab *out);
 

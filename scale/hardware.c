@@ -53,6 +53,11 @@ static cJSON *ab_json(const tpr_ab *ab) {
   cJSON_AddNumberToObject(a, "beta_s_per_byte", ab->beta);
   cJSON_AddNumberToObject(a, "rms_rel_residual", ab->rms_rel);
   cJSON_AddNumberToObject(a, "points", ab->points);
+  if (ab->split > 0) {
+    cJSON_AddNumberToObject(a, "split_bytes", ab->split);
+    cJSON_AddNumberToObject(a, "alpha_large_s", ab->alpha_large);
+    cJSON_AddNumberToObject(a, "beta_large_s_per_byte", ab->beta_large);
+  }
   return a;
 }
 
@@ -114,6 +119,13 @@ static double num(const cJSON *j, const char *k) {
   return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+// A fit as ab_json writes it (files without the split: one regime).
+static tpr_ab ab_of_json(const cJSON *a) {
+  return (tpr_ab){.alpha = num(a, "alpha_s"), .beta = num(a, "beta_s_per_byte"), .rms_rel = num(a, "rms_rel_residual"),
+                  .points = (int)num(a, "points"), .split = num(a, "split_bytes"),
+                  .alpha_large = num(a, "alpha_large_s"), .beta_large = num(a, "beta_large_s_per_byte")};
+}
+
 tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
   *out = (tpr_scale_hw){0};
   FILE *f = fopen(path, "rb");
@@ -149,7 +161,7 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
       const cJSON *a = cJSON_GetObjectItemCaseSensitive(side, tpr_coll_name((tpr_coll)k));
       if (!a) continue;
       tpr_ab *ab = s ? &out->inter[k] : &out->intra[k];
-      *ab = (tpr_ab){num(a, "alpha_s"), num(a, "beta_s_per_byte"), num(a, "rms_rel_residual"), (int)num(a, "points")};
+      *ab = ab_of_json(a);
     }
   }
   const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_ranks"), *sync = cJSON_GetObjectItemCaseSensitive(j, "t_sync_s");
@@ -164,8 +176,7 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
       snprintf(key, sizeof key, "%d", g);
       const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(by, tpr_coll_name((tpr_coll)k)), key);
       if (a)
-        out->by_ranks[k][g] = (tpr_ab){num(a, "alpha_s"), num(a, "beta_s_per_byte"), num(a, "rms_rel_residual"),
-                                       (int)num(a, "points")};
+        out->by_ranks[k][g] = ab_of_json(a);
     }
   cJSON_Delete(j);
   if (!(out->gemm_flops > 0) || !(out->mem_bw > 0) || out->ranks_per_node < 1)

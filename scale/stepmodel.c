@@ -145,9 +145,12 @@ static int program_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, con
 }
 
 // Trained tensors per layer (q, k, v, o, q_norm, k_norm, two norms, router;
-// the experts' w13 and w2) and outside the layers (embedding, head, norm):
-// FSDP gathers and scatters, and plain DP all-reduces, one tensor per call.
-enum { DENSE_TENSORS = 9, EXPERT_TENSORS = 2, EDGE_TENSORS = 3 };
+// the experts' w13 and w2) and outside the layers (embedding, head, final
+// norm): FSDP gathers and scatters, and plain DP all-reduces, one tensor per
+// call. The layers' tensors are counted at their class's mean size; the
+// embedding and the head, which dwarf them (vocab x H), at their own, since a
+// collective's cost is not linear in its size across regimes.
+enum { DENSE_TENSORS = 9, EXPERT_TENSORS = 2 };
 
 int tpr_scale_step_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, const tpr_scale_work *w,
                          const tpr_scale_hw *hw, tpr_scale_call *calls) {
@@ -160,17 +163,23 @@ int tpr_scale_step_calls(const tpr_scale_config *c, const tpr_scale_mesh *m, con
   add(calls, &n, TPR_COLL_ALL_REDUCE, m->world, 1, L * E * 8, 1);
   double dl, el, edges;
   params(c, m, &dl, &el, &edges);
-  const double dn = DENSE_TENSORS * L + EDGE_TENSORS, en = EXPERT_TENSORS * L, dbytes = (dl * L + edges) * 4 / dn,
-               ebytes = el * L * 4 / en;
+  const double dn = DENSE_TENSORS * L, en = EXPERT_TENSORS * L, dbytes = dl * L * 4 / dn, ebytes = el * L * 4 / en,
+               table = edges / 2 * 4, norm = (double)c->hidden * 4;  // embedding or head; the final norm
   if (m->dp > 1 && m->fsdp) {
     // Every trained tensor gathered for forward and again for backward (but
-    // the one used last in forward, still whole), its gradient scattered.
-    add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, dbytes, 2 * dn - 1);
+    // the head, used last in forward and still whole), its gradient scattered.
+    add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, dbytes, 2 * dn);
     add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, dbytes, dn);
+    add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, table, 3);
+    add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, table, 2);
+    add(calls, &n, TPR_COLL_ALL_GATHER, m->dp, tp, norm, 2);
+    add(calls, &n, TPR_COLL_REDUCE_SCATTER, m->dp, tp, norm, 1);
     add(calls, &n, TPR_COLL_ALL_GATHER, edp, ep * etp, ebytes, 2 * en);
     add(calls, &n, TPR_COLL_REDUCE_SCATTER, edp, ep * etp, ebytes, en);
   } else {  // plain data parallelism: every gradient all-reduced
     add(calls, &n, TPR_COLL_ALL_REDUCE, m->dp, tp, dbytes, dn);
+    add(calls, &n, TPR_COLL_ALL_REDUCE, m->dp, tp, table, 2);
+    add(calls, &n, TPR_COLL_ALL_REDUCE, m->dp, tp, norm, 1);
     add(calls, &n, TPR_COLL_ALL_REDUCE, edp, ep * etp, ebytes, en);
   }
   return n;

@@ -1,5 +1,6 @@
 // tpr scale's model: the alpha-beta fit recovers known alpha and beta from
-// noisy synthetic bench comm rows (and a wrong bus factor does not), and the
+// noisy synthetic bench comm rows (and a wrong bus factor does not), two
+// regimes split at the size where they change, and the
 // step-time predictor reproduces step times computed by hand for two tiny
 // meshes (docs/scale.md lists the calls counted).
 #include <math.h>
@@ -49,6 +50,50 @@ static void test_fit_recovers(void **state) {
     assert_true(eb < 0.01);
     assert_int_equal(ab.points, (int)n);
   }
+}
+
+// Two regimes, as an MPI library switching algorithm at 1 MiB gives: below,
+// alpha1 and beta1; from 1 MiB on, a larger alpha2 and a 3x slower beta2. The
+// fit finds the split (2 MiB: the first row size past the change, the sizes
+// going 512 KiB, 2 MiB), recovers both regimes within 1%, and predicts a
+// 64 MiB call within 1%, where the small regime's line alone (the control) is
+// off by far more.
+static void test_fit_two_regimes(void **state) {
+  tpr_comm_sample s[64];
+  for (int op = 0; op < TPR_COLL_COUNT; op++) {
+    double a1 = tt_uniform(2e-6, 20e-6), b1 = 1 / tt_uniform(5e9, 20e9), a2 = tt_uniform(50e-6, 200e-6), b2 = 3 * b1;
+    size_t n = 0;
+    for (int ranks = 2; ranks <= 8; ranks *= 2)
+      for (double size = 8; size <= 64.0 * 1048576; size *= 4) {
+        bool large = size >= 1048576;
+        double t = (large ? a2 : a1) * tpr_scale_latency_steps(ranks) +
+                   (large ? b2 : b1) * size * tpr_scale_bus_factor((tpr_coll)op, ranks);
+        s[n++] = (tpr_comm_sample){.op = (tpr_coll)op, .ranks = ranks, .size = size,
+                                   .time_s = t * (1 + 0.003 * tt_normal()), .transport = "mpi"};
+      }
+    tpr_ab ab;
+    TT_OK(tpr_scale_fit_ab(s, n, (tpr_coll)op, "mpi", 0, NULL, &ab));
+    double e1 = fmax(fabs(ab.alpha / a1 - 1), fabs(ab.beta / b1 - 1));
+    // The large regime's alpha is a small part of its calls' time (2 MiB and up), so it is known less
+    // well than its beta: 5% for alpha, 1% for beta.
+    double ea2 = fabs(ab.alpha_large / a2 - 1), e2 = fabs(ab.beta_large / b2 - 1);
+    double big = 64.0 * 1048576, want = a2 * 3 + b2 * big * tpr_scale_bus_factor((tpr_coll)op, 8);
+    tpr_ab line = {.alpha = ab.alpha, .beta = ab.beta, .points = ab.points};  // the small regime's line alone
+    double err_two = fabs(tpr_ab_time(&ab, (tpr_coll)op, 8, big) / want - 1);
+    double err_line = fabs(tpr_ab_time(&line, (tpr_coll)op, 8, big) / want - 1);
+    printf("  %-15s split %.0f KiB, small regime err %.3f%%, large alpha %.3f%% beta %.3f%%; 64 MiB at 8 ranks: "
+           "%.3f%% (one line %.0f%%), rms %.2f%%\n", tpr_coll_name((tpr_coll)op), ab.split / 1024, 100 * e1, 100 * ea2,
+           100 * e2, 100 * err_two,
+           100 * err_line, 100 * ab.rms_rel);
+    assert_true(ab.split == 2 * 1048576.0);
+    assert_true(e1 < 0.01 && ea2 < 0.05 && e2 < 0.01 && err_two < 0.01);
+    assert_true(err_line > 0.5);
+  }
+  // One regime stays one: the synthetic rows of test_fit_recovers give no split.
+  tpr_ab ab;
+  size_t n = synth(TPR_COLL_ALL_GATHER, 5e-6, 1e-10, s);
+  TT_OK(tpr_scale_fit_ab(s, n, TPR_COLL_ALL_GATHER, "mpi", 0, NULL, &ab));
+  assert_true(ab.split == 0);
 }
 
 // bench comm's rows of count 0 (a gather's 8- and 32-byte sizes round to no
@@ -148,10 +193,13 @@ static void test_predict_by_hand(void **state) {
   // Mesh B: train, world 2 = dp 2 = ep 2 (etp 1, edp 1), FSDP, 2 tokens, context 1.
   //   all_to_all: counts 8 B x 1, tokens 32 B x 4 (dispatch, combine, both backward) -> 5 rounds, 68 bus bytes
   //   all_reduce over the world: 12 B + 16 B -> 2 rounds, 28 B
-  //   FSDP over dp 2, one call per trained tensor: 9 in the layer + 3 outside = 12 tensors holding
-  //     64 + 64 params (512 B, 128/3 B each), each gathered twice (the last one once) and scattered once
-  //     -> 35 rounds, 35 x 64/3 = 2240/3 bus bytes (the experts: edp 1, nothing)
-  //   comm = 42 x 10 us + (68 + 28 + 2240/3) ns
+  //   FSDP over dp 2, one call per trained tensor, each gathered twice (the head, used last in
+  //     forward, once) and scattered once; bus bytes are half of each size:
+  //     the layer's 9 tensors, 64 params (256 B, 256/9 each): 18 gathers + 9 scatters of 256/9 B
+  //     embedding and head, 32 params (128 B) each: 3 gathers + 2 scatters of 128 B
+  //     the final norm, 4 params (16 B): 2 gathers + 1 scatter of 16 B
+  //     -> 35 rounds, (768 + 640 + 48) / 2 = 728 bus bytes (the experts: edp 1, nothing)
+  //   comm = 42 x 10 us + (68 + 28 + 728) ns
   // Compute: forward 224 + 32 + 192 + 128 = 576 FLOPs, x3 = 1728; bytes 3 x 176 x 4 + 7 x 4 x 88 = 4576 -> 4576 ns.
   tpr_scale_mesh b = {.world = 2, .dp = 2, .ep = 2, .fsdp = true};
   TT_OK(tpr_scale_mesh_resolve(&b));
@@ -159,7 +207,7 @@ static void test_predict_by_hand(void **state) {
   assert_int_equal(b.etp, 1);
   tpr_scale_work wb = {.kind = TPR_WL_TRAIN, .tokens = 2, .context = 1, .samples = 2};
   TT_OK(tpr_scale_predict(&tiny, &b, &wb, &hw, &p));
-  double want_b = 4576e-9 + 4.2e-4 + (96 + 2240.0 / 3) * 1e-9;
+  double want_b = 4576e-9 + 4.2e-4 + (96 + 728) * 1e-9;
   printf("  mesh B (train dp2 ep2 fsdp): %.6g s (hand %.6g), flops %.0f, bytes %.0f, %.0f all_to_all calls\n",
          p.step_s, want_b, p.flops, p.bytes, p.coll_calls[TPR_COLL_ALL_TO_ALL]);
   assert_true(fabs(p.flops - 1728) < 1e-9 && fabs(p.bytes - 4576) < 1e-9);
@@ -402,6 +450,7 @@ int main(void) {
       cmocka_unit_test(test_fit_wrong_factor),
       cmocka_unit_test(test_fit_by_ranks),
       cmocka_unit_test(test_fit_skips_empty_rows),
+      cmocka_unit_test(test_fit_two_regimes),
       cmocka_unit_test(test_predict_by_hand),
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_results_schema),
