@@ -26,6 +26,9 @@ static int cmp_d(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+// The median of m sorted values (m > 0): the mean of the middle two for even m.
+static double median_sorted(const double *v, size_t m) { return m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2; }
+
 static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
 
 // The points calibration uses: every single-rank point (t_fixed) and, with
@@ -68,24 +71,28 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
   *hw = (tpr_scale_hw){.ranks_per_node = 1 << 20, .param_bytes = 4, .act_bytes = 4, .sync_on_tp = sync_on_tp};
   snprintf(hw->name, sizeof hw->name, "calibrated");
   if (!n) return TPR_FAIL(TPR_ERR_INVALID_ARG, "scale model: %s/results.jsonl has no points", dir);
-  // The roofline: the median of the sweeps' machine descriptions (each
-  // sweep measures the machine once; several sweeps may share a DIR).
-  double *v = malloc(2 * n * sizeof *v);
+  // The roofline: the median of the sweeps' machine descriptions. Each
+  // sweep (one tpr scale run) measures the machine once and several may
+  // share a DIR, so each description counts once, not once per point: a
+  // probe that a passing load slowed would otherwise weigh as much as the
+  // sweep's point count.
+  double *v = malloc(4 * n * sizeof *v);
   if (!v) return TPR_FAIL(TPR_ERR_OOM, "scale model: %zu points", n);
-  for (size_t i = 0; i < n; i++) v[i] = pts[i].sgemm_gflops, v[n + i] = pts[i].read_gbs;
-  qsort(v, n, sizeof *v, cmp_d);
-  qsort(v + n, n, sizeof *v, cmp_d);
-  hw->gemm_flops = v[n / 2] * 1e9, hw->mem_bw = v[n + n / 2] * 1e9, hw->cores = pts[0].cores;
-  // The all-cores-busy rates: the median of the sweeps that measured them.
-  size_t nb = 0;
-  for (size_t i = 0; i < n; i++)
+  size_t ns = 0, nb = 0;
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = pts[j].sgemm_gflops == pts[i].sgemm_gflops && pts[j].read_gbs == pts[i].read_gbs &&
+             pts[j].read_gbs_node == pts[i].read_gbs_node && pts[j].sgemm_gflops_busy == pts[i].sgemm_gflops_busy;
+    if (seen) continue;
+    v[ns] = pts[i].sgemm_gflops, v[n + ns] = pts[i].read_gbs, ns++;
+    // The all-cores-busy rates: the median of the sweeps that measured them.
     if (pts[i].read_gbs_node > 0 && pts[i].sgemm_gflops_busy > 0)
-      v[nb] = pts[i].read_gbs_node, v[n + nb] = pts[i].sgemm_gflops_busy, nb++;
-  if (nb) {
-    qsort(v, nb, sizeof *v, cmp_d);
-    qsort(v + n, nb, sizeof *v, cmp_d);
-    hw->mem_bw_node = v[nb / 2] * 1e9, hw->gemm_flops_busy = v[n + nb / 2] * 1e9;
+      v[2 * n + nb] = pts[i].read_gbs_node, v[3 * n + nb] = pts[i].sgemm_gflops_busy, nb++;
   }
+  for (int k = 0; k < 4; k++) qsort(v + k * n, k < 2 ? ns : nb, sizeof *v, cmp_d);
+  hw->gemm_flops = median_sorted(v, ns) * 1e9, hw->mem_bw = median_sorted(v + n, ns) * 1e9, hw->cores = pts[0].cores;
+  if (nb) hw->mem_bw_node = median_sorted(v + 2 * n, nb) * 1e9, hw->gemm_flops_busy = median_sorted(v + 3 * n, nb) * 1e9;
   free(v);
   DIR *d = opendir(dir);
   if (!d) return TPR_FAIL(TPR_ERR_IO, "scale model: cannot list %s", dir);
@@ -132,20 +139,23 @@ static tpr_status calibrate(const char *dir, const tpr_scale_config *cfg, const 
     if (additive) hw->t_fixed[w] = m ? r[m / 2] : 0;
     else hw->roofline_factor[w] = m ? r[m / 2] : 1;
   }
-  // t_sync[np]: the median over the calibration meshes at np of what their
-  // steps took beyond the model so far, per collective call.
-  for (int g = 2; sync_on_tp && g < TPR_SCALE_FIT_RANKS; g++) {
-    double r[256];
-    size_t m = 0;
-    for (size_t i = 0; i < n && m < 256; i++) {
-      if (pts[i].mesh.world != g || !is_calibration(&pts[i], true)) continue;
-      tpr_scale_pred p;
-      TPR_CHECK(tpr_scale_predict(cfg, &pts[i].mesh, &pts[i].work, hw, &p));
-      if (p.calls > 0) r[m++] = fmax(0, (pts[i].step_s - p.step_s) / p.calls);
+  // t_sync[workload][np]: the median over the workload's calibration meshes
+  // at np of what their steps took beyond the model so far, per collective
+  // call. (One value for every workload would carry a training step's wait,
+  // whose segments between calls are long, to decode's short ones.)
+  for (int w = 0; sync_on_tp && w < 3; w++)
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
+      double r[256];
+      size_t m = 0;
+      for (size_t i = 0; i < n && m < 256; i++) {
+        if (pts[i].workload != (tpr_workload)w || pts[i].mesh.world != g || !is_calibration(&pts[i], true)) continue;
+        tpr_scale_pred p;
+        TPR_CHECK(tpr_scale_predict(cfg, &pts[i].mesh, &pts[i].work, hw, &p));
+        if (p.calls > 0) r[m++] = fmax(0, (pts[i].step_s - p.step_s) / p.calls);
+      }
+      if (m) qsort(r, m, sizeof *r, cmp_d);
+      hw->t_sync[w][g] = m ? r[m / 2] : 0;
     }
-    if (m) qsort(r, m, sizeof *r, cmp_d);
-    hw->t_sync[g] = m ? r[m / 2] : 0;
-  }
   return TPR_OK;
 }
 
@@ -278,8 +288,11 @@ static int cmd_model(int argc, char **argv) {
   if (hw.mem_bw_node > 0)
     printf("  every core busy: read %.1f GB/s for the node (shared by its running ranks), sgemm %.1f GFLOP/s per "
            "rank\n", hw.mem_bw_node * 1e-9, hw.gemm_flops_busy * 1e-9);
-  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
-    if (hw.t_sync[g] > 0) printf("  synchronisation cost per collective call at np %d: %.1f us\n", g, hw.t_sync[g] * 1e6);
+  for (int w = 0; w < 3; w++)
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
+      if (hw.t_sync[w][g] > 0)
+        printf("  synchronisation cost per collective call, %s at np %d: %.1f us\n", tpr_workload_name((tpr_workload)w),
+               g, hw.t_sync[w][g] * 1e6);
   printf("%-15s %6s %12s %14s %10s %6s\n", "collective", "ranks", "alpha us", "bus GB/s", "rms resid", "rows");
   for (int k = 0; k < TPR_COLL_COUNT; k++)
     for (int g = 0; g < TPR_SCALE_FIT_RANKS; g++) {

@@ -94,13 +94,16 @@ tpr_status tpr_scale_hw_write(const char *path, const tpr_scale_hw *hw) {
     }
   }
   cJSON_AddItemToObject(j, "by_ranks", by);
-  cJSON *sync = cJSON_CreateObject();
-  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++)
-    if (hw->t_sync[g] > 0) {
-      char key[8];
-      snprintf(key, sizeof key, "%d", g);
-      cJSON_AddNumberToObject(sync, key, hw->t_sync[g]);
-    }
+  cJSON *sync = cJSON_CreateObject();  // per workload, per group size
+  for (int w = 0; w < 3; w++) {
+    cJSON *per = cJSON_AddObjectToObject(sync, tpr_workload_name((tpr_workload)w));
+    for (int g = 2; per && g < TPR_SCALE_FIT_RANKS; g++)
+      if (hw->t_sync[w][g] > 0) {
+        char key[8];
+        snprintf(key, sizeof key, "%d", g);
+        cJSON_AddNumberToObject(per, key, hw->t_sync[w][g]);
+      }
+  }
   cJSON_AddItemToObject(j, "t_sync_s", sync);
   cJSON_AddStringToObject(j, "calibration_points", hw->sync_on_tp ? "np1+tp" : "np1");
   cJSON_AddItemToObject(j, "intra", intra);
@@ -165,11 +168,12 @@ tpr_status tpr_scale_hw_read(const char *path, tpr_scale_hw *out) {
     }
   }
   const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_ranks"), *sync = cJSON_GetObjectItemCaseSensitive(j, "t_sync_s");
-  for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
-    char key[8];
-    snprintf(key, sizeof key, "%d", g);
-    out->t_sync[g] = num(sync, key);
-  }
+  for (int w = 0; w < 3; w++)
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
+      char key[8];
+      snprintf(key, sizeof key, "%d", g);
+      out->t_sync[w][g] = num(cJSON_GetObjectItemCaseSensitive(sync, tpr_workload_name((tpr_workload)w)), key);
+    }
   for (int k = 0; k < TPR_COLL_COUNT; k++)
     for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) {
       char key[8];

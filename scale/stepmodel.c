@@ -85,11 +85,13 @@ static void add(tpr_scale_call *calls, int *n, tpr_coll op, int group, int strid
 
 // Parameters per rank: the dense ones (attention, router, embeddings, head)
 // split over tp, the experts over ep*etp. Per layer for the first two.
+// Attention holds ceil(heads / tp) query heads (padded) and at least one KV
+// head: past tp = kv_heads the KV heads are replicated, not split.
 static void params(const tpr_scale_config *c, const tpr_scale_mesh *m, double *dense_layer, double *expert_layer,
                    double *edges) {
   double H = (double)c->hidden, D = (double)c->head_dim;
-  *dense_layer = (H * (double)(c->heads + 2 * c->kv_heads) * D + (double)c->heads * D * H) / m->tp +
-                 H * (double)c->experts + 2 * H;
+  double q_r = ceil((double)c->heads / m->tp), kv_r = fmax(1, ceil((double)c->kv_heads / m->tp));
+  *dense_layer = H * D * (2 * q_r + 2 * kv_r) + H * (double)c->experts + 2 * H;
   *expert_layer = (double)c->experts * 3 * H * (double)c->expert_ffn / ((double)m->ep * m->etp);
   *edges = 2 * (double)c->vocab * H / m->tp;
 }
@@ -196,10 +198,12 @@ void tpr_scale_step_work(const tpr_scale_config *c, const tpr_scale_mesh *m, con
   const double nq = (double)c->heads, nkv = (double)c->kv_heads, E = (double)c->experts;
   const double k = (double)(c->top_k < c->experts ? c->top_k : c->experts), F = (double)c->expert_ffn;
   const double P = hw->param_bytes;
-  // Forward FLOPs of the replica's T tokens on one of its tp ranks; expert
+  // Forward FLOPs of the replica's T tokens on one of its tp ranks (its
+  // query heads and its KV heads, replicated past tp = kv_heads); expert
   // work spreads over all world ranks, dp*T tokens / world = T / tp each.
-  double attn = 2 * T * H * (nq + 2 * nkv) * D + 2 * T * nq * D * H + 4 * T * nq * D * (double)w->context;
-  double fwd = L * (attn / m->tp + 2 * T * H * E + 6 * T * k * H * F / m->tp) +
+  const double q_r = ceil(nq / m->tp), kv_r = fmax(1, ceil(nkv / m->tp));
+  double attn = 2 * T * H * (q_r + 2 * kv_r) * D + 2 * T * q_r * D * H + 4 * T * q_r * D * (double)w->context;
+  double fwd = L * (attn + 2 * T * H * E + 6 * T * k * H * F / m->tp) +
                2 * (double)w->samples * H * (double)c->vocab / m->tp;
   double dl, el, edges;
   params(c, m, &dl, &el, &edges);
@@ -209,10 +213,14 @@ void tpr_scale_step_work(const tpr_scale_config *c, const tpr_scale_mesh *m, con
     // Weights read forward and twice backward; AdamW reads w, g, m, v and writes w, m, v (f32).
     *bytes = 3 * held * P + 7 * 4 * owned;
   } else {
-    // Inference reads the dense slices and the experts the step's tokens pick.
-    double touched = fmin(E, k * T) / E;
+    // Inference reads the dense slices, the head's slice, the embedding's
+    // rows of the step's tokens, and the experts the step's tokens pick: a
+    // rank's experts see every replica's tokens (dp*T), each picking k of E
+    // at random, so an expert is hit with probability 1 - (1 - k/E)^(dp*T)
+    // (what tpr bench model counts as a decode step's bytes).
+    double hit = 1 - pow(1 - k / E, T * m->dp);
     *flops = fwd;
-    *bytes = (dl * L + edges / 2 + (double)w->samples / fmax(T, 1) * edges / 2 + touched * el * L) * P;
+    *bytes = (dl * L + edges / 2 + T * H / m->tp + hit * el * L) * P;
   }
 }
 
@@ -246,7 +254,7 @@ tpr_status tpr_scale_predict(const tpr_scale_config *c, const tpr_scale_mesh *m,
   // The synchronisation cost of a call is that of its group's ranks
   // meeting: t_sync at the group's size (calibrated where group = world).
   for (int i = 0; i < n && m->world <= hw->ranks_per_node; i++)
-    if (calls[i].group < TPR_SCALE_FIT_RANKS) out->sync_s += calls[i].count * hw->t_sync[calls[i].group];
+    if (calls[i].group < TPR_SCALE_FIT_RANKS) out->sync_s += calls[i].count * hw->t_sync[w->kind][calls[i].group];
   tpr_scale_step_work(c, m, w, hw, &out->flops, &out->bytes);
   double node = m->world < hw->ranks_per_node ? m->world : hw->ranks_per_node;
   double s = hw->cores > 0 && node > hw->cores ? node / hw->cores : 1;

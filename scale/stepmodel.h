@@ -69,11 +69,13 @@ typedef struct tpr_scale_hw {
   // present: on one machine they see what the pooled latency term cannot,
   // such as ranks outnumbering cores.
   tpr_ab by_ranks[TPR_COLL_COUNT][TPR_SCALE_FIT_RANKS];
-  // Seconds per collective call of a step at this many ranks on one node,
-  // beyond its alpha-beta time: the wait for a peer that is not running
-  // (ranks sharing cores, other load), which back-to-back bench comm calls
-  // do not see. Calibrated on measured steps (tpr scale model); 0 in presets.
-  double t_sync[TPR_SCALE_FIT_RANKS];
+  // Per workload, seconds per collective call of a step at this many ranks
+  // on one node, beyond its alpha-beta time: the wait for a peer that is not
+  // running (ranks sharing cores, other load), which back-to-back bench comm
+  // calls do not see. Per workload because the wait depends on the compute
+  // between calls (a decode step's segments are far shorter than a training
+  // step's). Calibrated on measured steps (tpr scale model); 0 in presets.
+  double t_sync[3][TPR_SCALE_FIT_RANKS];
   bool sync_on_tp;  // calibrated: t_sync from the tp = np meshes (else single-rank points only)
 } tpr_scale_hw;
 

@@ -9,11 +9,13 @@
 
 #include <cjson/cJSON.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_util.h"
 #include "models/minimax_m2.h"
 #include "runtime/ops/ops.h"
 #include "scale/alphabeta.h"
+#include "scale/hardware.h"
 #include "scale/results.h"
 #include "scale/stepmodel.h"
 #include "test_util.h"
@@ -179,16 +181,19 @@ static void test_predict_by_hand(void **state) {
   //   all_reduce: embedding 16 B, qk-norm 2 x 4 B, o_proj 16 B, expert output over etp 16 B -> 5 rounds, 56 B
   //   all_gather: logits 8 x 1 x 4 = 32 B -> 1 round, 16 bus bytes
   //   comm = 6 x 10 us + 72 ns
-  // Compute: FLOPs 144/2 (attention) + 16 (router) + 96/2 (expert) + 64/2 (head) = 168;
-  //   bytes (dense 40 + head 16 + sampled-row embedding 16 + half the experts 24) x 4 = 384 -> 384 ns.
+  // Compute: the rank's query head and the one KV head (replicated: kv_heads 1 < tp 2).
+  //   FLOPs 88 (attention: 2x4x2x(1+2) projections, 2x2x4 o_proj, 4x2x3 scores) + 16 (router)
+  //   + 96/2 (expert) + 64/2 (head) = 184;
+  //   bytes (dense 32 + 8 + 8 = 48, head slice 16, the token's embedding row slice 2, the expert
+  //   hit with probability 1 - (1 - 1/2)^1 = 1/2 of 48 = 24) x 4 = 360 -> 360 ns.
   tpr_scale_mesh a = {.world = 2, .tp = 2};
   TT_OK(tpr_scale_mesh_resolve(&a));
   assert_int_equal(a.etp, 2);
   tpr_scale_work wa = {.kind = TPR_WL_DECODE, .tokens = 1, .context = 3, .samples = 1};
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));
-  double want_a = 384e-9 + 6e-5 + 72e-9;
+  double want_a = 360e-9 + 6e-5 + 72e-9;
   printf("  mesh A (decode tp2): %.6g s (hand %.6g), flops %.0f, bytes %.0f\n", p.step_s, want_a, p.flops, p.bytes);
-  assert_true(fabs(p.flops - 168) < 1e-9 && fabs(p.bytes - 384) < 1e-9);
+  assert_true(fabs(p.flops - 184) < 1e-9 && fabs(p.bytes - 360) < 1e-9);
   assert_true(fabs(p.step_s / want_a - 1) < 1e-12);
   // Mesh B: train, world 2 = dp 2 = ep 2 (etp 1, edp 1), FSDP, 2 tokens, context 1.
   //   all_to_all: counts 8 B x 1, tokens 32 B x 4 (dispatch, combine, both backward) -> 5 rounds, 68 bus bytes
@@ -215,16 +220,16 @@ static void test_predict_by_hand(void **state) {
   assert_true(fabs(p.tokens_per_s - 4 / want_b) < 1e-6 * p.tokens_per_s);
   // The node's rates: 2 cores, both ranks of mesh A running. Their shared
   // read bandwidth 1.5 GB/s gives each 0.75 (below the solo 1): bytes take
-  // 384 / 0.75 ns = 512 ns; the busy GEMM rate 0.5 GFLOP/s at a = cores
-  // gives 168 / 0.5 = 336 ns, still under the memory time.
+  // 360 / 0.75 ns = 480 ns; the busy GEMM rate 0.5 GFLOP/s at a = cores
+  // gives 184 / 0.5 = 368 ns, still under the memory time.
   tpr_scale_hw busy = hw;
   busy.cores = 2, busy.mem_bw_node = 1.5e9, busy.gemm_flops_busy = 0.5e9;
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &busy, &p));
-  printf("  mesh A, 2 ranks sharing 1.5 GB/s: compute %.6g s (hand 512e-9)\n", p.compute_s);
-  assert_true(fabs(p.compute_s / 512e-9 - 1) < 1e-12);
-  busy.gemm_flops_busy = 0.25e9;  // now the GEMMs bound it: 168 / 0.25 = 672 ns
+  printf("  mesh A, 2 ranks sharing 1.5 GB/s: compute %.6g s (hand 480e-9)\n", p.compute_s);
+  assert_true(fabs(p.compute_s / 480e-9 - 1) < 1e-12);
+  busy.gemm_flops_busy = 0.25e9;  // now the GEMMs bound it: 184 / 0.25 = 736 ns
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &busy, &p));
-  assert_true(fabs(p.compute_s / 672e-9 - 1) < 1e-12);
+  assert_true(fabs(p.compute_s / 736e-9 - 1) < 1e-12);
   // One rank alone (world 1) streams at the solo rate whatever the node's.
   tpr_scale_mesh one = {.world = 1};
   TT_OK(tpr_scale_mesh_resolve(&one));
@@ -250,13 +255,33 @@ static void test_predict_by_hand(void **state) {
     if (calls[i].group == 4) in4 += calls[i].count;
   }
   tpr_scale_hw sync = hw;
-  sync.t_sync[2] = 1e-3, sync.t_sync[4] = 3e-3;
+  sync.t_sync[TPR_WL_DECODE][2] = 1e-3, sync.t_sync[TPR_WL_DECODE][4] = 3e-3;
+  sync.t_sync[TPR_WL_TRAIN][2] = sync.t_sync[TPR_WL_TRAIN][4] = 1;  // another workload's: not charged here
   TT_OK(tpr_scale_predict(&tiny, &c4, &wc, &sync, &p));
   printf("  world 4 (tp 2 x dp 2): %.0f calls over 2 ranks, %.0f over 4: sync %.6g s (by group %.6g, by world %.6g)\n",
          in2, in4, p.sync_s, by_group, by_world);
   assert_true(in2 > 0 && in4 > 0);
   assert_true(fabs(p.sync_s / by_group - 1) < 1e-12);
   assert_true(fabs(p.sync_s / by_world - 1) > 0.1);  // the world's t_sync for every call would differ
+  // model.json keeps t_sync per workload: read back, decode pays decode's,
+  // training its own (1 s a call: the control that the two stay apart).
+  char path[] = "/tmp/tpr_test_scale_hw_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  TT_OK(tpr_scale_hw_write(path, &sync));
+  tpr_scale_hw back;
+  TT_OK(tpr_scale_hw_read(path, &back));
+  unlink(path);
+  for (int w = 0; w < 3; w++)
+    for (int g = 2; g < TPR_SCALE_FIT_RANKS; g++) assert_true(back.t_sync[w][g] == sync.t_sync[w][g]);
+  tpr_scale_pred q;
+  TT_OK(tpr_scale_predict(&tiny, &c4, &wc, &back, &q));
+  assert_true(fabs(q.sync_s / by_group - 1) < 1e-12);
+  tpr_scale_work wt = wc;
+  wt.kind = TPR_WL_TRAIN;
+  TT_OK(tpr_scale_predict(&tiny, &c4, &wt, &back, &q));
+  assert_true(q.sync_s > 1);
   // Negative control: all_reduce with a wrong bus factor changes mesh A by more than the tolerance.
   hw.intra[TPR_COLL_ALL_REDUCE].beta *= 2;
   TT_OK(tpr_scale_predict(&tiny, &a, &wa, &hw, &p));

@@ -8,7 +8,8 @@
 # mpirun --oversubscribe, one thread per rank, repeated until stable):
 #   train   every np of --np at tp = np, dp = np (FSDP) and tp 2 x dp np/2,
 #           each at ep 1 and ep 2: 64-token sequences, 3 optimizer steps;
-#   decode  tp = np at ep 1 and ep 2: 4 sequences, 16-token prompts.
+#   decode  the same meshes (dp replicas of 4 sequences each), 16-token
+#           prompts, 16 tokens generated.
 # then calibrates the step-time model on the single-rank points
 # (`tpr scale model --calibrate DIR`) and prints, per workload, the median
 # and worst absolute prediction error over the held-out points (np > 1)
@@ -47,18 +48,19 @@ reps=(--repeats 3 --max-repeats 5)
 log() { [ $json -eq 1 ] && echo "$@" >&2 || echo "$@"; }
 
 log "scale bar: $config, np $nps, into $out (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-# Training: tp = np and dp = np (each np), tp 2 x dp np/2 (np >= 4); ep 1 and 2.
-"$tpr" scale run --config "$config" --workload train --np "$nps" --tp 1,2 --ep 1,2 --seq-len 64 --steps 3 \
-  "${reps[@]}" --out "$out" >&2
+# Each workload at the same meshes: tp 1 (dp = np; FSDP in training), tp 2 x
+# dp np/2 and tp = np (np >= 4); ep 1 and 2.
 four_up=$(echo "$nps" | tr ',' '\n' | awk '$1 >= 4' | paste -sd, -)
-if [ -n "$four_up" ]; then
+sweep() {  # workload, its options
+  local wl=$1
+  shift
+  "$tpr" scale run --config "$config" --workload "$wl" --np "$nps" --tp 1,2 --ep 1,2 "$@" "${reps[@]}" --out "$out" >&2
   for np in ${four_up//,/ }; do
-    "$tpr" scale run --config "$config" --workload train --np "$np" --tp "$np" --ep 1,2 --seq-len 64 --steps 3 \
-      "${reps[@]}" --out "$out" >&2
+    "$tpr" scale run --config "$config" --workload "$wl" --np "$np" --tp "$np" --ep 1,2 "$@" "${reps[@]}" --out "$out" >&2
   done
-fi
-"$tpr" scale run --config "$config" --workload decode --np "$nps" --ep 1,2 --batch 4 --prompt-len 16 --gen-len 16 \
-  "${reps[@]}" --out "$out" >&2
+}
+sweep train --seq-len 64 --steps 3
+sweep decode --batch 4 --prompt-len 16 --gen-len 16
 "$tpr" scale model --calibrate "$out" >"$out/model_output.txt"
 [ $json -eq 1 ] || cat "$out/model_output.txt"
 
