@@ -242,18 +242,19 @@ static const char model_usage[] =
     "the roofline factor (measured / roofline) from its single-rank points, writes DIR/model.json, predicts every\n"
     "measured point\n"
     "from its mesh and config alone (DIR/predictions.jsonl) and prints the error of each, with the median and\n"
-    "worst absolute error over the points not used for calibration (default: every point with np > 1).\n"
-    "--calibrate-on tp also fits a per-call synchronisation cost at each np from the tp = np, ep = 1 meshes\n"
-    "(then held out no more). --single-rank-residual per-step: the single-rank points' time beyond the roofline\n"
+    "worst absolute error over the points not used for calibration. By default (--calibrate-on tp) a per-call\n"
+    "synchronisation cost per workload at each np is also fitted on the tp = np, ep = 1 meshes, which are then\n"
+    "not held out; --calibrate-on single uses the single-rank points only and holds out every point with np > 1.\n"
+    "--single-rank-residual per-step: the single-rank points' time beyond the roofline\n"
     "is a fixed cost per step instead of a factor on the work (the model before the factor, for comparison).";
 
 static int cmd_model(int argc, char **argv) {
   const char *dir = NULL;
-  const char *on = "single", *residual = "per-work";
+  const char *on = "tp", *residual = "per-work";
   const tpr_arg args[] = {
       {"calibrate", TPR_ARG_STR, &dir, "sweep directory of tpr scale run"},
       {"calibrate-on", TPR_ARG_STR, &on,
-       "single (default): the single-rank points only; tp: also the tp = np, ep = 1 meshes (t_sync per np)"},
+       "tp (default): the single-rank points and the tp = np, ep = 1 meshes (t_sync per workload and np); single: the single-rank points only"},
       {"single-rank-residual", TPR_ARG_STR, &residual,
        "per-work (default): a factor on the roofline time; per-step: a fixed cost per step"},
   };

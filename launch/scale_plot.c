@@ -195,8 +195,8 @@ int tpr_scale_plot(int argc, char **argv) {
     fprintf(g, "set output '%s/predicted.png'\nset title 'Step-time model: predicted against measured (IQR bars)'\n"
                "set style data points\nset xtics norotate\nset xlabel 'measured step time (ms)'\n"
                "set ylabel 'predicted step time (ms)'\nset logscale xy\nset yrange [*:*]\nset xrange [*:*]\n"
-               "plot '%s' using ($5==0?$1:1/0):2:3:4 with xerrorbars pt 7 title 'held out (np > 1)', "
-               "'' using ($5==1?$1:1/0):2 with points pt 5 ps 1.5 title 'calibration (np 1)', "
+               "plot '%s' using ($5==0?$1:1/0):2:3:4 with xerrorbars pt 7 title 'held out', "
+               "'' using ($5==1?$1:1/0):2 with points pt 5 ps 1.5 title 'calibration (np 1; tp = np, ep 1)', "
                "x with lines dashtype 2 title 'predicted = measured', 1.3*x with lines dashtype 3 lc 'gray' title "
                "'+/-30%%', 0.7*x with lines dashtype 3 lc 'gray' notitle\n", pdir, out);
   }

@@ -10,9 +10,9 @@
 #           each at ep 1 and ep 2: 64-token sequences, 3 optimizer steps;
 #   decode  the same meshes (dp replicas of 4 sequences each), 16-token
 #           prompts, 16 tokens generated.
-# then calibrates the step-time model on the single-rank points
-# (`tpr scale model --calibrate DIR`) and prints, per workload, the median
-# and worst absolute prediction error over the held-out points (np > 1)
+# then calibrates the step-time model on the single-rank points and the
+# tp = np, ep = 1 meshes (`tpr scale model --calibrate DIR`) and prints, per
+# workload, the median and worst absolute error over the other points
 # against the bar (median <= 15%, worst <= 30%). --quick: 1 to 2 runs per mesh
 # (for a look, not for the README). DIR keeps results.jsonl, predictions.jsonl
 # and model_output.txt (the whole table, measured and predicted communication

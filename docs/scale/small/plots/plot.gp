@@ -37,4 +37,4 @@ set ylabel 'predicted step time (ms)'
 set logscale xy
 set yrange [*:*]
 set xrange [*:*]
-plot 'docs/scale/small/plots/predicted.tsv' using ($5==0?$1:1/0):2:3:4 with xerrorbars pt 7 title 'held out (np > 1)', '' using ($5==1?$1:1/0):2 with points pt 5 ps 1.5 title 'calibration (np 1)', x with lines dashtype 2 title 'predicted = measured', 1.3*x with lines dashtype 3 lc 'gray' title '+/-30%', 0.7*x with lines dashtype 3 lc 'gray' notitle
+plot 'docs/scale/small/plots/predicted.tsv' using ($5==0?$1:1/0):2:3:4 with xerrorbars pt 7 title 'held out', '' using ($5==1?$1:1/0):2 with points pt 5 ps 1.5 title 'calibration (np 1; tp = np, ep 1)', x with lines dashtype 2 title 'predicted = measured', 1.3*x with lines dashtype 3 lc 'gray' title '+/-30%', 0.7*x with lines dashtype 3 lc 'gray' notitle
