@@ -38,11 +38,54 @@ typedef struct tpr_engine_opts {
   bool debug_wrong_blocks;
 } tpr_engine_opts;
 
+// A token's logit moved before sampling (OpenAI's logit_bias).
+typedef struct tpr_logit_bias {
+  int32_t id;
+  float bias;  // added to the logit; finite, [-100, 100]
+} tpr_logit_bias;
+
+#define TPR_MAX_TOP_LOGPROBS 20
+#define TPR_MAX_LOGIT_BIAS 1024
+
+// Every field but max_new, stop_token and sampling is off when zero, so
+// {.max_new, .stop_token, .sampling} keeps its old meaning.
+//
+// Logit processing, in this order, on the logits of the row being sampled
+// (vLLM's order), before temperature / top-k / top-p (tpr_sample):
+//   1. logit_bias: logit[id] += bias for each entry;
+//   2. min_new: while fewer than min_new tokens are generated, the
+//      stop_token's logit is -inf (the sequence cannot end early);
+//   3. repetition_penalty r (HF / vLLM): every distinct id present in the
+//      prompt or the generated tokens so far has logit / r if logit > 0,
+//      logit * r otherwise;
+//   4. frequency_penalty f and presence_penalty p (OpenAI): for every id
+//      generated so far c times (c > 0), logit -= f * c + p. Prompt tokens
+//      do not count.
+// Logprobs are of the raw model output: log-softmax of the logits before
+// any of this processing and before temperature (vLLM's default,
+// "raw_logprobs"), computed in double.
 typedef struct tpr_gen_params {
   int64_t max_new;         // tokens to generate (>= 1)
   int32_t stop_token;      // ends the sequence when sampled (kept); -1: none
   tpr_sampling sampling;   // temperature, top-k, top-p, seed
+  int64_t min_new;         // >= 0, <= max_new: the stop token is masked until this many are generated
+  double frequency_penalty;   // [-2, 2]; 0: off
+  double presence_penalty;    // [-2, 2]; 0: off
+  double repetition_penalty;  // (0, 2^31); 0 or 1: off
+  const tpr_logit_bias *logit_bias;  // n_logit_bias entries (copied at submit; ids in the vocabulary)
+  int64_t n_logit_bias;              // [0, TPR_MAX_LOGIT_BIAS]
+  bool logprobs;           // record each generated token's logprob (tpr_engine_logprobs)
+  int32_t top_logprobs;    // [0, TPR_MAX_TOP_LOGPROBS]: also the this many most likely ids (needs logprobs)
 } tpr_gen_params;
+
+// One generated token's logprobs (raw log-softmax, see above).
+typedef struct tpr_token_logprob {
+  int32_t token;           // the sampled id
+  float logprob;           // its logprob
+  int32_t n_top;           // top_logprobs asked for
+  int32_t top_ids[TPR_MAX_TOP_LOGPROBS];       // most likely first; ties: lower id first
+  float top_logprobs[TPR_MAX_TOP_LOGPROBS];
+} tpr_token_logprob;
 
 typedef struct tpr_engine tpr_engine;
 
@@ -59,6 +102,29 @@ tpr_status tpr_engine_check_prompt(const tpr_engine *e, const int32_t *prompt, i
 // TPR_ERR_INVALID_ARG, nothing queued.
 tpr_status tpr_engine_submit(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g,
                              int64_t *id);
+
+// Rank 0 only: n sequences of the same prompt (OpenAI's n), g[i] the
+// parameters of sequence i (each its own seed). Ids are consecutive
+// (*first_id + i). They share the KV blocks of the prompt: sequence 0
+// computes the prompt; the others are admitted once its first
+// floor((len - 1) / block_size) blocks are written, take those blocks
+// (reference-counted, never written again) and compute only the rest of
+// the prompt, so the prompt's KV memory and prefill are paid about once.
+// A sibling preempted, or admitted after sequence 0 lost its blocks,
+// recomputes its whole prompt as any sequence does. Outputs equal n
+// separate tpr_engine_submit calls with the same parameters. Errors as
+// tpr_engine_submit, nothing queued.
+tpr_status tpr_engine_submit_n(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g, int64_t n,
+                               int64_t *first_id);
+
+// Any rank, any thread (reads only what never changes after
+// tpr_engine_new): what tpr_engine_submit would refuse for this prompt and
+// these parameters (ids outside the vocabulary, bad parameters, len +
+// max_new past max_seq, a sequence larger than a whole pool), with the
+// same messages. Lets a server answer 400 before queueing anything.
+tpr_status tpr_engine_check_request(const tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g);
+int64_t tpr_engine_max_seq(const tpr_engine *e);    // the longest sequence, prompt + generated
+int64_t tpr_engine_vocab(const tpr_engine *e);      // the model's vocabulary (ids < this)
 
 // What one step did (the same on every rank but `finished`).
 typedef struct tpr_engine_step_info {
@@ -84,6 +150,18 @@ tpr_status tpr_engine_cancel(tpr_engine *e, int64_t id);
 
 // Rank 0: a sequence's tokens so far (prompt then generated).
 tpr_status tpr_engine_result(const tpr_engine *e, int64_t id, tpr_sched_seq_info *out);
+
+// Rank 0: the logprobs of sequence id's generated token i (0-based), for a
+// sequence submitted with logprobs; valid until the next step or release.
+// TPR_ERR_INVALID_ARG: no such token yet, or the sequence did not ask.
+tpr_status tpr_engine_logprobs(const tpr_engine *e, int64_t id, int64_t i, const tpr_token_logprob **out);
+
+// Rank 0, between steps: forgets a finished (or cancelled) sequence: its
+// tokens and logprobs are freed, its id is never reused, and results for
+// it are TPR_ERR_INVALID_ARG from then on. A server calls this once an
+// answer is sent, so memory does not grow with the requests served.
+// An unfinished sequence: TPR_ERR_INVALID_ARG.
+tpr_status tpr_engine_release(tpr_engine *e, int64_t id);
 
 // Rank 0: KV blocks in use on replica r (0 once every sequence has ended).
 int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica);

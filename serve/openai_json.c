@@ -11,6 +11,7 @@
 
 void tpr_oai_request_free(tpr_oai_request *r) {
   free(r->prompt);
+  free(r->prompt_ids);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
   memset(r, 0, sizeof *r);
 }
@@ -44,6 +45,22 @@ static bool bool_field(const cJSON *j, const char *name, bool *out, char *err, s
   if (!v || cJSON_IsNull(v)) return true;
   if (!cJSON_IsBool(v)) return bad(err, errlen, status, 400, "'%s' must be a boolean", name);
   *out = cJSON_IsTrue(v);
+  return true;
+}
+
+// "prompt": [ids]: integers in [0, 2^31); the vocabulary is checked later.
+static bool prompt_ids(const cJSON *p, tpr_oai_request *out, char *err, size_t errlen, int *status) {
+  int n = cJSON_GetArraySize(p);
+  if (n == 0) return bad(err, errlen, status, 400, "'%s' is an empty list of token ids", "prompt");
+  out->prompt_ids = malloc((size_t)n * sizeof *out->prompt_ids);
+  if (!out->prompt_ids) return bad(err, errlen, status, 500, "out of memory for '%s'", "prompt");
+  const cJSON *t;
+  cJSON_ArrayForEach(t, p) {
+    double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+    if (!(v >= 0 && v < 2147483648.0 && v == floor(v)))
+      return bad(err, errlen, status, 400, "'%s' must be a string or a list of token ids (integers >= 0)", "prompt");
+    out->prompt_ids[out->n_prompt_ids++] = (int32_t)v;
+  }
   return true;
 }
 
@@ -84,18 +101,25 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tm
     }
   } else {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    // A list of one string is what the openai client sends for a batch of one.
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
+    // A list of one string (or of one list of ids) is what the openai
+    // client sends for a batch of one.
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
       p = cJSON_GetArrayItem(p, 0);
     if (!p) {
       bad(err, errlen, status, 400, "'%s' is required", "prompt");
       goto done;
     }
-    if (!cJSON_IsString(p)) {
-      bad(err, errlen, status, 400, "'%s' must be a string (or a list of one string)", "prompt");
+    if (cJSON_IsArray(p)) {
+      if (!prompt_ids(p, out, err, errlen, status)) goto done;
+    } else if (!cJSON_IsString(p)) {
+      bad(err, errlen, status, 400,
+          "'%s' must be a string, a list of token ids, or a list of one of those (batches of several prompts are "
+          "not supported)", "prompt");
       goto done;
+    } else {
+      out->prompt = strdup(p->valuestring);
     }
-    out->prompt = strdup(p->valuestring);
   }
   double max_tokens = 16, temperature = 1, top_p = 1, top_k = 0, seed = 0, n = 1;
   const char *mt = chat && cJSON_GetObjectItemCaseSensitive(j, "max_completion_tokens") ? "max_completion_tokens"

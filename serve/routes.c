@@ -139,7 +139,10 @@ static void generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *
     return respond_error(st, c, status, err);
   int32_t *ids = NULL;
   size_t n = 0;
-  if (tpr_tokenizer_encode(st->tok, q.prompt, strlen(q.prompt), true, &ids, &n) != TPR_OK) {
+  if (q.prompt_ids) {
+    ids = q.prompt_ids, n = q.n_prompt_ids;
+    q.prompt_ids = NULL, q.n_prompt_ids = 0;
+  } else if (tpr_tokenizer_encode(st->tok, q.prompt, strlen(q.prompt), true, &ids, &n) != TPR_OK) {
     snprintf(err, sizeof err, "cannot tokenize the prompt: %s", tpr_last_error());
     goto fail;
   }

@@ -90,7 +90,9 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
 
 typedef struct tpr_oai_request {
   bool chat;
-  char *prompt;            // completions: the prompt; chat: the rendered template
+  char *prompt;            // completions: the prompt; chat: the rendered template; NULL: prompt_ids
+  int32_t *prompt_ids;     // completions given token ids ("prompt": [1, 2, 3]); NULL otherwise
+  size_t n_prompt_ids;
   int64_t max_tokens;
   double temperature, top_p;
   int64_t top_k, seed;
