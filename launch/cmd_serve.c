@@ -118,7 +118,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
-                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = tpr_session_max_seq(s),
+                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = s ? tpr_session_max_seq(s) : 0,
                        .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout};
   if (rc == TPR_OK && w.rank == 0 && tmpl == TPR_CHAT_NONE)
     fprintf(stderr,
