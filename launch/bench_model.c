@@ -205,6 +205,7 @@ static double step_bytes(const tpr_session *s, const tpr_shard_plan *p, double t
 typedef struct bench_result {
   double prefill_s, decode_s;
   int64_t prefill_tokens, decode_tokens, steps, decode_steps;
+  int64_t generated_tokens;  // every sequence's, counted from the engine's results (rank 0)
   double prefill_gflop_sampled, prefill_gflop_all;  // one prefill program, logits at sampled rows / every row
   int64_t prefill_program_tokens;
 } bench_result;
@@ -220,13 +221,13 @@ static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_eng
   TPR_CHECK(tpr_engine_new(s, &eo, &e));
   int64_t V = tpr_session_config(s)->vocab_size;
   int32_t *tok = malloc((size_t)P * sizeof *tok);
-  tpr_status rc = tok ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "bench prompts");
+  int64_t *ids = w->rank == 0 ? malloc((size_t)batch * sizeof *ids) : NULL;
+  tpr_status rc = tok && (ids || w->rank != 0) ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "bench prompts");
   tpr_rng rng = {seed};
   tpr_gen_params gp = {.max_new = G + 1, .stop_token = -1, .sampling = {.temperature = 0, .top_p = 1}};
   for (int64_t b = 0; rc == TPR_OK && w->rank == 0 && b < batch; b++) {
     for (int64_t t = 0; t < P; t++) tok[t] = (int32_t)(tpr_rng_next(&rng) % (uint64_t)V);
-    int64_t id;
-    rc = tpr_engine_submit(e, tok, P, &gp, &id);
+    rc = tpr_engine_submit(e, tok, P, &gp, &ids[b]);
   }
   if (rc == TPR_OK) rc = tpr_comm_agree(w->host, rc);
   if (prof) tpr_bench_profile_start(prof);
@@ -246,6 +247,14 @@ static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_eng
     }
   }
   if (prof) tpr_bench_profile_stop();
+  // The tokens generated, prefill's first ones included (tpr bench serve
+  // compares its end-to-end rate with generated_tokens / (prefill_s + decode_s)).
+  for (int64_t b = 0; rc == TPR_OK && w->rank == 0 && b < batch; b++) {
+    tpr_sched_seq_info si;
+    rc = tpr_engine_result(e, ids[b], &si);
+    if (rc == TPR_OK) r->generated_tokens += si.len - si.prompt_len;
+  }
+  free(ids);
   free(tok);
   tpr_engine_free(e);
   return rc;
@@ -315,6 +324,9 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
            r->prefill_gflop_all, (long long)rss_max * 1024);
     for (int i = 0; i < w->size; i++) printf("%s%lld", i ? "," : "", (long long)rss_kb[i] * 1024);
     printf("],\"machine_read_threads\":%d,\"machine_read_buffer_bytes\":%zu", rf->read_threads, rf->read_bytes);
+    printf(",\"prefill_s\":%.6g,\"decode_s\":%.6g,\"prefill_tokens\":%lld,\"decode_tokens\":%lld,"
+           "\"generated_tokens\":%lld", r->prefill_s, r->decode_s, (long long)r->prefill_tokens,
+           (long long)r->decode_tokens, (long long)r->generated_tokens);
     printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
            (unsigned long long)weight_bytes, roof_tps);
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);

@@ -7,6 +7,7 @@
 #include "launch/bench_comm.h"
 #include "launch/bench_model.h"
 #include "launch/bench_moe.h"
+#include "launch/bench_serve.h"
 // -- bench kernels include
 #include "launch/bench_kernels.h"
 #include "launch/commands.h"
@@ -17,6 +18,8 @@ static const tpr_command benches[] = {
      tpr_bench_model},
     {"moe", "one MoE layer, both dispatchers: exchange GB/s and grouped GEMM GFLOP/s against all_to_all and sgemm",
      tpr_bench_moe},
+    {"serve", "tpr serve under N streaming HTTP clients (tok/s, TTFT, ITL) against tpr bench model on the same prompts",
+     tpr_bench_serve},
     // -- bench kernels entry
     {"kernels", "skinny GEMM per weight dtype against memory read GB/s; dequant+sgemm against f32 sgemm", tpr_bench_kernels},
 };

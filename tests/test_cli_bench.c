@@ -1,7 +1,10 @@
 // `tpr bench comm`, run as a subprocess: alone (the self backend) and under
 // mpirun with 2 and 3 ranks (the mpi backend, with the raw-MPI baseline);
 // `tpr bench moe` under mpirun -np 4 on the tiny fixture (its JSON figures
-// recomputed from one another and from the routing statistics).
+// recomputed from one another and from the routing statistics); `tpr bench
+// serve` on the demo model alone and with 2 ranks (every request answered,
+// its figures recomputed from its counts), failing requests and a server
+// that cannot start reported with exit 1.
 // Every op must exit 0 with no wrong element, and its --json lines must obey
 // nccl-tests' conventions exactly: sizes step as -b/-f (or -i) say, rounded
 // as each collective's GetCollByteCount does; algbw = size / time; busbw /
@@ -430,6 +433,158 @@ static void test_moe_bad_flags(void **state) {
   tt_run_done(&r);
 }
 
+// ---- bench serve -----------------------------------------------------------------
+
+static char demo_model[4200];
+
+#define SERVE(...)                                                                                    \
+  tt_run(tpr_path, tmp_dir, (const char *const[]){"bench", "serve", "--model", demo_model, __VA_ARGS__, NULL}, \
+         &(tt_run_opts){.timeout_s = 240})
+
+// A failed run keeps its logs in the directory its last stderr line names.
+static void remove_kept_logs(const char *err) {
+  const char *p = strstr(err, "logs kept in ");
+  if (!p) return;
+  char dir[256];
+  if (sscanf(p + strlen("logs kept in "), "%255s", dir) != 1 || strncmp(dir, "/tmp/tpr_bench_serve_", 21) != 0) return;
+  static const char *const files[] = {"port", "server.log", "baseline.json", "baseline.log"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(tt_path(dir, files[i]));
+  rmdir(dir);
+}
+
+// 4 clients x 1 request, prompt 8, gen 8: every figure present, and the
+// derived ones recomputed from the counts they come from.
+static void check_serve(const cJSON *j, int np) {
+  assert_string_equal(str(j, "command"), "bench serve");
+  assert_true(tt_json_num(j, "clients") == 4 && tt_json_num(j, "prompt_len") == 8 && tt_json_num(j, "gen_len") == 8 &&
+              tt_json_num(j, "np") == np && tt_json_num(j, "requests") == 1 && tt_json_num(j, "seed") == 1 &&
+              tt_json_num(j, "max_batch") == 4 && tt_json_num(j, "max_tokens") == 9);
+  assert_true(strlen(str(j, "cpu_model")) > 0);
+  // Every request answered, with the 9 tokens it asked for (8 + the prefill's).
+  assert_true(tt_json_num(j, "requests_total") == 4 && tt_json_num(j, "requests_answered") == 4 &&
+              tt_json_num(j, "requests_failed") == 0);
+  assert_int_equal(cJSON_GetArraySize(obj(j, "errors")), 0);
+  double tokens = tt_json_num(j, "completion_tokens"), chunks = tt_json_num(j, "text_chunks");
+  assert_true(tokens == 36);
+  assert_true(chunks >= 4 && chunks <= tokens);  // a chunk holds one token's text or more
+  double dur = pos(j, "duration_s");
+  expect_close(pos(j, "output_tok_s"), tokens / dur, 1e-12, "output tok/s = completion tokens / duration");
+  expect_close(pos(j, "requests_per_s"), 4 / dur, 1e-12, "requests/s");
+  print_message("  np %d: %.1f tok/s, TTFT p50 %.2f ms, ITL p50 %.2f ms; baseline %.1f tok/s end to end\n", np,
+                tt_json_num(j, "output_tok_s"), tt_json_num(j, "ttft_ms_p50"), tt_json_num(j, "itl_ms_p50"),
+                tt_json_num(j, "baseline_end_to_end_tok_s"));
+  assert_true(tt_json_num(j, "ttft_count") == 4);
+  double t50 = pos(j, "ttft_ms_p50"), t99 = pos(j, "ttft_ms_p99"), tmean = pos(j, "ttft_ms_mean");
+  assert_true(t50 <= t99 && tmean <= t99);
+  // One gap between each pair of a request's consecutive text chunks. Two
+  // chunks can arrive in one read (a gap of 0), so only the mean and the
+  // tail must be positive.
+  assert_true(tt_json_num(j, "itl_count") == chunks - 4);
+  double i50 = tt_json_num(j, "itl_ms_p50"), i99 = pos(j, "itl_ms_p99");
+  pos(j, "itl_ms_mean");
+  assert_true(i50 >= 0 && i50 <= i99);
+  assert_true(tt_json_num(j, "client_cpu_s") >= 0);
+  assert_true(tt_json_num(j, "server_exit_status") == 0 && cJSON_IsFalse(obj(j, "server_killed")));
+  assert_true(tt_json_num(j, "server_processes_signalled") == np);  // the ranks under mpirun, else tpr serve
+  // The baseline: tpr bench model's batch of 4, its generated tokens counted.
+  assert_true(tt_json_num(j, "baseline_exit_status") == 0);
+  pos(j, "baseline_prefill_tok_s"), pos(j, "baseline_decode_tok_s");
+  assert_true(tt_json_num(j, "baseline_generated_tokens") == 36 && tt_json_num(j, "baseline_steps") >= 9);
+  double e2e = pos(j, "baseline_end_to_end_tok_s");
+  expect_close(e2e, 36 / (pos(j, "baseline_prefill_s") + pos(j, "baseline_decode_s")), 1e-12,
+               "baseline end-to-end = generated / (prefill_s + decode_s)");
+  double r1 = pos(j, "serve_vs_baseline_end_to_end"), r2 = pos(j, "serve_vs_baseline_decode");
+  assert_true(isfinite(r1) && isfinite(r2));
+  expect_close(r1, tt_json_num(j, "output_tok_s") / e2e, 1e-12, "serve / baseline end to end");
+  expect_close(r2, tt_json_num(j, "output_tok_s") / tt_json_num(j, "baseline_decode_tok_s"), 1e-12,
+               "serve / baseline decode");
+}
+
+static void test_serve(void **state) {
+  cJSON *j = tt_json_of(SERVE("--clients", "4", "--prompt-len", "8", "--gen-len", "8", "--np", "1", "--json"));
+  check_serve(j, 1);
+  cJSON_Delete(j);
+  // Under mpirun the ranks get SIGTERM. Open MPI's components leak what
+  // LeakSanitizer cannot attribute (as for every mpirun test).
+  const char *asan = getenv("ASAN_OPTIONS");
+  char *saved = asan ? strdup(asan) : NULL;
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+  j = tt_json_of(SERVE("--clients", "4", "--prompt-len", "8", "--gen-len", "8", "--np", "2", "--json"));
+  if (saved) setenv("ASAN_OPTIONS", saved, 1);
+  else unsetenv("ASAN_OPTIONS");
+  free(saved);
+  check_serve(j, 2);
+  cJSON_Delete(j);
+  // The table: every row named.
+  run_result r = SERVE("--clients", "2", "--prompt-len", "4", "--gen-len", "2");
+  expect_exit(&r, 0);
+  static const char *const rows[] = {"requests answered", "output tokens/s (aggregate)", "TTFT ms", "ITL ms", "p50",
+                                     "p99", "server exit status after SIGTERM", "end-to-end tokens/s",
+                                     "decode tokens/s", "serving / baseline end-to-end", "serving / baseline decode"};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) expect_contains(r.out, rows[i]);
+  expect_contains(r.err, "the server exited with status 0");
+  tt_run_done(&r);
+}
+
+// Failures are reported and exit 1, never counted as answers: a server that
+// refuses every request (its context too short for prompt + max_tokens), a
+// server that cannot start (its error shown, no hang); bad options exit 2.
+static void test_serve_failures(void **state) {
+  run_result r = SERVE("--clients", "3", "--prompt-len", "8", "--gen-len", "8", "--server-arg", "--max-seq",
+                       "--server-arg", "12", "--json");
+  expect_exit(&r, 1);
+  cJSON *j = cJSON_Parse(r.out);
+  if (!cJSON_IsObject(j)) fail_msg("not a JSON object:\n%s", r.out);
+  assert_true(tt_json_num(j, "requests_answered") == 0 && tt_json_num(j, "requests_failed") == 3);
+  assert_int_equal(cJSON_GetArraySize(obj(j, "errors")), 3);
+  expect_contains(cJSON_GetArrayItem(obj(j, "errors"), 0)->valuestring, "HTTP 400");
+  assert_true(is_null(j, "ttft_ms_p50") && tt_json_num(j, "completion_tokens") == 0);
+  cJSON_Delete(j);
+  expect_contains(r.err, "longer than the context of 12 tokens");
+  remove_kept_logs(r.err);
+  tt_run_done(&r);
+
+  r = tt_run(tpr_path, tmp_dir,
+             (const char *const[]){"bench", "serve", "--model", "/nonexistent/model", "--clients", "2", NULL},
+             &(tt_run_opts){.timeout_s = 120});
+  expect_exit(&r, 1);
+  expect_contains(r.err, "the server exited with status 1 before listening");
+  expect_contains(r.err, "cannot open /nonexistent/model");  // tpr serve's own message, from its log
+  remove_kept_logs(r.err);
+  tt_run_done(&r);
+
+  static const struct {
+    const char *args[4], *message;
+  } cases[] = {
+      {{"--frobnicate"}, "unknown option '--frobnicate'"},
+      {{"--clients", "0"}, "--clients must be in [1, 4096]"},
+      {{"--gen-len", "0"}, "--prompt-len and --gen-len must be >= 1"},
+      {{"--np", "0"}, "--np must be in [1, 1024]"},
+      {{"--requests", "0"}, "--requests must be >= 1"},
+      {{"--start-timeout", "0"}, "must be > 0"},
+      {{"--clients", "two"}, "not a valid size"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *argv[10] = {"bench", "serve", "--model", demo_model};
+    int n = 4;
+    for (int k = 0; k < 4 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
+    argv[n] = NULL;
+    r = tt_run_tpr(tpr_path, tmp_dir, argv);
+    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
+    expect_contains(r.err, cases[i].message);
+    tt_run_done(&r);
+  }
+  r = RUN("serve", "--clients", "2");
+  expect_exit(&r, 2);
+  expect_contains(r.err, "--model is required");
+  tt_run_done(&r);
+  r = RUN("serve", "--help");
+  expect_exit(&r, 0);
+  expect_contains(r.out, "--server-arg");
+  expect_contains(r.out, "TTFT");
+  tt_run_done(&r);
+}
+
 static int remove_tmp(void **state) {
   unlink(tt_path(tmp_dir, "stdout"));
   unlink(tt_path(tmp_dir, "stderr"));
@@ -441,11 +596,14 @@ int main(void) {
   if (!mkdtemp(tmp_dir)) return 1;
   char here[4096];
   snprintf(here, sizeof here, "%s", __FILE__);  // absolute under CMake: tests/ of the source tree
-  snprintf(moe_config, sizeof moe_config, "%s/fixtures/minimax_m2_tiny/config.json", dirname(here));
+  const char *tests_dir = dirname(here);
+  snprintf(moe_config, sizeof moe_config, "%s/fixtures/minimax_m2_tiny/config.json", tests_dir);
+  snprintf(demo_model, sizeof demo_model, "%s/fixtures/demo_model", tests_dir);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),       cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_alone),
       cmocka_unit_test(test_two_ranks),  cmocka_unit_test(test_three_ranks), cmocka_unit_test(test_table),
-      cmocka_unit_test(test_moe),        cmocka_unit_test(test_moe_bad_flags),
+      cmocka_unit_test(test_moe),        cmocka_unit_test(test_moe_bad_flags), cmocka_unit_test(test_serve),
+      cmocka_unit_test(test_serve_failures),
   };
   return cmocka_run_group_tests(tests, NULL, remove_tmp);
 }
