@@ -33,7 +33,7 @@
 
 typedef struct settings {
   const char *model;
-  int64_t clients, prompt_len, gen_len, np, requests, seed, max_batch;
+  int64_t clients, prompt_len, gen_len, np, requests, seed, max_batch, warmup;
   double start_timeout_s, request_timeout_s, stop_timeout_s;
   tpr_arg_list server_args, baseline_args;
   bool json;
@@ -140,9 +140,8 @@ static bool summarize_requests(const settings *s, const tpr_load_request *r, int
 // The request bodies: client c's k-th request asks with prompt k x clients + c,
 // drawn as tpr bench model draws its batch (P ids from one splitmix64 stream
 // of --seed, modulo the vocabulary), so the first round holds the baseline's
-// very prompts.
-static char **request_bodies(const settings *s, int64_t vocab) {
-  int64_t n = s->clients * s->requests;
+// very prompts; the warm-up requests' prompts come after all of them.
+static char **request_bodies(const settings *s, int64_t vocab, int64_t n) {
   char **bodies = calloc((size_t)n, sizeof *bodies);
   tpr_rng rng = {(uint64_t)s->seed};
   size_t cap = (size_t)s->prompt_len * 12 + 256;
@@ -170,6 +169,31 @@ static char **request_bodies(const settings *s, int64_t vocab) {
 static void free_bodies(char **b, int64_t n) {
   for (int64_t i = 0; b && i < n; i++) free(b[i]);
   free(b);
+}
+
+static tpr_load_opts load_opts(const settings *s, int port, int clients, int per_client, char **bodies) {
+  return (tpr_load_opts){.host = "127.0.0.1", .port = port, .path = "/v1/completions", .clients = clients,
+                         .requests_per_client = per_client, .bodies = bodies,
+                         .expect_completion_tokens = s->gen_len + 1, .idle_timeout_s = s->request_timeout_s};
+}
+
+// Requests sent one at a time before the measured ones, as vLLM's
+// benchmark_serving sends one first: a setup that cannot answer stops here,
+// and the measurement does not include the server's start (its port file is
+// written once rank 0 listens, maybe before every rank is ready).
+static bool warm_up(const settings *s, int port, char **bodies) {
+  if (s->warmup == 0) return true;
+  tpr_load_request *w = calloc((size_t)s->warmup, sizeof *w);
+  tpr_load_opts lo = load_opts(s, port, 1, (int)s->warmup, bodies);
+  bool ok = w && tpr_load_run(&lo, w);
+  for (int64_t i = 0; ok && i < s->warmup; i++)
+    if (w[i].error[0]) {
+      fprintf(stderr, CMD ": warm-up request %lld failed: %s\n", (long long)i, w[i].error);
+      ok = false;
+    }
+  tpr_load_requests_free(w, w ? s->warmup : 0);
+  free(w);
+  return ok;
 }
 
 static bool start_server(const settings *s, tpr_proc *server, serve_result *out) {
@@ -245,17 +269,17 @@ static bool run_serving(const settings *s, serve_result *out) {
   tpr_proc server;
   if (!start_server(s, &server, out)) return false;
   int64_t n = s->clients * s->requests, vocab = model_vocab(s);
-  char **bodies = vocab > 0 ? request_bodies(s, vocab) : NULL;
+  char **bodies = vocab > 0 ? request_bodies(s, vocab, n + s->warmup) : NULL;
   tpr_load_request *reqs = bodies ? calloc((size_t)n, sizeof *reqs) : NULL;
   bool ok = reqs != NULL;
   if (bodies && !reqs) fprintf(stderr, CMD ": out of memory for %lld requests\n", (long long)n);
+  if (ok && s->warmup) fprintf(stderr, CMD ": %lld warm-up request%s\n", (long long)s->warmup, s->warmup > 1 ? "s" : "");
+  ok = ok && warm_up(s, out->port, bodies + n);
   if (ok) {
     fprintf(stderr, CMD ": %lld clients x %lld requests (prompt %lld tokens, %lld generated)\n",
             (long long)s->clients, (long long)s->requests, (long long)s->prompt_len, (long long)s->gen_len + 1);
     allow_sockets(s->clients);
-    tpr_load_opts lo = {.host = "127.0.0.1", .port = out->port, .path = "/v1/completions",
-                        .clients = (int)s->clients, .requests_per_client = (int)s->requests, .bodies = bodies,
-                        .expect_completion_tokens = s->gen_len + 1, .idle_timeout_s = s->request_timeout_s};
+    tpr_load_opts lo = load_opts(s, out->port, (int)s->clients, (int)s->requests, bodies);
     double cpu0 = cpu_seconds();
     ok = tpr_load_run(&lo, reqs);
     out->client_cpu_s = cpu_seconds() - cpu0;
@@ -266,7 +290,7 @@ static bool run_serving(const settings *s, serve_result *out) {
   }
   tpr_load_requests_free(reqs, n);
   free(reqs);
-  free_bodies(bodies, n);
+  free_bodies(bodies, n + s->warmup);
   out->stop = tpr_proc_stop_server(&server, s->stop_timeout_s);
   char log[128];
   path_in(s, "server.log", log, sizeof log);
@@ -386,6 +410,7 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
   cJSON_AddNumberToObject(j, "requests", (double)s->requests);
   cJSON_AddNumberToObject(j, "seed", (double)s->seed);
   cJSON_AddNumberToObject(j, "max_batch", (double)(s->max_batch > s->clients ? s->max_batch : s->clients));
+  cJSON_AddNumberToObject(j, "warmup_requests", (double)s->warmup);
   cJSON *sa = cJSON_AddArrayToObject(j, "server_args");
   for (int i = 0; i < s->server_args.n; i++) cJSON_AddItemToArray(sa, cJSON_CreateString(s->server_args.items[i]));
   cJSON *ba = cJSON_AddArrayToObject(j, "baseline_args");
@@ -480,6 +505,7 @@ static bool settings_ok(settings *s, const char *usage) {
                     : s->prompt_len < 1 || s->gen_len < 1            ? "--prompt-len and --gen-len must be >= 1"
                     : s->np < 1 || s->np > 1024                      ? "--np must be in [1, 1024]"
                     : s->requests < 1                                ? "--requests must be >= 1"
+                    : s->warmup > 1000                               ? "--warmup must be at most 1000"
                     : s->clients * s->requests > 1000000             ? "--clients x --requests must be at most 10^6"
                     : !(s->start_timeout_s > 0) || !(s->request_timeout_s > 0) || !(s->stop_timeout_s > 0)
                         ? "--start-timeout, --request-timeout and --stop-timeout must be > 0"
@@ -499,7 +525,7 @@ static bool settings_ok(settings *s, const char *usage) {
 
 int tpr_bench_serve(int argc, char **argv) {
   settings s = {.clients = 8, .prompt_len = 32, .gen_len = 16, .np = 1, .requests = 1, .seed = 1,
-                .start_timeout_s = 120, .request_timeout_s = 600, .stop_timeout_s = 60};
+                .warmup = 1, .start_timeout_s = 120, .request_timeout_s = 600, .stop_timeout_s = 60};
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &s.model, "checkpoint directory (config.json, tokenizer.json), as tpr serve takes"},
       {"clients", TPR_ARG_SIZE, &s.clients, "concurrent streaming clients; the baseline's --batch (default 8)"},
@@ -510,6 +536,9 @@ int tpr_bench_serve(int argc, char **argv) {
       {"requests", TPR_ARG_SIZE, &s.requests, "requests each client sends one after another (default 1)"},
       {"seed", TPR_ARG_INT, &s.seed, "seed of the prompts, drawn as tpr bench model draws them (default 1)"},
       {"max-batch", TPR_ARG_SIZE, &s.max_batch, "the server's --max-batch (default and at least: --clients)"},
+      {"warmup", TPR_ARG_SIZE, &s.warmup,
+       "requests sent one at a time first, not measured; one failing stops the run (default 1, as vLLM's "
+       "initial test run; 0: none)"},
       {"server-arg", TPR_ARG_STR_LIST, &s.server_args, "one more argument of tpr serve (repeatable)"},
       {"baseline-arg", TPR_ARG_STR_LIST, &s.baseline_args, "one more argument of tpr bench model (repeatable)"},
       {"start-timeout", TPR_ARG_FLOAT, &s.start_timeout_s, "seconds the server may take to listen (default 120)"},
@@ -521,14 +550,16 @@ int tpr_bench_serve(int argc, char **argv) {
   };
   const char *usage =
       "usage: tpr bench serve --model DIR [--clients N] [--prompt-len P] [--gen-len G] [--np R] [--requests K]\n"
-      "                       [--seed S] [--max-batch B] [--server-arg ARG ...] [--baseline-arg ARG ...] [--json]\n\n"
-      "Starts `[mpirun -np R --oversubscribe] tpr serve --model DIR --port 0 --max-batch max(N, B)`, sends N\n"
-      "concurrent streaming POST /v1/completions (P random token ids, max_tokens G + 1, greedy, ignore_eos), K per\n"
-      "client one after another, stops the server with SIGTERM, then runs `tpr bench model --batch N --prompt-len P\n"
-      "--gen-len G` on the same ranks and prompts. Reports aggregate output tok/s, TTFT and ITL (p50, p99, mean;\n"
-      "vLLM benchmark_serving's definitions) beside the baseline's end-to-end tok/s (generated tokens over its\n"
-      "prefill + decode step time) and decode tok/s. Exits 1 if any request fails, the server does not exit 0, or\n"
-      "the baseline fails. The server and mpirun inherit the environment (mpirun: $MPIEXEC, else PATH).";
+      "                       [--seed S] [--max-batch B] [--warmup W] [--server-arg ARG ...] [--baseline-arg ARG ...]\n"
+      "                       [--json]\n\n"
+      "Starts `[mpirun -np R --oversubscribe] tpr serve --model DIR --port 0 --max-batch max(N, B)`, sends W\n"
+      "warm-up requests one at a time, then N concurrent streaming POST /v1/completions (P random token ids,\n"
+      "max_tokens G + 1, greedy, ignore_eos), K per client one after another, stops the server with SIGTERM, then\n"
+      "runs `tpr bench model --batch N --prompt-len P --gen-len G` on the same ranks and prompts. Reports aggregate\n"
+      "output tok/s, TTFT and ITL (p50, p99, mean; vLLM benchmark_serving's definitions) beside the baseline's\n"
+      "end-to-end tok/s (generated tokens over its prefill + decode step time) and decode tok/s. Exits 1 if any\n"
+      "request fails, the server does not exit 0, or the baseline fails. The server and mpirun inherit the\n"
+      "environment (mpirun: $MPIEXEC, else PATH).";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!settings_ok(&s, usage)) return 2;

@@ -458,7 +458,8 @@ static void check_serve(const cJSON *j, int np) {
   assert_string_equal(str(j, "command"), "bench serve");
   assert_true(tt_json_num(j, "clients") == 4 && tt_json_num(j, "prompt_len") == 8 && tt_json_num(j, "gen_len") == 8 &&
               tt_json_num(j, "np") == np && tt_json_num(j, "requests") == 1 && tt_json_num(j, "seed") == 1 &&
-              tt_json_num(j, "max_batch") == 4 && tt_json_num(j, "max_tokens") == 9);
+              tt_json_num(j, "max_batch") == 4 && tt_json_num(j, "max_tokens") == 9 &&
+              tt_json_num(j, "warmup_requests") == 1);
   assert_true(strlen(str(j, "cpu_model")) > 0);
   // Every request answered, with the 9 tokens it asked for (8 + the prefill's).
   assert_true(tt_json_num(j, "requests_total") == 4 && tt_json_num(j, "requests_answered") == 4 &&
@@ -527,11 +528,20 @@ static void test_serve(void **state) {
 }
 
 // Failures are reported and exit 1, never counted as answers: a server that
-// refuses every request (its context too short for prompt + max_tokens), a
+// refuses every request (its context too short for prompt + max_tokens: the
+// warm-up request stops the run, or without one every request fails), a
 // server that cannot start (its error shown, no hang); bad options exit 2.
 static void test_serve_failures(void **state) {
   run_result r = SERVE("--clients", "3", "--prompt-len", "8", "--gen-len", "8", "--server-arg", "--max-seq",
-                       "--server-arg", "12", "--json");
+                       "--server-arg", "12");
+  expect_exit(&r, 1);
+  expect_contains(r.err, "warm-up request 0 failed: HTTP 400");
+  expect_contains(r.err, "the server exited with status 0");  // stopped all the same
+  assert_true(strlen(r.out) == 0);
+  remove_kept_logs(r.err);
+  tt_run_done(&r);
+  r = SERVE("--clients", "3", "--prompt-len", "8", "--gen-len", "8", "--server-arg", "--max-seq", "--server-arg",
+            "12", "--warmup", "0", "--json");
   expect_exit(&r, 1);
   cJSON *j = cJSON_Parse(r.out);
   if (!cJSON_IsObject(j)) fail_msg("not a JSON object:\n%s", r.out);
@@ -562,6 +572,7 @@ static void test_serve_failures(void **state) {
       {{"--np", "0"}, "--np must be in [1, 1024]"},
       {{"--requests", "0"}, "--requests must be >= 1"},
       {{"--start-timeout", "0"}, "must be > 0"},
+      {{"--warmup", "1001"}, "--warmup must be at most 1000"},
       {{"--clients", "two"}, "not a valid size"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
