@@ -65,6 +65,9 @@ typedef struct baseline_result {
   int64_t generated_tokens, steps;
 } baseline_result;
 
+// The server's --max-batch: room for every client at once.
+static int64_t server_max_batch(const settings *s) { return s->max_batch > s->clients ? s->max_batch : s->clients; }
+
 static const char *path_in(const settings *s, const char *name, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/%s", s->dir, name);
   return buf;
@@ -137,6 +140,11 @@ static bool summarize_requests(const settings *s, const tpr_load_request *r, int
 
 // ---- the server and the clients ------------------------------------------------------------------------
 
+static void free_bodies(char **b, int64_t n) {
+  for (int64_t i = 0; b && i < n; i++) free(b[i]);
+  free(b);
+}
+
 // The request bodies: client c's k-th request asks with prompt k x clients + c,
 // drawn as tpr bench model draws its batch (P ids from one splitmix64 stream
 // of --seed, modulo the vocabulary), so the first round holds the baseline's
@@ -159,16 +167,19 @@ static char **request_bodies(const settings *s, int64_t vocab, int64_t n) {
   }
   for (int64_t i = 0; bodies && i < n; i++)
     if (!bodies[i]) {
-      for (int64_t k = 0; k < n; k++) free(bodies[k]);
-      free(bodies);
+      free_bodies(bodies, n);
       return NULL;
     }
   return bodies;
 }
 
-static void free_bodies(char **b, int64_t n) {
-  for (int64_t i = 0; b && i < n; i++) free(b[i]);
-  free(b);
+// `[mpirun -np R --oversubscribe] tpr WORDS... --model DIR`: the server and
+// the baseline run on the same ranks and checkpoint.
+static void push_tpr_command(const settings *s, tpr_proc_argv *a, const char *const *words) {
+  tpr_proc_push_launcher(a, (int)s->np, s->mpirun, s->tpr);
+  for (int i = 0; words[i]; i++) tpr_proc_push(a, words[i]);
+  tpr_proc_push(a, "--model");
+  tpr_proc_push(a, s->model);
 }
 
 static tpr_load_opts load_opts(const settings *s, int port, int clients, int per_client, char **bodies) {
@@ -201,16 +212,13 @@ static bool start_server(const settings *s, tpr_proc *server, serve_result *out)
   path_in(s, "port", port_file, sizeof port_file);
   path_in(s, "server.log", log, sizeof log);
   tpr_proc_argv a = {0};
-  tpr_proc_push_launcher(&a, (int)s->np, s->mpirun, s->tpr);
-  tpr_proc_push(&a, "serve");
-  tpr_proc_push(&a, "--model");
-  tpr_proc_push(&a, s->model);
+  push_tpr_command(s, &a, (const char *const[]){"serve", NULL});
   tpr_proc_push(&a, "--port");
   tpr_proc_push(&a, "0");
   tpr_proc_push(&a, "--port-file");
   tpr_proc_push(&a, port_file);
   tpr_proc_push(&a, "--max-batch");
-  tpr_proc_pushf(&a, "%lld", (long long)(s->max_batch > s->clients ? s->max_batch : s->clients));
+  tpr_proc_pushf(&a, "%lld", (long long)server_max_batch(s));
   for (int i = 0; i < s->server_args.n; i++) tpr_proc_push(&a, s->server_args.items[i]);
   fprintf(stderr, CMD ": starting the server: %s\n", tpr_proc_line(&a, line, sizeof line));
   double t0 = tpr_cli_now();
@@ -331,11 +339,7 @@ static void run_baseline(const settings *s, baseline_result *b) {
   path_in(s, "baseline.json", out_path, sizeof out_path);
   path_in(s, "baseline.log", log, sizeof log);
   tpr_proc_argv a = {0};
-  tpr_proc_push_launcher(&a, (int)s->np, s->mpirun, s->tpr);
-  tpr_proc_push(&a, "bench");
-  tpr_proc_push(&a, "model");
-  tpr_proc_push(&a, "--model");
-  tpr_proc_push(&a, s->model);
+  push_tpr_command(s, &a, (const char *const[]){"bench", "model", NULL});
   tpr_proc_push(&a, "--batch");
   tpr_proc_pushf(&a, "%lld", (long long)s->clients);
   tpr_proc_push(&a, "--prompt-len");
@@ -409,7 +413,7 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
   cJSON_AddNumberToObject(j, "np", (double)s->np);
   cJSON_AddNumberToObject(j, "requests", (double)s->requests);
   cJSON_AddNumberToObject(j, "seed", (double)s->seed);
-  cJSON_AddNumberToObject(j, "max_batch", (double)(s->max_batch > s->clients ? s->max_batch : s->clients));
+  cJSON_AddNumberToObject(j, "max_batch", (double)server_max_batch(s));
   cJSON_AddNumberToObject(j, "warmup_requests", (double)s->warmup);
   cJSON *sa = cJSON_AddArrayToObject(j, "server_args");
   for (int i = 0; i < s->server_args.n; i++) cJSON_AddItemToArray(sa, cJSON_CreateString(s->server_args.items[i]));
@@ -466,7 +470,7 @@ static void print_table(const settings *s, const serve_result *r, const baseline
          "server --max-batch %lld\n",
          s->model, (long long)s->np, (long long)s->clients, (long long)s->requests, s->requests == 1 ? "" : "s",
          (long long)s->prompt_len, (long long)s->gen_len + 1, (long long)s->gen_len,
-         (long long)(s->max_batch > s->clients ? s->max_batch : s->clients));
+         (long long)server_max_batch(s));
   printf("  cpu: %s\n", cpu);
   printf("  serving (tpr serve, streaming over HTTP)\n");
   printf("    %-34s %10lld / %lld failed\n", "requests answered", (long long)r->answered, (long long)r->failed);

@@ -38,6 +38,16 @@ static void expect_contains(const char *hay, const char *needle) {
   if (!strstr(hay, needle)) fail_msg("expected '%s' in:\n%s", needle, hay);
 }
 
+// Bad usage: `tpr ARGV...` (under mpirun -np np when np > 0) exits 2 with
+// `message` on stderr.
+static void expect_usage_error(const char *const *argv, int np, const char *message) {
+  run_result r = tt_run(tpr_path, tmp_dir, argv, &(tt_run_opts){.np = np, .timeout_s = 60});
+  if (r.code != 2) fail_msg("tpr %s %s %s ...: exit %d, want 2\n%s%s", argv[0], argv[1] ? argv[1] : "",
+                            argv[1] && argv[2] ? argv[2] : "", r.code, r.out, r.err);
+  expect_contains(r.err, message);
+  tt_run_done(&r);
+}
+
 static const char *str(const cJSON *j, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
   if (!cJSON_IsString(v)) fail_msg("JSON key '%s' missing or not a string", key);
@@ -194,10 +204,7 @@ static void test_bad_flags(void **state) {
     int n = 4;
     for (int k = 0; k < 6 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
     argv[n] = NULL;
-    run_result r = tt_run_tpr(tpr_path, tmp_dir, argv);
-    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
-    expect_contains(r.err, cases[i].message);
-    tt_run_done(&r);
+    expect_usage_error(argv, 0, cases[i].message);
   }
 }
 
@@ -409,24 +416,13 @@ static void test_moe_bad_flags(void **state) {
     int n = 5;
     for (int k = 0; k < 4 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
     argv[n] = NULL;
-    run_result r = tt_run(tpr_path, tmp_dir, argv, &(tt_run_opts){.np = cases[i].np, .timeout_s = 60});
-    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
-    expect_contains(r.err, cases[i].message);
-    tt_run_done(&r);
+    expect_usage_error(argv, cases[i].np, cases[i].message);
   }
-  run_result r = RUN("moe", "--random-weights");
-  expect_exit(&r, 2);
-  expect_contains(r.err, "give --config FILE");
-  tt_run_done(&r);
-  r = RUN("moe", "--config", moe_config);
-  expect_exit(&r, 2);
-  expect_contains(r.err, "give --random-weights");
-  tt_run_done(&r);
-  r = RUN("moe", "--config", "/nonexistent/config.json", "--random-weights");
-  expect_exit(&r, 2);
-  expect_contains(r.err, "/nonexistent/config.json");
-  tt_run_done(&r);
-  r = RUN("moe", "--help");
+  expect_usage_error((const char *const[]){"bench", "moe", "--random-weights", NULL}, 0, "give --config FILE");
+  expect_usage_error((const char *const[]){"bench", "moe", "--config", moe_config, NULL}, 0, "give --random-weights");
+  expect_usage_error((const char *const[]){"bench", "moe", "--config", "/nonexistent/config.json", "--random-weights", NULL},
+                     0, "/nonexistent/config.json");
+  run_result r = RUN("moe", "--help");
   expect_exit(&r, 0);
   expect_contains(r.out, "--capacity-factor");
   expect_contains(r.out, "vs sgemm");
@@ -580,15 +576,9 @@ static void test_serve_failures(void **state) {
     int n = 4;
     for (int k = 0; k < 4 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
     argv[n] = NULL;
-    r = tt_run_tpr(tpr_path, tmp_dir, argv);
-    if (r.code != 2) fail_msg("case %zu (%s ...): exit %d, want 2\n%s%s", i, cases[i].args[0], r.code, r.out, r.err);
-    expect_contains(r.err, cases[i].message);
-    tt_run_done(&r);
+    expect_usage_error(argv, 0, cases[i].message);
   }
-  r = RUN("serve", "--clients", "2");
-  expect_exit(&r, 2);
-  expect_contains(r.err, "--model is required");
-  tt_run_done(&r);
+  expect_usage_error((const char *const[]){"bench", "serve", "--clients", "2", NULL}, 0, "--model is required");
   r = RUN("serve", "--help");
   expect_exit(&r, 0);
   expect_contains(r.out, "--server-arg");
