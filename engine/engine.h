@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/logit_proc.h"  // tpr_logit_bias, tpr_token_logprob, TPR_MAX_*
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "models/sampling.h"
@@ -37,15 +38,6 @@ typedef struct tpr_engine_opts {
   // table, not their own, so sequences read each other's history.
   bool debug_wrong_blocks;
 } tpr_engine_opts;
-
-// A token's logit moved before sampling (OpenAI's logit_bias).
-typedef struct tpr_logit_bias {
-  int32_t id;
-  float bias;  // added to the logit; finite, [-100, 100]
-} tpr_logit_bias;
-
-#define TPR_MAX_TOP_LOGPROBS 20
-#define TPR_MAX_LOGIT_BIAS 1024
 
 // Every field but max_new, stop_token and sampling is off when zero, so
 // {.max_new, .stop_token, .sampling} keeps its old meaning.
@@ -77,15 +69,6 @@ typedef struct tpr_gen_params {
   bool logprobs;           // record each generated token's logprob (tpr_engine_logprobs)
   int32_t top_logprobs;    // [0, TPR_MAX_TOP_LOGPROBS]: also the this many most likely ids (needs logprobs)
 } tpr_gen_params;
-
-// One generated token's logprobs (raw log-softmax, see above).
-typedef struct tpr_token_logprob {
-  int32_t token;           // the sampled id
-  float logprob;           // its logprob
-  int32_t n_top;           // top_logprobs asked for
-  int32_t top_ids[TPR_MAX_TOP_LOGPROBS];       // most likely first; ties: lower id first
-  float top_logprobs[TPR_MAX_TOP_LOGPROBS];
-} tpr_token_logprob;
 
 typedef struct tpr_engine tpr_engine;
 

@@ -187,16 +187,14 @@ void tpr_sched_free(tpr_sched *s) {
   free(s);
 }
 
-// Every reason tpr_sched_submit refuses a sequence; TPR_OK when it fits.
-static tpr_status check_submit(const tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new,
-                               int32_t stop_token) {
+tpr_status tpr_sched_check_submit(const tpr_sched_opts *o, const int32_t *prompt, int64_t len, int64_t max_new,
+                                  int32_t stop_token) {
   if (len < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: empty prompt (len %lld)", (long long)len);
   if (!prompt) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL prompt of len %lld", (long long)len);
   if (max_new < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: max_new %lld must be >= 1", (long long)max_new);
   if (stop_token < -1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: stop_token %d must be >= 0, or -1 for none", stop_token);
-  const tpr_sched_opts *o = &s->o;
   if (len > o->max_seq || max_new > o->max_seq - len)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: prompt len %lld + max_new %lld exceeds max_seq %lld",
                     (long long)len, (long long)max_new, (long long)o->max_seq);
@@ -220,7 +218,7 @@ tpr_status tpr_sched_submit_n(tpr_sched *s, const int32_t *prompt, int64_t len, 
   if (!s || !first_id || !max_new || !stop_token)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL %s", s ? "argument" : "scheduler");
   if (n < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit_n: n %lld must be >= 1", (long long)n);
-  for (int64_t i = 0; i < n; i++) TPR_CHECK(check_submit(s, prompt, len, max_new[i], stop_token[i]));
+  for (int64_t i = 0; i < n; i++) TPR_CHECK(tpr_sched_check_submit(&s->o, prompt, len, max_new[i], stop_token[i]));
   // The group goes where its first sequence would: siblings share its pool.
   int best = 0;
   for (int r = 1; r < s->o.replicas; r++)

@@ -117,6 +117,11 @@ void tpr_sched_free(tpr_sched *s);
 tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new, int32_t stop_token,
                             int64_t *id);
 
+// What tpr_sched_submit would refuse, from the options alone (a pure
+// function: callable from any thread on a copy of the options).
+tpr_status tpr_sched_check_submit(const tpr_sched_opts *o, const int32_t *prompt, int64_t len, int64_t max_new,
+                                  int32_t stop_token);
+
 // Adds a sibling group: n >= 1 sequences of one prompt (copied once per
 // sequence), sequence i with max_new[i] and stop_token[i]; ids are
 // *first_id + i. Errors as tpr_sched_submit, for any i; nothing is added.
