@@ -16,6 +16,13 @@
 // nor on preemption (recompute). Every rank of a replica samples the same
 // token from the same all-gathered logits; rank 0 collects each replica's
 // tokens with one small all-gather per step.
+//
+// Logit processing needs a sequence's history, which only rank 0 keeps: a
+// chunk that samples with processing or logprobs carries extra plan words
+// (its bias entries, its distinct prompt + generated ids, its generated
+// (id, count) pairs, whether its stop token is masked); chunks without add
+// nothing (engine_step.c). Logprob records ride the same all-gather, which
+// grows only in steps where some chunk asks for them.
 #ifndef TPR_ENGINE_ENGINE_H
 #define TPR_ENGINE_ENGINE_H
 
@@ -53,6 +60,8 @@ typedef struct tpr_engine_opts {
 //   4. frequency_penalty f and presence_penalty p (OpenAI): for every id
 //      generated so far c times (c > 0), logit -= f * c + p. Prompt tokens
 //      do not count.
+// Each step is computed in double from the float logit and rounded back to
+// float (engine/logit_proc.h).
 // Logprobs are of the raw model output: log-softmax of the logits before
 // any of this processing and before temperature (vLLM's default,
 // "raw_logprobs"), computed in double.

@@ -159,7 +159,7 @@ typedef struct tpr_sched_seq_info {
   int replica;
   bool finished;
   int64_t preemptions;    // times this sequence was preempted
-  int64_t shared_blocks;  // blocks it holds from its group's leader since its admission (0: none)
+  int64_t shared_blocks;  // blocks it holds from its group's leader since its admission (0: none, or not any more)
 } tpr_sched_seq_info;
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out);
 

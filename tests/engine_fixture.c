@@ -7,18 +7,9 @@
 #include "mpi_util.h"
 #include "test_util.h"
 
-engine_mesh em;
+tt_mesh em;
 
-void em_init(int *argc, char ***argv) {
-  em.world = tt_mpi_world(argc, argv);
-  em.R = tpr_comm_rank(em.world);
-  em.tp = tpr_comm_size(em.world), em.dp = 1, em.ep = 1;
-  for (int i = 1; i + 1 < *argc; i++) {
-    if (!strcmp((*argv)[i], "--tp")) em.tp = atoi((*argv)[i + 1]);
-    if (!strcmp((*argv)[i], "--dp")) em.dp = atoi((*argv)[i + 1]);
-    if (!strcmp((*argv)[i], "--ep")) em.ep = atoi((*argv)[i + 1]);
-  }
-}
+void em_init(int *argc, char ***argv) { em = tt_mesh_init(argc, argv); }
 
 tpr_session *em_open_session(int64_t max_batch, int64_t block_size, int64_t kv_bytes) {
   tpr_session_opts o = {.model_dir = M2_FIX, .max_seq = EM_MAX_SEQ, .max_batch = max_batch,
@@ -36,11 +27,7 @@ uint64_t em_block_bytes(void) {
   return p.bytes / (uint64_t)p.blocks;
 }
 
-uint64_t em_shared_seed(void) {
-  int64_t seed = em.R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
-  TT_OK(tpr_comm_broadcast(em.world, &seed, &seed, 1, TPR_I64, 0));
-  return (uint64_t)seed;
-}
+uint64_t em_shared_seed(void) { return (uint64_t)tt_shared_seed(em.world); }
 
 void em_on_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
   em_recorded *r = ctx;

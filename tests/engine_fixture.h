@@ -9,15 +9,9 @@
 #include "collectives/tpr_comm.h"
 #include "engine/engine.h"
 #include "m2_ref.h"
+#include "mpi_util.h"
 
-typedef struct engine_mesh {
-  tpr_comm_t world;
-  int R;           // this rank
-  int tp, dp, ep;  // the mesh (tp defaults to the world's size)
-} engine_mesh;
-extern engine_mesh em;
-
-// MPI up, the world communicator, the mesh from argv.
+extern tt_mesh em;  // set by em_init: MPI up, the mesh from argv
 void em_init(int *argc, char ***argv);
 
 // A session on the fixture at the mesh: max_seq em_max_seq, this batch and

@@ -1,6 +1,7 @@
 #include "logit_ref.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 const int logit_ref_order[4] = {REF_BIAS, REF_MIN_NEW, REF_REPETITION, REF_FREQUENCY_PRESENCE};
 
@@ -46,4 +47,17 @@ int64_t logit_ref_argmax(const float *row, int64_t vocab) {
   for (int64_t v = 1; v < vocab; v++)
     if (row[v] > row[best]) best = v;
   return best;
+}
+
+static const double *sort_by;  // qsort has no context argument
+static int by_value_then_id(const void *a, const void *b) {
+  int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+  if (sort_by[i] != sort_by[j]) return sort_by[i] > sort_by[j] ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+void logit_ref_sorted_ids(const double *x, int64_t vocab, int32_t *ids) {
+  for (int64_t v = 0; v < vocab; v++) ids[v] = (int32_t)v;
+  sort_by = x;
+  qsort(ids, (size_t)vocab, sizeof *ids, by_value_then_id);
 }

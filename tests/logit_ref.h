@@ -24,4 +24,8 @@ void logit_ref_row(const float *raw, int64_t vocab, const tpr_gen_params *g, con
 // The greedy choice from a row: the highest logit, the lowest id on ties.
 int64_t logit_ref_argmax(const float *row, int64_t vocab);
 
+// ids (vocab) = 0..vocab-1 by x (vocab) descending, ties lower id first:
+// the order of top_logprobs (and of tpr_sample's candidates).
+void logit_ref_sorted_ids(const double *x, int64_t vocab, int32_t *ids);
+
 #endif

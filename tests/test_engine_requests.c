@@ -86,6 +86,14 @@ static void random_prompt(tpr_rng *rng, request *q, int64_t lo, int64_t hi) {
   for (int64_t t = 0; t < q->len; t++) q->prompt[t] = (int32_t)(tpr_rng_next(rng) % V);
 }
 
+// Request r of w: one sequence of a random prompt of [lo, hi] tokens.
+static request *single_request(workload *w, int r, tpr_rng *rng, int64_t lo, int64_t hi) {
+  request *q = &w->q[r];
+  q->n = 1;
+  random_prompt(rng, q, lo, hi);
+  return q;
+}
+
 static double uniform(tpr_rng *rng, double lo, double hi) { return lo + (hi - lo) * tpr_rng_uniform(rng); }
 
 // Runs the workload (separate: groups as n single submissions, the same ids).
@@ -143,10 +151,8 @@ static void processing_workload(workload *w, uint64_t seed, bool processing) {
   memset(w, 0, sizeof *w);
   w->n_requests = 10;
   for (int r = 0; r < w->n_requests; r++) {
-    request *q = &w->q[r];
+    request *q = single_request(w, r, &rng, 3, 14);
     tpr_gen_params *g = &q->g[0];
-    q->n = 1;
-    random_prompt(&rng, q, 3, 14);
     q->arrive_step = r == 0 ? 0 : w->q[r - 1].arrive_step + (int)(tpr_rng_next(&rng) % 2);
     *g = (tpr_gen_params){.max_new = 6 + (int64_t)(tpr_rng_next(&rng) % 4), .stop_token = -1,
                           .sampling = {.top_p = 1, .seed = tpr_rng_next(&rng)}};
@@ -241,10 +247,8 @@ static void logprobs_workload(workload *w, uint64_t seed) {
   memset(w, 0, sizeof *w);
   w->n_requests = 8;
   for (int r = 0; r < w->n_requests; r++) {
-    request *q = &w->q[r];
+    request *q = single_request(w, r, &rng, 2, 14);
     tpr_gen_params *g = &q->g[0];
-    q->n = 1;
-    random_prompt(&rng, q, 2, 14);
     q->arrive_step = r / 3;
     *g = (tpr_gen_params){.max_new = 4 + (int64_t)(tpr_rng_next(&rng) % 5), .stop_token = -1,
                           .sampling = {.top_p = 1, .seed = tpr_rng_next(&rng)},
@@ -268,13 +272,6 @@ static void log_softmax(const float *x, double *out) {
   for (int64_t v = 0; v < V; v++) out[v] = (double)x[v] - m - log(s);
 }
 
-static const double *sort_by;
-static int by_desc(const void *a, const void *b) {
-  int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-  if (sort_by[i] != sort_by[j]) return sort_by[i] > sort_by[j] ? -1 : 1;
-  return (i > j) - (i < j);
-}
-
 static void test_logprobs(void **state) {
   (void)state;
   tpr_session *s = em_open_session(4, 4, 0);
@@ -296,11 +293,10 @@ static void test_logprobs(void **state) {
       const float *row = alone + (P - 1 + k) * V;
       double lp[V], scale = 0, processed_lp[V];
       int32_t order[V];
-      for (int64_t v = 0; v < V; v++) scale = fmax(scale, fabs(row[v])), order[v] = (int32_t)v;
+      for (int64_t v = 0; v < V; v++) scale = fmax(scale, fabs(row[v]));
       const double tol = 2 * BOUND * scale + 1e-6;
       log_softmax(row, lp);
-      sort_by = lp;
-      qsort(order, V, sizeof *order, by_desc);
+      logit_ref_sorted_ids(lp, V, order);
       assert_int_equal(r->token, got.tokens[i][P + k]);
       assert_int_equal(r->n_top, g->top_logprobs);
       double err = fabs(r->logprob - lp[r->token]);

@@ -203,22 +203,17 @@ static void test_zeroed_params_identity(void **state) {
   }
 }
 
-static const float *sort_row;
-static int by_logit_then_id(const void *a, const void *b) {
-  int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-  if (sort_row[i] != sort_row[j]) return sort_row[i] > sort_row[j] ? -1 : 1;
-  return (i > j) - (i < j);
-}
-
 static void test_logprobs(void **state) {
   (void)state;
   double worst = 0;
   for (int run = 0; run < 500; run++) {
     const int64_t V = tt_randint(1, 3000);
     float *x = malloc((size_t)V * sizeof *x);
+    double *xd = malloc((size_t)V * sizeof *xd);
     int32_t *ids = malloc((size_t)V * sizeof *ids);
     for (int64_t v = 0; v < V; v++) x[v] = (float)(tt_uniform(1, 8) * tt_normal());
     for (int64_t t = 0; t < V / 4; t++) x[tt_randint(0, V - 1)] = x[tt_randint(0, V - 1)];  // ties
+    for (int64_t v = 0; v < V; v++) xd[v] = x[v];
     long double m = x[0], s = 0;
     for (int64_t v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
     for (int64_t v = 0; v < V; v++) s += expl((long double)x[v] - m);
@@ -226,9 +221,7 @@ static void test_logprobs(void **state) {
     const int32_t tok = (int32_t)tt_randint(0, V - 1), k = (int32_t)tt_randint(0, TPR_MAX_TOP_LOGPROBS);
     tpr_token_logprob rec;
     tpr_logprobs_of(x, V, tok, k, &rec);
-    for (int64_t v = 0; v < V; v++) ids[v] = (int32_t)v;
-    sort_row = x;
-    qsort(ids, (size_t)V, sizeof *ids, by_logit_then_id);
+    logit_ref_sorted_ids(xd, V, ids);
     assert_int_equal(rec.token, tok);
     assert_int_equal(rec.n_top, k < V ? k : V);
     double err = fabs((double)rec.logprob - (double)((long double)x[tok] - lse));
@@ -239,7 +232,7 @@ static void test_logprobs(void **state) {
     // One f32 rounding of a value of magnitude up to ~60.
     if (err > 1e-5) fail_msg("run %d: logprob error %g", run, err);
     worst = fmax(worst, err);
-    free(x), free(ids);
+    free(x), free(xd), free(ids);
   }
   printf("logprobs: 500 rows (vocab up to 3000, with ties), max error %.3g against long double; top ids as a full "
          "sort orders them\n", worst);
