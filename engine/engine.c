@@ -1,17 +1,10 @@
 // The batched engine's request side: creation, request checks, submission,
 // results, release (engine/engine.h). The step lives in engine_step.c.
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine_impl.h"
 #include "engine/session_impl.h"
-
-static int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
 
 tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine **out) {
   *out = NULL;

@@ -45,4 +45,11 @@ struct tpr_engine {
   int64_t *finished;            // rank 0: (B * replicas)
 };
 
+// A step's token count is padded to a power of two (engine.h).
+static inline int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
 #endif

@@ -61,12 +61,6 @@ static float bits_f32(int64_t w) {
   return f;
 }
 
-static int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 static tpr_status msg_reserve(tpr_engine *e, int64_t words) {
   if (words <= e->msg_cap) return TPR_OK;
   int64_t *m = realloc(e->msg, (size_t)words * sizeof *m);
