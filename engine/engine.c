@@ -1,59 +1,10 @@
-#include "engine/engine.h"
-
+// The batched engine's request side: creation, request checks, submission,
+// results, release (engine/engine.h). The step lives in engine_step.c.
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "engine/engine_impl.h"
 #include "engine/session_impl.h"
-
-// The broadcast plan of a step, int64 words:
-//   header  T, N, replicas
-//   per replica: n_chunks, then per chunk CHUNK_WORDS words + n tokens + n_blocks blocks
-enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_WORDS };
-enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, CHUNK_WORDS };
-
-struct tpr_engine {
-  tpr_session *s;
-  tpr_engine_opts o;
-  int rank, replica, replicas;
-  tpr_sched *sched;              // rank 0
-  tpr_gen_params *params;        // rank 0: (n_params) per sequence id
-  int64_t n_params, cap_params;
-  int64_t *msg;                  // the step plan
-  int64_t msg_cap;
-  // This rank's step (its replica's chunks), sized for the largest step.
-  int32_t *tokens, *positions, *slots, *seq, *blocks, *rows, *sampled;
-  int64_t step_cap;
-  float *logits;                 // (B, V)
-  void *sample_scratch;
-  int32_t *send;                 // (1 + B) this rank's replica, then its sampled tokens
-  int32_t *gathered;             // (world * (1 + B)) every rank's send
-  int64_t *finished;             // rank 0: (B * replicas)
-};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t f64_bits(double d) {
-  uint64_t u;
-  memcpy(&u, &d, sizeof u);
-  return u;
-}
-
-static double bits_f64(int64_t w) {
-  double d;
-  memcpy(&d, &w, sizeof d);
-  return d;
-}
-
-static int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
 
 tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine **out) {
   *out = NULL;
@@ -69,16 +20,26 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   e->replica = s->mesh.dp_rank;
   e->replicas = s->plan.dp;
   const tpr_session_pool *p = &s->pool;
-  const int64_t B = p->batch, V = s->cfg.vocab_size, world = tpr_comm_size(s->world);
+  const int64_t B = p->batch, V = s->cfg.vocab_size, max_seq = s->o.max_seq;
   const int64_t T = pow2_at_least(e->o.max_tokens_per_step);
+  e->vocab = V;
+  e->limits = (tpr_sched_opts){.replicas = e->replicas,
+                               .pool_blocks = p->blocks,
+                               .block_size = p->block_size,
+                               .max_batch = B,
+                               .max_tokens = e->o.max_tokens_per_step,
+                               .max_seq = max_seq};
   e->step_cap = T;
   e->tokens = malloc((size_t)(5 * T + B * p->max_blocks) * sizeof(int32_t));
   e->logits = malloc((size_t)(B * V) * sizeof *e->logits);
+  e->row = malloc((size_t)V * sizeof *e->row);
   e->sample_scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
-  e->send = malloc((size_t)(1 + B) * sizeof *e->send);
-  e->gathered = malloc((size_t)(world * (1 + B)) * sizeof *e->gathered);
+  e->proc_bias = malloc(TPR_MAX_LOGIT_BIAS * sizeof *e->proc_bias);
+  e->proc_ids = malloc((size_t)(3 * max_seq) * sizeof *e->proc_ids);
+  e->send = malloc((size_t)(1 + B * (2 + 2 * TPR_MAX_TOP_LOGPROBS)) * sizeof *e->send);
   e->finished = malloc((size_t)(B * e->replicas) * sizeof *e->finished);
-  tpr_status rc = e->tokens && e->logits && e->sample_scratch && e->send && e->gathered && e->finished
+  tpr_status rc = e->tokens && e->logits && e->row && e->sample_scratch && e->proc_bias && e->proc_ids && e->send &&
+                          e->finished
                       ? TPR_OK
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
@@ -87,13 +48,10 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
     e->sampled = e->send + 1;
     e->send[0] = e->replica;
   }
-  tpr_sched_opts so = {.replicas = e->replicas,
-                       .pool_blocks = p->blocks,
-                       .block_size = p->block_size,
-                       .max_batch = B,
-                       .max_tokens = e->o.max_tokens_per_step,
-                       .max_seq = s->o.max_seq};
-  if (rc == TPR_OK && e->rank == 0) rc = tpr_sched_new(&so, &e->sched);
+  if (rc == TPR_OK && e->rank == 0) {
+    rc = tpr_sched_new(&e->limits, &e->sched);
+    if (rc == TPR_OK && !(e->tally = calloc((size_t)V, sizeof *e->tally))) rc = TPR_FAIL(TPR_ERR_OOM, "engine tally");
+  }
   if (rc != TPR_OK) {
     tpr_engine_free(e);
     return rc;
@@ -102,202 +60,130 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   return TPR_OK;
 }
 
+static void forget_seq(engine_seq *q) {
+  free(q->bias);
+  free(q->lp);
+  q->bias = NULL, q->lp = NULL;
+  q->n_lp = q->cap_lp = 0;
+  q->g.logit_bias = NULL, q->g.n_logit_bias = 0;
+}
+
 void tpr_engine_free(tpr_engine *e) {
   if (!e) return;
   tpr_sched_free(e->sched);
-  free(e->params), free(e->msg), free(e->tokens), free(e->logits), free(e->sample_scratch), free(e->send);
-  free(e->gathered);
+  for (int64_t i = 0; i < e->n_seqs; i++) forget_seq(&e->seqs[i]);
+  free(e->seqs), free(e->tally), free(e->msg), free(e->tokens), free(e->logits), free(e->row);
+  free(e->sample_scratch), free(e->proc_bias), free(e->proc_ids), free(e->send), free(e->gathered);
   free(e->finished);
   free(e);
 }
 
+int64_t tpr_engine_max_seq(const tpr_engine *e) { return e->limits.max_seq; }
+int64_t tpr_engine_vocab(const tpr_engine *e) { return e->vocab; }
+
 tpr_status tpr_engine_check_prompt(const tpr_engine *e, const int32_t *prompt, int64_t len) {
-  const int64_t V = e->s->cfg.vocab_size;
   for (int64_t i = 0; i < len; i++)
-    if (prompt[i] < 0 || prompt[i] >= V)
+    if (prompt[i] < 0 || prompt[i] >= e->vocab)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: token id %d at prompt position %lld is outside the vocabulary [0, %lld)",
-                      prompt[i], (long long)i, (long long)V);
+                      prompt[i], (long long)i, (long long)e->vocab);
   return TPR_OK;
+}
+
+static bool in_range(double x, double lo, double hi) { return x >= lo && x <= hi; }  // false for NaN
+
+// The parameters of engine.h's logit processing and logprobs.
+static tpr_status check_processing(const tpr_engine *e, const tpr_gen_params *g) {
+  if (g->min_new < 0 || g->min_new > g->max_new)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: min_new %lld is outside [0, max_new %lld]", (long long)g->min_new,
+                    (long long)g->max_new);
+  if (!in_range(g->frequency_penalty, -2, 2))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: frequency_penalty %g is outside [-2, 2]", g->frequency_penalty);
+  if (!in_range(g->presence_penalty, -2, 2))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: presence_penalty %g is outside [-2, 2]", g->presence_penalty);
+  if (!(g->repetition_penalty >= 0 && g->repetition_penalty < 0x1p31))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: repetition_penalty %g must be > 0 and < 2^31 (0 or 1: off)",
+                    g->repetition_penalty);
+  if (g->n_logit_bias < 0 || g->n_logit_bias > TPR_MAX_LOGIT_BIAS)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: %lld logit_bias entries (at most %d)", (long long)g->n_logit_bias,
+                    TPR_MAX_LOGIT_BIAS);
+  if (g->n_logit_bias > 0 && !g->logit_bias)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: NULL logit_bias with %lld entries", (long long)g->n_logit_bias);
+  for (int64_t i = 0; i < g->n_logit_bias; i++) {
+    const tpr_logit_bias *b = &g->logit_bias[i];
+    if (b->id < 0 || b->id >= e->vocab)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: logit_bias token id %d is outside the vocabulary [0, %lld)", b->id,
+                      (long long)e->vocab);
+    if (!in_range(b->bias, -100, 100))
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: logit_bias %g for token id %d is outside [-100, 100]",
+                      (double)b->bias, b->id);
+  }
+  if (g->top_logprobs < 0 || g->top_logprobs > TPR_MAX_TOP_LOGPROBS)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: top_logprobs %d is outside [0, %d]", g->top_logprobs,
+                    TPR_MAX_TOP_LOGPROBS);
+  if (g->top_logprobs > 0 && !g->logprobs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: top_logprobs %d needs logprobs", g->top_logprobs);
+  return TPR_OK;
+}
+
+tpr_status tpr_engine_check_request(const tpr_engine *e, const int32_t *prompt, int64_t len,
+                                    const tpr_gen_params *g) {
+  if (!g) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: NULL generation parameters");
+  if (prompt) TPR_CHECK(tpr_engine_check_prompt(e, prompt, len));
+  if (g->stop_token >= e->vocab)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: stop token %d is outside the vocabulary", g->stop_token);
+  TPR_CHECK(tpr_sampling_check(&g->sampling));
+  TPR_CHECK(check_processing(e, g));
+  // Length, max_new, stop token's floor and the pool: the scheduler's own
+  // check, on the engine's copy of its options.
+  return tpr_sched_check_submit(&e->limits, prompt, len, g->max_new, g->stop_token);
 }
 
 tpr_status tpr_engine_submit(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g,
                              int64_t *id) {
+  return tpr_engine_submit_n(e, prompt, len, g, 1, id);
+}
+
+// q's parameters, the bias entries copied (the caller's array may go).
+static tpr_status keep_params(engine_seq *q, const tpr_gen_params *g) {
+  *q = (engine_seq){.g = *g};
+  if (g->n_logit_bias > 0) {
+    q->bias = malloc((size_t)g->n_logit_bias * sizeof *q->bias);
+    if (!q->bias) return TPR_FAIL(TPR_ERR_OOM, "engine: logit_bias of %lld entries", (long long)g->n_logit_bias);
+    memcpy(q->bias, g->logit_bias, (size_t)g->n_logit_bias * sizeof *q->bias);
+  }
+  q->g.logit_bias = q->bias;
+  return TPR_OK;
+}
+
+tpr_status tpr_engine_submit_n(tpr_engine *e, const int32_t *prompt, int64_t len, const tpr_gen_params *g, int64_t n,
+                               int64_t *first_id) {
   if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequences are submitted on rank 0");
-  TPR_CHECK(tpr_engine_check_prompt(e, prompt, len));
-  if (g->stop_token >= e->s->cfg.vocab_size)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: stop token %d is outside the vocabulary", g->stop_token);
-  TPR_CHECK(tpr_sampling_check(&g->sampling));
-  if (e->n_params == e->cap_params) {
-    int64_t cap = e->cap_params ? 2 * e->cap_params : 16;
-    tpr_gen_params *p = realloc(e->params, (size_t)cap * sizeof *p);
-    if (!p) return TPR_FAIL(TPR_ERR_OOM, "engine: sequence table");
-    e->params = p, e->cap_params = cap;
+  if (n < 1 || !g) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: %lld sequences (n must be >= 1)", (long long)n);
+  for (int64_t i = 0; i < n; i++) TPR_CHECK(tpr_engine_check_request(e, prompt, len, &g[i]));
+  if (e->n_seqs + n > e->cap_seqs) {
+    int64_t cap = e->cap_seqs ? 2 * e->cap_seqs : 16;
+    while (cap < e->n_seqs + n) cap *= 2;
+    engine_seq *q = realloc(e->seqs, (size_t)cap * sizeof *q);
+    if (!q) return TPR_FAIL(TPR_ERR_OOM, "engine: sequence table");
+    e->seqs = q, e->cap_seqs = cap;
   }
-  TPR_CHECK(tpr_sched_submit(e->sched, prompt, len, g->max_new, g->stop_token, id));
-  e->params[*id] = *g;
-  e->n_params = *id + 1;
-  return TPR_OK;
-}
-
-static tpr_status msg_reserve(tpr_engine *e, int64_t words) {
-  if (words <= e->msg_cap) return TPR_OK;
-  int64_t *m = realloc(e->msg, (size_t)words * sizeof *m);
-  if (!m) return TPR_FAIL(TPR_ERR_OOM, "engine: step plan");
-  e->msg = m, e->msg_cap = words;
-  return TPR_OK;
-}
-
-// Rank 0: the scheduler's plan as words; *words = 0 when idle.
-static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st, int64_t *words) {
-  int64_t n = HDR_WORDS, most = 1, B = e->s->pool.batch;
-  for (int r = 0; r < st->replicas; r++) {
-    int64_t toks = 0;
-    n += 1;
-    for (int64_t i = 0; i < st->n_chunks[r]; i++) {
-      n += CHUNK_WORDS + st->chunks[r][i].n + st->chunks[r][i].n_blocks;
-      toks += st->chunks[r][i].n;
-    }
-    if (toks > most) most = toks;
+  int64_t *max_new = malloc((size_t)n * sizeof *max_new);
+  int32_t *stop = malloc((size_t)n * sizeof *stop);
+  engine_seq *added = e->seqs + e->n_seqs;
+  tpr_status rc = max_new && stop ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "engine: %lld sequences", (long long)n);
+  int64_t kept = 0;
+  for (; rc == TPR_OK && kept < n; kept++) {
+    max_new[kept] = g[kept].max_new, stop[kept] = g[kept].stop_token;
+    rc = keep_params(&added[kept], &g[kept]);
   }
-  *words = 0;
-  if (st->tokens == 0) return TPR_OK;
-  TPR_CHECK(msg_reserve(e, n));
-  int64_t *m = e->msg, T = pow2_at_least(most);
-  m[HDR_T] = T, m[HDR_N] = T < B ? T : B, m[HDR_REPLICAS] = st->replicas;
-  int64_t at = HDR_WORDS;
-  for (int r = 0; r < st->replicas; r++) {
-    m[at++] = st->n_chunks[r];
-    for (int64_t i = 0; i < st->n_chunks[r]; i++) {
-      const tpr_sched_chunk *c = &st->chunks[r][i];
-      const tpr_gen_params *g = &e->params[c->seq];
-      tpr_sched_seq_info si;
-      TPR_CHECK(tpr_sched_seq(e->sched, c->seq, &si));
-      int64_t *w = m + at;
-      w[C_SEQ] = c->seq, w[C_POS0] = c->pos0, w[C_N] = c->n, w[C_SAMPLE] = c->sample, w[C_FIRST] = c->first;
-      w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
-      w[C_TEMP] = (int64_t)f64_bits(g->sampling.temperature), w[C_TOP_P] = (int64_t)f64_bits(g->sampling.top_p);
-      w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len;
-      at += CHUNK_WORDS;
-      for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
-      for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
-    }
+  if (rc == TPR_OK) rc = tpr_sched_submit_n(e->sched, prompt, len, max_new, stop, n, first_id);
+  if (rc == TPR_OK && *first_id != e->n_seqs) rc = TPR_FAIL(TPR_ERR_INTERNAL, "engine: sequence ids out of step");
+  free(max_new), free(stop);
+  if (rc != TPR_OK) {
+    for (int64_t i = 0; i < kept; i++) forget_seq(&added[i]);
+    return tpr__propagate(rc, __FILE__, __LINE__);
   }
-  *words = at;
-  return TPR_OK;
-}
-
-// Lays this rank's replica's chunks out as a session step; fills info.
-static tpr_status decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info) {
-  const tpr_session_pool *p = &e->s->pool;
-  const int64_t *m = e->msg, T = m[HDR_T], MB = p->max_blocks, bs = p->block_size;
-  if (T > e->step_cap) return TPR_FAIL(TPR_ERR_INTERNAL, "engine: a step of %lld tokens", (long long)T);
-  memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
-  *st = (tpr_step){.T = T, .N = m[HDR_N], .tokens = e->tokens, .positions = e->positions, .slots = e->slots,
-                   .seq = e->seq, .block_tables = e->blocks, .sample_rows = e->rows};
-  info->program_tokens = T;
-  int64_t at = HDR_WORDS;
-  for (int r = 0; r < m[HDR_REPLICAS]; r++) {
-    int64_t n_chunks = m[at++];
-    for (int64_t i = 0; i < n_chunks; i++) {
-      const int64_t *w = m + at, n = w[C_N], nb = w[C_NBLOCKS], *tok = w + CHUNK_WORDS, *blk = tok + n;
-      at += CHUNK_WORDS + n + nb;
-      info->tokens += n;
-      info->sequences++;
-      if (n == 1 && !w[C_FIRST])
-        info->decode_tokens++;
-      else
-        info->prefill_tokens += n;
-      if (r != e->replica) continue;
-      for (int64_t b = 0; b < nb; b++) e->blocks[i * MB + b] = (int32_t)blk[b];
-      for (int64_t j = 0; j < n; j++) {
-        int64_t t = st->n_tokens++, pos = w[C_POS0] + j;
-        int64_t row = e->o.debug_wrong_blocks ? (i + 1) % n_chunks : i;  // negative control
-        e->tokens[t] = (int32_t)tok[j], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)row;
-        e->slots[t] = (int32_t)(blk[pos / bs] * bs + pos % bs);
-      }
-      if (w[C_SAMPLE]) e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1);
-    }
-  }
-  return TPR_OK;
-}
-
-// Samples each sampled chunk of this rank's replica, in chunk order.
-static void sample_replica(tpr_engine *e) {
-  const int64_t *m = e->msg, V = e->s->cfg.vocab_size;
-  int64_t at = HDR_WORDS, k = 0;
-  for (int r = 0; r < m[HDR_REPLICAS]; r++) {
-    int64_t n_chunks = m[at++];
-    for (int64_t i = 0; i < n_chunks; i++) {
-      const int64_t *w = m + at;
-      at += CHUNK_WORDS + w[C_N] + w[C_NBLOCKS];
-      if (r != e->replica || !w[C_SAMPLE]) continue;
-      tpr_sampling smp = {.temperature = bits_f64(w[C_TEMP]), .top_k = w[C_TOP_K], .top_p = bits_f64(w[C_TOP_P]),
-                          .seed = (uint64_t)w[C_SEED]};
-      // The draw depends on (seed, index of the generated token) only.
-      tpr_rng rng = {smp.seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(w[C_GEN] + 1))};
-      if (e->o.on_logits) e->o.on_logits(e->o.ctx, w[C_SEQ], w[C_GEN], e->logits + k * V, V);
-      e->sampled[k] = (int32_t)tpr_sample(e->logits + k * V, V, &smp, &rng, e->sample_scratch);
-      k++;
-    }
-  }
-}
-
-// Rank 0: every replica's sampled tokens back into the scheduler.
-static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_step_info *info) {
-  const int64_t B = e->s->pool.batch, world = tpr_comm_size(e->s->world);
-  TPR_CHECK(tpr_comm_all_gather(e->s->world, e->send, e->gathered, (size_t)(1 + B), TPR_I32));
-  if (!e->sched) return TPR_OK;
-  const int32_t *by_replica[64];
-  if (e->replicas > 64) return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: more than 64 dp replicas");
-  for (int r = 0; r < e->replicas; r++) {
-    by_replica[r] = NULL;
-    for (int64_t w = 0; w < world && !by_replica[r]; w++)
-      if (e->gathered[w * (1 + B)] == r) by_replica[r] = e->gathered + w * (1 + B) + 1;
-  }
-  // The plan's arrays die with the update: note the sampled sequences first.
-  int64_t n = 0;
-  for (int r = 0; r < plan->replicas; r++)
-    for (int64_t i = 0; i < plan->n_chunks[r]; i++)
-      if (plan->chunks[r][i].sample) e->finished[n++] = plan->chunks[r][i].seq;
-  TPR_CHECK(tpr_sched_update(e->sched, plan, by_replica));
-  for (int64_t i = 0; i < n; i++) {
-    tpr_sched_seq_info si;
-    TPR_CHECK(tpr_sched_seq(e->sched, e->finished[i], &si));
-    if (si.finished) e->finished[info->n_finished++] = e->finished[i];
-  }
-  info->finished = e->finished;
-  return TPR_OK;
-}
-
-tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
-  memset(info, 0, sizeof *info);
-  double t0 = now_s();
-  tpr_sched_step plan = {0};
-  int64_t words = 0;
-  tpr_status rc = TPR_OK;
-  if (e->sched) {
-    rc = tpr_sched_next(e->sched, &plan);
-    if (rc == TPR_OK) rc = encode_plan(e, &plan, &words);
-    if (rc != TPR_OK) words = -1;
-    info->preempted = plan.preempted;
-  }
-  TPR_CHECK(tpr_comm_broadcast(e->s->world, &words, &words, 1, TPR_I64, 0));
-  if (words < 0) return rc != TPR_OK ? rc : TPR_FAIL(TPR_ERR_INTERNAL, "engine: rank 0 could not plan the step");
-  if (words == 0) {
-    info->idle = true;
-    return TPR_OK;
-  }
-  TPR_CHECK(msg_reserve(e, words));
-  TPR_CHECK(tpr_comm_broadcast(e->s->world, e->msg, e->msg, (size_t)words, TPR_I64, 0));
-  tpr_step st;
-  TPR_CHECK(decode_plan(e, &st, info));
-  for (int64_t i = 0; i < e->s->pool.batch; i++) e->sampled[i] = -1;
-  // A replica with nothing to do still runs the (all padded) step: its
-  // collectives pair with the other replicas' over ep.
-  TPR_CHECK(tpr_session_step(e->s, &st, e->logits));
-  sample_replica(e);
-  TPR_CHECK(collect(e, &plan, info));
-  info->seconds = now_s() - t0;
+  e->n_seqs += n;
   return TPR_OK;
 }
 
@@ -309,6 +195,28 @@ tpr_status tpr_engine_cancel(tpr_engine *e, int64_t id) {
 tpr_status tpr_engine_result(const tpr_engine *e, int64_t id, tpr_sched_seq_info *out) {
   if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: results are kept on rank 0");
   return tpr_sched_seq(e->sched, id, out);
+}
+
+tpr_status tpr_engine_logprobs(const tpr_engine *e, int64_t id, int64_t i, const tpr_token_logprob **out) {
+  *out = NULL;
+  if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: logprobs are kept on rank 0");
+  if (id < 0 || id >= e->n_seqs || e->seqs[id].released)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: no sequence %lld (or it was released)", (long long)id);
+  const engine_seq *q = &e->seqs[id];
+  if (!q->g.logprobs) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequence %lld did not ask for logprobs", (long long)id);
+  if (i < 0 || i >= q->n_lp)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequence %lld has no generated token %lld yet (%lld so far)",
+                    (long long)id, (long long)i, (long long)q->n_lp);
+  *out = &q->lp[i];
+  return TPR_OK;
+}
+
+tpr_status tpr_engine_release(tpr_engine *e, int64_t id) {
+  if (!e->sched) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: sequences are released on rank 0");
+  TPR_CHECK(tpr_sched_release(e->sched, id));  // refuses unknown, unfinished and released ids
+  forget_seq(&e->seqs[id]);
+  e->seqs[id].released = true;
+  return TPR_OK;
 }
 
 int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica) {

@@ -16,12 +16,20 @@
 // nor on preemption (recompute). Every rank of a replica samples the same
 // token from the same all-gathered logits; rank 0 collects each replica's
 // tokens with one small all-gather per step.
+//
+// Logit processing needs a sequence's history, which only rank 0 keeps: a
+// chunk that samples with processing or logprobs carries extra plan words
+// (its bias entries, its distinct prompt + generated ids, its generated
+// (id, count) pairs, whether its stop token is masked); chunks without add
+// nothing (engine_step.c). Logprob records ride the same all-gather, which
+// grows only in steps where some chunk asks for them.
 #ifndef TPR_ENGINE_ENGINE_H
 #define TPR_ENGINE_ENGINE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/logit_proc.h"  // tpr_logit_bias, tpr_token_logprob, TPR_MAX_*
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "models/sampling.h"
@@ -38,15 +46,6 @@ typedef struct tpr_engine_opts {
   bool debug_wrong_blocks;
 } tpr_engine_opts;
 
-// A token's logit moved before sampling (OpenAI's logit_bias).
-typedef struct tpr_logit_bias {
-  int32_t id;
-  float bias;  // added to the logit; finite, [-100, 100]
-} tpr_logit_bias;
-
-#define TPR_MAX_TOP_LOGPROBS 20
-#define TPR_MAX_LOGIT_BIAS 1024
-
 // Every field but max_new, stop_token and sampling is off when zero, so
 // {.max_new, .stop_token, .sampling} keeps its old meaning.
 //
@@ -61,6 +60,8 @@ typedef struct tpr_logit_bias {
 //   4. frequency_penalty f and presence_penalty p (OpenAI): for every id
 //      generated so far c times (c > 0), logit -= f * c + p. Prompt tokens
 //      do not count.
+// Each step is computed in double from the float logit and rounded back to
+// float (engine/logit_proc.h).
 // Logprobs are of the raw model output: log-softmax of the logits before
 // any of this processing and before temperature (vLLM's default,
 // "raw_logprobs"), computed in double.
@@ -77,15 +78,6 @@ typedef struct tpr_gen_params {
   bool logprobs;           // record each generated token's logprob (tpr_engine_logprobs)
   int32_t top_logprobs;    // [0, TPR_MAX_TOP_LOGPROBS]: also the this many most likely ids (needs logprobs)
 } tpr_gen_params;
-
-// One generated token's logprobs (raw log-softmax, see above).
-typedef struct tpr_token_logprob {
-  int32_t token;           // the sampled id
-  float logprob;           // its logprob
-  int32_t n_top;           // top_logprobs asked for
-  int32_t top_ids[TPR_MAX_TOP_LOGPROBS];       // most likely first; ties: lower id first
-  float top_logprobs[TPR_MAX_TOP_LOGPROBS];
-} tpr_token_logprob;
 
 typedef struct tpr_engine tpr_engine;
 

@@ -27,6 +27,14 @@
 //    the same state would be a different step (vLLM's schedule /
 //    update_from_output alternate the same way). An empty plan needs no
 //    update.
+//  - Sibling groups (the header's policy): the leader's admission check and
+//    the sibling's are the same single-sequence check, since a sibling's
+//    table counts its shared blocks; "the first admitted is preempted last
+//    and can end up with the whole pool" still holds, since once every
+//    other holder of a shared block is preempted the block is its own.
+//    Preempting a sibling that holds only shared blocks frees none; the
+//    decode loop then preempts the next victim, as for any victim whose
+//    blocks were not enough.
 //  - tpr_sched_update compares the step it is given (replicas, chunk counts,
 //    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
 //    or broadcast and rebuilt is accepted, a stale or edited one refused.
@@ -51,6 +59,10 @@ typedef struct seq {
   int64_t generated, max_new;
   int32_t stop;
   int64_t preemptions;
+  int64_t leader;  // a sibling not yet admitted: its group's sequence 0; -1 otherwise
+  int64_t shared;  // blocks held from the leader since admission (the first `shared` of the table)
+  int64_t start;   // computed at admission: the first chunk begins there
+  bool released;   // a tombstone: tokens and table freed (tpr_sched_release)
 } seq;
 
 // Sequence ids in a fixed order (admission order for running, arrival =
@@ -175,16 +187,14 @@ void tpr_sched_free(tpr_sched *s) {
   free(s);
 }
 
-tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new, int32_t stop_token,
-                            int64_t *id) {
-  if (!s || !id) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL %s", s ? "id" : "scheduler");
+tpr_status tpr_sched_check_submit(const tpr_sched_opts *o, const int32_t *prompt, int64_t len, int64_t max_new,
+                                  int32_t stop_token) {
   if (len < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: empty prompt (len %lld)", (long long)len);
   if (!prompt) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL prompt of len %lld", (long long)len);
   if (max_new < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: max_new %lld must be >= 1", (long long)max_new);
   if (stop_token < -1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: stop_token %d must be >= 0, or -1 for none", stop_token);
-  const tpr_sched_opts *o = &s->o;
   if (len > o->max_seq || max_new > o->max_seq - len)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: prompt len %lld + max_new %lld exceeds max_seq %lld",
                     (long long)len, (long long)max_new, (long long)o->max_seq);
@@ -195,31 +205,58 @@ tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, in
                     "%lld tokens (prompt %lld + max_new %lld needs %lld blocks)",
                     (long long)o->pool_blocks, (long long)o->block_size, (long long)(len + max_new), (long long)len,
                     (long long)max_new, (long long)ceil_div(rows, o->block_size));
+  return TPR_OK;
+}
+
+tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new, int32_t stop_token,
+                            int64_t *id) {
+  return tpr_sched_submit_n(s, prompt, len, &max_new, &stop_token, 1, id);
+}
+
+tpr_status tpr_sched_submit_n(tpr_sched *s, const int32_t *prompt, int64_t len, const int64_t *max_new,
+                              const int32_t *stop_token, int64_t n, int64_t *first_id) {
+  if (!s || !first_id || !max_new || !stop_token)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit: NULL %s", s ? "argument" : "scheduler");
+  if (n < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_submit_n: n %lld must be >= 1", (long long)n);
+  for (int64_t i = 0; i < n; i++) TPR_CHECK(tpr_sched_check_submit(&s->o, prompt, len, max_new[i], stop_token[i]));
+  // The group goes where its first sequence would: siblings share its pool.
   int best = 0;
-  for (int r = 1; r < o->replicas; r++)
+  for (int r = 1; r < s->o.replicas; r++)
     if (s->reps[r].unfinished < s->reps[best].unfinished) best = r;
-  TPR_CHECK(grow((void **)&s->seqs, &s->seqs_cap, s->n_seqs + 1, sizeof *s->seqs, "the sequence table"));
-  seq q = {.len = len, .prompt_len = len, .state = SEQ_WAITING, .replica = best, .admitted = -1,
-           .max_new = max_new, .stop = stop_token};
-  TPR_CHECK(grow((void **)&q.tokens, &q.cap, len + (max_new < 16 ? max_new : 16), sizeof *q.tokens, "a token list"));
-  memcpy(q.tokens, prompt, (size_t)len * sizeof *prompt);
-  tpr_status rc = waiting_insert(&s->reps[best].waiting, s->n_seqs);
-  if (rc != TPR_OK) {
-    free(q.tokens);
-    return tpr__propagate(rc, __FILE__, __LINE__);
+  replica *rp = &s->reps[best];
+  // Everything that can fail is allocated before anything is added.
+  TPR_CHECK(grow((void **)&s->seqs, &s->seqs_cap, s->n_seqs + n, sizeof *s->seqs, "the sequence table"));
+  TPR_CHECK(grow((void **)&rp->waiting.ids, &rp->waiting.cap, rp->waiting.n + n, sizeof *rp->waiting.ids,
+                 "a sequence list"));
+  seq *added = s->seqs + s->n_seqs;
+  for (int64_t i = 0; i < n; i++) {
+    added[i] = (seq){.len = len, .prompt_len = len, .state = SEQ_WAITING, .replica = best, .admitted = -1,
+                     .max_new = max_new[i], .stop = stop_token[i], .leader = i > 0 ? s->n_seqs : -1};
+    int64_t first_cap = len + (max_new[i] < 16 ? max_new[i] : 16);
+    tpr_status rc = grow((void **)&added[i].tokens, &added[i].cap, first_cap, sizeof *added[i].tokens, "a token list");
+    if (rc != TPR_OK) {
+      while (i-- > 0) free(added[i].tokens);
+      return tpr__propagate(rc, __FILE__, __LINE__);
+    }
+    memcpy(added[i].tokens, prompt, (size_t)len * sizeof *prompt);
   }
-  s->seqs[s->n_seqs] = q;
-  *id = s->n_seqs++;
-  s->reps[best].unfinished++;
-  s->unfinished++;
+  *first_id = s->n_seqs;
+  for (int64_t i = 0; i < n; i++) TPR_CHECK(waiting_insert(&rp->waiting, s->n_seqs++));  // room reserved: cannot fail
+  rp->unfinished += n;
+  s->unfinished += n;
   return TPR_OK;
 }
 
 static tpr_status release_blocks(tpr_sched *s, seq *q) {
   tpr_block_pool *pool = &s->reps[q->replica].pool;
   // Given back last to first so the LIFO hands them out again in table order.
-  for (int64_t i = q->n_blocks - 1; i >= 0; i--) TPR_CHECK(tpr_block_pool_give(pool, q->blocks[i]));
+  for (int64_t i = q->n_blocks - 1; i >= 0; i--) {
+    if (s->o.debug_fault == TPR_SCHED_FAULT_FREE_SHARED)  // negative control: drop the other holders too
+      while (tpr_block_pool_refs(pool, q->blocks[i]) > 1) TPR_CHECK(tpr_block_pool_give(pool, q->blocks[i]));
+    TPR_CHECK(tpr_block_pool_give(pool, q->blocks[i]));
+  }
   q->n_blocks = 0;
+  q->shared = 0;
   return TPR_OK;
 }
 
@@ -228,7 +265,8 @@ static tpr_status preempt(tpr_sched *s, int64_t id) {
   seq *q = &s->seqs[id];
   replica *rp = &s->reps[q->replica];
   TPR_CHECK(release_blocks(s, q));
-  q->computed = 0;
+  q->computed = q->start = 0;
+  q->leader = -1;  // recomputes its whole prompt as any sequence does
   q->state = SEQ_WAITING;
   q->preemptions++;
   s->preemptions++;
@@ -254,7 +292,39 @@ static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
   TPR_CHECK(grow((void **)&rp->chunks, &rp->chunks_cap, rp->n_chunks + 1, sizeof *rp->chunks, "a step's chunks"));
   rp->chunks[rp->n_chunks++] = (tpr_sched_chunk){
       .seq = id, .pos0 = q->computed, .n = n, .tokens = q->tokens + q->computed,
-      .sample = q->computed + n == q->len, .first = q->computed == 0, .blocks = q->blocks, .n_blocks = q->n_blocks};
+      .sample = q->computed + n == q->len, .first = q->computed == q->start, .blocks = q->blocks, .n_blocks = q->n_blocks};
+  return TPR_OK;
+}
+
+// A sibling at the head of the waiting queue (scheduler.h): the leader's
+// blocks it takes on admission (> 0), SIBLING_WAITS while the leader has not
+// computed them yet, or 0: it runs as an ordinary sequence from now on.
+enum { SIBLING_WAITS = -1 };
+static int64_t sibling_share(tpr_sched *s, seq *q) {
+  if (q->leader < 0) return 0;
+  const seq *l = &s->seqs[q->leader];
+  const int64_t k = (q->prompt_len - 1) / s->o.block_size;
+  // A leader waiting and never preempted would be ahead of its sibling in
+  // the queue (lower id), so it is not waited on: that is never needed.
+  if (k == 0 || l->state != SEQ_RUNNING || l->preemptions > 0) {
+    q->leader = -1;
+    return 0;
+  }
+  return l->computed >= k * s->o.block_size ? k : SIBLING_WAITS;
+}
+
+// Admits q holding its leader's first k blocks, computed = k * block_size.
+static tpr_status admit_sharing(tpr_sched *s, replica *rp, seq *q, int64_t k) {
+  const seq *l = &s->seqs[q->leader];
+  TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, k, sizeof *q->blocks, "a block table"));
+  for (int64_t b = 0; b < k; b++) {
+    TPR_CHECK(tpr_block_pool_share(&rp->pool, l->blocks[b]));
+    q->blocks[b] = l->blocks[b];
+  }
+  q->n_blocks = q->shared = k;
+  q->computed = k * s->o.block_size;
+  if (s->o.debug_fault == TPR_SCHED_FAULT_WRITE_SHARED) q->computed--;  // negative control
+  q->leader = -1;
   return TPR_OK;
 }
 
@@ -299,7 +369,12 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
     while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0) {
       int64_t id = rp->waiting.ids[0];
       seq *q = &s->seqs[id];
-      int64_t n = fit_tokens(q, q->len < budget ? q->len : budget, tpr_block_pool_free(&rp->pool), bs);
+      int64_t share = sibling_share(s, q);
+      if (share == SIBLING_WAITS) break;  // FCFS: the sequences behind it wait too
+      if (share > 0) TPR_CHECK(admit_sharing(s, rp, q, share));
+      q->start = q->computed;
+      int64_t left = q->len - q->computed;
+      int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);
       list_remove(&rp->waiting, id);
       TPR_CHECK(list_insert(&rp->running, rp->running.n, id));
       q->state = SEQ_RUNNING;
@@ -417,15 +492,31 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
   return TPR_OK;
 }
 
+tpr_status tpr_sched_release(tpr_sched *s, int64_t id) {
+  if (!s || id < 0 || id >= s->n_seqs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_release: no sequence %lld", (long long)id);
+  seq *q = &s->seqs[id];
+  if (q->released) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_release: sequence %lld was released", (long long)id);
+  if (q->state != SEQ_FINISHED)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_release: sequence %lld is not finished", (long long)id);
+  free(q->tokens);
+  free(q->blocks);
+  q->tokens = NULL, q->blocks = NULL;
+  q->cap = q->blocks_cap = 0;
+  q->released = true;
+  return TPR_OK;
+}
+
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out) {
   if (!s || !out) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: NULL %s", s ? "out" : "scheduler");
   if (id < 0 || id >= s->n_seqs)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: id %lld not in [0, %lld)", (long long)id,
                     (long long)s->n_seqs);
   const seq *q = &s->seqs[id];
+  if (q->released) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: sequence %lld was released", (long long)id);
   *out = (tpr_sched_seq_info){.tokens = q->tokens, .len = q->len, .prompt_len = q->prompt_len,
                               .replica = q->replica, .finished = q->state == SEQ_FINISHED,
-                              .preemptions = q->preemptions};
+                              .preemptions = q->preemptions, .shared_blocks = q->shared};
   return TPR_OK;
 }
 
@@ -444,3 +535,8 @@ int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica) {
 }
 
 int64_t tpr_sched_preemptions(const tpr_sched *s) { return s ? s->preemptions : 0; }
+
+int32_t tpr_sched_block_refs(const tpr_sched *s, int replica, int32_t id) {
+  if (!s || replica < 0 || replica >= s->o.replicas) return -1;
+  return tpr_block_pool_refs(&s->reps[replica].pool, id);
+}

@@ -28,6 +28,33 @@
 // blocks are freed, computed = 0, and it waits again to recompute its prompt
 // and everything generated so far (preemption by recompute: nothing is lost;
 // since sampling state lives with the sequence, the continuation is the same).
+//
+// Sibling groups (tpr_sched_submit_n, OpenAI's n): n sequences of one prompt
+// share the KV blocks of its first k = floor((len - 1) / block_size) whole
+// blocks. Sequence 0 of the group (the leader) is an ordinary sequence. Each
+// other sequence (a sibling) goes to the leader's replica and, at the head
+// of its replica's waiting queue:
+//  - waits (and the sequences behind it with it: FCFS) while the leader is
+//    running, was never preempted, and has computed fewer than k * block_size
+//    tokens before this step (rows written in the step being planned are not
+//    yet readable);
+//  - once they are computed, is admitted holding the leader's first k blocks
+//    (one more reference each) with computed = k * block_size, and computes
+//    only the rest of the prompt (at least its last token, so it samples its
+//    own first token). Positions < k * block_size are never written again by
+//    anyone: every holder writes at positions >= its computed;
+//  - runs as an ordinary sequence (recomputing the whole prompt) when k is 0,
+//    or the leader finished, was cancelled, or was ever preempted before the
+//    sibling's admission. A preempted sibling recomputes as any sequence.
+// A block returns to the pool when its last holder finishes or is preempted.
+// The waiting rule cannot stall a replica: a sibling waits only on a leader
+// that is running and mid-prompt (k * block_size <= len - 1, so at least two
+// tokens are left) and never preempted, so no sibling of it runs yet; the
+// leader is then the replica's one mid-prompt sequence, and the argument in
+// scheduler.c (the others are decodes, or it runs alone holding less than a
+// pool) plans a chunk for it or for a decode.
+// A released sequence (tpr_sched_release) keeps a tombstone of a few words,
+// so ids are never reused.
 #ifndef TPR_ENGINE_SCHEDULER_H
 #define TPR_ENGINE_SCHEDULER_H
 
@@ -36,6 +63,12 @@
 
 #include "runtime/status.h"
 
+typedef enum tpr_sched_fault {
+  TPR_SCHED_FAULT_NONE = 0,
+  TPR_SCHED_FAULT_WRITE_SHARED,  // a sibling is admitted one row short: it rewrites the last shared row
+  TPR_SCHED_FAULT_FREE_SHARED,   // a holder letting go of a shared block frees it for every holder
+} tpr_sched_fault;
+
 typedef struct tpr_sched_opts {
   int replicas;         // dp replicas, each with its own block pool (>= 1)
   int64_t pool_blocks;  // KV blocks per replica (>= 1)
@@ -43,6 +76,8 @@ typedef struct tpr_sched_opts {
   int64_t max_batch;    // chunks (sequences) per replica per step (>= 1)
   int64_t max_tokens;   // tokens per replica per step (>= 1)
   int64_t max_seq;      // the longest sequence (prompt + generated) a block table holds (>= 1)
+  // Test only (negative controls of the sharing checks); 0 in real runs.
+  tpr_sched_fault debug_fault;
 } tpr_sched_opts;
 
 // One sequence's work in a step.
@@ -52,7 +87,7 @@ typedef struct tpr_sched_chunk {
   int64_t n;                  // tokens in the chunk (>= 1)
   const int32_t *tokens;      // (n) the chunk's token ids
   bool sample;                // pos0 + n == len: sample the token after the chunk
-  bool first;                 // the sequence's first chunk since submission or preemption
+  bool first;                 // the sequence's first chunk since admission (pos0 > 0: a sibling's, after the shared blocks)
   const int32_t *blocks;      // (n_blocks) the block table, covering positions < pos0 + n
   int64_t n_blocks;
 } tpr_sched_chunk;
@@ -82,6 +117,17 @@ void tpr_sched_free(tpr_sched *s);
 tpr_status tpr_sched_submit(tpr_sched *s, const int32_t *prompt, int64_t len, int64_t max_new, int32_t stop_token,
                             int64_t *id);
 
+// What tpr_sched_submit would refuse, from the options alone (a pure
+// function: callable from any thread on a copy of the options).
+tpr_status tpr_sched_check_submit(const tpr_sched_opts *o, const int32_t *prompt, int64_t len, int64_t max_new,
+                                  int32_t stop_token);
+
+// Adds a sibling group: n >= 1 sequences of one prompt (copied once per
+// sequence), sequence i with max_new[i] and stop_token[i]; ids are
+// *first_id + i. Errors as tpr_sched_submit, for any i; nothing is added.
+tpr_status tpr_sched_submit_n(tpr_sched *s, const int32_t *prompt, int64_t len, const int64_t *max_new,
+                              const int32_t *stop_token, int64_t n, int64_t *first_id);
+
 // Plans the next step into *out. Returns TPR_OK with out->tokens == 0 when no
 // sequence is unfinished.
 tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out);
@@ -100,14 +146,20 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
 // is left as it is.
 tpr_status tpr_sched_cancel(tpr_sched *s, int64_t id);
 
+// Forgets a finished (or cancelled) sequence: its tokens and block table
+// are freed; its id stays taken. Unknown, unfinished or already released:
+// TPR_ERR_INVALID_ARG.
+tpr_status tpr_sched_release(tpr_sched *s, int64_t id);
+
 // A sequence's tokens so far: prompt then generated (valid until the next
-// call that changes the scheduler).
+// call that changes the scheduler). A released id: TPR_ERR_INVALID_ARG.
 typedef struct tpr_sched_seq_info {
   const int32_t *tokens;
   int64_t len, prompt_len;
   int replica;
   bool finished;
-  int64_t preemptions;  // times this sequence was preempted
+  int64_t preemptions;    // times this sequence was preempted
+  int64_t shared_blocks;  // blocks it holds from its group's leader since its admission (0: none, or not any more)
 } tpr_sched_seq_info;
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out);
 
@@ -115,5 +167,7 @@ int64_t tpr_sched_unfinished(const tpr_sched *s);
 int64_t tpr_sched_waiting(const tpr_sched *s);  // unfinished sequences holding no blocks (queued or preempted)
 int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica);
 int64_t tpr_sched_preemptions(const tpr_sched *s);  // total so far
+// Holders of block id of a replica's pool (0: free; -1: no such block).
+int32_t tpr_sched_block_refs(const tpr_sched *s, int replica, int32_t id);
 
 #endif

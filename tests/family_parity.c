@@ -15,23 +15,12 @@
 fp_mesh fp;
 
 void fp_init(int *argc, char ***argv) {
-  fp.world = tt_mpi_world(argc, argv);
-  fp.R = tpr_comm_rank(fp.world);
-  fp.tp = tpr_comm_size(fp.world), fp.dp = 1, fp.ep = 1;
-  for (int i = 1; i + 1 < *argc; i++) {
-    if (!strcmp((*argv)[i], "--tp")) fp.tp = atoi((*argv)[i + 1]);
-    if (!strcmp((*argv)[i], "--dp")) fp.dp = atoi((*argv)[i + 1]);
-    if (!strcmp((*argv)[i], "--ep")) fp.ep = atoi((*argv)[i + 1]);
-  }
+  fp = tt_mesh_init(argc, argv);
   if (fp.R == 0) tt_seed_from_env();
 }
 
 
-int64_t fp_shared_seed(void) {
-  int64_t seed = fp.R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
-  TT_OK(tpr_comm_broadcast(fp.world, &seed, &seed, 1, TPR_I64, 0));
-  return seed;
-}
+int64_t fp_shared_seed(void) { return tt_shared_seed(fp.world); }
 
 tpr_session_opts fp_session_opts(const char *dir, int64_t max_seq) {
   return (tpr_session_opts){.model_dir = dir, .max_seq = max_seq, .max_batch = 1, .tp = fp.tp, .dp = fp.dp,

@@ -14,13 +14,11 @@
 #include <cmocka.h>
 
 #include "engine/session.h"
+#include "mpi_util.h"
 #include "shard/safetensors.h"
 
-// The process's mesh: world, this rank, --tp (default: world size) --dp --ep.
-typedef struct fp_mesh {
-  tpr_comm_t world;
-  int R, tp, dp, ep;
-} fp_mesh;
+// The process's mesh (mpi_util.h).
+typedef tt_mesh fp_mesh;
 extern fp_mesh fp;
 
 // MPI up, the mesh read from argv, the seed drawn and printed on rank 0.

@@ -3,6 +3,9 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
 
 tpr_comm_t tt_mpi_world(int *argc, char ***argv) {
   tpr_comm_t world = NULL;
@@ -11,6 +14,24 @@ tpr_comm_t tt_mpi_world(int *argc, char ***argv) {
     exit(1);
   }
   return world;
+}
+
+tt_mesh tt_mesh_init(int *argc, char ***argv) {
+  tt_mesh m = {.world = tt_mpi_world(argc, argv), .dp = 1, .ep = 1};
+  m.R = tpr_comm_rank(m.world);
+  m.tp = tpr_comm_size(m.world);
+  for (int i = 1; i + 1 < *argc; i++) {
+    if (!strcmp((*argv)[i], "--tp")) m.tp = atoi((*argv)[i + 1]);
+    if (!strcmp((*argv)[i], "--dp")) m.dp = atoi((*argv)[i + 1]);
+    if (!strcmp((*argv)[i], "--ep")) m.ep = atoi((*argv)[i + 1]);
+  }
+  return m;
+}
+
+int64_t tt_shared_seed(tpr_comm_t world) {
+  int64_t seed = tpr_comm_rank(world) == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
+  TT_OK(tpr_comm_broadcast(world, &seed, &seed, 1, TPR_I64, 0));
+  return seed;
 }
 
 int tt_mpi_finish(tpr_comm_t world, int failed) {

@@ -20,49 +20,20 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine_fixture.h"
 #include "m2_ref.h"
 #include "mpi_util.h"
 
 #define V M2_V
 #define MAX_SEQS 12
-#define MAX_GEN 8
-#define MAX_SEQ_LEN 32
+typedef em_recorded recorded;
+#define MAX_SEQ_LEN EM_MAX_SEQ
 #define BOUND 1e-5
 
 static tpr_comm_t world;
 static int R;
 static int tp, dp, ep;
 static m2_ref ref;
-
-// What the engine's on_logits saw on this rank: [seq][gen] rows.
-typedef struct recorded {
-  float rows[MAX_SEQS][MAX_GEN][V];
-  bool have[MAX_SEQS][MAX_GEN];
-} recorded;
-
-static void on_logits(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
-  recorded *r = ctx;
-  if (seq >= MAX_SEQS || gen >= MAX_GEN || vocab != V) return;
-  memcpy(r->rows[seq][gen], logits, sizeof r->rows[seq][gen]);
-  r->have[seq][gen] = true;
-}
-
-static tpr_session *open_session(int64_t max_batch, int64_t block_size, int64_t kv_bytes) {
-  tpr_session_opts o = {.model_dir = M2_FIX, .max_seq = MAX_SEQ_LEN, .max_batch = max_batch,
-                        .block_size = block_size, .kv_cache_bytes = kv_bytes, .tp = tp, .dp = dp, .ep = ep,
-                        .force_tp_rank = -1};
-  tpr_session *s = NULL;
-  TT_OK(tpr_session_open(&o, world, tt_cpu(), &s));
-  return s;
-}
-
-// Bytes of one KV block of 4 rows on this rank (a probe session's pool / its blocks).
-static uint64_t block_bytes(void) {
-  tpr_session *probe = open_session(1, 4, 0);
-  tpr_session_pool p = tpr_session_pool_info(probe);
-  tpr_session_close(probe);
-  return p.bytes / (uint64_t)p.blocks;
-}
 
 typedef struct workload {
   int n;
@@ -101,7 +72,7 @@ static void make_workload(workload *w, int n, uint64_t seed) {
 // lists back (rank 0's scheduler has them) in tokens/len.
 static void run_engine(tpr_session *s, const workload *w, int64_t budget, bool wrong_blocks, recorded *rec,
                        int32_t tokens[MAX_SEQS][MAX_SEQ_LEN], int64_t *len, int64_t *preempted) {
-  tpr_engine_opts eo = {.max_tokens_per_step = budget, .on_logits = on_logits, .ctx = rec,
+  tpr_engine_opts eo = {.max_tokens_per_step = budget, .on_logits = em_on_logits, .ctx = rec,
                         .debug_wrong_blocks = wrong_blocks};
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &eo, &e));
@@ -119,26 +90,16 @@ static void run_engine(tpr_session *s, const workload *w, int64_t budget, bool w
     finished += (int)info.n_finished;  // rank 0 hears of each sequence once, as it ends
     if (info.idle && step >= 6) break;
   }
-  int64_t words[MAX_SEQS * (MAX_SEQ_LEN + 1) + 1] = {0};
+  int64_t pre = 0;
   if (R == 0) {
     assert_int_equal(submitted, w->n);
     assert_int_equal(finished, w->n);
     for (int r = 0; r < dp; r++) assert_int_equal(tpr_engine_blocks_in_use(e, r), 0);
-    words[0] = tpr_engine_preemptions(e);
-    for (int i = 0; i < w->n; i++) {
-      tpr_sched_seq_info si;
-      TT_OK(tpr_engine_result(e, i, &si));
-      assert_true(si.finished);
-      words[1 + i * (MAX_SEQ_LEN + 1)] = si.len;
-      for (int64_t t = 0; t < si.len; t++) words[2 + i * (MAX_SEQ_LEN + 1) + t] = si.tokens[t];
-    }
+    pre = tpr_engine_preemptions(e);
   }
-  TT_OK(tpr_comm_broadcast(world, words, words, sizeof words / sizeof words[0], TPR_I64, 0));
-  *preempted = words[0];
-  for (int i = 0; i < w->n; i++) {
-    len[i] = words[1 + i * (MAX_SEQ_LEN + 1)];
-    for (int64_t t = 0; t < len[i]; t++) tokens[i][t] = (int32_t)words[2 + i * (MAX_SEQ_LEN + 1) + t];
-  }
+  TT_OK(tpr_comm_broadcast(world, &pre, &pre, 1, TPR_I64, 0));
+  *preempted = pre;
+  em_share_results(e, w->n, tokens, len, NULL, NULL);
   tpr_engine_free(e);
 }
 
@@ -162,7 +123,7 @@ static double compare_alone(tpr_session *s, const workload *w, const recorded *r
     TT_OK(tpr_session_forward(s, tokens[i], len[i] - 1, 0, alone));
     double err = 0, scale = 0;
     int seen = 0;
-    for (int64_t g = 0; g < n_gen; g++) {
+    for (int64_t g = 0; g < n_gen && g < EM_MAX_GEN; g++) {
       if (!rec->have[i][g]) continue;  // another replica ran it
       const float *want = alone + (w->len[i] - 1 + g) * V, *got = rec->rows[i][g];
       for (int64_t v = 0; v < V; v++) {
@@ -180,21 +141,15 @@ static double compare_alone(tpr_session *s, const workload *w, const recorded *r
   return w32;
 }
 
-static uint64_t shared_seed(void) {
-  int64_t seed = R == 0 ? (int64_t)(tt_next_u64() >> 1) : 0;
-  TT_OK(tpr_comm_broadcast(world, &seed, &seed, 1, TPR_I64, 0));
-  return (uint64_t)seed;
-}
-
 static void test_batch_invariance(void **state) {
   (void)state;
-  tpr_session *s = open_session(4, 4, 0);
+  tpr_session *s = em_open_session(4, 4, 0);
   static workload w;
   static recorded rec;
   static int32_t tokens[MAX_SEQS][MAX_SEQ_LEN];
   int64_t len[MAX_SEQS], preempted;
   for (int round = 0; round < 2; round++) {
-    uint64_t seed = shared_seed();
+    uint64_t seed = em_shared_seed();
     make_workload(&w, 8, seed);
     int64_t budget = 3 + (int64_t)(seed % 22);
     memset(&rec, 0, sizeof rec);
@@ -211,12 +166,12 @@ static void test_batch_invariance(void **state) {
 
 static void test_wrong_blocks_caught(void **state) {
   (void)state;
-  tpr_session *s = open_session(4, 4, 0);
+  tpr_session *s = em_open_session(4, 4, 0);
   static workload w;
   static recorded rec;
   static int32_t tokens[MAX_SEQS][MAX_SEQ_LEN];
   int64_t len[MAX_SEQS], preempted;
-  make_workload(&w, 8, shared_seed());
+  make_workload(&w, 8, em_shared_seed());
   for (int i = 0; i < w.n; i++) w.arrive_step[i] = 0;  // all together: steps hold several chunks
   memset(&rec, 0, sizeof rec);
   run_engine(s, &w, 64, true, &rec, tokens, len, &preempted);
@@ -228,15 +183,15 @@ static void test_wrong_blocks_caught(void **state) {
 
 static void test_preemption(void **state) {
   (void)state;
-  uint64_t per_block = block_bytes();
+  uint64_t per_block = em_block_bytes();
   // 10 blocks of 4 rows: one whole sequence (8 blocks) fits, the batch does not.
-  tpr_session *s = open_session(4, 4, (int64_t)(10 * per_block));
+  tpr_session *s = em_open_session(4, 4, (int64_t)(10 * per_block));
   assert_int_equal(tpr_session_pool_info(s).blocks, 10);
   static workload w;
   static recorded rec;
   static int32_t tokens[MAX_SEQS][MAX_SEQ_LEN];
   int64_t len[MAX_SEQS], preempted;
-  make_workload(&w, 6, shared_seed());
+  make_workload(&w, 6, em_shared_seed());
   for (int i = 1; i < w.n; i++) {  // long prompts, arriving together
     w.len[i] = 12 + i;
     w.g[i].max_new = 6;
@@ -253,8 +208,8 @@ static void test_preemption(void **state) {
 
 static void test_refused(void **state) {
   (void)state;
-  uint64_t per_block = block_bytes();
-  tpr_session *s = open_session(2, 4, (int64_t)(3 * per_block));  // 12 token rows
+  uint64_t per_block = em_block_bytes();
+  tpr_session *s = em_open_session(2, 4, (int64_t)(3 * per_block));  // 12 token rows
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &(tpr_engine_opts){0}, &e));
   if (R == 0) {
@@ -281,14 +236,8 @@ static void test_refused(void **state) {
 }
 
 int main(int argc, char **argv) {
-  world = tt_mpi_world(&argc, &argv);
-  R = tpr_comm_rank(world);
-  tp = tpr_comm_size(world), dp = 1, ep = 1;
-  for (int i = 1; i + 1 < argc; i++) {
-    if (!strcmp(argv[i], "--tp")) tp = atoi(argv[i + 1]);
-    if (!strcmp(argv[i], "--dp")) dp = atoi(argv[i + 1]);
-    if (!strcmp(argv[i], "--ep")) ep = atoi(argv[i + 1]);
-  }
+  em_init(&argc, &argv);
+  world = em.world, R = em.R, tp = em.tp, dp = em.dp, ep = em.ep;
   if (R == 0) tt_seed_from_env();
   m2_ref_load(&ref);
   const struct CMUnitTest tests[] = {

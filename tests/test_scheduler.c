@@ -6,11 +6,18 @@
 // writes (seq, position, token) into the rows its block table names and
 // first reads back every earlier row of its sequence, so a block handed to
 // two sequences, or a table that lost a block, shows up as a wrong row.
+// Sibling groups (tpr_sched_submit_n) share their prompt's leading blocks:
+// the harness keeps every live sequence's block table as it last saw it and
+// checks that no chunk writes a row into a block another live sequence
+// holds, that a block handed out fresh is held by nobody, that a sibling
+// takes exactly its leader's computed leading blocks, and that the pool's
+// reference count of every block equals the holders the harness sees.
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/block_pool.h"
 #include "engine/scheduler.h"
 #include "test_util.h"
 
@@ -26,6 +33,8 @@ typedef struct exp_seq {
   int32_t *tok;  // prompt then the tokens the fake model generates
   int64_t len, prompt_len, max_new, arrival_step;
   int32_t stop;
+  int64_t group_n;  // > 1: this sequence leads a group of group_n submitted together (tpr_sched_submit_n)
+  int64_t leader;   // a sibling: its group's leader; -1 otherwise
 } exp_seq;
 
 typedef struct harness {
@@ -37,8 +46,12 @@ typedef struct harness {
   int64_t n, submitted;
   int64_t *shadow, *seen_pre, *finish_step;  // (n) computed as the test sees it, preemptions seen, step finished
   bool *running;  // (n) admitted and neither preempted nor finished since
+  int32_t **table;  // (n) each live sequence's block table as its last chunk gave it (n_table[i] entries)
+  int64_t *n_table, *shared;  // (n) table lengths; leading blocks taken from the leader at admission
   int64_t *kv;  // (replicas, pool_blocks * block_size, 3) seq, position, token; -1 = never written
   int64_t step, steps_run, max_step_tokens, max_step_chunks, preemptions, recompute_generated;
+  int64_t shared_admissions, blocks_shared, alone_siblings;  // siblings admitted holding / not holding leader blocks
+  int64_t peak_blocks;  // the most blocks in use after a step, over the replicas
   int64_t log_seq, n_log, log[64][3];  // the chunks of sequence log_seq: pos0, n, sample
   char err[512];
 } harness;
@@ -46,7 +59,8 @@ typedef struct harness {
 // Builds the expected tokens of a sequence (id = its index).
 static void exp_init(exp_seq *e, int64_t id, int64_t prompt_len, int64_t max_new, int32_t stop, int32_t vocab,
                      int64_t arrival_step) {
-  *e = (exp_seq){.prompt_len = prompt_len, .max_new = max_new, .stop = stop, .arrival_step = arrival_step};
+  *e = (exp_seq){.prompt_len = prompt_len, .max_new = max_new, .stop = stop, .arrival_step = arrival_step,
+                 .leader = -1};
   e->tok = malloc((size_t)(prompt_len + max_new) * sizeof *e->tok);
   for (int64_t i = 0; i < prompt_len; i++) e->tok[i] = (int32_t)tt_randint(0, vocab - 1);
   e->len = prompt_len;
@@ -54,6 +68,23 @@ static void exp_init(exp_seq *e, int64_t id, int64_t prompt_len, int64_t max_new
     int32_t t = fake_next(id, e->len, vocab);
     e->tok[e->len++] = t;
     if (t == stop) break;
+  }
+}
+
+// A group of n at ids id..id+n-1: the leader's prompt for every sibling,
+// each sibling its own generated tokens (the fake model hashes the id).
+static void exp_init_group(exp_seq *e, int64_t id, int64_t n, int64_t prompt_len, const int64_t *max_new,
+                           int32_t vocab, int64_t arrival_step) {
+  exp_init(&e[0], id, prompt_len, max_new[0], -1, vocab, arrival_step);
+  e[0].group_n = n;
+  for (int64_t i = 1; i < n; i++) {
+    exp_seq *s = &e[i];
+    *s = (exp_seq){.prompt_len = prompt_len, .max_new = max_new[i], .stop = -1, .arrival_step = arrival_step,
+                   .leader = id};
+    s->tok = malloc((size_t)(prompt_len + max_new[i]) * sizeof *s->tok);
+    memcpy(s->tok, e[0].tok, (size_t)prompt_len * sizeof *s->tok);
+    for (s->len = prompt_len; s->len < prompt_len + max_new[i]; s->len++)
+      s->tok[s->len] = fake_next(id + i, s->len, vocab);
   }
 }
 
@@ -69,6 +100,9 @@ static void h_init(harness *h, tpr_sched_opts o, int64_t n, int32_t vocab) {
   h->seen_pre = calloc((size_t)n, sizeof(int64_t));
   h->finish_step = malloc((size_t)n * sizeof(int64_t));
   h->running = calloc((size_t)n, sizeof(bool));
+  h->table = calloc((size_t)n, sizeof(int32_t *));
+  h->n_table = calloc((size_t)n, sizeof(int64_t));
+  h->shared = calloc((size_t)n, sizeof(int64_t));
   for (int64_t i = 0; i < n; i++) h->finish_step[i] = -1;
   size_t rows = (size_t)o.replicas * (size_t)o.pool_blocks * (size_t)o.block_size;
   h->kv = malloc(rows * 3 * sizeof(int64_t));
@@ -77,8 +111,11 @@ static void h_init(harness *h, tpr_sched_opts o, int64_t n, int32_t vocab) {
 
 static void h_free(harness *h) {
   tpr_sched_free(h->s);
-  for (int64_t i = 0; i < h->n; i++) free(h->e[i].tok);
+  for (int64_t i = 0; i < h->n; i++) free(h->e[i].tok), free(h->table[i]);
   free(h->e);
+  free(h->table);
+  free(h->n_table);
+  free(h->shared);
   free(h->shadow);
   free(h->seen_pre);
   free(h->finish_step);
@@ -94,13 +131,33 @@ static void h_free(harness *h) {
     }                                                        \
   } while (0)
 
+// A sequence that left the pool (preempted, finished) holds no block.
+static void forget_table(harness *h, int64_t i) { h->n_table[i] = h->shared[i] = 0; }
+
 // A preempted sequence restarts from position 0.
 static void sync_shadow(harness *h) {
   for (int64_t i = 0; i < h->submitted; i++) {
     tpr_sched_seq_info in;
     TT_OK(tpr_sched_seq(h->s, i, &in));
-    if (in.preemptions != h->seen_pre[i]) h->shadow[i] = 0, h->seen_pre[i] = in.preemptions, h->running[i] = false;
+    if (in.preemptions != h->seen_pre[i]) {
+      h->shadow[i] = 0, h->seen_pre[i] = in.preemptions, h->running[i] = false;
+      forget_table(h, i);
+    }
   }
+}
+
+// A live sequence other than `self` whose table (as the harness saw it)
+// holds block b of replica r; -1: none.
+static int64_t other_holder(const harness *h, int r, int32_t b, int64_t self) {
+  for (int64_t i = 0; i < h->submitted; i++) {
+    if (i == self || h->n_table[i] == 0) continue;
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, i, &in));
+    if (in.replica != r) continue;
+    for (int64_t k = 0; k < h->n_table[i]; k++)
+      if (h->table[i][k] == b) return i;
+  }
+  return -1;
 }
 
 static int64_t *kv_row(harness *h, int r, int64_t block, int64_t p) {
@@ -134,9 +191,45 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
       TT_OK(tpr_sched_seq(h->s, c->seq, &in));
       const exp_seq *e = &h->e[c->seq];
       if (in.replica != r || in.finished) BAD("seq %lld on replica %d (its own %d, finished %d)", (long long)c->seq, r, in.replica, in.finished);
-      if (c->n < 1 || c->pos0 != h->shadow[c->seq] || c->first != (c->pos0 == 0) || c->pos0 + c->n > in.len)
+      // Sharing: what a newly admitted sequence starts from, and where it may write.
+      const bool admitted = !h->running[c->seq];
+      const int64_t shared = admitted ? in.shared_blocks : h->shared[c->seq];
+      const int64_t start = admitted ? shared * bs : h->shadow[c->seq], lead = e->leader;
+      for (int64_t b = 0; b < c->n_blocks && !bad; b++) {
+        int32_t id = c->blocks[b];
+        // A shared leading block is in every holder's table; any other twice is wrong.
+        if (id < 0 || id >= h->o.pool_blocks || (used[id] && b >= shared)) BAD("replica %d: block %d out of range or twice", r, id);
+        used[id] = true;
+      }
+      if (bad) break;
+      if (admitted && shared > 0) {
+        if (lead < 0 || !h->running[lead] || h->shadow[lead] < shared * bs || h->n_table[lead] < shared)
+          BAD("seq %lld took %lld blocks from leader %lld, which has not computed them", (long long)c->seq,
+              (long long)shared, (long long)lead);
+        if (c->n_blocks < shared || memcmp(c->blocks, h->table[lead], (size_t)shared * sizeof *c->blocks) != 0)
+          BAD("seq %lld: its first %lld blocks are not its leader's", (long long)c->seq, (long long)shared);
+      }
+      if (admitted && shared == 0 && lead >= 0 && h->seen_pre[c->seq] == 0 && h->seen_pre[lead] == 0 &&
+          h->running[lead] && (e->prompt_len - 1) / bs > 0 && h->shadow[lead] >= (e->prompt_len - 1) / bs * bs)
+        BAD("seq %lld was admitted alone while its leader %lld held its prompt's blocks", (long long)c->seq,
+            (long long)lead);
+      for (int64_t p = c->pos0; p < c->pos0 + c->n && p / bs < c->n_blocks; p++) {
+        int64_t other = other_holder(h, r, c->blocks[p / bs], c->seq);
+        if (other >= 0)
+          BAD("seq %lld writes position %lld into block %d, shared with seq %lld", (long long)c->seq, (long long)p,
+              c->blocks[p / bs], (long long)other);
+      }
+      if (bad) break;
+      for (int64_t b = admitted ? shared : h->n_table[c->seq]; b < c->n_blocks; b++) {
+        int64_t other = other_holder(h, r, c->blocks[b], c->seq);
+        if (other >= 0)
+          BAD("seq %lld got block %d, still held by seq %lld (freed while referenced)", (long long)c->seq,
+              c->blocks[b], (long long)other);
+      }
+      if (bad) break;
+      if (c->n < 1 || c->pos0 != start || c->first != admitted || c->pos0 + c->n > in.len)
         BAD("seq %lld: chunk pos0 %lld n %lld first %d, want pos0 %lld (len %lld)", (long long)c->seq,
-            (long long)c->pos0, (long long)c->n, c->first, (long long)h->shadow[c->seq], (long long)in.len);
+            (long long)c->pos0, (long long)c->n, c->first, (long long)start, (long long)in.len);
       if (c->sample != (c->pos0 + c->n == in.len)) BAD("seq %lld: sample %d at pos0+n %lld, len %lld", (long long)c->seq, c->sample, (long long)(c->pos0 + c->n), (long long)in.len);
       bool decode = !c->first && in.len - c->pos0 == 1;
       if (decode && seen_prefill) BAD("replica %d: decode of seq %lld after a prefill chunk", r, (long long)c->seq);
@@ -144,20 +237,19 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
       tokens += c->n;
       if (c->n_blocks != (c->pos0 + c->n + bs - 1) / bs)
         BAD("seq %lld: %lld blocks for %lld positions of %lld", (long long)c->seq, (long long)c->n_blocks, (long long)(c->pos0 + c->n), (long long)bs);
-      for (int64_t b = 0; b < c->n_blocks && !bad; b++) {
-        int32_t id = c->blocks[b];
-        if (id < 0 || id >= h->o.pool_blocks || used[id]) BAD("replica %d: block %d out of range or twice", r, id);
-        used[id] = true;
-      }
-      if (bad) break;
       for (int64_t p = 0; p < c->n; p++)
         if (c->tokens[p] != e->tok[c->pos0 + p]) BAD("seq %lld: token %lld is %d, want %d", (long long)c->seq, (long long)(c->pos0 + p), c->tokens[p], e->tok[c->pos0 + p]);
       if (bad) break;
       for (int64_t p = 0; p < c->pos0; p++) {
         const int64_t *row = kv_row(h, r, c->blocks[p / bs], p);
-        if (row[0] != c->seq || row[1] != p || row[2] != e->tok[p])
+        bool writer = row[0] == c->seq || (p < shared * bs && row[0] == lead);  // the leader wrote shared rows
+        if (!writer || row[1] != p || row[2] != e->tok[p])
           BAD("seq %lld: KV row of position %lld holds (seq %lld, pos %lld, tok %lld)", (long long)c->seq, (long long)p, (long long)row[0], (long long)row[1], (long long)row[2]);
       }
+      if (bad) break;
+      if (!admitted && (c->n_blocks < h->n_table[c->seq] ||
+                        memcmp(c->blocks, h->table[c->seq], (size_t)h->n_table[c->seq] * sizeof *c->blocks) != 0))
+        BAD("seq %lld: its block table changed under it", (long long)c->seq);
 #undef BAD
     }
     if (!bad && tokens > h->o.max_tokens) {
@@ -203,12 +295,20 @@ static const char *h_step(harness *h) {
     for (int r = 1; r < h->o.replicas; r++)
       if (live[r] < live[want]) want = r;
     const exp_seq *e = &h->e[h->submitted];
-    TT_OK(tpr_sched_submit(h->s, e->tok, e->prompt_len, e->max_new, e->stop, &id));
-    tpr_sched_seq_info in;
-    TT_OK(tpr_sched_seq(h->s, id, &in));
-    FAIL_IF(id != h->submitted || in.replica != want, "submit %lld: id %lld replica %d, want replica %d",
-            (long long)h->submitted, (long long)id, in.replica, want);
-    h->submitted++;
+    int64_t n = e->group_n > 1 ? e->group_n : 1, max_new[16];
+    int32_t stop[16];
+    for (int64_t i = 0; i < n; i++) max_new[i] = e[i].max_new, stop[i] = e[i].stop;
+    if (n > 1)
+      TT_OK(tpr_sched_submit_n(h->s, e->tok, e->prompt_len, max_new, stop, n, &id));
+    else
+      TT_OK(tpr_sched_submit(h->s, e->tok, e->prompt_len, e->max_new, e->stop, &id));
+    FAIL_IF(id != h->submitted, "submit %lld: id %lld", (long long)h->submitted, (long long)id);
+    for (int64_t i = 0; i < n; i++) {  // a group goes to its leader's replica, chosen as for one sequence
+      tpr_sched_seq_info in;
+      TT_OK(tpr_sched_seq(h->s, id + i, &in));
+      FAIL_IF(in.replica != want, "submit %lld: replica %d, want replica %d", (long long)(id + i), in.replica, want);
+    }
+    h->submitted += n;
   }
   h->step++;
   int64_t pre0 = tpr_sched_preemptions(h->s);
@@ -242,7 +342,15 @@ static const char *h_step(harness *h) {
         row[0] = c->seq, row[1] = p, row[2] = c->tokens[p - c->pos0];
       }
       h->shadow[c->seq] = c->pos0 + c->n;
+      if (!h->running[c->seq]) {
+        h->shared[c->seq] = in.shared_blocks;
+        h->shared_admissions += in.shared_blocks > 0, h->blocks_shared += in.shared_blocks;
+        h->alone_siblings += h->e[c->seq].leader >= 0 && in.shared_blocks == 0;
+      }
       h->running[c->seq] = true;
+      h->table[c->seq] = realloc(h->table[c->seq], (size_t)c->n_blocks * sizeof(int32_t));
+      memcpy(h->table[c->seq], c->blocks, (size_t)c->n_blocks * sizeof(int32_t));
+      h->n_table[c->seq] = c->n_blocks;
       tokens += c->n;
       if (c->sample) sampled[r][k++] = fake_next(c->seq, c->pos0 + c->n + (h->wrong_model ? 1 : 0), h->vocab);
     }
@@ -251,17 +359,34 @@ static const char *h_step(harness *h) {
   tpr_status rc = tpr_sched_update(h->s, &st, (const int32_t *const *)sampled);
   for (int r = 0; r < 3; r++) free(sampled[r]);
   FAIL_IF(rc != TPR_OK, "tpr_sched_update: %s", tpr_last_error());
-  // Blocks held = exactly what the unfinished sequences' computed rows need.
-  int64_t want[3] = {0};
+  // Blocks held = exactly what the unfinished sequences' computed rows
+  // need, each block as many times as live tables list it.
   for (int64_t i = 0; i < h->submitted; i++) {
     tpr_sched_seq_info in;
     TT_OK(tpr_sched_seq(h->s, i, &in));
-    if (in.finished && h->finish_step[i] < 0) h->finish_step[i] = h->step;
-    if (!in.finished) want[in.replica] += (h->shadow[i] + h->o.block_size - 1) / h->o.block_size;
+    if (in.finished && h->finish_step[i] < 0) h->finish_step[i] = h->step, h->running[i] = false, forget_table(h, i);
+    FAIL_IF(!in.finished && h->n_table[i] != (h->shadow[i] + h->o.block_size - 1) / h->o.block_size,
+            "seq %lld holds %lld blocks for %lld computed rows", (long long)i, (long long)h->n_table[i],
+            (long long)h->shadow[i]);
   }
-  for (int r = 0; r < h->o.replicas; r++)
-    FAIL_IF(tpr_sched_blocks_in_use(h->s, r) != want[r], "step %lld replica %d: %lld blocks in use, want %lld",
-            (long long)h->step, r, (long long)tpr_sched_blocks_in_use(h->s, r), (long long)want[r]);
+  for (int r = 0; r < h->o.replicas; r++) {
+    int64_t held = 0;
+    for (int32_t b = 0; b < h->o.pool_blocks; b++) {
+      int32_t holders = 0;
+      for (int64_t i = 0; i < h->submitted; i++) {
+        tpr_sched_seq_info in;
+        TT_OK(tpr_sched_seq(h->s, i, &in));
+        for (int64_t k = 0; in.replica == r && k < h->n_table[i]; k++) holders += h->table[i][k] == b;
+      }
+      FAIL_IF(tpr_sched_block_refs(h->s, r, b) != holders,
+              "step %lld replica %d: block %d has %d holders, the pool counts %d (freed while referenced?)",
+              (long long)h->step, r, b, holders, tpr_sched_block_refs(h->s, r, b));
+      held += holders > 0;
+    }
+    if (held > h->peak_blocks) h->peak_blocks = held;
+    FAIL_IF(tpr_sched_blocks_in_use(h->s, r) != held, "step %lld replica %d: %lld blocks in use, want %lld",
+            (long long)h->step, r, (long long)tpr_sched_blocks_in_use(h->s, r), (long long)held);
+  }
   return NULL;
 }
 
@@ -286,24 +411,32 @@ static const char *h_run(harness *h) {
 }
 
 static tpr_sched_opts opts(int replicas, int64_t pool, int64_t bs, int64_t batch, int64_t tokens, int64_t max_seq) {
-  return (tpr_sched_opts){replicas, pool, bs, batch, tokens, max_seq};
+  return (tpr_sched_opts){.replicas = replicas, .pool_blocks = pool, .block_size = bs, .max_batch = batch,
+                          .max_tokens = tokens, .max_seq = max_seq};
 }
 
-// (a), (b): random configurations, arrivals spread over the first steps.
-static void test_random_runs(void **state) {
-  (void)state;
-  int64_t steps = 0, pre = 0, max_tok = 0, max_ch = 0, recompute = 0, seqs = 0;
+// (a), (b): random configurations, arrivals spread over the first steps;
+// with_groups: about a third of the sequences lead a sibling group of 2-4.
+static void random_runs(bool with_groups) {
+  int64_t steps = 0, pre = 0, max_tok = 0, max_ch = 0, recompute = 0, seqs = 0, shared = 0, saved = 0, alone = 0;
   for (int run = 0; run < 60; run++) {
     int64_t n = tt_randint(1, 16), bs = tt_randint(1, 16);
     int32_t vocab = (int32_t)tt_randint(2, 60);
     harness h;
     tpr_sched_opts o = opts((int)tt_randint(1, 3), 1, bs, tt_randint(1, 8), tt_randint(1, 64), 1);
-    int64_t lens[16], news[16], stops[16], arr[16], max_rows = 1, max_seq = 1, t = 0;
+    int64_t lens[16], news[16], stops[16], arr[16], group[16] = {0}, max_rows = 1, max_seq = 1, t = 0;
     for (int64_t i = 0; i < n; i++) {
       lens[i] = tt_randint(1, 40), news[i] = tt_randint(1, 20);
       stops[i] = tt_randint(0, 2) == 0 ? tt_randint(0, vocab - 1) : -1;
       t += tt_randint(0, 3) == 0 ? tt_randint(0, 6) : 0;
       arr[i] = t;
+      if (with_groups && i + 1 < n && tt_randint(0, 2) == 0) {
+        group[i] = tt_randint(2, n - i < 4 ? n - i : 4);
+        for (int64_t j = 1; j < group[i]; j++) lens[i + j] = lens[i], news[i + j] = tt_randint(1, 20), arr[i + j] = t;
+        i += group[i] - 1;
+      }
+    }
+    for (int64_t i = 0; i < n; i++) {
       if (lens[i] + news[i] - 1 > max_rows) max_rows = lens[i] + news[i] - 1;
       if (lens[i] + news[i] > max_seq) max_seq = lens[i] + news[i];
     }
@@ -311,21 +444,46 @@ static void test_random_runs(void **state) {
     o.pool_blocks = tt_randint(0, 2) == 0 ? min_blocks : min_blocks + tt_randint(0, 3 * min_blocks);
     o.max_seq = max_seq + tt_randint(0, 5);
     h_init(&h, o, n, vocab);
-    for (int64_t i = 0; i < n; i++) exp_init(&h.e[i], i, lens[i], news[i], (int32_t)stops[i], vocab, arr[i]);
+    for (int64_t i = 0; i < n; i++) {
+      if (group[i] > 1) {
+        exp_init_group(&h.e[i], i, group[i], lens[i], news + i, vocab, arr[i]);
+        i += group[i] - 1;
+      } else {
+        exp_init(&h.e[i], i, lens[i], news[i], (int32_t)stops[i], vocab, arr[i]);
+      }
+    }
     const char *bad = h_run(&h);
     if (bad)
       fail_msg("run %d (replicas %d pool %lld bs %lld batch %lld tokens %lld, %lld seqs): %s", run, o.replicas,
                (long long)o.pool_blocks, (long long)bs, (long long)o.max_batch, (long long)o.max_tokens,
                (long long)n, bad);
     steps += h.steps_run, pre += h.preemptions, recompute += h.recompute_generated, seqs += n;
+    shared += h.shared_admissions, saved += h.blocks_shared, alone += h.alone_siblings;
     if (h.max_step_tokens > max_tok) max_tok = h.max_step_tokens;
     if (h.max_step_chunks > max_ch) max_ch = h.max_step_chunks;
     h_free(&h);
   }
-  printf("random: 60 runs, %lld sequences, %lld steps, %lld preemptions (%lld recompute chunks over generated "
+  printf("random%s: 60 runs, %lld sequences, %lld steps, %lld preemptions (%lld recompute chunks over generated "
          "tokens), max %lld tokens and %lld chunks per replica step; all tokens exact, pools empty at the end\n",
-         (long long)seqs, (long long)steps, (long long)pre, (long long)recompute, (long long)max_tok, (long long)max_ch);
+         with_groups ? " with sibling groups" : "", (long long)seqs, (long long)steps, (long long)pre,
+         (long long)recompute, (long long)max_tok, (long long)max_ch);
   assert_true(pre > 0);
+  if (with_groups) {
+    printf("  %lld siblings admitted sharing %lld leader blocks, %lld admitted alone (a prompt under one block, "
+           "the leader preempted or finished, or the sibling readmitted after its own preemption)\n",
+           (long long)shared, (long long)saved, (long long)alone);
+    assert_true(shared > 0 && alone > 0);
+  }
+}
+
+static void test_random_runs(void **state) {
+  (void)state;
+  random_runs(false);
+}
+
+static void test_random_runs_with_groups(void **state) {
+  (void)state;
+  random_runs(true);
 }
 
 // (c) A pool that fits one sequence but not the batch: preemption by
@@ -413,10 +571,12 @@ static void test_chunked_prefill(void **state) {
   h_free(&h);
 }
 
-static void expect_invalid(tpr_status rc, const char *word) {
-  assert_int_equal(rc, TPR_ERR_INVALID_ARG);
+static void expect_invalid_status(tpr_status rc, tpr_status want, const char *word) {
+  assert_int_equal(rc, want);
   if (!strstr(tpr_last_error(), word)) fail_msg("error '%s' does not name '%s'", tpr_last_error(), word);
 }
+
+static void expect_invalid(tpr_status rc, const char *word) { expect_invalid_status(rc, TPR_ERR_INVALID_ARG, word); }
 
 // (g) Bad options, submits and updates are refused with a clear message.
 // One step: plan, then apply with token 7 sampled wherever a chunk samples.
@@ -436,7 +596,9 @@ static tpr_sched_step plan_and_apply(tpr_sched *s) {
 static void test_cancel(void **state) {
   (void)state;
   tpr_sched *s;
-  TT_OK(tpr_sched_new(&(tpr_sched_opts){1, 8, 4, 2, 64, 64}, &s));  // 8 blocks of 4, 2 sequences at a time
+  TT_OK(tpr_sched_new(&(tpr_sched_opts){.replicas = 1, .pool_blocks = 8, .block_size = 4, .max_batch = 2,
+                                         .max_tokens = 64, .max_seq = 64},
+                      &s));  // 8 blocks of 4, 2 sequences at a time
   int32_t p[12];
   for (int i = 0; i < 12; i++) p[i] = (int32_t)tt_randint(0, 999);
   int64_t id[3];
@@ -576,6 +738,142 @@ static void test_negative_controls(void **state) {
   h_free(&h);
 }
 
+
+// Reference counts: a block shared by three holders returns to the free
+// list with the last give only; giving a free block, sharing a free block
+// and foreign ids are refused; LIFO order holds.
+static void test_block_pool_refs(void **state) {
+  (void)state;
+  tpr_block_pool p;
+  TT_OK(tpr_block_pool_init(&p, 4));
+  int32_t a, b;
+  TT_OK(tpr_block_pool_take(&p, &a));
+  TT_OK(tpr_block_pool_take(&p, &b));
+  assert_true(a == 0 && b == 1);
+  TT_OK(tpr_block_pool_share(&p, a));
+  TT_OK(tpr_block_pool_share(&p, a));
+  assert_int_equal(tpr_block_pool_refs(&p, a), 3);
+  assert_int_equal(tpr_block_pool_used(&p), 2);
+  TT_OK(tpr_block_pool_give(&p, a));
+  TT_OK(tpr_block_pool_give(&p, a));
+  assert_int_equal(tpr_block_pool_free(&p), 2);  // still held once
+  TT_OK(tpr_block_pool_give(&p, a));
+  assert_int_equal(tpr_block_pool_free(&p), 3);
+  expect_invalid_status(tpr_block_pool_give(&p, a), TPR_ERR_INTERNAL, "not in use");   // double free
+  expect_invalid_status(tpr_block_pool_share(&p, a), TPR_ERR_INTERNAL, "not in use");  // sharing a free block
+  expect_invalid_status(tpr_block_pool_give(&p, 4), TPR_ERR_INTERNAL, "not in use");   // foreign id
+  expect_invalid_status(tpr_block_pool_give(&p, -1), TPR_ERR_INTERNAL, "not in use");
+  assert_int_equal(tpr_block_pool_refs(&p, 9), -1);
+  int32_t c;
+  TT_OK(tpr_block_pool_take(&p, &c));
+  assert_int_equal(c, a);  // the block freed last comes back first
+  tpr_block_pool_destroy(&p);
+}
+
+// One group of 4 (prompt 10, block 4: k = 2 shared blocks) against the same
+// four as separate sequences: the siblings start at position 8, only after
+// the leader computed its first 8 rows, and hold fewer blocks at the peak.
+// Then a 23-token prompt under a budget of 5 tokens per step: the siblings
+// wait out the leader's chunked prefill (k = 5 blocks, 20 rows).
+static void test_sibling_group(void **state) {
+  (void)state;
+  const int64_t news[4] = {5, 5, 5, 5}, n = 4, k = 2;
+  harness g, sep;
+  h_init(&g, opts(1, 64, 4, 8, 64, 64), n, 1000);
+  exp_init_group(g.e, 0, n, 10, news, 1000, 0);
+  g.log_seq = 1;
+  const char *bad = h_run(&g);
+  if (bad) fail_msg("group: %s", bad);
+  h_init(&sep, opts(1, 64, 4, 8, 64, 64), n, 1000);
+  for (int64_t i = 0; i < n; i++) {  // the same prompt, each its own submission
+    exp_init(&sep.e[i], i, 10, 5, -1, 1000, 0);
+    memcpy(sep.e[i].tok, g.e[i].tok, (size_t)g.e[i].len * sizeof(int32_t));
+  }
+  bad = h_run(&sep);
+  if (bad) fail_msg("separate: %s", bad);
+  printf("sibling group of 4 (prompt 10, blocks of 4): %lld admitted sharing %lld blocks; peak blocks %lld vs %lld "
+         "separately (saving %lld, (n-1)*k = %lld); seq 1's chunks:",
+         (long long)g.shared_admissions, (long long)g.blocks_shared, (long long)g.peak_blocks,
+         (long long)sep.peak_blocks, (long long)(sep.peak_blocks - g.peak_blocks), (long long)((n - 1) * k));
+  for (int64_t i = 0; i < g.n_log; i++)
+    printf(" [%lld,+%lld%s]", (long long)g.log[i][0], (long long)g.log[i][1], g.log[i][2] ? " s" : "");
+  printf("\n");
+  assert_int_equal(g.shared_admissions, n - 1);
+  assert_int_equal(g.blocks_shared, (n - 1) * k);
+  assert_true(g.log[0][0] == 8 && g.log[0][1] == 2 && g.log[0][2]);  // the prompt's rest, then its first token
+  int64_t saved = sep.peak_blocks - g.peak_blocks;
+  assert_true(saved >= (n - 1) * k - n && saved <= (n - 1) * k + n);
+  assert_int_equal(sep.shared_admissions, 0);
+  h_free(&g);
+  h_free(&sep);
+
+  h_init(&g, opts(1, 64, 4, 8, 5, 64), 3, 1000);
+  exp_init_group(g.e, 0, 3, 23, news, 1000, 0);
+  g.log_seq = 1;
+  bad = h_run(&g);
+  if (bad) fail_msg("chunked group: %s", bad);
+  printf("sibling group under chunked prefill (prompt 23, budget 5): seq 1's chunks:");
+  for (int64_t i = 0; i < g.n_log; i++)
+    printf(" [%lld,+%lld%s]", (long long)g.log[i][0], (long long)g.log[i][1], g.log[i][2] ? " s" : "");
+  printf("\n");
+  assert_int_equal(g.shared_admissions, 2);
+  assert_int_equal(g.log[0][0], 20);
+  h_free(&g);
+}
+
+// Negative controls of the sharing checks: a sibling rewriting the last
+// shared row, and a shared block freed while its siblings still hold it,
+// must both be caught by the harness (and the intact scheduler passes the
+// same workload, above).
+static void test_sharing_faults_caught(void **state) {
+  (void)state;
+  const int64_t news[3] = {4, 6, 6};
+  struct { tpr_sched_fault fault; const char *word; } cases[] = {
+      {TPR_SCHED_FAULT_WRITE_SHARED, "shared with"}, {TPR_SCHED_FAULT_FREE_SHARED, "the pool counts"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    tpr_sched_opts o = opts(1, 32, 4, 8, 64, 64);
+    o.debug_fault = cases[i].fault;
+    harness h;
+    h_init(&h, o, 3, 1000);
+    exp_init_group(h.e, 0, 3, 11, news, 1000, 0);
+    const char *bad = h_run(&h);
+    if (!bad || !strstr(bad, cases[i].word))
+      fail_msg("fault %d not caught as '%s': %s", cases[i].fault, cases[i].word, bad ? bad : "passed");
+    printf("sharing fault %d caught: %s\n", cases[i].fault, bad);
+    h_free(&h);
+  }
+}
+
+// Releasing: a finished sequence's results are refused afterwards, an
+// unfinished one cannot be released, ids are never reused.
+static void test_release(void **state) {
+  (void)state;
+  tpr_sched *s;
+  TT_OK(tpr_sched_new(&(tpr_sched_opts){.replicas = 1, .pool_blocks = 8, .block_size = 4, .max_batch = 2,
+                                         .max_tokens = 64, .max_seq = 64},
+                      &s));
+  int32_t p[5] = {1, 2, 3, 4, 5};
+  int64_t a, b, c;
+  TT_OK(tpr_sched_submit(s, p, 5, 1, -1, &a));
+  TT_OK(tpr_sched_submit(s, p, 5, 3, -1, &b));
+  plan_and_apply(s);  // a finishes (max_new 1), b goes on
+  expect_invalid(tpr_sched_release(s, b), "not finished");
+  TT_OK(tpr_sched_release(s, a));
+  tpr_sched_seq_info in;
+  expect_invalid(tpr_sched_seq(s, a, &in), "released");
+  expect_invalid(tpr_sched_release(s, a), "released");
+  expect_invalid(tpr_sched_release(s, 7), "no sequence");
+  TT_OK(tpr_sched_cancel(s, a));  // finished: left as it is
+  TT_OK(tpr_sched_submit(s, p, 5, 1, -1, &c));
+  assert_int_equal(c, 2);  // a's id stays taken
+  while (tpr_sched_unfinished(s) > 0) plan_and_apply(s);
+  TT_OK(tpr_sched_release(s, b));
+  TT_OK(tpr_sched_release(s, c));
+  assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
+  tpr_sched_free(s);
+  printf("release: results refused after, unfinished refused, ids kept increasing (next id %lld)\n", (long long)c);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -583,6 +881,9 @@ int main(void) {
       cmocka_unit_test(test_stop_token),       cmocka_unit_test(test_fcfs),
       cmocka_unit_test(test_preemption),       cmocka_unit_test(test_negative_controls),
       cmocka_unit_test(test_random_runs),      cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_random_runs_with_groups), cmocka_unit_test(test_block_pool_refs),
+      cmocka_unit_test(test_sibling_group),    cmocka_unit_test(test_sharing_faults_caught),
+      cmocka_unit_test(test_release),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
