@@ -12,7 +12,7 @@ static const char *const op_names[TPR__OP_COUNT] = {
     [TPR__OP_ALL_TO_ALL] = "all_to_all", [TPR__OP_ALL_TO_ALLV] = "all_to_allv",
     [TPR__OP_BROADCAST] = "broadcast",   [TPR__OP_BARRIER] = "barrier",
     [TPR__OP_SEND] = "send",             [TPR__OP_RECV] = "recv",
-    [TPR__OP_SPLIT] = "split",          [TPR__OP_IALL_GATHER] = "iall_gather",
+    [TPR__OP_SPLIT] = "split",          [TPR__OP_IALL_GATHER] = "iall_gather", [TPR__OP_IBROADCAST] = "ibroadcast",
     [TPR__OP_IREDUCE_SCATTER] = "ireduce_scatter",
 };
 
@@ -264,9 +264,9 @@ struct tpr_comm_request_s {
 
 // Check mode and the sequence number as a blocking call; the start itself
 // is not watched (it returns at once), the wait is.
-static tpr_status start_request(tpr_comm_t c, tpr__coll_op op, size_t count, tpr_dtype dt, int red,
+static tpr_status start_request(tpr_comm_t c, tpr__coll_op op, size_t count, tpr_dtype dt, int red, int root,
                                 tpr_comm_request *r) {
-  tpr__call call = {.op = op, .seq = ++c->seq, .count = count, .dtype = dt, .red_op = red, .root = -1};
+  tpr__call call = {.op = op, .seq = ++c->seq, .count = count, .dtype = dt, .red_op = red, .root = root};
   if (c->check && c->size > 1) {
     tpr__watch_enter(c, op, call.seq, count, dt, -1);
     tpr_status rc = tpr__comm_agree(c, &call, NULL, NULL);
@@ -299,7 +299,7 @@ tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size
   TPR_CHECK(check_buffers("iall_gather", send, recv, send_count));
   if (!c->vt->iall_gather) return unsupported(c, TPR__OP_IALL_GATHER);
   tpr_comm_request r;
-  TPR_CHECK(start_request(c, TPR__OP_IALL_GATHER, send_count, dt, -1, &r));
+  TPR_CHECK(start_request(c, TPR__OP_IALL_GATHER, send_count, dt, -1, -1, &r));
   tpr_status rc = c->vt->iall_gather(c->ctx, send, recv, send_count, dt, &r->impl);
   if (rc != TPR_OK) {
     rc = request_fail(r, rc);
@@ -317,8 +317,27 @@ tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, 
   TPR_CHECK(check_buffers("ireduce_scatter", send, recv, recv_count));
   if (!c->vt->ireduce_scatter) return unsupported(c, TPR__OP_IREDUCE_SCATTER);
   tpr_comm_request r;
-  TPR_CHECK(start_request(c, TPR__OP_IREDUCE_SCATTER, recv_count, dt, op, &r));
+  TPR_CHECK(start_request(c, TPR__OP_IREDUCE_SCATTER, recv_count, dt, op, -1, &r));
   tpr_status rc = c->vt->ireduce_scatter(c->ctx, send, recv, recv_count, dt, op, &r->impl);
+  if (rc != TPR_OK) {
+    rc = request_fail(r, rc);
+    free(r);
+    return rc;
+  }
+  *req = r;
+  return TPR_OK;
+}
+
+tpr_status tpr_comm_ibroadcast(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int root, tpr_comm_request *req) {
+  TPR_CHECK(check_request_out("ibroadcast", c, req));
+  TPR_CHECK(check_dtype("ibroadcast", dt));
+  if (root < 0 || root >= c->size)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "ibroadcast: root %d outside the group of %d", root, c->size);
+  TPR_CHECK(check_buffers("ibroadcast", buf, buf, count));
+  if (!c->vt->ibroadcast) return unsupported(c, TPR__OP_IBROADCAST);
+  tpr_comm_request r;
+  TPR_CHECK(start_request(c, TPR__OP_IBROADCAST, count, dt, -1, root, &r));
+  tpr_status rc = c->vt->ibroadcast(c->ctx, buf, count, dt, root, &r->impl);
   if (rc != TPR_OK) {
     rc = request_fail(r, rc);
     free(r);

@@ -23,6 +23,7 @@ typedef enum tpr__coll_op {
   TPR__OP_SPLIT,
   TPR__OP_IALL_GATHER,
   TPR__OP_IREDUCE_SCATTER,
+  TPR__OP_IBROADCAST,
   TPR__OP_COUNT
 } tpr__coll_op;
 

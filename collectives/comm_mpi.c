@@ -404,6 +404,7 @@ static const tpr_comm_vtable mpi_vtable = {
     .send = tpr__stage_send,
     .recv = tpr__stage_recv,
     .iall_gather = tpr__mpi_iall_gather,
+    .ibroadcast = tpr__mpi_ibroadcast,
     .ireduce_scatter = tpr__mpi_ireduce_scatter,
     .test = tpr__mpi_test,
     .wait = tpr__mpi_wait,

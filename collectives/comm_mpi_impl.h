@@ -33,6 +33,7 @@ MPI_Datatype tpr__mpi_reduce_type(tpr_dtype dt);  // f32 for bf16/f16 (they redu
 MPI_Op tpr__mpi_op(tpr_red_op op);
 
 // The nonblocking entries (comm_mpi_nb.c).
+tpr_status tpr__mpi_ibroadcast(void *ctx, void *buf, size_t count, tpr_dtype dt, int root, void **req);
 tpr_status tpr__mpi_iall_gather(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt, void **req);
 tpr_status tpr__mpi_ireduce_scatter(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt,
                                     tpr_red_op op, void **req);

@@ -97,6 +97,25 @@ tpr_status tpr__mpi_iall_gather(void *ctx, const void *send, void *recv, size_t 
   return TPR_OK;
 }
 
+tpr_status tpr__mpi_ibroadcast(void *ctx, void *buf, size_t count, tpr_dtype dt, int root, void **req) {
+  mpi_ctx *c = ctx;
+  *req = NULL;
+  if (!count) return TPR_OK;
+  TPR_CHECK(check_host(c, buf, buf, "ibroadcast"));
+  mpi_req *q = req_new(1);
+  if (!q) return TPR_FAIL(TPR_ERR_OOM, "ibroadcast: request");
+  tpr_status rc = tpr__mpi_span_make(count, dt, &q->s);
+  if (rc != TPR_OK) {
+    req_free(q);
+    return rc;
+  }
+  q->nreq = 1;
+  int err = MPI_Ibcast(buf, q->s.n, q->s.t, root, c->comm, q->req);
+  if (err != MPI_SUCCESS) return start_failed(q, err, "MPI_Ibcast");
+  *req = q;
+  return TPR_OK;
+}
+
 // See the header comment: packed chunks in q->tmp, reduced in place.
 static tpr_status start_packed(mpi_ctx *c, const void *send, void *recv, size_t count, tpr_dtype dt, tpr_red_op op,
                                void **req) {

@@ -208,6 +208,14 @@ static tpr_status nc_ireduce_scatter(void *ctx, const void *send, void *recv, si
                "ncclReduceScatter", req);
 }
 
+static tpr_status nc_ibroadcast(void *ctx, void *buf, size_t count, tpr_dtype dt, int root, void **req) {
+  nccl_ctx *c = ctx;
+  *req = NULL;
+  if (!count) return TPR_OK;
+  TPR_CHECK(check_buffers(c, buf, buf, "ibroadcast"));
+  return start(c, ncclBroadcast(buf, buf, count, nccl_type(dt), root, c->comm, c->stream), "ncclBroadcast", req);
+}
+
 static tpr_status nc_test(void *ctx, void *req, bool *done) {
   nc_req *q = req;
   return poll_once(ctx, q->ev, q->what, done);
@@ -363,6 +371,7 @@ static const tpr_comm_vtable nccl_vtable = {
     .send = nc_send,
     .recv = nc_recv,
     .iall_gather = nc_iall_gather,
+    .ibroadcast = nc_ibroadcast,
     .ireduce_scatter = nc_ireduce_scatter,
     .test = nc_test,
     .wait = nc_wait,

@@ -35,6 +35,11 @@ static tpr_status self_iall_gather(void *ctx, const void *send, void *recv, size
   return self_copy(send, recv, count, dt);
 }
 
+static tpr_status self_ibroadcast(void *ctx, void *buf, size_t count, tpr_dtype dt, int root, void **req) {
+  *req = NULL;  // root is 0, this rank: buf already holds the data
+  return TPR_OK;
+}
+
 static tpr_status self_ireduce_scatter(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt,
                                        tpr_red_op op, void **req) {
   *req = NULL;
@@ -82,6 +87,7 @@ static const tpr_comm_vtable self_vtable = {
     .send = NULL,
     .recv = NULL,
     .iall_gather = self_iall_gather,
+    .ibroadcast = self_ibroadcast,
     .ireduce_scatter = self_ireduce_scatter,
     .split = self_split,
     .destroy = NULL,

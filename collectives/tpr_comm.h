@@ -56,6 +56,7 @@ typedef struct tpr_comm_vtable {
   tpr_status (*iall_gather)(void *ctx, const void *send, void *recv, size_t send_count, tpr_dtype dt, void **req);
   tpr_status (*ireduce_scatter)(void *ctx, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
                                 tpr_red_op op, void **req);
+  tpr_status (*ibroadcast)(void *ctx, void *buf, size_t count, tpr_dtype dt, int root, void **req);
   tpr_status (*test)(void *ctx, void *req, bool *done);
   tpr_status (*wait)(void *ctx, void *req);
   // Collective over the parent: ranks with the same color form a new group,
@@ -157,6 +158,11 @@ tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size
                                 tpr_comm_request *req);
 tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
                                     tpr_red_op op, tpr_comm_request *req);
+// In place: root's buf goes to every rank's buf. Lets a rank wait for the
+// root without spinning (tpr_comm_test with a sleep between tests): a
+// server's ranks idle this way between requests. Not watched while only
+// tested, so an idle wait of any length is not taken for a hang.
+tpr_status tpr_comm_ibroadcast(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int root, tpr_comm_request *req);
 // Drives progress (MPI has no progress thread: call this between compute
 // pieces); *done = true once complete. The request stays valid until waited.
 // NULL is complete.

@@ -158,6 +158,7 @@ tpr_status tpr_engine_release(tpr_engine *e, int64_t id);
 // Rank 0: KV blocks in use on replica r (0 once every sequence has ended).
 int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica);
 int64_t tpr_engine_preemptions(const tpr_engine *e);
+int tpr_engine_replicas(const tpr_engine *e);  // dp replicas, each with its own KV pool
 // Rank 0: unfinished sequences waiting for blocks (not yet admitted, or preempted).
 int64_t tpr_engine_waiting(const tpr_engine *e);
 

@@ -208,10 +208,7 @@ int tpr_cmd_run(int argc, char **argv) {
   if (stop_token < -1 || stop_token > INT32_MAX) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--stop-token %lld", (long long)stop_token);
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   if (rc == TPR_OK && w.rank == 0 && !json) {
-    tpr_session_pool pool = tpr_session_pool_info(s);
-    printf("KV pool: %lld blocks x %lld tokens = %lld tokens per replica, %.1f MiB per rank; max batch %lld\n",
-           (long long)pool.blocks, (long long)pool.block_size, (long long)(pool.blocks * pool.block_size),
-           (double)pool.bytes / (1 << 20), (long long)pool.batch);
+    tpr_cli_print_kv_pool(s);
   }
   // Every rank names a bad prompt; a rank-0 error at submission (a sequence
   // the pool cannot hold) reaches every rank before the first step.

@@ -35,9 +35,10 @@ static void read_config(const char *model, int64_t *eos, int64_t *max_pos) {
 }
 
 int tpr_cmd_serve(int argc, char **argv) {
-  const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL, *template_name = "auto";
+  const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL, *pid_file = NULL,
+             *template_name = "auto";
   double request_timeout = 30, drain_timeout = 60;
-  int64_t port = 8000, max_seq = 0, max_body = 1 << 20;
+  int64_t port = 8000, max_seq = 0, max_body = 1 << 20, max_connections = 1024;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
@@ -59,7 +60,11 @@ int tpr_cmd_serve(int argc, char **argv) {
       {"drain-timeout", TPR_ARG_FLOAT, &drain_timeout,
        "on SIGTERM/SIGINT, seconds in-flight requests may take to finish before they are cut off with 503 "
        "(default 60; 0: no limit)"},
+      {"max-connections", TPR_ARG_SIZE, &max_connections,
+       "open client connections at most; a new one past it gets 503 (default 1024; 0: no limit)"},
       {"port-file", TPR_ARG_STR, &port_file, "write the bound port to this file once listening (for scripts)"},
+      {"pid-file", TPR_ARG_STR, &pid_file,
+       "write rank 0's pid to this file: SIGTERM to it drains and every rank and mpirun exit 0 (docs/serve.md)"},
       TPR_MODEL_ENGINE_ARGS(eng),
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_WORLD_ARGS(wo),
@@ -68,6 +73,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
                       "       [--chat-template auto|chatml|minimax_m2|hunyuan_moe] [--request-timeout S] [--drain-timeout S]\n"
+                      "       [--max-connections N] [--port-file F] [--pid-file F]\n"
                       "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
                       "POST /v1/chat/completions";
@@ -75,6 +81,10 @@ int tpr_cmd_serve(int argc, char **argv) {
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!model) {
     fprintf(stderr, "tpr serve: --model is required\n%s\n", usage);
+    return 2;
+  }
+  if (max_connections > 1000000) {
+    fprintf(stderr, "tpr serve: --max-connections must be at most 1000000\n");
     return 2;
   }
   if (port < 0 || port > 65535 || max_body < 1) {
@@ -96,7 +106,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   int64_t eos = -1, max_pos = 0;
   read_config(model, &eos, &max_pos);
   if (max_seq == 0) max_seq = max_pos > 0 && max_pos < 4096 ? max_pos : 4096;
-  if (!eng.max_batch) eng.max_batch = 16;
+  if (!eng.max_batch) eng.max_batch = 64;
   char model_id[256];
   if (!name) {
     size_t l = strlen(model);
@@ -118,13 +128,15 @@ int tpr_cmd_serve(int argc, char **argv) {
   tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
-                       .port_file = port_file, .eos = (int32_t)eos, .max_seq = s ? tpr_session_max_seq(s) : 0,
+                       .port_file = port_file, .pid_file = pid_file, .max_connections = (int)max_connections,
+                       .eos = (int32_t)eos, .max_seq = s ? tpr_session_max_seq(s) : 0,
                        .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout};
   if (rc == TPR_OK && w.rank == 0 && tmpl == TPR_CHAT_NONE)
     fprintf(stderr,
             "tpr serve: warning: the checkpoint's chat template (%s) is not one tpr has built in; chat requests "
             "get 400 until the server is started with --chat-template\n",
             tmpl_why);
+  if (rc == TPR_OK && w.rank == 0) tpr_cli_print_kv_pool(s);
   if (rc == TPR_OK) rc = tpr_serve_run(w.host, w.rank, e, tok, &so);
   tpr_engine_free(e);
   tpr_tokenizer_free(tok);

@@ -81,6 +81,13 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
   return family_note(w, tpr_session_open(&o, w->host, w->be, out), out);  // reads *out after the open
 }
 
+void tpr_cli_print_kv_pool(const tpr_session *s) {
+  tpr_session_pool pool = tpr_session_pool_info(s);
+  printf("KV pool: %lld blocks x %lld tokens = %lld tokens per replica, %.1f MiB per rank; max batch %lld\n",
+         (long long)pool.blocks, (long long)pool.block_size, (long long)(pool.blocks * pool.block_size),
+         (double)pool.bytes / (1 << 20), (long long)pool.batch);
+}
+
 tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                                      const tpr_model_engine *g, const tpr_model_debug *d, tpr_session **out) {
   tpr_session_opts o;

@@ -82,6 +82,8 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
 // the world, or an unknown --moe-dispatch, are TPR_ERR_INVALID_ARG).
 tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                               const tpr_model_debug *d, tpr_session **out);
+// "KV pool: N blocks x B tokens = ... per replica, X MiB per rank; max batch M" (stdout).
+void tpr_cli_print_kv_pool(const tpr_session *s);
 tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                                      const tpr_model_engine *g, const tpr_model_debug *d, tpr_session **out);
 

@@ -1,11 +1,15 @@
 // HTTP/1.1 connections on libuv; the bytes go through tpr_http_reader
 // (http_reader.c: keep-alive, Content-Length and chunked bodies, 413 past the
-// body limit, 400 on what the parser rejects). One request at a time per
-// connection: after a complete request reading stops until the answer is
-// written, so pipelined bytes wait in `pending`. A request that is not
+// body limit, 400 on what the parser rejects, Expect: 100-continue). One
+// request at a time per connection: bytes that arrive while a request is
+// answered wait in `pending` (up to a limit, then reading pauses), but the
+// socket is still read, so a client that hangs up is noticed at once and its
+// request cancelled rather than generated to the end. A request that is not
 // complete within request_timeout seconds of its first byte (or of the
 // connection going idle) gets 408 and the connection closes, so a client
-// that sends one byte a second holds nothing for long.
+// that sends one byte a second holds nothing for long. Past max_connections
+// a new connection gets 503 and is closed. An HTTP/1.0 client's stream is
+// close-delimited (it has no chunked encoding).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +39,8 @@ struct tpr_http_conn {
   bool keep_alive;   // of the request being answered
   bool closing;
   bool streaming;
+  bool chunked;      // the stream's body is chunked (HTTP/1.1)
+  bool http10;       // of the request being answered
   char *pending;     // bytes read past the request being answered
   size_t pending_len;
 };
@@ -50,6 +56,7 @@ const char *tpr_http_status_text(int status) {
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 417: return "Expectation Failed";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return "Unknown";
@@ -145,16 +152,21 @@ static void conn_done(tpr_http_conn *c) {
   c->pending_len = 0;
   if (n) conn_read(c, p, n);
   free(p);
-  if (!c->busy && !c->closing) uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  if (!c->closing && !uv_is_active((uv_handle_t *)&c->tcp)) uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
-static void send_head(tpr_http_conn *c, int status, const char *ctype, size_t len, bool chunked, const char *body,
+// stream: an event stream, chunked (HTTP/1.1) or close-delimited (1.0).
+static void send_head(tpr_http_conn *c, int status, const char *ctype, size_t len, bool stream, const char *body,
                       size_t blen, bool close_after) {
   char head[512];
-  int h = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s", status,
-                   tpr_http_status_text(status), ctype, c->keep_alive && !c->srv->closing ? "Connection: keep-alive\r\n" : "Connection: close\r\n",
-                   chunked ? "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n" : "");
-  if (!chunked) h += snprintf(head + h, sizeof head - (size_t)h, "Content-Length: %zu\r\n\r\n", len);
+  bool keep = c->keep_alive && !c->srv->closing;
+  int h = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s", status,
+                   tpr_http_status_text(status), ctype, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
+  if (stream)
+    h += snprintf(head + h, sizeof head - (size_t)h, "%sCache-Control: no-cache\r\n\r\n",
+                  c->chunked ? "Transfer-Encoding: chunked\r\n" : "");
+  else
+    h += snprintf(head + h, sizeof head - (size_t)h, "Content-Length: %zu\r\n\r\n", len);
   conn_write(c, head, (size_t)h, body, blen, close_after);
 }
 
@@ -166,11 +178,14 @@ void tpr_http_respond(tpr_http_conn *c, int status, const char *content_type, co
 
 void tpr_http_stream_begin(tpr_http_conn *c) {
   c->streaming = true;
+  c->chunked = !c->http10;
+  if (!c->chunked) c->keep_alive = false;  // the end of the body is the end of the connection
   send_head(c, 200, "text/event-stream", 0, true, NULL, 0, false);
 }
 
 void tpr_http_stream_send(tpr_http_conn *c, const char *data, size_t len) {
   if (!len) return;  // a zero-length chunk would end the body
+  if (!c->chunked) return conn_write(c, data, len, NULL, 0, false);
   char head[32];
   int h = snprintf(head, sizeof head, "%zx\r\n", len);
   char *b = malloc(len + 2);
@@ -182,7 +197,8 @@ void tpr_http_stream_send(tpr_http_conn *c, const char *data, size_t len) {
 }
 
 void tpr_http_stream_end(tpr_http_conn *c) {
-  conn_write(c, "0\r\n\r\n", 5, NULL, 0, !c->keep_alive || c->srv->closing);
+  if (c->chunked) conn_write(c, "0\r\n\r\n", 5, NULL, 0, !c->keep_alive || c->srv->closing);
+  else conn_close_flushed(c);
   conn_done(c);
 }
 
@@ -193,7 +209,7 @@ static void conn_refuse(tpr_http_conn *c, int status, const char *msg) {
   c->keep_alive = false;
   uv_read_stop((uv_stream_t *)&c->tcp);
   if (c->srv->o.on_refused) c->srv->o.on_refused(c->srv->o.ctx, status);
-  char *j = tpr_oai_error_json(status, msg);
+  char *j = tpr_oai_error_json(status, msg, NULL);
   tpr_http_respond(c, status, "application/json", j ? j : "", j ? strlen(j) : 0);
   free(j);
 }
@@ -204,13 +220,18 @@ static void dispatch(tpr_http_conn *c) {
   tpr_http_reader_request(&c->rd, &r);
   c->busy = true;
   c->keep_alive = tpr_http_reader_keep_alive(&c->rd);
+  c->http10 = tpr_http_reader_http10(&c->rd);
   c->srv->o.handler(c->srv->o.ctx, c, &r);
 }
 
+// Bytes held for the next request while one is answered; past this,
+// reading pauses (and a hang-up is then noticed when the answer is written).
+#define PENDING_LIMIT ((size_t)1 << 16)
+
 static void conn_read(tpr_http_conn *c, const char *data, size_t len) {
   if (c->busy) {  // bytes past a request being answered wait for it
-    if (tpr_http_append(&c->pending, &c->pending_len, data, len) < 0) conn_close(c);
-    uv_read_stop((uv_stream_t *)&c->tcp);
+    if (tpr_http_append(&c->pending, &c->pending_len, data, len) < 0) return conn_close(c);
+    if (c->pending_len > PENDING_LIMIT) uv_read_stop((uv_stream_t *)&c->tcp);
     return;
   }
   size_t used = 0;
@@ -218,9 +239,12 @@ static void conn_read(tpr_http_conn *c, const char *data, size_t len) {
   char msg[160];
   switch (tpr_http_reader_feed(&c->rd, data, len, &used, &status, msg, sizeof msg)) {
     case TPR_HTTP_MORE:
+      if (c->rd.expect_continue && !c->rd.continue_sent) {  // the client waits for this before the body
+        c->rd.continue_sent = true;
+        conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL, 0, false);
+      }
       return;
     case TPR_HTTP_REQUEST:
-      uv_read_stop((uv_stream_t *)&c->tcp);
       if (used < len && tpr_http_append(&c->pending, &c->pending_len, data + used, len - used) < 0) return conn_close(c);
       return dispatch(c);
     case TPR_HTTP_BAD:
@@ -253,9 +277,17 @@ static void timer_start(tpr_http_conn *c) {
   if (t > 0) uv_timer_start(&c->timer, on_timeout, (uint64_t)(t * 1000.0 + 0.5), 0);
 }
 
+static void refuse_connection(tpr_http_conn *c) {
+  char msg[128];
+  snprintf(msg, sizeof msg, "too many connections (--max-connections %d)", c->srv->o.max_connections);
+  c->keep_alive = false;
+  conn_refuse(c, 503, msg);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
   tpr_http_server *s = server->data;
   if (status < 0 || !s->accepting) return;
+  bool full = s->o.max_connections > 0 && tpr_http_open_conns(s) >= s->o.max_connections;
   tpr_http_conn *c = calloc(1, sizeof *c);
   if (!c) return;
   c->srv = s;
@@ -273,8 +305,9 @@ static void on_connection(uv_stream_t *server, int status) {
   uv_timer_init(s->loop, &c->timer);
   c->timer.data = c;
   c->open_handles = 2;
-  timer_start(c);
   uv_tcp_nodelay(&c->tcp, 1);
+  if (full) return refuse_connection(c);
+  timer_start(c);
   uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 

@@ -28,12 +28,22 @@ typedef struct tpr_http_reader {
   bool started;          // bytes of the current request have arrived
   bool too_big;          // the body passed max_body
   bool complete;         // a request is complete and not yet released
+  // The Expect header (RFC 9110 10.1.1): 100-continue asks for an interim
+  // "100 Continue" before the body; any other expectation is refused (417).
+  char field[16];        // the header name being read, lowercased (cut at 15 bytes)
+  size_t field_len;
+  bool in_value, field_is_expect;
+  char expect[32];       // Expect's value, lowercased (cut at 31 bytes)
+  size_t expect_len;
+  bool expect_continue;  // the headers are complete and ask for 100 Continue
+  bool expect_failed;    // an expectation other than 100-continue
+  bool continue_sent;    // the connection has answered it
 } tpr_http_reader;
 
 typedef enum tpr_http_feed {
   TPR_HTTP_MORE = 0,     // every byte used; no complete request yet
   TPR_HTTP_REQUEST = 1,  // a request is complete; bytes past *used belong to later requests
-  TPR_HTTP_BAD = 2,      // malformed (400) or too large (413): answer and close
+  TPR_HTTP_BAD = 2,      // malformed (400), too large (413) or an unknown Expect (417): answer and close
 } tpr_http_feed;
 
 // Appends n bytes to a growing NUL-terminated buffer; -1 when out of memory.
@@ -50,6 +60,8 @@ tpr_http_feed tpr_http_reader_feed(tpr_http_reader *r, const char *data, size_t 
 // The complete request; its strings live until tpr_http_reader_next.
 void tpr_http_reader_request(tpr_http_reader *r, tpr_http_request *out);
 bool tpr_http_reader_keep_alive(const tpr_http_reader *r);
+// HTTP/1.0 (no chunked transfer encoding: a stream's end is the connection's).
+bool tpr_http_reader_http10(const tpr_http_reader *r);
 
 // Releases the answered request and readies the reader for the next one.
 void tpr_http_reader_next(tpr_http_reader *r);

@@ -1,7 +1,6 @@
-// The endpoints: GET /health, GET /v1/models, GET /metrics, POST
-// /v1/completions, POST /v1/chat/completions. A request that passes its
-// checks becomes an engine sequence (submitted here, between steps); loop.c
-// streams its tokens back. Every bad request gets an OpenAI-shaped JSON error.
+// The endpoints, on the HTTP thread: GET /health, GET /v1/models, GET
+// /metrics, and POST /v1/completions and /v1/chat/completions, which
+// submit.c takes. Every bad request gets an OpenAI-shaped JSON error.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +13,7 @@
 
 static const double hist_bounds[SERVE_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                         0.1,   0.25,   0.5,   1,    2.5,   10};
-static const int status_codes[SERVE_N_STATUS - 1] = {200, 400, 404, 405, 408, 413, 500, 503};
+static const int status_codes[SERVE_N_STATUS - 1] = {200, 400, 404, 405, 408, 413, 417, 500, 503};
 
 double serve_now(void) {
   struct timespec ts;
@@ -40,8 +39,8 @@ static void respond(serve_state *st, tpr_http_conn *c, int status, const char *c
   tpr_http_respond(c, status, ctype, body, strlen(body));
 }
 
-static void respond_error(serve_state *st, tpr_http_conn *c, int status, const char *msg) {
-  char *j = tpr_oai_error_json(status, msg);
+void serve_respond_error(serve_state *st, tpr_http_conn *c, int status, const char *msg, const char *param) {
+  char *j = tpr_oai_error_json(status, msg, param);
   respond(st, c, status, "application/json", j ? j : "{}");
   free(j);
 }
@@ -100,9 +99,9 @@ static void histogram(text_buf *t, const char *name, const char *help, const ser
 }
 
 static void metrics(serve_state *st, tpr_http_conn *c) {
-  int64_t unfinished = 0;
-  for (serve_req *r = st->reqs; r; r = r->next) unfinished += !r->engine_done;
-  int64_t waiting = tpr_engine_waiting(st->e);
+  pthread_mutex_lock(&st->b.mu);
+  serve_gauges g = st->b.gauges;
+  pthread_mutex_unlock(&st->b.mu);
   text_buf t = {0};
   metric_head(&t, "tpr_requests_total", "counter", "HTTP requests answered, by status.");
   for (int i = 0; i < SERVE_N_STATUS; i++) {
@@ -111,90 +110,29 @@ static void metrics(serve_state *st, tpr_http_conn *c) {
     else snprintf(code, sizeof code, "other");
     tb_printf(&t, "tpr_requests_total{status=\"%s\"} %lld\n", code, (long long)st->m.by_status[i]);
   }
-  metric_head(&t, "tpr_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
-  tb_printf(&t, "tpr_prompt_tokens_total %lld\n", (long long)st->m.prompt_tokens);
-  metric_head(&t, "tpr_generation_tokens_total", "counter", "Tokens generated for answered requests.");
-  tb_printf(&t, "tpr_generation_tokens_total %lld\n", (long long)st->m.generated_tokens);
-  metric_head(&t, "tpr_running_sequences", "gauge", "Sequences the engine is running (holding KV blocks).");
-  tb_printf(&t, "tpr_running_sequences %lld\n", (long long)(unfinished - waiting));
-  metric_head(&t, "tpr_waiting_sequences", "gauge", "Sequences waiting for KV blocks (queued or preempted).");
-  tb_printf(&t, "tpr_waiting_sequences %lld\n", (long long)waiting);
-  metric_head(&t, "tpr_kv_blocks_in_use", "gauge", "KV cache blocks in use (replica 0).");
-  tb_printf(&t, "tpr_kv_blocks_in_use %lld\n", (long long)tpr_engine_blocks_in_use(st->e, 0));
+  const struct {
+    const char *name, *type, *help;
+    int64_t v;
+  } rows[] = {
+      {"tpr_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", st->m.prompt_tokens},
+      {"tpr_generation_tokens_total", "counter", "Tokens generated for answered requests.", st->m.generated_tokens},
+      {"tpr_running_sequences", "gauge", "Sequences the engine is running (holding KV blocks).", g.running},
+      {"tpr_waiting_sequences", "gauge", "Sequences waiting for KV blocks (queued or preempted).", g.waiting},
+      {"tpr_kv_blocks_in_use", "gauge", "KV cache blocks in use (all dp replicas).", g.blocks_in_use},
+      {"tpr_preemptions_total", "counter", "Sequences preempted (KV blocks freed, recomputed later).", g.preemptions},
+      {"tpr_engine_steps_total", "counter", "Engine steps run.", g.steps},
+      {"tpr_open_connections", "gauge", "Open client connections (this one included).", tpr_http_open_conns(st->http)},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    metric_head(&t, rows[i].name, rows[i].type, rows[i].help);
+    tb_printf(&t, "%s %lld\n", rows[i].name, (long long)rows[i].v);
+  }
   histogram(&t, "tpr_time_to_first_token_seconds", "From submission to the first generated token.", &st->m.ttft);
   histogram(&t, "tpr_inter_token_latency_seconds", "Between consecutive generated tokens of a request.",
             &st->m.itl);
   if (!t.p) return respond(st, c, 500, "text/plain", "out of memory\n");
   respond(st, c, 200, "text/plain; version=0.0.4", t.p);
   free(t.p);
-}
-
-// Tokenizes, checks and submits a generation request.
-static void generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *hr, bool chat) {
-  char err[512];
-  int status = 400;
-  tpr_oai_request q;
-  if (!tpr_oai_parse(hr->body, hr->body_len, chat, st->o->chat_template, st->o->model_id, &q, &status, err,
-                     sizeof err))
-    return respond_error(st, c, status, err);
-  int32_t *ids = NULL;
-  size_t n = 0;
-  if (q.prompt_ids) {
-    ids = q.prompt_ids, n = q.n_prompt_ids;
-    q.prompt_ids = NULL, q.n_prompt_ids = 0;
-  } else if (tpr_tokenizer_encode(st->tok, q.prompt, strlen(q.prompt), true, &ids, &n) != TPR_OK) {
-    snprintf(err, sizeof err, "cannot tokenize the prompt: %s", tpr_last_error());
-    goto fail;
-  }
-  if (n == 0) {
-    snprintf(err, sizeof err, "the prompt is empty (0 tokens)");
-    goto fail;
-  }
-  if ((int64_t)n + q.max_tokens > st->o->max_seq) {
-    snprintf(err, sizeof err,
-             "the prompt (%zu tokens) plus max_tokens (%lld) is longer than the context of %lld tokens", n,
-             (long long)q.max_tokens, (long long)st->o->max_seq);
-    goto fail;
-  }
-  tpr_gen_params g = {.max_new = q.max_tokens,
-                      .stop_token = q.ignore_eos ? -1 : st->o->eos,
-                      .sampling = {.temperature = q.temperature, .top_k = q.top_k, .top_p = q.top_p,
-                                   .seed = (uint64_t)q.seed}};
-  int64_t seq;
-  if (tpr_engine_check_prompt(st->e, ids, (int64_t)n) != TPR_OK ||
-      tpr_engine_submit(st->e, ids, (int64_t)n, &g, &seq) != TPR_OK) {
-    snprintf(err, sizeof err, "%s", tpr_last_error());
-    goto fail;
-  }
-  serve_req *r = calloc(1, sizeof *r);
-  if (!r) {
-    // The engine runs the sequence anyway; nothing waits for it.
-    status = 500;
-    snprintf(err, sizeof err, "out of memory");
-    goto fail;
-  }
-  r->conn = c;
-  r->r = q;
-  r->seq = seq;
-  r->prompt_len = (int64_t)n;
-  r->created = (int64_t)time(NULL);
-  r->t_submit = r->t_last_token = serve_now();
-  snprintf(r->id, sizeof r->id, "%s-%lld", chat ? "chatcmpl" : "cmpl", (long long)st->next_id++);
-  // Appended, so sequences are reported in submission order.
-  serve_req **tail = &st->reqs;
-  while (*tail) tail = &(*tail)->next;
-  *tail = r;
-  st->m.prompt_tokens += (int64_t)n;
-  free(ids);
-  if (q.stream) {
-    serve_count_status(st, 200);
-    tpr_http_stream_begin(c);
-  }
-  return;
-fail:
-  free(ids);
-  tpr_oai_request_free(&q);
-  respond_error(st, c, status, err);
 }
 
 void serve_handle(void *ctx, tpr_http_conn *c, const tpr_http_request *r) {
@@ -213,25 +151,28 @@ void serve_handle(void *ctx, tpr_http_conn *c, const tpr_http_request *r) {
   if (k < 0) {
     char msg[300];
     snprintf(msg, sizeof msg, "no such endpoint: %.200s", r->path);
-    return respond_error(st, c, 404, msg);
+    return serve_respond_error(st, c, 404, msg, NULL);
   }
   if (r->method != routes[k].method) {
     char msg[300];
     snprintf(msg, sizeof msg, "%s takes %s", routes[k].path, http_method_str(routes[k].method));
-    return respond_error(st, c, 405, msg);
+    return serve_respond_error(st, c, 405, msg, NULL);
   }
   switch (k) {
     case 0: return respond(st, c, 200, "application/json", "{\"status\":\"ok\"}");
     case 1: return models(st, c);
     case 2: return metrics(st, c);
     default:
-      if (st->stopping) return respond_error(st, c, 503, "the server is shutting down");
-      return generate(st, c, r, k == 4);
+      if (st->stopping) return serve_respond_error(st, c, 503, "the server is shutting down", NULL);
+      return serve_generate(st, c, r, k == 4);
   }
 }
 
 void serve_conn_closed(void *ctx, tpr_http_conn *c) {
   serve_state *st = ctx;
   for (serve_req *r = st->reqs; r; r = r->next)
-    if (r->conn == c) r->conn = NULL;
+    if (r->conn == c) {
+      r->conn = NULL;
+      if (!r->responded) serve_bridge_cancel(st, r, -1);  // its sequences end now, their blocks return
+    }
 }

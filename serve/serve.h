@@ -1,12 +1,12 @@
 // tpr serve: an OpenAI-compatible HTTP server over the batched engine.
 //
-// Rank 0 runs a libuv event loop with Debian's http-parser (http.c); each
-// request it accepts becomes an engine sequence (routes.c, openai_json.c,
-// chat_template.c). loop.c alternates, on rank 0, a turn of the event loop
-// with one engine step, and broadcasts before every step a flag (step / idle
-// / stop) so the other ranks run the same collective steps and nothing else.
-// Everything on rank 0 runs on one thread: the engine is touched only between
-// event-loop turns.
+// Rank 0 has two threads: an HTTP thread runs a libuv event loop with
+// Debian's http-parser (http.c), turns requests into queued engine sequences
+// (routes.c, submit.c, openai_request.c, chat_template.c) and writes their
+// answers (answer.c, openai_json.c); the engine thread runs the steps
+// (engine_loop.c). Before every step rank 0 broadcasts a flag (step / stop)
+// so the other ranks run the same collective steps and nothing else; an idle
+// server sends nothing. serve_impl.h describes how the threads meet.
 #ifndef TPR_SERVE_H
 #define TPR_SERVE_H
 
@@ -37,12 +37,13 @@ typedef struct tpr_http_opts {
   const char *host;
   int port;
   size_t max_body;  // larger bodies: 413
+  int max_connections;  // open connections; past it a new one gets 503 (0: no limit)
   double request_timeout;  // seconds for a whole request to arrive (408 after); <= 0: none
   tpr_http_handler handler;
   void *ctx;
   // Called when a connection whose answer is still pending goes away.
   void (*on_close)(void *ctx, tpr_http_conn *c);
-  // Called when the HTTP layer itself answers an error (400, 408, 413).
+  // Called when the HTTP layer itself answers an error (400, 408, 413, 417, 503).
   void (*on_refused)(void *ctx, int status);
 } tpr_http_opts;
 
@@ -57,7 +58,7 @@ int tpr_http_port(const tpr_http_server *s);  // the bound port (0 asked: the ch
 int tpr_http_open_conns(const tpr_http_server *s);
 
 void tpr_http_respond(tpr_http_conn *c, int status, const char *content_type, const char *body, size_t len);
-void tpr_http_stream_begin(tpr_http_conn *c);  // 200, text/event-stream, chunked
+void tpr_http_stream_begin(tpr_http_conn *c);  // 200, text/event-stream, chunked (HTTP/1.0: close-delimited)
 void tpr_http_stream_send(tpr_http_conn *c, const char *data, size_t len);  // one chunk
 void tpr_http_stream_end(tpr_http_conn *c);
 const char *tpr_http_status_text(int status);
@@ -85,52 +86,100 @@ tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, siz
 // TPR_CHAT_NONE.
 char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen);
 
-// --- openai_json.c ----------------------------------------------------------
+// --- openai_request.c: the request bodies -----------------------------------
 #define TPR_SERVE_MAX_STOP 4
+#define TPR_SERVE_MAX_N 64            // choices per request ("n")
+#define TPR_SERVE_MAX_TOP_LOGPROBS 20
+
+// A refused request: the HTTP status (400, 404), the parameter at fault
+// (OpenAI's error "param"; empty when none) and the message.
+typedef struct tpr_oai_error {
+  int status;
+  char param[64];
+  char message[512];
+} tpr_oai_error;
 
 typedef struct tpr_oai_request {
   bool chat;
   char *prompt;            // completions: the prompt; chat: the rendered template; NULL: prompt_ids
   int32_t *prompt_ids;     // completions given token ids ("prompt": [1, 2, 3]); NULL otherwise
   size_t n_prompt_ids;
-  int64_t max_tokens;
+  int64_t max_tokens;      // 0: absent, up to the context
   double temperature, top_p;
-  int64_t top_k, seed;
+  int64_t top_k;
+  bool has_seed;           // false: the server draws a fresh seed
+  uint64_t seed;
   char *stop[TPR_SERVE_MAX_STOP];
   int n_stop;
   bool stream;
   bool include_usage;      // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos;         // vLLM's extension: generate max_tokens whatever comes
+  int64_t n;               // choices, [1, TPR_SERVE_MAX_N]
+  bool echo;               // completions: the prompt's text first
+  bool logprobs;           // chat: logprobs; completions: "logprobs" given (an int)
+  int top_logprobs;        // chat: top_logprobs; completions: the "logprobs" int
+  double frequency_penalty, presence_penalty, repetition_penalty;  // repetition 1: off
+  int64_t min_tokens;
+  int32_t *bias_ids;       // logit_bias (n_bias entries)
+  float *bias;
+  int64_t n_bias;
 } tpr_oai_request;
 
-// Parses a body. On a bad request returns false with *status (400 / 404)
-// and err set to the message.
-// chat: messages rendered with `tmpl` (tpr_chat_render).
+// Parses a body (every parameter OpenAI or vLLM defines for the endpoint
+// is either honoured or refused; unknown ones are refused, as OpenAI does).
+// chat: messages rendered with `tmpl` (tpr_chat_render). false: *e says why.
 bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
-                   tpr_oai_request *out, int *status, char *err, size_t errlen);
+                   tpr_oai_request *out, tpr_oai_error *e);
 void tpr_oai_request_free(tpr_oai_request *r);
-// {"error":{"message":..., "type":..., "code":status}} (malloc'ed).
-char *tpr_oai_error_json(int status, const char *message);
-// Full (non-streamed) response body (malloc'ed); text: text_len bytes, NUL
-// bytes included (escaped as \u0000).
-char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                            size_t text_len, const char *finish_reason, int64_t prompt_tokens,
-                            int64_t completion_tokens);
+
+// --- openai_json.c: the response bodies -------------------------------------
+// {"error":{"message":..., "type":..., "param":..., "code":status}}
+// (malloc'ed); param NULL or "": null.
+char *tpr_oai_error_json(int status, const char *message, const char *param);
+
+// One token's logprobs as the response shows them: its text, its logprob,
+// and the most likely tokens at its position.
+typedef struct tpr_oai_logprob {
+  const char *token;       // its text (valid UTF-8), token_len bytes
+  size_t token_len;
+  double logprob;
+  int64_t text_offset;     // completions: where its text starts in the choice's text
+  int n_top;
+  const char *top_token[TPR_SERVE_MAX_TOP_LOGPROBS + 1];
+  size_t top_len[TPR_SERVE_MAX_TOP_LOGPROBS + 1];
+  double top_logprob[TPR_SERVE_MAX_TOP_LOGPROBS + 1];
+} tpr_oai_logprob;
+
+// One choice, or one streamed piece of it.
+typedef struct tpr_oai_choice {
+  int64_t index;
+  const char *text;        // text_len bytes, NUL bytes included (escaped as \u0000); NULL: no text field (chat delta)
+  size_t text_len;
+  const char *finish;      // NULL: null
+  bool role;               // chat stream: the first chunk's role delta
+  bool has_logprobs;       // logprobs asked for: an object (else null)
+  const tpr_oai_logprob *lp;  // (n_lp)
+  int64_t n_lp;
+} tpr_oai_choice;
+
+// A full (non-streamed) response with n choices (malloc'ed).
+char *tpr_oai_response_json(bool chat, const char *id, int64_t created, const char *model, const tpr_oai_choice *c,
+                            int64_t n, int64_t prompt_tokens, int64_t completion_tokens);
+// One streamed chunk of one choice.
+char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char *model, const tpr_oai_choice *c);
 // The last streamed chunk of stream_options.include_usage: no choices, the usage.
 char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
                                int64_t completion_tokens);
-// One streamed chunk; text (text_len bytes) NULL: none; finish NULL: null;
-// first: chat's role delta.
-char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char *model, const char *text,
-                         size_t text_len, const char *finish_reason, bool first);
 
-// --- loop.c / routes.c ------------------------------------------------------
+// --- server.c ------------------------------------------------------------
 typedef struct tpr_serve_opts {
   const char *host;
   int port;
   size_t max_body;
   const char *model_id;
   const char *port_file;   // rank 0 writes the bound port here (tests), NULL: none
+  const char *pid_file;    // rank 0 writes its pid here (to signal it directly), NULL: none
+  int max_connections;     // open connections; past it a new one gets 503 (0: no limit)
   int32_t eos;             // -1: none
   int64_t max_seq;
   tpr_chat_template chat_template;

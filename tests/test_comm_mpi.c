@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "collectives/comm_mpi.h"
+#include "runtime/rng.h"
 #include "comm_cases.h"
 #include "mpi_util.h"
 
@@ -371,6 +373,42 @@ static void test_nonblocking(void **state) {
   agree();
 }
 
+// Nonblocking broadcast from every root: the root's random bytes reach every
+// rank (also past the int-count limit), while the others poll with
+// tpr_comm_test, as an idle server rank does; the root starts late, so the
+// polls usually see "not done" first.
+static void test_ibroadcast(void **state) {
+  const size_t sizes[] = {1, 3, 1000, MI / 4};
+  for (int root = 0; root < N; root++)
+    for (size_t k = 0; k < LEN(sizes); k++) {
+      size_t count = sizes[k];
+      if (k == 1) tpr__comm_mpi_set_max_count(2);  // 3 i32 values in derived-type pieces
+      int32_t *buf = malloc(count * sizeof *buf), *want = malloc(count * sizeof *want);
+      tpr_rng rng = {seed ^ (uint64_t)(root * 131 + (int)k)};
+      for (size_t i = 0; i < count; i++) want[i] = (int32_t)tpr_rng_next(&rng);
+      for (size_t i = 0; i < count; i++) buf[i] = R == root ? want[i] : -1;
+      if (R == root) usleep(20000);
+      tpr_comm_request q = NULL;
+      EXPECT_OK(tpr_comm_ibroadcast(comm, buf, count, TPR_I32, root, &q));
+      bool done = false;
+      int polls = 0;
+      while (!done) {
+        EXPECT_OK(tpr_comm_test(q, &done));
+        if (!done) polls++, usleep(100);
+      }
+      EXPECT_OK(tpr_comm_wait(q));
+      EXPECT(memcmp(buf, want, count * sizeof *buf) == 0, "ibroadcast root %d count %zu: data differs", root, count);
+      if (N > 1 && R == 1 && k == 0 && root == 0) print_message("ibroadcast: %d polls before the root's data came\n", polls);
+      tpr__comm_mpi_set_max_count(0);
+      free(buf), free(want);
+    }
+  int32_t v = 5;
+  tpr_comm_request q = NULL;
+  EXPECT_STATUS(tpr_comm_ibroadcast(comm, &v, 1, TPR_I32, N, &q), TPR_ERR_INVALID_ARG);
+  EXPECT(q == NULL, "a failed start leaves no request");
+  agree();
+}
+
 int main(int argc, char **argv) {
   world = tt_mpi_world(&argc, &argv);
   comm = world;
@@ -389,7 +427,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_broadcast),      cmocka_unit_test(test_send_recv),
       cmocka_unit_test(test_count_limit),    cmocka_unit_test(test_device_staging),
       cmocka_unit_test(test_negative_controls), cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_nonblocking),
+      cmocka_unit_test(test_nonblocking),    cmocka_unit_test(test_ibroadcast),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (R == 0) printf("# %llu checked calls per rank\n", (unsigned long long)case_no);

@@ -194,14 +194,50 @@ static void test_http_reader(void **state) {
   printf("3 pipelined requests read alike over 200 random splits; 413 x2 and 400 refused\n");
 }
 
+// Expect: 100-continue is seen once the headers are in (the body not yet);
+// any other expectation is 417; HTTP/1.0 is told apart.
+static void test_http_reader_expect(void **state) {
+  (void)state;
+  tpr_http_reader rd;
+  size_t used = 0;
+  int status = 0;
+  char msg[160];
+  const char *head = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nEXPECT: 100-Continue\r\nContent-Length: 2\r\n\r\n";
+  tpr_http_reader_init(&rd, 100);
+  assert_int_equal(tpr_http_reader_feed(&rd, head, strlen(head), &used, &status, msg, sizeof msg), TPR_HTTP_MORE);
+  assert_true(rd.expect_continue);
+  assert_int_equal(tpr_http_reader_feed(&rd, "{}", 2, &used, &status, msg, sizeof msg), TPR_HTTP_REQUEST);
+  assert_false(tpr_http_reader_http10(&rd));
+  tpr_http_reader_next(&rd);
+  assert_false(rd.expect_continue);  // the next request starts clean
+  const char *plain = "GET /health HTTP/1.0\r\n\r\n";
+  assert_int_equal(tpr_http_reader_feed(&rd, plain, strlen(plain), &used, &status, msg, sizeof msg), TPR_HTTP_REQUEST);
+  assert_true(tpr_http_reader_http10(&rd));
+  assert_false(rd.expect_continue);
+  tpr_http_reader_free(&rd);
+  const char *odd = "POST /a HTTP/1.1\r\nExpect: 200-maybe\r\nContent-Length: 2\r\n\r\n{}";
+  tpr_http_reader_init(&rd, 100);
+  assert_int_equal(tpr_http_reader_feed(&rd, odd, strlen(odd), &used, &status, msg, sizeof msg), TPR_HTTP_BAD);
+  assert_int_equal(status, 417);
+  tpr_http_reader_free(&rd);
+  // Too large is 413 before any 100 Continue.
+  const char *big = "POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 101\r\n\r\n";
+  tpr_http_reader_init(&rd, 100);
+  assert_int_equal(tpr_http_reader_feed(&rd, big, strlen(big), &used, &status, msg, sizeof msg), TPR_HTTP_BAD);
+  assert_int_equal(status, 413);
+  tpr_http_reader_free(&rd);
+}
+
 // A byte-level token may decode to 0x00: the answer keeps it (as \u0000)
 // and what follows it, in the full response and in a streamed chunk.
 static void test_answer_text_bytes(void **state) {
   (void)state;
   const char text[] = "a\0b\"c\\d\n\x01\xe6\x97\xa5 end";  // NUL, quote, backslash, newline, 0x01, 日
   size_t n = sizeof text - 1;
-  char *full = tpr_oai_response_json(false, "cmpl-1", 7, "m", text, n, "stop", 3, 4);
-  char *chunk = tpr_oai_chunk_json(true, "chatcmpl-1", 7, "m", text, n, NULL, true);
+  tpr_oai_choice c = {.index = 0, .text = text, .text_len = n, .finish = "stop"};
+  tpr_oai_choice d = {.index = 0, .text = text, .text_len = n, .role = true};
+  char *full = tpr_oai_response_json(false, "cmpl-1", 7, "m", &c, 1, 3, 4);
+  char *chunk = tpr_oai_chunk_json(true, "chatcmpl-1", 7, "m", &d);
   assert_non_null(full);
   assert_non_null(chunk);
   const char *want = "\"a\\u0000b\\\"c\\\\d\\n\\u0001\xe6\x97\xa5 end\"";
@@ -210,16 +246,114 @@ static void test_answer_text_bytes(void **state) {
   // Both bodies are JSON cJSON reads, with the fields after the text intact.
   cJSON *j = cJSON_Parse(full);
   assert_non_null(j);
-  cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason")), "stop");
+  cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")), "stop");
   cJSON_Delete(j);
   // Negative control: only the first byte, not the whole text.
-  char *cut = tpr_oai_response_json(false, "cmpl-1", 7, "m", text, 1, "stop", 3, 4);
+  c.text_len = 1;
+  char *cut = tpr_oai_response_json(false, "cmpl-1", 7, "m", &c, 1, 3, 4);
   assert_null(strstr(cut, want));
   assert_non_null(strstr(cut, "\"text\":\"a\""));
   free(full);
   free(chunk);
   free(cut);
+}
+
+// Logprobs in each endpoint's shape, n choices with their indices.
+static void test_answer_logprobs(void **state) {
+  (void)state;
+  tpr_oai_logprob lp[2] = {
+      {.token = "he", .token_len = 2, .logprob = -0.25, .text_offset = 0, .n_top = 2,
+       .top_token = {"he", "ha"}, .top_len = {2, 2}, .top_logprob = {-0.25, -1.5}},
+      {.token = "llo", .token_len = 3, .logprob = -2, .text_offset = 2, .n_top = 1,
+       .top_token = {"y"}, .top_len = {1}, .top_logprob = {-0.5}},
+  };
+  tpr_oai_choice c[2] = {{.index = 0, .text = "hello", .text_len = 5, .finish = "length", .has_logprobs = true,
+                          .lp = lp, .n_lp = 2},
+                         {.index = 1, .text = "x", .text_len = 1, .finish = "stop", .has_logprobs = true}};
+  char *s = tpr_oai_response_json(false, "cmpl-2", 7, "m", c, 2, 3, 3);
+  cJSON *j = cJSON_Parse(s);
+  assert_non_null(j);
+  cJSON *choices = cJSON_GetObjectItem(j, "choices");
+  assert_int_equal(cJSON_GetArraySize(choices), 2);
+  cJSON *l = cJSON_GetObjectItem(cJSON_GetArrayItem(choices, 0), "logprobs");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "tokens"), 1)), "llo");
+  assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "token_logprobs"), 1)->valuedouble == -2);
+  cJSON *top0 = cJSON_GetArrayItem(cJSON_GetObjectItem(l, "top_logprobs"), 0);
+  assert_true(cJSON_GetObjectItem(top0, "ha")->valuedouble == -1.5);
+  assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "text_offset"), 1)->valueint, 2);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(choices, 1), "index")->valueint, 1);
+  cJSON_Delete(j);
+  free(s);
+  s = tpr_oai_response_json(true, "chatcmpl-2", 7, "m", c, 1, 3, 2);
+  j = cJSON_Parse(s);
+  l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+  cJSON *t1 = cJSON_GetArrayItem(cJSON_GetObjectItem(l, "content"), 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(t1, "token")), "llo");
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t1, "bytes")), 3);
+  assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "bytes"), 0)->valueint, 'l');
+  cJSON *tt = cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "top_logprobs"), 0);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(tt, "token")), "y");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(l, "refusal")));
+  cJSON_Delete(j);
+  free(s);
+}
+
+// Every request parameter is honoured or refused with its name.
+static void test_request_params(void **state) {
+  (void)state;
+  tpr_oai_request r;
+  tpr_oai_error e;
+  const char *ok = "{\"prompt\": [5, 6], \"n\": 3, \"logprobs\": 4, \"logit_bias\": {\"7\": -2.5}, "
+                   "\"frequency_penalty\": 0.5, \"presence_penalty\": -1, \"repetition_penalty\": 1.2, "
+                   "\"min_tokens\": 2, \"echo\": false, \"user\": \"u\", \"seed\": 9, \"best_of\": 3}";
+  assert_true(tpr_oai_parse(ok, strlen(ok), false, TPR_CHAT_CHATML, "m", &r, &e));
+  assert_int_equal(r.n_prompt_ids, 2);
+  assert_int_equal(r.n, 3);
+  assert_true(r.logprobs && r.top_logprobs == 4);
+  assert_int_equal(r.n_bias, 1);
+  assert_true(r.bias_ids[0] == 7 && r.bias[0] == -2.5f);
+  assert_true(r.frequency_penalty == 0.5 && r.presence_penalty == -1 && r.repetition_penalty == 1.2);
+  assert_true(r.min_tokens == 2 && r.has_seed && r.seed == 9 && r.max_tokens == 0);
+  tpr_oai_request_free(&r);
+  const char *unseeded = "{\"prompt\": \"a\"}";
+  assert_true(tpr_oai_parse(unseeded, strlen(unseeded), false, TPR_CHAT_CHATML, "m", &r, &e));
+  assert_false(r.has_seed);
+  assert_false(r.logprobs);
+  tpr_oai_request_free(&r);
+  static const struct {
+    bool chat;
+    const char *body, *param;
+  } bad[] = {
+      {false, "{\"prompt\": \"a\", \"frobnicate\": 1}", "frobnicate"},
+      {false, "{\"prompt\": \"a\", \"suffix\": \"z\"}", "suffix"},
+      {false, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of"},
+      {false, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
+      {false, "{\"prompt\": \"a\", \"echo\": true, \"logprobs\": 0}", "echo"},
+      {false, "{\"prompt\": [\"a\", \"b\"]}", "prompt"},
+      {false, "{\"prompt\": \"a\", \"logit_bias\": {\"-3\": 1}}", "logit_bias"},
+      {false, "{\"prompt\": \"a\", \"presence_penalty\": -2.5}", "presence_penalty"},
+      {false, "{\"prompt\": \"a\", \"top_logprobs\": 2}", "top_logprobs"},
+      {true, "{\"messages\": [], \"tools\": [{}]}", "tools"},
+      {true, "{\"messages\": [], \"response_format\": {\"type\": \"json_schema\"}}", "response_format"},
+      {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": false, \"top_logprobs\": 1}",
+       "top_logprobs"},
+      {true, "{\"messages\": [], \"store\": true}", "store"},
+      {true, "{\"messages\": [], \"echo\": true}", "echo"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), bad[i].chat, TPR_CHAT_CHATML, "m", &r, &e);
+    if (parsed) tpr_oai_request_free(&r);
+    assert_false(parsed);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, bad[i].param);
+  }
+  // Accepted as asking for nothing: tools [], tool_choice "none", a text format.
+  const char *trivial = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [], "
+                        "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}, \"store\": false}";
+  assert_true(tpr_oai_parse(trivial, strlen(trivial), true, TPR_CHAT_CHATML, "m", &r, &e));
+  tpr_oai_request_free(&r);
+  printf("%zu refusals name their parameter\n", sizeof bad / sizeof bad[0]);
 }
 
 int main(void) {
@@ -229,7 +363,10 @@ int main(void) {
       cmocka_unit_test(test_templates_refuse),
       cmocka_unit_test(test_templates_detect),
       cmocka_unit_test(test_http_reader),
+      cmocka_unit_test(test_http_reader_expect),
       cmocka_unit_test(test_answer_text_bytes),
+      cmocka_unit_test(test_answer_logprobs),
+      cmocka_unit_test(test_request_params),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,8 +2,10 @@
 """Points the official `openai` Python client at a running `tpr serve` and
 checks what an application relies on: the model list, a completion, a chat
 completion, both streamed and not, streamed text equal to the whole answer,
-usage counts, and an OpenAI-shaped error surfacing as the client's own
-exception type.
+usage counts, logprobs and n choices parsed into the client's types, a
+stream the application abandons halfway, and OpenAI-shaped errors (an
+unknown model, tools and response formats the server does not have, an
+unknown parameter) surfacing as the client's own exception types.
 
     scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT
 
@@ -53,6 +55,44 @@ def main():
     check(usage is not None and usage.completion_tokens == r.usage.completion_tokens,
           "stream_options.include_usage: the last chunk's usage equals the answer's")
 
+    lp = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                        top_logprobs=3).choices[0].logprobs
+    check(lp is not None and len(lp.content) >= 1 and all(len(t.top_logprobs) == 3 and t.logprob <= 0
+                                                           for t in lp.content),
+          f"chat logprobs: {len(lp.content) if lp else 0} tokens, 3 top_logprobs each")
+    c = client.completions.create(model=model, prompt="hello world", max_tokens=4, temperature=0, logprobs=2)
+    check(c.choices[0].logprobs is not None and len(c.choices[0].logprobs.token_logprobs) == c.usage.completion_tokens,
+          "completions logprobs: one per token")
+    n3 = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0.9, n=3, seed=11)
+    check([ch.index for ch in n3.choices] == [0, 1, 2], f"n=3: {len(n3.choices)} choices")
+    again = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0.9, n=3, seed=11)
+    check([ch.message.content for ch in n3.choices] == [ch.message.content for ch in again.choices],
+          "seed 11: the same n=3 answers twice")
+    # An application that stops reading a stream halfway and closes it.
+    stream = client.completions.create(model=model, prompt="hello world", max_tokens=200, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    for k, _ in enumerate(stream):
+        if k == 2:
+            break
+    stream.close()
+    again = client.completions.create(model=model, prompt="hello world", max_tokens=12, temperature=0)
+    check(again.choices[0].text == text, "a stream closed halfway; the next request answers as before")
+
+    refusals = [
+        ("tools", lambda: client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=2,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+        ("response_format", lambda: client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=2, response_format={"type": "json_object"})),
+        ("frobnicate", lambda: client.completions.create(model=model, prompt="x", max_tokens=2,
+                                                         extra_body={"frobnicate": 1})),
+    ]
+    for param, call in refusals:
+        try:
+            call()
+            check(False, f"{param} raises")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and param in str(e), f"{param} -> openai.BadRequestError naming it")
     try:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
         check(False, "unknown model raises")

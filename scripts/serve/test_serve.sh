@@ -40,7 +40,7 @@ launch() {  # launch MODEL_DIR [extra serve flags...]: starts the server, waits 
   local dir=$1; shift
   rm -f "$W/port"
   if [ "$NP" -gt 1 ]; then
-    "$MPIEXEC" -np "$NP" --oversubscribe "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" \
+    "$MPIEXEC" ${MPI_ARGS:-} -np "$NP" --oversubscribe "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" \
       >"$W/server.log" 2>&1 &
   else
     "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" >"$W/server.log" 2>&1 &
@@ -50,7 +50,7 @@ launch() {  # launch MODEL_DIR [extra serve flags...]: starts the server, waits 
   [ -s "$W/port" ] || { cat "$W/server.log"; echo "server did not start"; exit 1; }
   URL="http://127.0.0.1:$(cat "$W/port")"
 }
-launch "$W/m" --request-timeout 2
+launch "$W/m" --request-timeout 2 --max-connections 48
 
 # -- health and models
 [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] && pass "/health" || fail "/health"
@@ -300,13 +300,87 @@ done
 [ "$R" = 200 ] && [ "$BLOCKS" = 0 ] && [ "$(curl -s "$URL/health" | json 'd["status"]')" = ok ] &&
   pass "client gone mid-stream: blocks in use back to 0, server healthy" || fail "disconnect: status '$R', blocks '$BLOCKS'"
 
-# -- the official openai client (optional: needs it in the reference venv)
-VENV_PY="$(dirname "$0")/../reference/.venv/bin/python"
-if [ -x "$VENV_PY" ] && "$VENV_PY" -c "import openai" 2>/dev/null; then
+# -- 20 clients that hang up mid-stream (after their first chunk), one
+# before its first token, one during a non-streamed answer: every sequence
+# is cancelled (blocks back to 0), the server answers the next request.
+PORT=$(cat "$W/port")
+HANG=$(timeout 60 python3 - "$PORT" <<'PY'
+import json, socket, sys, time
+port = int(sys.argv[1])
+def send(body, wait_first):
+    s = socket.create_connection(("127.0.0.1", port))
+    b = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+    got = s.recv(4096) if wait_first else b""
+    s.close()
+    return got
+ok = 0
+for i in range(20):
+    got = send({"prompt": "hello world", "max_tokens": 200, "stream": True, "ignore_eos": True}, True)
+    ok += got.startswith(b"HTTP/1.1 200")
+send({"prompt": "hello world", "max_tokens": 200, "ignore_eos": True}, False)   # gone before the first token
+send({"prompt": "hello world", "max_tokens": 200, "ignore_eos": True, "stream": False}, False)
+print(ok)
+PY
+)
+BLOCKS=1
+for _ in $(seq 100); do
+  BLOCKS=$(curl -s "$URL/metrics" | awk '/^tpr_kv_blocks_in_use /{print $2}')
+  [ "$BLOCKS" = 0 ] && break; sleep 0.1
+done
+AFTER=$(curl -s "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 3}' | json 'd["object"]')
+[ "$HANG" = 20 ] && [ "$BLOCKS" = 0 ] && [ "$AFTER" = text_completion ] &&
+  pass "22 clients gone (20 mid-stream, 1 before its first token, 1 waiting): blocks back to 0, next request answered" ||
+  fail "hang-ups: $HANG/20 streams started, blocks '$BLOCKS', next request '$AFTER'"
+
+# -- 100 /health calls, then a request: no slower than alone (x2, + 50 ms
+# for curl and a loaded machine); /health answered while a stream runs.
+req_time() { curl -s -o /dev/null -w '%{time_total}' "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4, "temperature": 0}'; }
+median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
+ALONE=$(median3 "$(req_time)" "$(req_time)" "$(req_time)")
+for _ in $(seq 100); do curl -s -o /dev/null "$URL/health"; done
+AFTER_H=$(median3 "$(req_time)" "$(req_time)" "$(req_time)")
+python3 -c "import sys; sys.exit(not $AFTER_H <= 2 * $ALONE + 0.05)" &&
+  pass "after 100 /health calls a request takes $AFTER_H s (alone $ALONE s)" ||
+  fail "after 100 /health calls a request takes $AFTER_H s (alone $ALONE s)"
+curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 200, "stream": true, "ignore_eos": true}' >/dev/null &
+STREAM=$!
+sleep 0.05
+HT=$(median3 "$(curl -s -o /dev/null -w '%{time_total}' "$URL/health")" "$(curl -s -o /dev/null -w '%{time_total}' "$URL/health")" "$(curl -s -o /dev/null -w '%{time_total}' "$URL/health")")
+wait $STREAM
+python3 -c "import sys; sys.exit(not $HT < 0.25)" && pass "/health during a stream: $HT s" || fail "/health during a stream: $HT s"
+
+# -- the OpenAI surface against references computed from tpr forward
+# (logprobs, penalties, logit_bias, min_tokens, n, echo, seeds, refusals,
+# HTTP/1.0 streams, Expect: 100-continue)
+python3 "$(dirname "$0")/check_serve_api.py" "$URL" --tpr "$TPR" --model "$W/m" --eos "$EOS" >"$W/api.log" 2>&1 &&
+  pass "OpenAI surface: $(grep -c '^ok:' "$W/api.log") checks (scripts/serve/check_serve_api.py)" ||
+  { fail "OpenAI surface"; grep -v '^ok:' "$W/api.log"; }
+
+# -- --max-connections 48: the 49th open connection gets 503
+MC=$(timeout 30 python3 - "$PORT" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(48)]
+time.sleep(0.2)
+s = socket.create_connection(("127.0.0.1", port))
+s.settimeout(10)
+print(s.recv(64).split(b" ")[1].decode())
+for h in held: h.close()
+PY
+)
+[ "$MC" = 503 ] && pass "--max-connections 48: the 49th connection -> 503" || fail "--max-connections: got '$MC'"
+sleep 0.3  # the held connections close
+
+# -- the official openai client (scripts/serve/openai_venv.sh makes its
+# venv; skipped if PyPI cannot be reached)
+VENV_PY=${TPR_OPENAI_PYTHON:-"$(dirname "$0")/../reference/.venv/bin/python"}
+[ -x "$VENV_PY" ] && "$VENV_PY" -c "import openai" 2>/dev/null || VENV_PY=$("$(dirname "$0")/openai_venv.sh" 2>/dev/null)
+if [ -n "$VENV_PY" ] && [ -x "$VENV_PY" ] && "$VENV_PY" -c "import openai" 2>/dev/null; then
   "$VENV_PY" "$(dirname "$0")/../reference/check_openai_client.py" "$URL" >"$W/openai.log" 2>&1 &&
     pass "openai client: $(tail -1 "$W/openai.log")" || { fail "openai client"; cat "$W/openai.log"; }
 else
-  echo "skipped: the openai client check (no scripts/reference/.venv with openai)"
+  echo "skipped: the openai client check (no venv with openai: scripts/serve/openai_venv.sh could not make one)"
 fi
 
 # -- idle CPU of every rank (a few ticks), then SIGTERM: exit 0 within a few seconds
@@ -331,7 +405,7 @@ fi
 SERVER=""
 
 # -- a second server: context 4096, a MiniMax-M2 chat template declared by
-# the checkpoint (recognised by --chat-template auto), --drain-timeout 0.5
+# the checkpoint (recognised by --chat-template auto), --drain-timeout 0.2
 cp -r "$W/m" "$W/m2"
 python3 - "$W/m2" <<'PY'
 import json, sys
@@ -341,15 +415,15 @@ t = json.load(open(d + "/tokenizer_config.json"))
 t["chat_template"] = "{{ ']~!b[' }}{% for m in messages %}]~b]{{ m.role }}\n{{ m.content }}[e~[\n{% endfor %}]~b]ai\n<think>\n"
 json.dump(t, open(d + "/tokenizer_config.json", "w"))
 PY
-launch "$W/m2" --drain-timeout 0.5
+launch "$W/m2" --drain-timeout 0.2
 grep -q "chat template minimax_m2" "$W/server.log" && pass "auto: the checkpoint's template is minimax_m2" || fail "template not detected: $(head -3 "$W/server.log")"
 MCHAT=$(curl -s "$URL/v1/chat/completions" -d '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0}' | json 'd["choices"][0]["message"]["content"]')
 MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>\n' 8)
 [ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the MiniMax-M2 rendering" || fail "minimax chat '$MCHAT' != '$MEXP'"
 check_status 400 "a role minimax_m2 has no place for" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
 # SIGTERM during a long stream (ignore_eos: no EOS may end it first): cut off
-# after 0.5 s with an error event; exit 0.
-curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": true, "ignore_eos": true}' >"$W/long" &
+# after 0.2 s with an error event; exit 0.
+curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "n": 8, "temperature": 0, "stream": true, "ignore_eos": true}' >"$W/long" &
 LONG=$!
 for _ in $(seq 100); do [ -s "$W/long" ] && break; sleep 0.05; done
 T0=$(date +%s.%N)
@@ -365,5 +439,46 @@ if kill -0 "$SERVER" 2>/dev/null; then fail "drain: still running 10 s after SIG
     { fail "drain: rc $RC after $DT s, $(tail -c 300 "$W/long")"; tail -5 "$W/server.log"; }
 fi
 SERVER=""
+
+# -- stopping with 4 streams in flight: SIGTERM to rank 0 (--pid-file) drains
+# them and every process exits 0; under mpirun, SIGTERM to mpirun itself
+# (whose SIGCONT to the ranks starts the drain; odls_base_sigkill_timeout 10
+# leaves it 19 s) ends every stream with its finish_reason and [DONE] and
+# kills no rank -- but Open MPI 4.1's mpirun exits 1 after any signal
+# (docs/serve.md).
+four_streams_then() {  # four_streams_then PID: 4 streams, SIGTERM to PID once each has begun; sets DONE and RC
+  local pids=() i
+  for i in 1 2 3 4; do
+    curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 150, "temperature": 0, "stream": true, "ignore_eos": true}' >"$W/s$i" &
+    pids+=($!)
+  done
+  for _ in $(seq 200); do
+    [ -s "$W/s1" ] && [ -s "$W/s2" ] && [ -s "$W/s3" ] && [ -s "$W/s4" ] && break; sleep 0.05
+  done
+  kill -TERM "$1"
+  wait "${pids[@]}"
+  DONE=0
+  for i in 1 2 3 4; do
+    grep -q '"finish_reason":"length"' "$W/s$i" && [ "$(grep -v '^$' "$W/s$i" | tail -1)" = "data: [DONE]" ] &&
+      DONE=$((DONE + 1))
+  done
+  for _ in $(seq 300); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SERVER" 2>/dev/null; then RC=running; kill -KILL "$SERVER"; else wait "$SERVER"; RC=$?; fi
+}
+launch "$W/m" --pid-file "$W/pid"
+four_streams_then "$(cat "$W/pid")"
+[ "$DONE" = 4 ] && [ "$RC" = 0 ] && pass "SIGTERM to rank 0 (--pid-file) with 4 streams: 4/4 complete with [DONE], exit 0" ||
+  { fail "SIGTERM to rank 0: $DONE/4 streams complete, exit $RC"; tail -5 "$W/server.log"; }
+SERVER=""
+if [ "$NP" -gt 1 ]; then
+  MPI_ARGS="--mca odls_base_sigkill_timeout 10" launch "$W/m"
+  four_streams_then "$SERVER"
+  KILLED=$(grep -ciE "signal 9|killed|exited on signal|non-zero exit" "$W/server.log")
+  [ "$DONE" = 4 ] && [ "$KILLED" = 0 ] && { [ "$RC" = 0 ] || [ "$RC" = 1 ]; } &&
+    grep -q "mpirun is ending the job" "$W/server.log" &&
+    pass "SIGTERM to mpirun with 4 streams: 4/4 complete with [DONE], no rank killed or failed, mpirun exit $RC" ||
+    { fail "SIGTERM to mpirun: $DONE/4 streams complete, mpirun exit $RC"; cat "$W/server.log"; }
+  SERVER=""
+fi
 echo "np $NP: $fails failure(s)"
 [ $fails -eq 0 ]

@@ -2,6 +2,7 @@
 // request body, parsed as a completion and as a chat request under every
 // built-in chat template (and none).
 #include <stdbool.h>
+#include <string.h>
 
 #include "fuzz_common.h"
 #include "serve/serve.h"
@@ -10,14 +11,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int t = TPR_CHAT_NONE; t <= TPR_CHAT_TEMPLATE_COUNT; t++) {  // the last: a completion
     bool chat = t < TPR_CHAT_TEMPLATE_COUNT;
     tpr_oai_request r;
-    int status = 0;
-    char err[256];
+    tpr_oai_error e;
     if (tpr_oai_parse((const char *)data, size, chat, chat ? (tpr_chat_template)t : TPR_CHAT_CHATML, "tpr-model", &r,
-                      &status, err, sizeof err)) {
-      fz_require(r.prompt != NULL && r.n_stop >= 0 && r.n_stop <= TPR_SERVE_MAX_STOP, "a parsed request is whole");
+                      &e)) {
+      fz_require((r.prompt != NULL) != (r.prompt_ids != NULL) && r.n_stop >= 0 && r.n_stop <= TPR_SERVE_MAX_STOP &&
+                     r.n >= 1 && r.n <= TPR_SERVE_MAX_N && r.top_logprobs >= 0 &&
+                     r.top_logprobs <= TPR_SERVE_MAX_TOP_LOGPROBS && (r.n_bias == 0 || (r.bias_ids && r.bias)),
+                 "a parsed request is whole");
       tpr_oai_request_free(&r);
     } else {
-      fz_require(status == 400 || status == 404, "a refused request has a 4xx status");
+      fz_require(e.status == 400 || e.status == 404 || e.status == 500, "a refused request has an error status");
+      fz_require(memchr(e.message, 0, sizeof e.message) != NULL && e.message[0], "a refused request says why");
     }
   }
   return 0;

@@ -1,0 +1,329 @@
+// The request bodies of /v1/completions and /v1/chat/completions (cJSON).
+// Every parameter OpenAI's API reference lists for the endpoint, plus vLLM's
+// sampling extensions, is in `fields` below: honoured, or refused with a 400
+// naming it when its value asks for something tpr does not do (tools, a
+// response format, fill-in-the-middle, ...). A parameter not in the table is
+// refused too, as OpenAI refuses one it does not know ("Unrecognized request
+// argument supplied"): a client never gets an answer that silently ignored
+// what it asked for.
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve.h"
+
+enum { COMPL = 1, CHAT = 2, BOTH = 3 };
+
+// The parameters each endpoint knows. Those marked `only_trivial` are
+// accepted only with the value that asks for nothing (checked in
+// refuse_nontrivial); the rest are parsed below.
+static const struct field {
+  const char *name;
+  int where;
+} fields[] = {
+    {"model", BOTH},          {"prompt", COMPL},           {"messages", CHAT},
+    {"max_tokens", BOTH},     {"max_completion_tokens", CHAT},
+    {"temperature", BOTH},    {"top_p", BOTH},             {"top_k", BOTH},
+    {"seed", BOTH},           {"stop", BOTH},              {"stream", BOTH},
+    {"stream_options", BOTH}, {"n", BOTH},                 {"best_of", COMPL},
+    {"echo", COMPL},          {"suffix", COMPL},           {"logprobs", BOTH},
+    {"top_logprobs", CHAT},   {"frequency_penalty", BOTH}, {"presence_penalty", BOTH},
+    {"repetition_penalty", BOTH}, {"min_tokens", BOTH},    {"logit_bias", BOTH},
+    {"ignore_eos", BOTH},     {"user", BOTH},              {"tools", CHAT},
+    {"tool_choice", CHAT},    {"parallel_tool_calls", CHAT}, {"functions", CHAT},
+    {"function_call", CHAT},  {"response_format", CHAT},   {"audio", CHAT},
+    {"modalities", CHAT},     {"prediction", CHAT},        {"reasoning_effort", CHAT},
+    {"service_tier", CHAT},   {"store", CHAT},             {"metadata", CHAT},
+    {"web_search_options", CHAT}, {"verbosity", CHAT},     {"prompt_cache_key", CHAT},
+    {"safety_identifier", CHAT},
+};
+
+void tpr_oai_request_free(tpr_oai_request *r) {
+  free(r->prompt);
+  free(r->prompt_ids);
+  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  free(r->bias_ids);
+  free(r->bias);
+  memset(r, 0, sizeof *r);
+}
+
+static bool fail(tpr_oai_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool fail(tpr_oai_error *e, int status, const char *param, const char *fmt, ...) {
+  e->status = status;
+  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+static const cJSON *get(const cJSON *j, const char *name) {
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, name);
+  return f && !cJSON_IsNull(f) ? f : NULL;  // null means absent, as OpenAI reads it
+}
+
+// A number field: absent keeps *out; wants_int: an integral value.
+static bool num_field(const cJSON *j, const char *name, bool wants_int, double lo, double hi, double *out,
+                      tpr_oai_error *e) {
+  const cJSON *f = get(j, name);
+  if (!f) return true;
+  if (!cJSON_IsNumber(f)) return fail(e, 400, name, "'%s' must be a number", name);
+  double v = f->valuedouble;
+  if (wants_int && v != floor(v)) return fail(e, 400, name, "'%s' must be an integer", name);
+  if (!(v >= lo && v <= hi)) return fail(e, 400, name, "'%s' = %g is out of range [%g, %g]", name, v, lo, hi);
+  *out = v;
+  return true;
+}
+
+static bool bool_field(const cJSON *j, const char *name, bool *out, tpr_oai_error *e) {
+  const cJSON *v = get(j, name);
+  if (!v) return true;
+  if (!cJSON_IsBool(v)) return fail(e, 400, name, "'%s' must be a boolean", name);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+static bool string_field(const cJSON *j, const char *name, tpr_oai_error *e) {
+  const cJSON *v = get(j, name);
+  return !v || cJSON_IsString(v) || fail(e, 400, name, "'%s' must be a string", name);
+}
+
+// Parameters whose only accepted value asks for nothing tpr lacks.
+static bool refuse_nontrivial(const cJSON *j, bool chat, tpr_oai_error *e) {
+  static const char *const never[] = {"functions", "function_call", "audio", "prediction", "reasoning_effort",
+                                      "web_search_options", "verbosity"};
+  for (size_t i = 0; chat && i < sizeof never / sizeof never[0]; i++)
+    if (get(j, never[i])) return fail(e, 400, never[i], "'%s' is not supported by this server", never[i]);
+  const cJSON *v;
+  if (chat && (v = get(j, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+    return fail(e, 400, "tools", "'tools' (tool calling) is not supported by this server yet");
+  if (chat && (v = get(j, "tool_choice")) && !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0))
+    return fail(e, 400, "tool_choice", "'tool_choice' other than \"none\" needs tools, which this server does not support yet");
+  if (chat && (v = get(j, "parallel_tool_calls")) && !cJSON_IsBool(v))
+    return fail(e, 400, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  if (chat && (v = get(j, "response_format"))) {
+    const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    if (!(cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0))
+      return fail(e, 400, "response_format",
+                  "'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported by "
+                  "this server yet");
+  }
+  if (chat && (v = get(j, "modalities"))) {
+    const cJSON *m = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 ? cJSON_GetArrayItem(v, 0) : NULL;
+    if (!(cJSON_IsString(m) && strcmp(m->valuestring, "text") == 0))
+      return fail(e, 400, "modalities", "'modalities' other than [\"text\"] is not supported by this server");
+  }
+  if (chat && (v = get(j, "store")) && !cJSON_IsFalse(v))
+    return fail(e, 400, "store", "'store': this server does not store completions");
+  if (chat && (v = get(j, "service_tier")) &&
+      !(cJSON_IsString(v) && (!strcmp(v->valuestring, "auto") || !strcmp(v->valuestring, "default"))))
+    return fail(e, 400, "service_tier", "'service_tier' must be \"auto\" or \"default\" (this server has one tier)");
+  if (chat && (v = get(j, "metadata")) && !cJSON_IsObject(v))
+    return fail(e, 400, "metadata", "'metadata' must be an object");
+  if (!chat && (v = get(j, "suffix")) && !(cJSON_IsString(v) && v->valuestring[0] == 0))
+    return fail(e, 400, "suffix", "'suffix' (fill-in-the-middle) is not supported by this server");
+  const char *ids[] = {"user", "prompt_cache_key", "safety_identifier"};  // identifiers: no effect on the answer
+  for (int i = 0; i < 3; i++)
+    if (!string_field(j, ids[i], e)) return false;
+  return true;
+}
+
+static bool unknown_fields(const cJSON *j, bool chat, tpr_oai_error *e) {
+  const cJSON *f;
+  cJSON_ArrayForEach(f, j) {
+    bool known = false;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !known; i++)
+      known = (fields[i].where & (chat ? CHAT : COMPL)) && strcmp(fields[i].name, f->string) == 0;
+    if (!known)
+      return fail(e, 400, f->string, "Unrecognized request argument supplied: %.200s (%s does not take it)", f->string,
+                  chat ? "/v1/chat/completions" : "/v1/completions");
+  }
+  return true;
+}
+
+// "prompt": [ids]: integers in [0, 2^31); the vocabulary is checked later.
+static bool prompt_ids(const cJSON *p, tpr_oai_request *out, tpr_oai_error *e) {
+  int n = cJSON_GetArraySize(p);
+  if (n == 0) return fail(e, 400, "prompt", "'prompt' is an empty list of token ids");
+  out->prompt_ids = malloc((size_t)n * sizeof *out->prompt_ids);
+  if (!out->prompt_ids) return fail(e, 500, "prompt", "out of memory for the prompt");
+  const cJSON *t;
+  cJSON_ArrayForEach(t, p) {
+    double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+    if (!(v >= 0 && v < 2147483648.0 && v == floor(v)))
+      return fail(e, 400, "prompt", "'prompt' must be a string or a list of token ids (integers >= 0)");
+    out->prompt_ids[out->n_prompt_ids++] = (int32_t)v;
+  }
+  return true;
+}
+
+static bool parse_prompt(const cJSON *j, bool chat, tpr_chat_template tmpl, tpr_oai_request *out, tpr_oai_error *e) {
+  if (chat) {
+    const cJSON *m = get(j, "messages");
+    if (!m) return fail(e, 400, "messages", "'messages' is required");
+    out->prompt = tpr_chat_render(tmpl, m, e->message, sizeof e->message);
+    if (!out->prompt) return fail(e, 400, "messages", "%s", e->message);
+    return true;
+  }
+  const cJSON *p = get(j, "prompt");
+  // A list of one string (or of one list of ids) is what the openai client
+  // sends for a batch of one.
+  if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+      (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
+    p = cJSON_GetArrayItem(p, 0);
+  if (!p) return fail(e, 400, "prompt", "'prompt' is required");
+  if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 &&
+      (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
+    return fail(e, 400, "prompt",
+                "'prompt' holds %d prompts: batches of several prompts in one request are not supported (send one "
+                "request each)", cJSON_GetArraySize(p));
+  if (cJSON_IsArray(p)) return prompt_ids(p, out, e);
+  if (!cJSON_IsString(p)) return fail(e, 400, "prompt", "'prompt' must be a string or a list of token ids");
+  out->prompt = strdup(p->valuestring);
+  return out->prompt || fail(e, 500, "prompt", "out of memory for the prompt");
+}
+
+static bool parse_stop(const cJSON *j, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *stop = get(j, "stop");
+  if (!stop) return true;
+  if (cJSON_IsString(stop)) {
+    if (stop->valuestring[0]) out->stop[out->n_stop++] = strdup(stop->valuestring);
+    return true;
+  }
+  if (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > TPR_SERVE_MAX_STOP)
+    return fail(e, 400, "stop", "'stop' must be a string or a list of at most %d strings", TPR_SERVE_MAX_STOP);
+  const cJSON *s;
+  cJSON_ArrayForEach(s, stop) {
+    if (!cJSON_IsString(s)) return fail(e, 400, "stop", "'stop' must be a string or a list of strings");
+    if (s->valuestring[0]) out->stop[out->n_stop++] = strdup(s->valuestring);
+  }
+  return true;
+}
+
+// logit_bias: {"id": bias}, ids as decimal strings, bias in [-100, 100].
+static bool parse_logit_bias(const cJSON *j, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *b = get(j, "logit_bias");
+  if (!b) return true;
+  if (!cJSON_IsObject(b)) return fail(e, 400, "logit_bias", "'logit_bias' must be an object of token id: bias");
+  int n = cJSON_GetArraySize(b);
+  if (n > 1024) return fail(e, 400, "logit_bias", "'logit_bias' has %d entries (at most 1024)", n);
+  out->bias_ids = malloc((size_t)(n ? n : 1) * sizeof *out->bias_ids);
+  out->bias = malloc((size_t)(n ? n : 1) * sizeof *out->bias);
+  if (!out->bias_ids || !out->bias) return fail(e, 500, "logit_bias", "out of memory");
+  const cJSON *f;
+  cJSON_ArrayForEach(f, b) {
+    char *end = NULL;
+    long long id = strtoll(f->string, &end, 10);
+    if (!f->string[0] || *end || id < 0 || id > 2147483647)
+      return fail(e, 400, "logit_bias", "'logit_bias' key '%.40s' is not a token id", f->string);
+    if (!cJSON_IsNumber(f) || !(f->valuedouble >= -100 && f->valuedouble <= 100))
+      return fail(e, 400, "logit_bias", "'logit_bias' value for %lld must be a number in [-100, 100]", id);
+    out->bias_ids[out->n_bias] = (int32_t)id;
+    out->bias[out->n_bias++] = (float)f->valuedouble;
+  }
+  return true;
+}
+
+// logprobs: chat takes a boolean and top_logprobs, completions an integer
+// (the number of most likely tokens; 0: the sampled token's only).
+static bool parse_logprobs(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oai_error *e) {
+  if (chat) {
+    double top = 0;
+    if (!bool_field(j, "logprobs", &out->logprobs, e) ||
+        !num_field(j, "top_logprobs", true, 0, TPR_SERVE_MAX_TOP_LOGPROBS, &top, e))
+      return false;
+    if (get(j, "top_logprobs") && !out->logprobs)
+      return fail(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    out->top_logprobs = (int)top;
+    return true;
+  }
+  double lp = -1;
+  if (!num_field(j, "logprobs", true, 0, TPR_SERVE_MAX_TOP_LOGPROBS, &lp, e)) return false;
+  out->logprobs = lp >= 0;
+  out->top_logprobs = lp > 0 ? (int)lp : 0;
+  return true;
+}
+
+static bool parse_sampling(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oai_error *e) {
+  double max_tokens = 0, temperature = 1, top_p = 1, top_k = 0, seed = -1, n = 1, best_of = -1;
+  double fp = 0, pp = 0, rp = 1, min_tokens = 0;
+  const char *mt = chat && get(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (!num_field(j, mt, true, 1, 1e9, &max_tokens, e) || !num_field(j, "temperature", false, 0, 100, &temperature, e) ||
+      !num_field(j, "top_p", false, 1e-9, 1, &top_p, e) || !num_field(j, "top_k", true, -1, 1e9, &top_k, e) ||
+      !num_field(j, "seed", true, -9007199254740992.0, 9007199254740992.0, &seed, e) ||
+      !num_field(j, "n", true, 1, TPR_SERVE_MAX_N, &n, e) ||
+      (!chat && !num_field(j, "best_of", true, 1, TPR_SERVE_MAX_N, &best_of, e)) ||
+      !num_field(j, "frequency_penalty", false, -2, 2, &fp, e) ||
+      !num_field(j, "presence_penalty", false, -2, 2, &pp, e) ||
+      !num_field(j, "repetition_penalty", false, 1e-6, 2147483647.0, &rp, e) ||
+      !num_field(j, "min_tokens", true, 0, 1e9, &min_tokens, e))
+    return false;
+  if (best_of >= 0 && best_of != n)
+    return fail(e, 400, "best_of", "'best_of' other than n (%g) is not supported (ranking candidates server-side)", n);
+  if (max_tokens > 0 && min_tokens > max_tokens)
+    return fail(e, 400, "min_tokens", "'min_tokens' (%g) is larger than max_tokens (%g)", min_tokens, max_tokens);
+  out->max_tokens = (int64_t)max_tokens;
+  out->temperature = temperature;
+  out->top_p = top_p;
+  out->top_k = top_k < 0 ? 0 : (int64_t)top_k;  // -1: no limit (vLLM's spelling)
+  out->has_seed = get(j, "seed") != NULL;
+  out->seed = (uint64_t)(int64_t)seed;
+  out->n = (int64_t)n;
+  out->frequency_penalty = fp, out->presence_penalty = pp, out->repetition_penalty = rp;
+  out->min_tokens = (int64_t)min_tokens;
+  return true;
+}
+
+static bool parse_stream(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *so = get(j, "stream_options");
+  if (so && !cJSON_IsObject(so)) return fail(e, 400, "stream_options", "'stream_options' must be an object");
+  if (!bool_field(j, "stream", &out->stream, e) || !bool_field(j, "ignore_eos", &out->ignore_eos, e) ||
+      (!chat && !bool_field(j, "echo", &out->echo, e)) ||
+      (so && !bool_field(so, "include_usage", &out->include_usage, e)))
+    return false;
+  const cJSON *f;
+  cJSON_ArrayForEach(f, so) {
+    if (strcmp(f->string, "include_usage") != 0)
+      return fail(e, 400, "stream_options", "'stream_options.%.100s' is not supported (only include_usage)",
+                  f->string);
+  }
+  if (so && !out->stream) return fail(e, 400, "stream_options", "'stream_options' is only allowed with stream: true");
+  if (out->echo && out->logprobs)
+    return fail(e, 400, "echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
+  return true;
+}
+
+bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
+                   tpr_oai_request *out, tpr_oai_error *e) {
+  memset(out, 0, sizeof *out);
+  memset(e, 0, sizeof *e);
+  out->chat = chat;
+  cJSON *j = cJSON_ParseWithLength(body, len);
+  if (!j) return fail(e, 400, NULL, "request body is not valid JSON");
+  bool ok = false;
+  if (!cJSON_IsObject(j)) {
+    fail(e, 400, NULL, "request body must be a JSON object");
+    goto done;
+  }
+  const cJSON *model = get(j, "model");
+  if (model && !cJSON_IsString(model)) {
+    fail(e, 400, "model", "'model' must be a string");
+    goto done;
+  }
+  if (model && strcmp(model->valuestring, model_id) != 0) {
+    fail(e, 404, "model", "the model '%.200s' does not exist (this server serves '%.200s')", model->valuestring,
+         model_id);
+    goto done;
+  }
+  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && parse_prompt(j, chat, tmpl, out, e) &&
+       parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
+       parse_stop(j, out, e) && parse_logit_bias(j, out, e);
+done:
+  cJSON_Delete(j);
+  if (!ok) tpr_oai_request_free(out);
+  return ok;
+}
