@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -33,7 +34,7 @@
 
 typedef struct settings {
   const char *model;
-  int64_t clients, prompt_len, gen_len, np, requests, seed, max_batch, warmup;
+  int64_t clients, prompt_len, gen_len, np, requests, seed, max_batch, warmup, repeat;
   double start_timeout_s, request_timeout_s, stop_timeout_s;
   tpr_arg_list server_args, baseline_args;
   bool json;
@@ -211,6 +212,7 @@ static bool start_server(const settings *s, tpr_proc *server, serve_result *out)
   char port_file[128], log[128], line[8192];
   path_in(s, "port", port_file, sizeof port_file);
   path_in(s, "server.log", log, sizeof log);
+  unlink(port_file);  // an earlier run's (--repeat)
   tpr_proc_argv a = {0};
   push_tpr_command(s, &a, (const char *const[]){"serve", NULL});
   tpr_proc_push(&a, "--port");
@@ -402,7 +404,22 @@ static void add_dist(cJSON *j, const char *name, const dist *d) {
   cJSON_AddNumberToObject(j, key, (double)d->n);
 }
 
-static bool print_json(const settings *s, const serve_result *r, const baseline_result *b, const char *cpu) {
+// Every run, in the order they ran (serving then the baseline, alternating).
+static void add_runs(cJSON *j, const serve_result *rs, const baseline_result *bs, int64_t n) {
+  cJSON *runs = cJSON_AddArrayToObject(j, "runs");
+  for (int64_t i = 0; i < n; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "output_tok_s", rs[i].output_tok_s);
+    cJSON_AddNumberToObject(o, "ttft_ms_p50", rs[i].ttft_ms.p50);
+    cJSON_AddNumberToObject(o, "itl_ms_p50", rs[i].itl_ms.p50);
+    cJSON_AddNumberToObject(o, "baseline_end_to_end_tok_s", bs[i].ok ? bs[i].end_to_end_tok_s : NAN);
+    cJSON_AddNumberToObject(o, "baseline_decode_tok_s", bs[i].ok ? bs[i].decode_tok_s : NAN);
+    cJSON_AddItemToArray(runs, o);
+  }
+}
+
+static bool print_json(const settings *s, const serve_result *r, const baseline_result *b, const char *cpu,
+                       const serve_result *rs, const baseline_result *bs) {
   cJSON *j = cJSON_CreateObject();
   cJSON_AddStringToObject(j, "command", "bench serve");
   cJSON_AddStringToObject(j, "model", s->model);
@@ -415,6 +432,7 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
   cJSON_AddNumberToObject(j, "seed", (double)s->seed);
   cJSON_AddNumberToObject(j, "max_batch", (double)server_max_batch(s));
   cJSON_AddNumberToObject(j, "warmup_requests", (double)s->warmup);
+  cJSON_AddNumberToObject(j, "repeat", (double)s->repeat);
   cJSON *sa = cJSON_AddArrayToObject(j, "server_args");
   for (int i = 0; i < s->server_args.n; i++) cJSON_AddItemToArray(sa, cJSON_CreateString(s->server_args.items[i]));
   cJSON *ba = cJSON_AddArrayToObject(j, "baseline_args");
@@ -448,6 +466,7 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
   cJSON_AddNumberToObject(j, "baseline_end_to_end_tok_s", b->ok ? b->end_to_end_tok_s : none);
   cJSON_AddNumberToObject(j, "serve_vs_baseline_end_to_end", b->ok ? ratio(r->output_tok_s, b->end_to_end_tok_s) : none);
   cJSON_AddNumberToObject(j, "serve_vs_baseline_decode", b->ok ? ratio(r->output_tok_s, b->decode_tok_s) : none);
+  add_runs(j, rs, bs, s->repeat);
   return tpr_cli_print_json(j);
 }
 
@@ -464,7 +483,8 @@ static void print_dist_row(const char *what, const dist *d) {
          num(d->p99, "%.2f", b, sizeof b), num(d->mean, "%.2f", c, sizeof c), (long long)d->n);
 }
 
-static void print_table(const settings *s, const serve_result *r, const baseline_result *b, const char *cpu) {
+static void print_table(const settings *s, const serve_result *r, const baseline_result *b, const char *cpu,
+                        const serve_result *rs, const baseline_result *bs) {
   char x[32], y[32];
   printf("tpr bench serve: %s, np %lld, %lld clients x %lld request%s, prompt %lld, %lld generated (gen %lld + 1), "
          "server --max-batch %lld\n",
@@ -492,9 +512,31 @@ static void print_table(const settings *s, const serve_result *r, const baseline
   printf("    %-34s %10.1f\n", "prefill tokens/s", b->prefill_tok_s);
   printf("  %-36s %10s\n", "serving / baseline end-to-end", num(ratio(r->output_tok_s, b->end_to_end_tok_s), "%.3f", x, sizeof x));
   printf("  %-36s %10s\n", "serving / baseline decode", num(ratio(r->output_tok_s, b->decode_tok_s), "%.3f", y, sizeof y));
+  if (s->repeat < 2) return;
+  printf("  the median of %lld alternating runs of each side; every run (serving tok/s, baseline end-to-end tok/s):\n",
+         (long long)s->repeat);
+  for (int64_t i = 0; i < s->repeat; i++)
+    printf("    %10.1f %10s\n", rs[i].output_tok_s, num(bs[i].ok ? bs[i].end_to_end_tok_s : NAN, "%.1f", x, sizeof x));
 }
 
 // ---- the command ---------------------------------------------------------------------------------------
+
+// The index of the run whose double at `off` is the median (the lower one of
+// an even count): a whole run is reported, not a mix of runs.
+static int64_t median_index(const void *runs, int64_t n, size_t size, size_t off) {
+  int64_t best = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double v = *(const double *)((const char *)runs + (size_t)i * size + off);
+    int64_t below = 0, equal_before = 0;
+    for (int64_t k = 0; k < n; k++) {
+      double w = *(const double *)((const char *)runs + (size_t)k * size + off);
+      below += w < v;
+      equal_before += w == v && k < i;
+    }
+    if (below + equal_before == (n - 1) / 2) best = i;
+  }
+  return best;
+}
 
 static void remove_dir(const settings *s) {
   static const char *const files[] = {"port", "server.log", "baseline.json", "baseline.log"};
@@ -510,6 +552,7 @@ static bool settings_ok(settings *s, const char *usage) {
                     : s->np < 1 || s->np > 1024                      ? "--np must be in [1, 1024]"
                     : s->requests < 1                                ? "--requests must be >= 1"
                     : s->warmup > 1000                               ? "--warmup must be at most 1000"
+                    : s->repeat < 1 || s->repeat > 100               ? "--repeat must be in [1, 100]"
                     : s->clients * s->requests > 1000000             ? "--clients x --requests must be at most 10^6"
                     : !(s->start_timeout_s > 0) || !(s->request_timeout_s > 0) || !(s->stop_timeout_s > 0)
                         ? "--start-timeout, --request-timeout and --stop-timeout must be > 0"
@@ -529,7 +572,7 @@ static bool settings_ok(settings *s, const char *usage) {
 
 int tpr_bench_serve(int argc, char **argv) {
   settings s = {.clients = 8, .prompt_len = 32, .gen_len = 16, .np = 1, .requests = 1, .seed = 1,
-                .warmup = 1, .start_timeout_s = 120, .request_timeout_s = 600, .stop_timeout_s = 60};
+                .warmup = 1, .repeat = 1, .start_timeout_s = 120, .request_timeout_s = 600, .stop_timeout_s = 60};
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &s.model, "checkpoint directory (config.json, tokenizer.json), as tpr serve takes"},
       {"clients", TPR_ARG_SIZE, &s.clients, "concurrent streaming clients; the baseline's --batch (default 8)"},
@@ -543,6 +586,9 @@ int tpr_bench_serve(int argc, char **argv) {
       {"warmup", TPR_ARG_SIZE, &s.warmup,
        "requests sent one at a time first, not measured; one failing stops the run (default 1, as vLLM's "
        "initial test run; 0: none)"},
+      {"repeat", TPR_ARG_SIZE, &s.repeat,
+       "run serving and the baseline this many times, alternating, and report the median run of each (a shared "
+       "machine's speed drifts; default 1)"},
       {"server-arg", TPR_ARG_STR_LIST, &s.server_args, "one more argument of tpr serve (repeatable)"},
       {"baseline-arg", TPR_ARG_STR_LIST, &s.baseline_args, "one more argument of tpr bench model (repeatable)"},
       {"start-timeout", TPR_ARG_FLOAT, &s.start_timeout_s, "seconds the server may take to listen (default 120)"},
@@ -554,8 +600,8 @@ int tpr_bench_serve(int argc, char **argv) {
   };
   const char *usage =
       "usage: tpr bench serve --model DIR [--clients N] [--prompt-len P] [--gen-len G] [--np R] [--requests K]\n"
-      "                       [--seed S] [--max-batch B] [--warmup W] [--server-arg ARG ...] [--baseline-arg ARG ...]\n"
-      "                       [--json]\n\n"
+      "                       [--seed S] [--max-batch B] [--warmup W] [--repeat R] [--server-arg ARG ...]\n"
+      "                       [--baseline-arg ARG ...] [--json]\n\n"
       "Starts `[mpirun -np R --oversubscribe] tpr serve --model DIR --port 0 --max-batch max(N, B)`, sends W\n"
       "warm-up requests one at a time, then N concurrent streaming POST /v1/completions (P random token ids,\n"
       "max_tokens G + 1, greedy, ignore_eos), K per client one after another, stops the server with SIGTERM, then\n"
@@ -574,23 +620,44 @@ int tpr_bench_serve(int argc, char **argv) {
   snprintf(s.dir, sizeof s.dir, "/tmp/tpr_bench_serve_XXXXXX");
   if (!mkdtemp(s.dir)) return fprintf(stderr, CMD ": cannot create a directory in /tmp\n"), 1;
 
-  serve_result r = {.stop.code = -1};
-  baseline_result b = {.code = -1};
-  bool served = run_serving(&s, &r);
-  if (!served) {
-    fprintf(stderr, CMD ": logs kept in %s\n", s.dir);
-    return 1;
+  serve_result *rs = calloc((size_t)s.repeat, sizeof *rs);
+  baseline_result *bs = calloc((size_t)s.repeat, sizeof *bs);
+  if (!rs || !bs) return free(rs), free(bs), fprintf(stderr, CMD ": out of memory\n"), 1;
+  bool ok = true;
+  int64_t runs = 0;
+  while (ok && runs < s.repeat) {
+    int64_t i = runs++;
+    if (s.repeat > 1) fprintf(stderr, CMD ": run %lld of %lld\n", (long long)i + 1, (long long)s.repeat);
+    rs[i] = (serve_result){.stop.code = -1};
+    bs[i] = (baseline_result){.code = -1};
+    if (!run_serving(&s, &rs[i])) {  // no server, or no answers to count: nothing to report
+      fprintf(stderr, CMD ": logs kept in %s\n", s.dir);
+      free(rs), free(bs);
+      return 1;
+    }
+    ok = rs[i].failed == 0 && rs[i].stop.code == 0 && !rs[i].stop.killed;
+    if (ok) run_baseline(&s, &bs[i]);
+    ok = ok && bs[i].ok;
   }
-  run_baseline(&s, &b);
+  // A failed run is the one reported; else the median run of each side.
+  s.repeat = runs;
+  const serve_result *r = ok ? &rs[median_index(rs, runs, sizeof *rs, offsetof(serve_result, output_tok_s))]
+                             : &rs[runs - 1];
+  baseline_result b = bs[runs - 1];
+  if (ok) {
+    b = bs[median_index(bs, runs, sizeof *bs, offsetof(baseline_result, end_to_end_tok_s))];
+    b.decode_tok_s = bs[median_index(bs, runs, sizeof *bs, offsetof(baseline_result, decode_tok_s))].decode_tok_s;
+  }
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
   bool printed = true;
-  if (s.json) printed = print_json(&s, &r, &b, cpu);
-  else print_table(&s, &r, &b, cpu);
-  bool ok = printed && r.failed == 0 && r.stop.code == 0 && !r.stop.killed && b.ok;
+  if (s.json) printed = print_json(&s, r, &b, cpu, rs, bs);
+  else print_table(&s, r, &b, cpu, rs, bs);
+  ok = ok && printed;
   if (ok) remove_dir(&s);
   else fprintf(stderr, CMD ": %s; logs kept in %s\n",
-               r.failed ? "some requests failed" : !b.ok ? "the baseline failed" : "the server did not exit cleanly",
+               r->failed ? "some requests failed" : !b.ok ? "the baseline failed" : "the server did not exit cleanly",
                s.dir);
+  free(rs), free(bs);
   return ok ? 0 : 1;
 }

@@ -229,6 +229,7 @@ tpr_status serve_engine_loop(serve_state *st, tpr_comm_t world) {
     if (rc != TPR_OK) break;
     pthread_mutex_lock(&b->mu);
     b->gauges.steps++;
+    b->gauges.step_seconds += info.seconds;
     pthread_mutex_unlock(&b->mu);
     publish(st, &a);
   }

@@ -127,6 +127,8 @@ static void metrics(serve_state *st, tpr_http_conn *c) {
     metric_head(&t, rows[i].name, rows[i].type, rows[i].help);
     tb_printf(&t, "%s %lld\n", rows[i].name, (long long)rows[i].v);
   }
+  metric_head(&t, "tpr_engine_step_seconds_total", "counter", "Time rank 0 spent in engine steps.");
+  tb_printf(&t, "tpr_engine_step_seconds_total %.6f\n", g.step_seconds);
   histogram(&t, "tpr_time_to_first_token_seconds", "From submission to the first generated token.", &st->m.ttft);
   histogram(&t, "tpr_inter_token_latency_seconds", "Between consecutive generated tokens of a request.",
             &st->m.itl);

@@ -105,6 +105,7 @@ typedef struct serve_metrics {
 // What the engine thread last saw of the engine (for /metrics).
 typedef struct serve_gauges {
   int64_t running, waiting, blocks_in_use, preemptions, steps;
+  double step_seconds;  // rank 0's time inside engine steps, summed
 } serve_gauges;
 
 typedef struct serve_bridge {

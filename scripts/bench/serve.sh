@@ -1,110 +1,152 @@
 #!/usr/bin/env bash
-# tpr serve under streaming load against the engine alone, side by side:
+# tpr serve's bars, measured from outside against a running server, as a
+# client sees it (docs/serve.md):
 #
-#   scripts/bench/serve.sh [--config F] [--np N] [--clients C] [--prompt-words W]
-#                          [--gen-len G] [--json]
+#   scripts/bench/serve.sh [--model DIR] [--np N] [--clients C] [--gen-len G] [--repeat R] [--json]
 #
-# Defaults: configs/minimax_m2_small.json, np 2 (tp 2), 16 clients, 12-word
-# prompts (~32 tokens), 128 generated tokens each. On one random checkpoint
-# of the config (the byte-level test tokenizer beside it):
-#   engine  mpirun -np N tpr bench model --model DIR --batch C --prompt-len P
-#           --gen-len G: decode tok/s of C sequences stepped together
-#           (P: the mean prompt length the server saw)
-#   server  mpirun -np N tpr serve --model DIR, then C streaming clients
-#           (scripts/bench/serve_client.py) each asking G tokens with
-#           ignore_eos: generated tokens / wall time from the first request
-#           to the last [DONE] (prefill included), and the time to first
-#           token and inter-token latency from the server's /metrics.
-# Each side runs twice, alternating, keeping the better run (the machine is
-# shared and noisy). The bar: server tok/s >= 0.8 x engine decode tok/s.
+# Defaults: the embedded demo model, np 2, 32 clients, 64 generated tokens,
+# 3 alternating runs. Rows:
+#   hang-ups       20 clients that hang up mid-stream: the server still answers
+#   health         a 16-token request alone and while /health is polled at
+#                  10 Hz (median of 10 each): the difference
+#   throughput     tpr bench serve --clients C (--repeat R): aggregate tok/s
+#                  against tpr bench model --batch C in the same run, TTFT p50
+#   stop           SIGTERM to mpirun with 4 streams in flight: streams ended
+#                  with finish_reason and [DONE], ranks killed, mpirun's status
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-config=configs/minimax_m2_small.json
+model=tests/fixtures/demo_model
 np=2
-clients=16
-words=12
-gen=128
+clients=32
+gen=64
+repeat=3
 json=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) config="$2"; shift 2 ;;
-    --np) np="$2"; shift 2 ;;
-    --clients) clients="$2"; shift 2 ;;
-    --prompt-words) words="$2"; shift 2 ;;
-    --gen-len) gen="$2"; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --np) np=$2; shift 2 ;;
+    --clients) clients=$2; shift 2 ;;
+    --gen-len) gen=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --json) json=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-for v in np clients words gen; do
-  case "${!v}" in ''|*[!0-9]*) echo "serve.sh: --$v needs a positive integer" >&2; exit 2 ;; esac
-  [ "${!v}" -ge 1 ] || { echo "serve.sh: --$v needs a positive integer" >&2; exit 2; }
-done
-[ -f "$config" ] || { echo "serve.sh: no config $config" >&2; exit 2; }
-tpr=build/bin/tpr
-[ -x "$tpr" ] || { echo "serve.sh: build first (scripts/test.sh or cmake --build build)" >&2; exit 2; }
+TPR=build/bin/tpr
+[ -x "$TPR" ] || scripts/setup.sh >&2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export TPR_NUM_THREADS=$(( $(nproc) / np > 0 ? $(nproc) / np : 1 ))
-
-W=$(mktemp -d /tmp/tpr_bench_serve.XXXXXX)
+W=$(mktemp -d /tmp/tpr_serve_bench.XXXXXX)
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
-say() { [ "$json" = 1 ] || echo "$*" >&2; }
+say() { echo "serve.sh: $*" >&2; }
 
-say "writing a random checkpoint of $config..."
-"$tpr" make-checkpoint --config "$config" --out "$W/m" --seed 1 >/dev/null
-cp tests/fixtures/tokenizer/bytelevel/tokenizer.json tests/fixtures/tokenizer/bytelevel/tokenizer_config.json "$W/m/"
-
-server_run() {  # -> one JSON line from the client
+launch() {  # launch [mpirun args...]: the server on a free port
   rm -f "$W/port"
-  mpirun -np "$np" --oversubscribe "$tpr" serve --model "$W/m" --port 0 --port-file "$W/port" \
-    --max-batch "$clients" >"$W/server.log" 2>&1 &
+  mpirun "$@" -np "$np" --oversubscribe "$TPR" serve --model "$model" --port 0 --port-file "$W/port" \
+    --pid-file "$W/pid" >"$W/server.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 600); do [ -s "$W/port" ] && break; sleep 0.1; done
-  [ -s "$W/port" ] || { cat "$W/server.log" >&2; echo "serve.sh: the server did not start" >&2; exit 1; }
-  python3 scripts/bench/serve_client.py "http://127.0.0.1:$(cat "$W/port")" --clients "$clients" \
-    --prompt-words "$words" --max-tokens "$gen" || { cat "$W/server.log" >&2; exit 1; }
-  kill -TERM $(pgrep -P "$SERVER") 2>/dev/null || kill -TERM "$SERVER"
-  wait "$SERVER" || true
-  SERVER=""
+  [ -s "$W/port" ] || { cat "$W/server.log" >&2; say "the server did not start"; exit 1; }
+  URL=http://127.0.0.1:$(cat "$W/port")
 }
-engine_run() {  # prompt_len -> one JSON line
-  mpirun -np "$np" --oversubscribe "$tpr" bench model --model "$W/m" --batch "$clients" --prompt-len "$1" \
-    --gen-len "$gen" --json | grep '^{'
-}
-best() {  # field a b -> the JSON line with the larger field
-  python3 - "$@" <<'PY'
-import json, sys
-f, a, b = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-print(json.dumps(a if a[f] >= b[f] else b))
+stop() { kill -TERM "$(cat "$W/pid")"; wait "$SERVER" || true; SERVER=""; }
+
+# -- hang-ups and health polling on one server
+launch
+say "20 clients hanging up mid-stream"
+HANG=$(python3 - "$(cat "$W/port")" <<'PY'
+import json, socket, sys
+port, ok = int(sys.argv[1]), 0
+for i in range(20):
+    s = socket.create_connection(("127.0.0.1", port))
+    b = json.dumps({"prompt": "Hello", "max_tokens": 300, "stream": True, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+    ok += s.recv(4096).startswith(b"HTTP/1.1 200")
+    s.close()
+print(ok)
 PY
-}
-say "server with $clients streaming clients, then the engine at batch $clients, twice each (np $np, $gen tokens)..."
-s1=$(server_run)
-plen=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(max(1, round(d['prompt_tokens'] / d['requests'])))" "$s1")
-e1=$(engine_run "$plen"); s2=$(server_run); e2=$(engine_run "$plen")
-srv=$(best generated_tok_s "$s1" "$s2")
-eng=$(best decode_tok_s "$e1" "$e2")
-python3 - "$srv" "$eng" "$json" "$np" "$config" <<'PY'
+)
+ALIVE=$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Hello", "max_tokens": 4}')
+say "a 16-token request alone and under 10 Hz /health polling (10 each)"
+HEALTH=$(python3 - "$(cat "$W/port")" <<'PY'
+import http.client, json, statistics, sys, threading, time
+port = int(sys.argv[1])
+def request():
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", json.dumps({"prompt": "Hello", "max_tokens": 16, "temperature": 0,
+                                                     "ignore_eos": True}))
+    c.getresponse().read()
+    return time.perf_counter() - t0
+def series():
+    return statistics.median(request() for _ in range(10))
+alone = series()
+stop = threading.Event()
+def poll():
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    while not stop.is_set():
+        c.request("GET", "/health"); c.getresponse().read(); time.sleep(0.1)
+t = threading.Thread(target=poll); t.start()
+polled = series()
+stop.set(); t.join()
+print(f"{alone * 1e3:.2f} {polled * 1e3:.2f}")
+PY
+)
+stop
+read -r H_ALONE H_POLLED <<<"$HEALTH"
+
+# -- throughput against the engine
+say "tpr bench serve --clients $clients --gen-len $gen --np $np --repeat $repeat"
+"$TPR" bench serve --model "$model" --clients "$clients" --prompt-len 32 --gen-len "$gen" --np "$np" \
+  --repeat "$repeat" --json >"$W/bench.json"
+
+# -- SIGTERM to mpirun with 4 streams in flight
+say "SIGTERM to mpirun with 4 streams in flight"
+launch --mca odls_base_sigkill_timeout 10
+for i in 1 2 3 4; do
+  curl -sN "$URL/v1/completions" -d '{"prompt": "Hello", "max_tokens": 500, "stream": true, "ignore_eos": true}' >"$W/s$i" &
+done
+for _ in $(seq 200); do [ -s "$W/s1" ] && [ -s "$W/s4" ] && break; sleep 0.05; done
+kill -TERM "$SERVER"
+wait $(jobs -p | grep -v "^$SERVER$") 2>/dev/null || true
+RC=0; wait "$SERVER" || RC=$?; SERVER=""
+COMPLETE=0
+for i in 1 2 3 4; do
+  grep -q '"finish_reason":"length"' "$W/s$i" && [ "$(grep -v '^$' "$W/s$i" | tail -1)" = "data: [DONE]" ] &&
+    COMPLETE=$((COMPLETE + 1))
+done
+KILLED=$(grep -ciE "signal 9|killed|exited on signal|non-zero exit" "$W/server.log" || true)
+
+python3 - "$W/bench.json" "$json" "$HANG" "$ALIVE" "$H_ALONE" "$H_POLLED" "$COMPLETE" "$KILLED" "$RC" "$np" <<'PY'
 import json, sys
-srv, eng, as_json, np, config = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], sys.argv[5]
-ratio = srv["generated_tok_s"] / eng["decode_tok_s"]
+b = json.load(open(sys.argv[1]))
+as_json = sys.argv[2] == "1"
+hang, alive, alone, polled, complete, killed, rc, np = sys.argv[3:]
+r = {"np": int(np), "clients": b["clients"], "gen_len": b["gen_len"], "cpu_model": b["cpu_model"],
+     "hangups_started": int(hang), "answered_after_hangups": alive == "200",
+     "request_ms_alone": float(alone), "request_ms_health_10hz": float(polled),
+     "health_added_ms": float(polled) - float(alone),
+     "serve_tok_s": b["output_tok_s"], "ttft_ms_p50": b["ttft_ms_p50"],
+     "baseline_end_to_end_tok_s": b["baseline_end_to_end_tok_s"], "baseline_decode_tok_s": b["baseline_decode_tok_s"],
+     "serve_vs_end_to_end": b["serve_vs_baseline_end_to_end"], "serve_vs_decode": b["serve_vs_baseline_decode"],
+     "repeat": b["repeat"], "runs": b["runs"],
+     "stop_streams_complete": int(complete), "stop_ranks_killed": int(killed), "stop_mpirun_status": int(rc)}
 if as_json:
-    print(json.dumps({"config": config, "np": int(np), "server": srv, "engine": eng, "ratio": ratio, "bar": 0.8}))
+    print(json.dumps(r))
     sys.exit(0)
-ms = lambda v: "-" if v is None else f"{1000 * v:.1f}"
-t, i = srv["server_ttft"], srv["server_itl"]
-print(f"config {config}, np {np}, {srv['clients']} clients x {srv['max_tokens']} tokens, "
-      f"prompts ~{round(srv['prompt_tokens'] / srv['requests'])} tokens")
-print()
-print("| | generated tok/s | TTFT p50 / p90 / mean (ms) | inter-token p50 / p90 / mean (ms) |")
-print("|---|---|---|---|")
-print(f"| tpr serve, {srv['clients']} streaming clients | {srv['generated_tok_s']:.1f} | "
-      f"{ms(t['p50'])} / {ms(t['p90'])} / {ms(t['mean'])} | {ms(i['p50'])} / {ms(i['p90'])} / {ms(i['mean'])} |")
-print(f"| tpr bench model --batch {eng['batch']} (decode) | {eng['decode_tok_s']:.1f} | - | - |")
-print()
-print(f"server / engine decode: {ratio:.2f}x (bar: 0.8x); the server's time includes the prefill of every prompt")
+print(f"tpr serve bars: {b['model']}, np {np}, {b['cpu_model']}")
+print("| bar | measured | met |")
+print("|---|---|---|")
+print(f"| a hang-up never ends the server | {hang}/20 streams hung up, next request {alive} | {'yes' if alive == '200' else 'NO'} |")
+print(f"| /health at 10 Hz adds < 50 ms | {float(alone):.1f} ms alone, {float(polled):.1f} ms polled (+{r['health_added_ms']:.1f}) | "
+      f"{'yes' if r['health_added_ms'] < 50 else 'NO'} |")
+print(f"| {b['clients']} clients >= 0.8x bench model | {b['output_tok_s']:.0f} tok/s: {b['serve_vs_baseline_end_to_end']:.2f}x its end-to-end "
+      f"({b['baseline_end_to_end_tok_s']:.0f}), {b['serve_vs_baseline_decode']:.2f}x its decode ({b['baseline_decode_tok_s']:.0f}); median of {b['repeat']} | "
+      f"{'yes' if b['serve_vs_baseline_end_to_end'] >= 0.8 else 'NO'} (end-to-end), {'yes' if b['serve_vs_baseline_decode'] >= 0.8 else 'NO'} (decode) |")
+print(f"| TTFT p50 < 0.5 s | {b['ttft_ms_p50']:.0f} ms | {'yes' if b['ttft_ms_p50'] < 500 else 'NO'} |")
+print(f"| mpirun SIGTERM: every stream complete, exit 0 | {complete}/4 complete, {killed} ranks killed, mpirun status {rc} | "
+      f"{'streams yes' if complete == '4' and killed == '0' else 'NO'}; status {'yes' if rc == '0' else 'no (Open MPI 4.1 exits 1)'} |")
 PY
