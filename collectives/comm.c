@@ -292,6 +292,18 @@ static tpr_status check_request_out(const char *op, tpr_comm_t c, tpr_comm_reque
   return check_comm(op, c);
 }
 
+// The end of a nonblocking start: the request on success, else the error
+// (the request freed).
+static tpr_status started(tpr_comm_request r, tpr_status rc, tpr_comm_request *req) {
+  if (rc != TPR_OK) {
+    rc = request_fail(r, rc);
+    free(r);
+    return rc;
+  }
+  *req = r;
+  return TPR_OK;
+}
+
 tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size_t send_count, tpr_dtype dt,
                                 tpr_comm_request *req) {
   TPR_CHECK(check_request_out("iall_gather", c, req));
@@ -301,13 +313,7 @@ tpr_status tpr_comm_iall_gather(tpr_comm_t c, const void *send, void *recv, size
   tpr_comm_request r;
   TPR_CHECK(start_request(c, TPR__OP_IALL_GATHER, send_count, dt, -1, -1, &r));
   tpr_status rc = c->vt->iall_gather(c->ctx, send, recv, send_count, dt, &r->impl);
-  if (rc != TPR_OK) {
-    rc = request_fail(r, rc);
-    free(r);
-    return rc;
-  }
-  *req = r;
-  return TPR_OK;
+  return started(r, rc, req);
 }
 
 tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, size_t recv_count, tpr_dtype dt,
@@ -319,13 +325,7 @@ tpr_status tpr_comm_ireduce_scatter(tpr_comm_t c, const void *send, void *recv, 
   tpr_comm_request r;
   TPR_CHECK(start_request(c, TPR__OP_IREDUCE_SCATTER, recv_count, dt, op, -1, &r));
   tpr_status rc = c->vt->ireduce_scatter(c->ctx, send, recv, recv_count, dt, op, &r->impl);
-  if (rc != TPR_OK) {
-    rc = request_fail(r, rc);
-    free(r);
-    return rc;
-  }
-  *req = r;
-  return TPR_OK;
+  return started(r, rc, req);
 }
 
 tpr_status tpr_comm_ibroadcast(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int root, tpr_comm_request *req) {
@@ -338,13 +338,7 @@ tpr_status tpr_comm_ibroadcast(tpr_comm_t c, void *buf, size_t count, tpr_dtype 
   tpr_comm_request r;
   TPR_CHECK(start_request(c, TPR__OP_IBROADCAST, count, dt, -1, root, &r));
   tpr_status rc = c->vt->ibroadcast(c->ctx, buf, count, dt, root, &r->impl);
-  if (rc != TPR_OK) {
-    rc = request_fail(r, rc);
-    free(r);
-    return rc;
-  }
-  *req = r;
-  return TPR_OK;
+  return started(r, rc, req);
 }
 
 tpr_status tpr_comm_test(tpr_comm_request r, bool *done) {

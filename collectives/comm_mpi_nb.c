@@ -77,19 +77,28 @@ static tpr_status check_host(mpi_ctx *c, const void *send, const void *recv, con
   return TPR_OK;
 }
 
-tpr_status tpr__mpi_iall_gather(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt, void **req) {
-  mpi_ctx *c = ctx;
-  *req = NULL;
-  if (!count) return TPR_OK;
-  TPR_CHECK(check_host(c, send, recv, "iall_gather"));
+// A request of one MPI call over count elements of dt (the element type
+// covers counts past the int limit).
+static tpr_status one_request(size_t count, tpr_dtype dt, const char *op, mpi_req **out) {
   mpi_req *q = req_new(1);
-  if (!q) return TPR_FAIL(TPR_ERR_OOM, "iall_gather: request");
+  if (!q) return TPR_FAIL(TPR_ERR_OOM, "%s: request", op);
   tpr_status rc = tpr__mpi_span_make(count, dt, &q->s);
   if (rc != TPR_OK) {
     req_free(q);
     return rc;
   }
   q->nreq = 1;
+  *out = q;
+  return TPR_OK;
+}
+
+tpr_status tpr__mpi_iall_gather(void *ctx, const void *send, void *recv, size_t count, tpr_dtype dt, void **req) {
+  mpi_ctx *c = ctx;
+  *req = NULL;
+  if (!count) return TPR_OK;
+  TPR_CHECK(check_host(c, send, recv, "iall_gather"));
+  mpi_req *q = NULL;
+  TPR_CHECK(one_request(count, dt, "iall_gather", &q));
   bool in_place = send == (const char *)recv + (size_t)c->rank * count * tpr_dtype_size(dt);
   int err = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, q->s.n, q->s.t, recv, q->s.n, q->s.t, c->comm, q->req);
   if (err != MPI_SUCCESS) return start_failed(q, err, "MPI_Iallgather");
@@ -102,14 +111,8 @@ tpr_status tpr__mpi_ibroadcast(void *ctx, void *buf, size_t count, tpr_dtype dt,
   *req = NULL;
   if (!count) return TPR_OK;
   TPR_CHECK(check_host(c, buf, buf, "ibroadcast"));
-  mpi_req *q = req_new(1);
-  if (!q) return TPR_FAIL(TPR_ERR_OOM, "ibroadcast: request");
-  tpr_status rc = tpr__mpi_span_make(count, dt, &q->s);
-  if (rc != TPR_OK) {
-    req_free(q);
-    return rc;
-  }
-  q->nreq = 1;
+  mpi_req *q = NULL;
+  TPR_CHECK(one_request(count, dt, "ibroadcast", &q));
   int err = MPI_Ibcast(buf, q->s.n, q->s.t, root, c->comm, q->req);
   if (err != MPI_SUCCESS) return start_failed(q, err, "MPI_Ibcast");
   *req = q;

@@ -16,7 +16,10 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "launch/args.h"
@@ -55,6 +58,8 @@ typedef struct serve_result {
   double duration_s, output_tok_s, requests_per_s;
   dist ttft_ms, itl_ms;
   double client_cpu_s;  // this process's CPU time while the clients ran
+  int64_t engine_steps;  // the server's engine steps while the clients ran (/metrics); -1: unknown
+  double engine_step_s;  // rank 0's time inside those steps
   char errors[MAX_ERRORS_SHOWN][sizeof ((tpr_load_request *)0)->error + 32];  // the first failures
   tpr_proc_stop stop;
 } serve_result;
@@ -275,6 +280,30 @@ static void allow_sockets(int64_t clients) {
 // Starts the server, runs the clients against it, stops it. false when the
 // server did not start or the clients could not run (the message printed);
 // failed requests are counted in out, not a false.
+// The server's tpr_engine_steps_total and tpr_engine_step_seconds_total
+// (GET /metrics on a blocking socket); false when it cannot tell.
+static bool engine_counters(int port, int64_t *steps, double *seconds) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  struct timeval tv = {.tv_sec = 10};
+  if (fd < 0) return false;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  char *buf = malloc(1 << 16);
+  size_t n = 0;
+  bool ok = buf && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1);
+  for (ssize_t r; ok && n + 1 < (1 << 16) && (r = read(fd, buf + n, (1 << 16) - 1 - n)) > 0;) n += (size_t)r;
+  close(fd);
+  if (buf) buf[n] = 0;
+  static const char k_steps[] = "\ntpr_engine_steps_total ", k_sec[] = "\ntpr_engine_step_seconds_total ";
+  const char *st = ok ? strstr(buf, k_steps) : NULL, *sec = ok ? strstr(buf, k_sec) : NULL;
+  ok = st && sec;
+  if (ok) *steps = strtoll(st + sizeof k_steps - 1, NULL, 10), *seconds = strtod(sec + sizeof k_sec - 1, NULL);
+  free(buf);
+  return ok;
+}
+
 static bool run_serving(const settings *s, serve_result *out) {
   tpr_proc server;
   if (!start_server(s, &server, out)) return false;
@@ -290,9 +319,15 @@ static bool run_serving(const settings *s, serve_result *out) {
             (long long)s->clients, (long long)s->requests, (long long)s->prompt_len, (long long)s->gen_len + 1);
     allow_sockets(s->clients);
     tpr_load_opts lo = load_opts(s, out->port, (int)s->clients, (int)s->requests, bodies);
+    int64_t steps0 = 0, steps1 = 0;
+    double sec0 = 0, sec1 = 0;
+    bool counted = engine_counters(out->port, &steps0, &sec0);
     double cpu0 = cpu_seconds();
     ok = tpr_load_run(&lo, reqs);
     out->client_cpu_s = cpu_seconds() - cpu0;
+    counted = counted && engine_counters(out->port, &steps1, &sec1);
+    out->engine_steps = counted ? steps1 - steps0 : -1;
+    out->engine_step_s = counted ? sec1 - sec0 : NAN;
     ok = ok && summarize_requests(s, reqs, n, out);
     if (ok)
       fprintf(stderr, CMD ": %lld answered, %lld failed in %.3f s\n", (long long)out->answered,
@@ -450,6 +485,8 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
   add_dist(j, "ttft", &r->ttft_ms);
   add_dist(j, "itl", &r->itl_ms);
   cJSON_AddNumberToObject(j, "client_cpu_s", r->client_cpu_s);
+  cJSON_AddNumberToObject(j, "server_engine_steps", (double)r->engine_steps);
+  cJSON_AddNumberToObject(j, "server_engine_step_s", r->engine_step_s);
   cJSON *errors = cJSON_AddArrayToObject(j, "errors");  // the first 20
   for (int64_t i = 0; i < r->failed && i < MAX_ERRORS_SHOWN; i++) cJSON_AddItemToArray(errors, cJSON_CreateString(r->errors[i]));
   cJSON_AddNumberToObject(j, "server_exit_status", r->stop.code);
@@ -500,6 +537,9 @@ static void print_table(const settings *s, const serve_result *r, const baseline
   print_dist_row("TTFT ms", &r->ttft_ms);
   print_dist_row("ITL ms", &r->itl_ms);
   printf("    %-34s %10.3f\n", "client CPU seconds (this process)", r->client_cpu_s);
+  if (r->engine_steps > 0)
+    printf("    %-34s %10lld   (%.3f ms each on rank 0, %.3f s in all)\n", "engine steps (server /metrics)",
+           (long long)r->engine_steps, 1e3 * r->engine_step_s / (double)r->engine_steps, r->engine_step_s);
   printf("    %-34s %10d%s\n", "server exit status after SIGTERM", r->stop.code, r->stop.killed ? " (killed)" : "");
   printf("  baseline (tpr bench model --batch %lld, the same prompts)\n", (long long)s->clients);
   if (!b->ok) {
@@ -509,6 +549,8 @@ static void print_table(const settings *s, const serve_result *r, const baseline
   printf("    %-34s %10.1f   (%lld tokens in %.3f s prefill + %.3f s decode, %lld steps)\n", "end-to-end tokens/s",
          b->end_to_end_tok_s, (long long)b->generated_tokens, b->prefill_s, b->decode_s, (long long)b->steps);
   printf("    %-34s %10.1f\n", "decode tokens/s", b->decode_tok_s);
+  printf("    %-34s %10lld   (%.3f ms each)\n", "engine steps", (long long)b->steps,
+         1e3 * (b->prefill_s + b->decode_s) / (double)(b->steps ? b->steps : 1));
   printf("    %-34s %10.1f\n", "prefill tokens/s", b->prefill_tok_s);
   printf("  %-36s %10s\n", "serving / baseline end-to-end", num(ratio(r->output_tok_s, b->end_to_end_tok_s), "%.3f", x, sizeof x));
   printf("  %-36s %10s\n", "serving / baseline decode", num(ratio(r->output_tok_s, b->decode_tok_s), "%.3f", y, sizeof y));

@@ -24,7 +24,8 @@ W=$(mktemp -d)
 SERVER=
 cleanup() { [ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
-"${MPI[@]}" build/bin/tpr serve --model "$MODEL" --tp 2 --ep 2 --port 0 --port-file "$W/port" >"$W/server.log" 2>&1 &
+"${MPI[@]}" build/bin/tpr serve --model "$MODEL" --tp 2 --ep 2 --port 0 --port-file "$W/port" --pid-file "$W/pid" \
+  >"$W/server.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do [ -s "$W/port" ] && break; sleep 0.1; done
 [ -s "$W/port" ] || { cat "$W/server.log"; echo "tpr serve did not start" >&2; exit 1; }
@@ -35,7 +36,7 @@ echo "\$ curl -s \$URL/v1/completions -d '$COMPLETION'"
 curl -s "$URL/v1/completions" -d "$COMPLETION"; echo
 echo "\$ curl -s \$URL/v1/chat/completions -d '$CHAT'"
 curl -s "$URL/v1/chat/completions" -d "$CHAT"; echo
-kill -TERM $(pgrep -P "$SERVER")  # every rank (mpirun itself would report the signal as a failure)
+kill -TERM "$(cat "$W/pid")"  # rank 0 drains and every rank exits 0 (mpirun given a signal exits 1)
 rc=0; wait "$SERVER" || rc=$?
 SERVER=
 echo "tpr serve: exit $rc after SIGTERM"

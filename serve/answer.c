@@ -135,12 +135,17 @@ static bool lp_view_make(const serve_state *st, const serve_req *r, const serve_
   v->lp = calloc((size_t)(n ? n : 1), sizeof *v->lp);
   v->owned = calloc((size_t)(n ? n : 1) * (TPR_SERVE_MAX_TOP_LOGPROBS + 2), sizeof *v->owned);
   if (!v->lp || !v->owned) return false;
+  // text_offset counts characters, as OpenAI's (and Python's str) do; the
+  // text is valid UTF-8, so characters are the bytes that do not continue one.
+  size_t at = 0;
+  int64_t chars = 0;
   for (int64_t k = from; k < to; k++) {
     const tpr_token_logprob *g = &c->gen_lp[k];
     tpr_oai_logprob *o = &v->lp[v->n++];
     o->token = token_text(st, v, c->gen[k], &o->token_len);
     o->logprob = g->logprob;
-    o->text_offset = k ? (int64_t)c->text_after[k - 1] : 0;
+    for (size_t end = k ? c->text_after[k - 1] : 0; at < end; at++) chars += ((unsigned char)c->dt.text[at] & 0xC0) != 0x80;
+    o->text_offset = chars;
     int top = g->n_top < r->r.top_logprobs ? g->n_top : r->r.top_logprobs;
     bool sampled_in = false;
     for (int t = 0; t < top; t++) {

@@ -161,17 +161,18 @@ static tpr_status rank0_init(serve_state *st) {
          st->o->host, tpr_http_port(st->http), (long long)st->o->max_seq, tpr_chat_template_name(st->o->chat_template));
   fflush(stdout);
   watch_mpirun_stop(st);
-  if (st->o->port_file) {
-    FILE *f = fopen(st->o->port_file, "w");
-    if (f) {
-      fprintf(f, "%d\n", tpr_http_port(st->http));
-      fclose(f);
-    }
-  }
+  // The pid file first: once the port file exists (what scripts wait for), so does it.
   if (st->o->pid_file) {
     FILE *f = fopen(st->o->pid_file, "w");
     if (f) {
       fprintf(f, "%d\n", (int)getpid());
+      fclose(f);
+    }
+  }
+  if (st->o->port_file) {
+    FILE *f = fopen(st->o->port_file, "w");
+    if (f) {
+      fprintf(f, "%d\n", tpr_http_port(st->http));
       fclose(f);
     }
   }

@@ -153,12 +153,20 @@ def check_logprobs(srv, model, name):
         for k in range(6):
             best = sorted(lps[k], reverse=True)[:3]
             got = sorted(lp["top_logprobs"][k].values(), reverse=True)
-            # The sampled token is among the top 3 (greedy), so exactly 3 entries
-            # unless two tokens share a text.
-            tops_ok &= len(got) <= 3 and all(abs(a - b) < 2e-3 for a, b in zip(got, best))
-        offsets_ok = lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
-        check(tops_ok and offsets_ok and "".join(lp["tokens"]) == c["choices"][0]["text"],
-              "completions top_logprobs: the 3 most likely per position; tokens concatenate to the text")
+            # The sampled token is among the top 3 (greedy), so 3 entries, fewer
+            # when two tokens share a text (pieces of one character): each
+            # is then still one of the 3 most likely.
+            tops_ok &= (len(got) == 3 and all(abs(a - b) < 2e-3 for a, b in zip(got, best))) or \
+                (len(got) < 3 and all(min(abs(g - b) for b in best) < 2e-3 for g in got))
+        text, toks, offs = c["choices"][0]["text"], lp["tokens"], lp["text_offset"]
+        # Tokens that are pieces of a character show U+FFFD alone; whole ones
+        # concatenate to the text, and each starts at its text_offset.
+        whole = all("\ufffd" not in t for t in toks)
+        offsets_ok = offs[0] == 0 and offs == sorted(offs) and offs[-1] <= len(text)
+        if whole:
+            offsets_ok &= "".join(toks) == text and all(text[o:o + len(t)] == t for o, t in zip(offs, toks))
+        check(tops_ok and offsets_ok, "completions top_logprobs: the 3 most likely per position; text_offset "
+              + ("and tokens match the text" if whole else "ordered (the answer splits characters across tokens)"))
     chat_prompt_text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     cp = model.tokenize(chat_prompt_text)
     cgen = greedy_ids(model, cp, 4)
