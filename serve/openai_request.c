@@ -165,8 +165,9 @@ static bool parse_prompt(const cJSON *j, bool chat, tpr_chat_template tmpl, tpr_
   if (chat) {
     const cJSON *m = get(j, "messages");
     if (!m) return fail(e, 400, "messages", "'messages' is required");
-    out->prompt = tpr_chat_render(tmpl, m, e->message, sizeof e->message);
-    if (!out->prompt) return fail(e, 400, "messages", "%s", e->message);
+    char why[sizeof e->message] = "";
+    out->prompt = tpr_chat_render(tmpl, m, why, sizeof why);
+    if (!out->prompt) return fail(e, 400, "messages", "%s", why[0] ? why : "the messages cannot be rendered");
     return true;
   }
   const cJSON *p = get(j, "prompt");

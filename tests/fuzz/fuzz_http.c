@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tpr_http_feed f = tpr_http_reader_feed(&rd, p, n, &used, &status, msg, sizeof msg);
     fz_require(used <= n, "the reader uses at most the bytes it was given");
     if (f == TPR_HTTP_BAD) {
-      fz_require(status == 400 || status == 413, "a refused request is a 400 or a 413");
+      fz_require(status == 400 || status == 413 || status == 417, "a refused request is a 400, 413 or 417");
       fz_require(memchr(msg, 0, sizeof msg) != NULL && msg[0] != 0, "a refusal says why");
       break;
     }
