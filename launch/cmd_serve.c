@@ -74,7 +74,7 @@ int tpr_cmd_serve(int argc, char **argv) {
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
                       "       [--chat-template auto|chatml|minimax_m2|hunyuan_moe] [--request-timeout S] [--drain-timeout S]\n"
                       "       [--max-connections N] [--port-file F] [--pid-file F]\n"
-                      "       [--max-batch B] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
+                      "       [--max-batch B (default 64 here)] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
                       "POST /v1/chat/completions";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);

@@ -108,11 +108,23 @@ static void close_up(serve_state *st) {
   st->closing = true;
   st->stopping = true;
   tpr_http_stop_accepting(st->http);
+  // Requests the engine never took (they came after its last step).
   for (serve_req *r = st->reqs; r; r = r->next) {
     if (r->responded || !r->conn) continue;
+    int status = st->b.engine_failed ? 500 : 503;
     const char *msg = st->b.engine_failed ? "the engine failed; the server is stopping" : "the server is shutting down";
-    if (r->r.stream) tpr_http_stream_end(r->conn);
-    else serve_respond_error(st, r->conn, st->b.engine_failed ? 500 : 503, msg, NULL);
+    if (r->r.stream) {
+      char *j = tpr_oai_error_json(status, msg, NULL);
+      if (j) {
+        char line[1024];
+        int n = snprintf(line, sizeof line, "data: %s\n\n", j);
+        if (n > 0 && (size_t)n < sizeof line) tpr_http_stream_send(r->conn, line, (size_t)n);
+      }
+      free(j);
+      tpr_http_stream_end(r->conn);
+    } else {
+      serve_respond_error(st, r->conn, status, msg, NULL);
+    }
     r->responded = true;
   }
   st->t_flush = serve_now();
@@ -124,10 +136,14 @@ static void close_up(serve_state *st) {
 static void on_wake(uv_async_t *a) {
   serve_state *st = a->data;
   if (sigcont_from_mpirun) stop_for_mpirun(st);
-  serve_take_updates(st);
+  // engine_exited first: the engine sets it after its last publish, so
+  // once it is seen, every update is already queued and taken below.
+  // (Read after taking, an update published meanwhile would be left for a
+  // close_up that ends its stream unanswered.)
   pthread_mutex_lock(&st->b.mu);
   bool exited = st->b.engine_exited;
   pthread_mutex_unlock(&st->b.mu);
+  serve_take_updates(st);
   if (exited) close_up(st);
 }
 
