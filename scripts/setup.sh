@@ -31,7 +31,7 @@ done
 packages=(build-essential cmake pkg-config git
           openmpi-bin libopenmpi-dev libopenblas-openmp-dev libuv1-dev
           libprotobuf-c-dev protobuf-c-compiler libcjson-dev libcmocka-dev libxxhash-dev
-          libpcre2-dev libutf8proc-dev libhttp-parser-dev curl gnuplot-nox)
+          libpcre2-dev libutf8proc-dev libhttp-parser-dev curl gnuplot-nox python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
