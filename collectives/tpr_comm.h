@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 
 typedef enum tpr_red_op { TPR_SUM = 0, TPR_MAX = 1, TPR_MIN = 2 } tpr_red_op;
 

@@ -29,7 +29,7 @@
 #include <stddef.h>
 
 #include "models/layers/moe.h"
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 #include "shard/shard_plan.h"
 
 // The static shape of a step program.

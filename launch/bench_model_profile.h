@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/program.h"
+#include "runtime/program/program.h"
 
 typedef struct tpr_bench_phase {
   tpr_exec_op_profile ops;  // summed over the phase's steps

@@ -9,7 +9,7 @@
 #define TPR_FAMILY_STEP_H
 
 #include "engine/family.h"
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 #include "shard/fsdp.h"
 #include "shard/shard_plan.h"
 

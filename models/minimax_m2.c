@@ -7,7 +7,7 @@
 
 #include "minimax_m2_impl.h"
 #include "models/family_step.h"
-#include "runtime/autodiff.h"
+#include "runtime/program/autodiff.h"
 #include "shard/fsdp.h"
 #include "shard/mesh.h"
 

@@ -26,7 +26,7 @@
 
 #include "engine/family.h"
 #include "models/layers/moe.h"
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 #include "shard/fsdp.h"
 #include "shard/shard_plan.h"
 

@@ -7,7 +7,7 @@
 #include "models/family_step.h"
 #include "models/layers/router_softmax.h"
 #include "models/train_loss.h"
-#include "runtime/autodiff.h"
+#include "runtime/program/autodiff.h"
 #include "shard/mesh.h"
 
 typedef struct qkhd {

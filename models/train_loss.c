@@ -7,8 +7,8 @@
 #include "models/train_loss.h"
 
 #include "minimax_m2_impl.h"
-#include "runtime/autodiff.h"
-#include "runtime/loss.h"
+#include "runtime/program/autodiff.h"
+#include "runtime/program/loss.h"
 #include "shard/mesh.h"
 
 // Which params train: every f32 param (or bf16 FSDP chunk) except the

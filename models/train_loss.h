@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 #include "shard/shard_plan.h"
 
 // Prefix of the gradient outputs of a training program: "grad:<param name>".

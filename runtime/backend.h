@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "ops/ops.h"
+#include "ops.h"
 #include "tensor.h"
 
 // A kernel: in[0..n_in) and out have been checked against the op's shape

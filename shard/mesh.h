@@ -11,7 +11,7 @@
 #ifndef TPR_MESH_H
 #define TPR_MESH_H
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 
 typedef struct tpr_mesh {
   int world_size, world_rank;

@@ -8,7 +8,7 @@
 #define TPR_GRAD_CHECK_H
 
 #include "test_util.h"
-#include "runtime/autodiff.h"
+#include "runtime/program/autodiff.h"
 
 typedef tpr_status (*tt_grad_build_fn)(tpr_program *p, const tpr_value_id *in, tpr_value_id *out);
 

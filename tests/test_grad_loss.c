@@ -7,9 +7,9 @@
 // random inputs each run (seed printed).
 #include "grad_check.h"
 #include "ops_util.h"
-#include "runtime/loss.h"
+#include "runtime/program/loss.h"
 #include "runtime/ops/op_rules.h"
-#include "runtime/program_impl.h"
+#include "runtime/program/program_impl.h"
 
 #include <float.h>
 #include <math.h>

@@ -13,7 +13,7 @@
 
 #include "cli_util.h"
 #include "models/minimax_m2.h"
-#include "runtime/ops/ops.h"
+#include "runtime/ops.h"
 #include "scale/alphabeta.h"
 #include "scale/hardware.h"
 #include "scale/results.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/program.h"
+#include "runtime/program/program.h"
 #include "runtime/tensor.h"
 #include "shard/safetensors.h"
 #include "train/npy.h"

@@ -11,7 +11,7 @@
 // cmocka.h needs the three headers above first.
 #include <cmocka.h>
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 
 // Seeds the RNG from TPR_TEST_SEED or the clock and prints the seed; call
 // once at the start of main().

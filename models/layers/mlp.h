@@ -8,7 +8,7 @@
 #ifndef TPR_MLP_H
 #define TPR_MLP_H
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 
 typedef struct tpr_mlp_dims {
   int64_t tokens;  // T

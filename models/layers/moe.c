@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/autodiff.h"
+#include "runtime/program/autodiff.h"
 #include "shard/mesh.h"
 
 const char *tpr_moe_dispatch_name(tpr_moe_dispatch d) {

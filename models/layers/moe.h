@@ -33,7 +33,7 @@
 #ifndef TPR_MOE_LAYER_H
 #define TPR_MOE_LAYER_H
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 #include "shard/shard_plan.h"
 
 typedef enum tpr_moe_dispatch {

@@ -20,7 +20,7 @@
 
 #include <stdbool.h>
 
-#include "runtime/tpr_runtime.h"
+#include "runtime/program/tpr_runtime.h"
 
 // logits (T, E) f32 -> gates (T, E) dense combine weights (0 off the top k).
 tpr_status tpr_router_softmax_topk(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,

@@ -2,7 +2,7 @@
 // of runtime/autodiff.h ("replicated vs partial values").
 #include "grad_rules.h"
 
-#include "ops.h"
+#include "runtime/ops.h"
 
 // Megatron's f: identity forward; the cotangents of the rank-local branches
 // are partial, so they are summed over the group.

@@ -3,7 +3,7 @@
 #ifndef TPR_OPS_GRAD_RULES_H
 #define TPR_OPS_GRAD_RULES_H
 
-#include "../autodiff.h"
+#include "runtime/program/autodiff.h"
 
 // The rule of op kind `op`, NULL when it has none.
 tpr_backward_rule tpr__backward_rule(tpr_op_kind op);

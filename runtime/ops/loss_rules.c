@@ -4,7 +4,7 @@
 // the shard index are checked by the kernels at run time.
 #include <string.h>
 
-#include "../loss.h"
+#include "runtime/program/loss.h"
 #include "op_rules.h"
 
 // logits (T, Vl) f32, this rank's vocab shard (or router logits (T, E)).

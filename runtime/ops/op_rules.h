@@ -5,7 +5,7 @@
 #ifndef TPR_OPS_OP_RULES_H
 #define TPR_OPS_OP_RULES_H
 
-#include "ops.h"
+#include "runtime/ops.h"
 
 // Checks the rules share (op_table.c): each fails naming op and `which`.
 tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which);

@@ -7,7 +7,7 @@
 #include "../backend.h"
 #include "op_rules.h"
 #include "rope_layout.h"
-#include "ops.h"
+#include "runtime/ops.h"
 
 typedef tpr_status (*infer_fn)(const tpr_tensor *const *in, const tpr_op_attrs *attrs, tpr_tensor *out);
 

@@ -23,9 +23,9 @@
 
 #include <stdint.h>
 
-#include "ops.h"
+#include "runtime/ops.h"
 #ifndef __CUDACC__
-#include "../program.h"
+#include "runtime/program/program.h"
 #endif
 
 #ifdef __CUDACC__

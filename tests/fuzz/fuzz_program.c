@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "runtime/program.h"
+#include "runtime/program/program.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   tpr_program *p = NULL;

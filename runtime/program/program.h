@@ -14,9 +14,9 @@
 #include <stdio.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "ops/ops.h"
-#include "tensor.h"
+#include "runtime/backend.h"
+#include "runtime/ops.h"
+#include "runtime/tensor.h"
 
 typedef struct tpr_program tpr_program;
 typedef int32_t tpr_value_id;  // index of a value in its program

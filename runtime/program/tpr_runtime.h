@@ -3,12 +3,12 @@
 #ifndef TPR_RUNTIME_H
 #define TPR_RUNTIME_H
 
-#include "backend.h"
-#include "dtype.h"
-#include "log.h"
-#include "ops/ops.h"
 #include "program.h"
-#include "status.h"
-#include "tensor.h"
+#include "runtime/backend.h"
+#include "runtime/dtype.h"
+#include "runtime/log.h"
+#include "runtime/ops.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
 
 #endif

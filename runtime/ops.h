@@ -10,7 +10,7 @@
 
 #include <stdbool.h>
 
-#include "../tensor.h"
+#include "tensor.h"
 
 // Values are part of the serialized program format: append, never reorder.
 typedef enum tpr_op_kind {
