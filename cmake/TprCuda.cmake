@@ -24,7 +24,7 @@ if(TPR_HAVE_CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   # The *.cu files join libtpr itself (see CMakeLists.txt): they call back
   # into the runtime, so a separate static library would need link cycles.
-  file(GLOB TPR_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/runtime/*.cu ${CMAKE_SOURCE_DIR}/runtime/ops/*.cu)
+  file(GLOB TPR_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/runtime/ops/*.cu ${CMAKE_SOURCE_DIR}/runtime/ops/*/*.cu)
   message(STATUS "tpr: CUDA backend ON (${CMAKE_CUDA_COMPILER}, sm_80 and sm_90)")
   # NCCL (the nccl collective backend) usually sits beside the toolkit.
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)

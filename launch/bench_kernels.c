@@ -25,7 +25,7 @@
 #include "launch/cli_util.h"
 #include "runtime/cpu_isa.h"
 #include "runtime/dtype.h"
-#include "runtime/ops/skinny_gemm.h"
+#include "runtime/ops/gemm/skinny_gemm.h"
 
 #define BK_N 8192
 #define BK_K 8192

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/ops/rope_layout.h"
+#include "runtime/ops/rope/rope.h"
 #include "shard/mesh.h"
 
 tpr_status tpr_fstep_begin_tokens(tpr_fstep *c, int64_t T) {

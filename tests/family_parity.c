@@ -10,7 +10,7 @@
 #include "engine/engine.h"
 #include "m2_ref.h"
 #include "mpi_util.h"
-#include "runtime/ops/rope_layout.h"
+#include "runtime/ops/rope/rope.h"
 
 fp_mesh fp;
 

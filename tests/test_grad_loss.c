@@ -8,7 +8,7 @@
 #include "grad_check.h"
 #include "ops_util.h"
 #include "runtime/program/loss.h"
-#include "runtime/ops/op_rules.h"
+#include "runtime/ops/rule_checks.h"
 #include "runtime/program/program_impl.h"
 
 #include <float.h>

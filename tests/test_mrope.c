@@ -26,7 +26,7 @@
 #include "engine/engine.h"
 #include "family_parity.h"
 #include "m2_ref.h"
-#include "runtime/ops/rope_layout.h"
+#include "runtime/ops/rope/rope.h"
 
 #define FIX TPR_FIXTURES "/qwen3_vl_moe_tiny"
 #define V 96

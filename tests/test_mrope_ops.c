@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/ops/rope_layout.h"
+#include "runtime/ops/rope/rope.h"
 #include "shard/model_config.h"
 
 #define REF_BOUND 1e-5   // f32 kernel vs double rotation of the same f32 angles, relative to max |x|

@@ -13,7 +13,7 @@
 // 64-key tile and 256-key chunk grid, D = 13), a 600-token prefill, a decode
 // over 1000 keys (split-K), and for the same bits at 1, 2 and 3 threads.
 #include "ops_util.h"
-#include "runtime/ops/attention_impl.h"
+#include "runtime/ops/attention/attention.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -28,7 +28,7 @@
 #include "engine/engine.h"
 #include "family_parity.h"
 #include "m2_ref.h"
-#include "runtime/ops/rope_layout.h"
+#include "runtime/ops/rope/rope.h"
 
 #define FIX TPR_FIXTURES "/qwen2_vl_tiny"
 #define V 90

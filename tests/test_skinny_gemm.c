@@ -13,7 +13,7 @@
 
 #include "runtime/cpu_isa.h"
 #include "runtime/dtype.h"
-#include "runtime/ops/skinny_gemm.h"
+#include "runtime/ops/gemm/skinny_gemm.h"
 
 static const tpr_dtype dtypes[] = {TPR_F32, TPR_BF16, TPR_F8E4M3};
 

@@ -4,7 +4,7 @@
 #ifndef TPR_CPU_KERNELS_H
 #define TPR_CPU_KERNELS_H
 
-#include "../backend.h"
+#include "runtime/backend.h"
 
 // Per-process CPU backend context.
 typedef struct tpr_cpu_ctx {

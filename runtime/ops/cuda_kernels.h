@@ -22,7 +22,7 @@
 #include <string.h>  // the C headers below include these; not inside extern "C"
 
 extern "C" {
-#include "../backend.h"
+#include "runtime/backend.h"
 #include "strided.h"  // host-side iterators and stride helpers, shared with the CPU kernels
 }
 

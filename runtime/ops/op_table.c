@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../backend.h"
-#include "op_rules.h"
-#include "rope_layout.h"
+#include "runtime/backend.h"
+#include "rule_checks.h"
+#include "runtime/ops/rope/rope.h"
 #include "runtime/ops.h"
 
 typedef tpr_status (*infer_fn)(const tpr_tensor *const *in, const tpr_op_attrs *attrs, tpr_tensor *out);

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../tensor.h"
+#include "runtime/tensor.h"
 
 #define TPR__ITER_MAX_OPS 3
 

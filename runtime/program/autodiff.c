@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/ops/grad_rules.h"
+#include "runtime/grad/grad.h"
 #include "program_impl.h"
 
 struct tpr_grad_ctx {

@@ -1,0 +1,282 @@
+// KV-cache CPU kernels: causal GQA attention over a cache, the in-place
+// cache write that fills it, and attention's backward (kernel and rule).
+//
+// The forward is attention_flash.c's blocked kernel (online softmax over key
+// tiles read in place, threaded over heads and query blocks, or split over
+// the keys for a few queries): keys a query cannot see contribute nothing --
+// not even NaN from an unwritten cache row, as long as it lies past start + T
+// (only rows [0, start + T) are ever read).
+//
+// The backward follows transformers' eager path in f32 per query head and
+// block of QBLOCK queries: scores = (q @ k^T) * scale (one sgemm, alpha =
+// scale), softmax with the row max subtracted and the sum's reciprocal
+// multiplied in (torch's CPU softmax), masked probabilities exactly 0, then
+// the gradient sgemms; OpenBLAS threads each GEMM.
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/ops/cpu_kernels.h"
+#include "attention.h"
+#include "runtime/grad/grad.h"
+#include "runtime/ops/strided.h"
+
+enum { QBLOCK = 128 };
+
+bool tpr__fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
+
+static int64_t load_index(const tpr_tensor *t) {  // element 0 of an i32/i64 tensor
+  const void *p = tpr_tensor_data(t);
+  if (t->dtype == TPR_I32) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+  }
+  int64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+// Rows [start, start + T) must lie in the cache's [0, S).
+static tpr_status check_start(const char *op, const char *what, int64_t start, int64_t T, int64_t S) {
+  if (start < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: start %lld is negative", op, (long long)start);
+  if (start > S - T)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: start %lld + T %lld %s exceeds the cache's S = %lld rows", op,
+                    (long long)start, (long long)T, what, (long long)S);
+  return TPR_OK;
+}
+
+// attention_impl.h: a tensor's heads as sgemm operands, copied when its layout cannot be read in place.
+tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t rows, tpr__heads_view *v) {
+  const int64_t NH = t->shape[1], D = t->shape[2], *s = t->stride;
+  memset(v, 0, sizeof *v);
+  if ((D <= 1 || s[2] == 1) && (rows <= 1 || s[0] >= D)) {
+    v->base = tpr_tensor_data(t);
+    v->hstride = s[1];
+    v->ld = rows > 1 ? s[0] : (D > 1 ? D : 1);
+  } else {
+    v->scratch = malloc((size_t)(rows * NH * D) * sizeof(float));
+    if (!v->scratch) return TPR_FAIL(TPR_ERR_OOM, "attention (cpu): scratch copy of %s", what);
+    const int64_t shape[3] = {rows, NH, D}, cs[3] = {NH * D, D, 1};
+    tpr__strided_copy(v->scratch, cs, tpr_tensor_data(t), s, 3, shape, sizeof(float));
+    v->base = v->scratch;
+    v->hstride = D;
+    v->ld = NH * D;
+  }
+  if (!tpr__fits_blasint(v->ld)) {
+    free(v->scratch);
+    v->scratch = NULL;
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cpu): %s row stride exceeds the BLAS integer range", what);
+  }
+  return TPR_OK;
+}
+
+// Eight interleaved partial sums: a fixed order (see norm.c).
+static float sum_f32(const float *x, int64_t n) {
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++) acc[l] += x[i];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// p (L): softmax over the n >= 1 visible scores, zeros after them.
+static void causal_softmax_row(float *p, int64_t n, int64_t L) {
+  float m = p[0];
+  for (int64_t i = 1; i < n; i++) m = p[i] > m ? p[i] : m;
+  for (int64_t i = 0; i < n; i++) p[i] = expf(p[i] - m);
+  const float inv = 1.0f / sum_f32(p, n);  // sum >= 1: the max gives exp(0)
+  for (int64_t i = 0; i < n; i++) p[i] *= inv;
+  for (int64_t i = n; i < L; i++) p[i] = 0.0f;
+}
+
+// q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1); out (T, Hq, D)
+// contiguous. attrs->f[0] = scale.
+TPR_CPU_KERNEL(attention) {
+  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cpu): expected 4 inputs, got %d", n_in);
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3];
+  if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || out->dtype != TPR_F32 ||
+      (st->dtype != TPR_I32 && st->dtype != TPR_I64))
+    return TPR_FAIL(TPR_ERR_DTYPE, "attention (cpu): q %s, k %s, v %s, start %s, out %s; need f32 and i32/i64 start",
+                    tpr_dtype_name(q->dtype), tpr_dtype_name(k->dtype), tpr_dtype_name(v->dtype),
+                    tpr_dtype_name(st->dtype), tpr_dtype_name(out->dtype));
+  if (!attrs || attrs->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cpu): missing scale f[0]");
+  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || tpr_tensor_numel(st) != 1 || !tpr_tensor_same_shape(q, out) ||
+      !tpr_tensor_same_shape(k, v) || k->shape[2] != q->shape[2] || k->shape[1] < 1 || q->shape[1] % k->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention (cpu): q, k_cache, v_cache, start and out shapes do not fit");
+  const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
+  const int64_t start = load_index(st);
+  TPR_CHECK(check_start("attention", "queries", start, T, S));
+  float *o = tpr_tensor_data(out);
+  if (T == 0 || Hq == 0) return TPR_OK;
+  const int64_t L = start + T;  // keys read: rows [0, L)
+  if (D == 0) return TPR_OK;
+  const float scale = attrs->f[0];
+
+  tpr__heads_view qv, kv, vv;
+  tpr_status rc = TPR_OK;
+  memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv);
+  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  TPR_CHECK_GOTO(tpr__heads_view_init("k_cache", k, L, &kv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("v_cache", v, L, &vv), rc, done);
+  const tpr__kv_src ks = {.base = kv.base, .ld = kv.ld, .hs = kv.hstride};
+  const tpr__kv_src vs = {.base = vv.base, .ld = vv.ld, .hs = vv.hstride};
+  tpr__attn_run run = {.q = qv.base, .o = o, .n = T, .start = start};
+  const int n_threads = ctx ? ((const tpr_cpu_ctx *)ctx)->n_threads : 1;
+  rc = tpr__attention_fwd(n_threads, "attention (cpu)", &run, 1, qv.ld, qv.hstride, &ks, &vs, NULL, 0, Hq, Hkv, D,
+                          scale);
+done:
+  free(qv.scratch), free(kv.scratch), free(vv.scratch);
+  return rc;
+}
+
+// ---- Backward (training). Flash-attention style: the probabilities are
+// recomputed block by block (one sgemm and a softmax per block; the forward's
+// blocked kernel gives the same values to rounding), so no (T, S) matrix is
+// kept between the passes. For query
+// head h (KV head g = h / group) and a block of queries with P (tb, Lb):
+//   dV_g += P^T dO,  dP = dO V_g^T,  dS = P * (dP - rowsum(P * dP)),
+//   dQ = scale * dS K_g,  dK_g += scale * dS^T Q.
+// Masked entries have P = 0, hence dS = 0: keys a query cannot see get
+// nothing from it. dK/dV of a KV head sum its query heads in ascending order,
+// then the query blocks in ascending order: a fixed order.
+
+// dp (L) := p * (dp - sum(p * dp)) over the n visible entries, the dot
+// accumulated in double in index order; entries past n (masked keys, which
+// the next sgemms still read) are set to exactly 0.
+static void softmax_bwd_row(const float *p, float *dp, int64_t n, int64_t L) {
+  double dot = 0;
+  for (int64_t i = 0; i < n; i++) dot += (double)p[i] * (double)dp[i];
+  const float c = (float)dot;
+  for (int64_t i = 0; i < n; i++) dp[i] = p[i] * (dp[i] - c);
+  for (int64_t i = n; i < L; i++) dp[i] = 0.0f;
+}
+
+// q (T, Hq, D), k/v (S, Hkv, D), start (1), dout (T, Hq, D); out packed
+// (dq (T*Hq*D) | dk (S*Hkv*D) | dv (S*Hkv*D)) contiguous. attrs->f[0] = scale.
+TPR_CPU_KERNEL(attention_bwd) {
+  if (n_in != 5) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): expected 5 inputs, got %d", n_in);
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3], *dy = in[4];
+  if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || dy->dtype != TPR_F32 ||
+      out->dtype != TPR_F32 || (st->dtype != TPR_I32 && st->dtype != TPR_I64))
+    return TPR_FAIL(TPR_ERR_DTYPE, "attention_bwd (cpu): q, k, v, dout and out must be f32 and start i32/i64");
+  if (!attrs || attrs->n_f < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): missing scale f[0]");
+  if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || tpr_tensor_numel(st) != 1 || !tpr_tensor_same_shape(q, dy) ||
+      !tpr_tensor_same_shape(k, v) || k->shape[2] != q->shape[2] || k->shape[1] < 1 || q->shape[1] % k->shape[1] ||
+      tpr_tensor_numel(out) != tpr_tensor_numel(q) + 2 * tpr_tensor_numel(k))
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention_bwd (cpu): q, k, v, start, dout and out shapes do not fit");
+  const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
+  const int64_t start = load_index(st);
+  TPR_CHECK(check_start("attention_bwd", "queries", start, T, S));
+  float *dq = tpr_tensor_data(out), *dk = dq + T * Hq * D, *dv = dk + S * Hkv * D;
+  // Rows of k/v past start + T - 1 are never read: their gradient is zero.
+  memset(dq, 0, (size_t)tpr_tensor_numel(out) * sizeof *dq);
+  if (T == 0 || Hq == 0 || D == 0) return TPR_OK;
+  const int64_t L = start + T, group = Hq / Hkv;
+  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D) || !tpr__fits_blasint(Hkv * D))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention_bwd (cpu): sizes exceed the BLAS integer range");
+  const float scale = attrs->f[0];
+  const blasint ldq = (blasint)(Hq * D), ldk = (blasint)(Hkv * D);
+
+  tpr__heads_view qv, kv, vv, dyv;
+  tpr_status rc = TPR_OK;
+  float *p = NULL;
+  memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv), memset(&dyv, 0, sizeof dyv);
+  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  TPR_CHECK_GOTO(tpr__heads_view_init("k", k, L, &kv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("v", v, L, &vv), rc, done);
+  TPR_CHECK_GOTO(tpr__heads_view_init("dout", dy, T, &dyv), rc, done);
+  const int64_t tb_max = T < QBLOCK ? T : QBLOCK;
+  p = malloc(2 * (size_t)(tb_max * L) * sizeof *p);  // (tb, Lb) probabilities, then (tb, Lb) dP / dS
+  if (!p) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "attention_bwd (cpu): 2 x %lld x %lld scores", (long long)tb_max, (long long)L);
+    goto done;
+  }
+  float *ds = p + tb_max * L;
+  for (int64_t h = 0; h < Hq; h++) {
+    const int64_t g = h / group;  // the forward's GQA mapping
+    const float *qh = qv.base + h * qv.hstride, *dyh = dyv.base + h * dyv.hstride;
+    const float *kg = kv.base + g * kv.hstride, *vg = vv.base + g * vv.hstride;
+    float *dkg = dk + g * D, *dvg = dv + g * D;
+    for (int64_t t0 = 0; t0 < T; t0 += QBLOCK) {
+      const int64_t tb = T - t0 < QBLOCK ? T - t0 : QBLOCK;
+      const int64_t Lb = start + t0 + tb;
+      const float *qb = qh + t0 * qv.ld, *dyb = dyh + t0 * dyv.ld;
+      // P: the forward's scores and softmax.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale, qb,
+                  (blasint)qv.ld, kg, (blasint)kv.ld, 0.0f, p, (blasint)Lb);
+      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
+      // dV_g[0, Lb) += P^T dO (Lb, D)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)Lb, (blasint)D, (blasint)tb, 1.0f, p,
+                  (blasint)Lb, dyb, (blasint)dyv.ld, 1.0f, dvg, ldk);
+      // dP = dO V_g^T (tb, Lb), then dS in place
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, 1.0f, dyb,
+                  (blasint)dyv.ld, vg, (blasint)vv.ld, 0.0f, ds, (blasint)Lb);
+      for (int64_t i = 0; i < tb; i++) softmax_bwd_row(p + i * Lb, ds + i * Lb, start + t0 + i + 1, Lb);
+      // dQ (tb, D) = scale * dS K_g; every query row is written by exactly one block
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, scale, ds,
+                  (blasint)Lb, kg, (blasint)kv.ld, 0.0f, dq + (t0 * Hq + h) * D, ldq);
+      // dK_g[0, Lb) += scale * dS^T Q (Lb, D)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)Lb, (blasint)D, (blasint)tb, scale, ds,
+                  (blasint)Lb, qb, (blasint)qv.ld, 1.0f, dkg, ldk);
+    }
+  }
+done:
+  free(p);
+  free(qv.scratch), free(kv.scratch), free(vv.scratch), free(dyv.scratch);
+  return rc;
+}
+
+// One ATTENTION_BWD gives all three cotangents; each is unpacked (a view)
+// only where wanted. start is an integer: no cotangent.
+TPR__BWD_RULE(attention) {
+  const bool want[3] = {tpr_grad_wanted(g, n->in[0]), tpr_grad_wanted(g, n->in[1]), tpr_grad_wanted(g, n->in[2])};
+  if (!want[0] && !want[1] && !want[2]) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  tpr_value_id packed;
+  const tpr_value_id in[5] = {n->in[0], n->in[1], n->in[2], n->in[3], n->dout};
+  TPR_CHECK(tpr_program_op(p, TPR_OP_ATTENTION_BWD, in, 5, &n->attrs, &packed));
+  int64_t offset = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!want[i]) {  // skip its block without emitting a view
+      tpr_tensor d;
+      TPR_CHECK(tpr_program_value(p, n->in[i], &d));
+      offset += tpr_tensor_numel(&d);
+      continue;
+    }
+    tpr_value_id d;
+    TPR_CHECK(tpr_grad_unpack(g, packed, &offset, n->in[i], &d));
+    TPR_CHECK(tpr_grad_add(g, n->in[i], d));
+  }
+  return TPR_OK;
+}
+
+// cache (S, Hkv, D), new (T, Hkv, D) same dtype, start (1); writes
+// cache[start + i] = new[i] in place; out (1) i32 = start + T.
+TPR_CPU_KERNEL(cache_write) {
+  if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "cache_write (cpu): expected 3 inputs, got %d", n_in);
+  const tpr_tensor *cache = in[0], *nw = in[1], *st = in[2];
+  if (nw->dtype != cache->dtype || out->dtype != TPR_I32 || (st->dtype != TPR_I32 && st->dtype != TPR_I64))
+    return TPR_FAIL(TPR_ERR_DTYPE, "cache_write (cpu): cache %s, new %s, start %s, out %s",
+                    tpr_dtype_name(cache->dtype), tpr_dtype_name(nw->dtype), tpr_dtype_name(st->dtype),
+                    tpr_dtype_name(out->dtype));
+  if (cache->ndim != 3 || nw->ndim != 3 || nw->shape[1] != cache->shape[1] || nw->shape[2] != cache->shape[2] ||
+      tpr_tensor_numel(st) != 1 || tpr_tensor_numel(out) != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "cache_write (cpu): cache, new, start and out shapes do not fit");
+  const int64_t T = nw->shape[0], S = cache->shape[0], start = load_index(st);
+  TPR_CHECK(check_start("cache_write", "new rows", start, T, S));
+  if (start + T > INT32_MAX)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "cache_write: end position %lld does not fit the i32 token",
+                    (long long)(start + T));
+  // The one op that writes an input: the handle is const, its storage is not
+  // (see ops.h); a bound param keeps these rows for the next run.
+  const size_t esz = tpr_dtype_size(cache->dtype);
+  char *dst = (char *)tpr_tensor_data(cache) + start * cache->stride[0] * (int64_t)esz;
+  tpr__strided_copy(dst, cache->stride, tpr_tensor_data(nw), nw->stride, 3, nw->shape, esz);
+  const int32_t end = (int32_t)(start + T);
+  memcpy(tpr_tensor_data(out), &end, sizeof end);
+  return TPR_OK;
+}

@@ -1,0 +1,265 @@
+// Shape rules of the training losses (ops.h, "Vocab-parallel cross-entropy"
+// and "MoE auxiliary"), and their program builders (runtime/loss.h).
+// Rules check what the descriptors and attributes tell; target values and
+// the shard index are checked by the kernels at run time.
+#include <string.h>
+
+#include "runtime/program/loss.h"
+#include "runtime/ops/rule_checks.h"
+
+// logits (T, Vl) f32, this rank's vocab shard (or router logits (T, E)).
+static tpr_status need_logits(const char *op, const tpr_tensor *t, const char *dims) {
+  TPR_CHECK(tpr__need_dtype(op, t, TPR_F32, "logits"));
+  TPR_CHECK(tpr__need_ndim(op, t, 2, "logits", dims));
+  if (t->shape[1] < 1) return TPR_FAIL(TPR_ERR_SHAPE, "%s: logits %s have no columns", op, dims);
+  return TPR_OK;
+}
+
+// A per-token column (T, 1) f32: max, sumexp, target logit or their cotangent.
+static tpr_status need_col(const char *op, const tpr_tensor *t, int64_t T, const char *which) {
+  TPR_CHECK(tpr__need_dtype(op, t, TPR_F32, which));
+  if (t->ndim != 2 || t->shape[0] != T || t->shape[1] != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be (T, 1) = (%lld, 1), got %d-D (%lld, %lld)", op, which,
+                    (long long)T, t->ndim, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : -1));
+  return TPR_OK;
+}
+
+// targets (T) i32/i64: token ids, -100 for ignored positions.
+static tpr_status need_targets(const char *op, const tpr_tensor *t, int64_t T) {
+  if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: targets must be i32 or i64, got %s", op, tpr_dtype_name(t->dtype));
+  if (t->ndim != 1 || t->shape[0] != T)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: targets must be (T) = (%lld), got %d-D with %lld elements", op, (long long)T,
+                    t->ndim, (long long)tpr_tensor_numel(t));
+  return TPR_OK;
+}
+
+// i[0] = a positive size attribute (V, Vl, k or N), named `what`.
+static tpr_status need_size_attr(const char *op, const tpr_op_attrs *at, const char *what) {
+  if (at->n_i < 1 || at->i[0] < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[0] %s = %lld must be given and >= 1", op, what,
+                    (long long)(at->n_i < 1 ? 0 : at->i[0]));
+  return TPR_OK;
+}
+
+static void set_col(tpr_tensor *out, int64_t T) { tpr__set_contiguous(out, TPR_F32, 2, (const int64_t[]){T, 1}); }
+
+TPR__OP_RULE(xent_max) {
+  const char *op = "xent_max";
+  TPR_CHECK(need_logits(op, in[0], "(T, Vl)"));
+  TPR_CHECK(tpr__need_scalar_index(op, in[1], "shard"));
+  TPR_CHECK(need_size_attr(op, attrs, "V (real vocabulary)"));
+  set_col(out, in[0]->shape[0]);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_sumexp) {
+  const char *op = "xent_sumexp";
+  TPR_CHECK(need_logits(op, in[0], "(T, Vl)"));
+  TPR_CHECK(need_col(op, in[1], in[0]->shape[0], "max"));
+  TPR_CHECK(tpr__need_scalar_index(op, in[2], "shard"));
+  TPR_CHECK(need_size_attr(op, attrs, "V (real vocabulary)"));
+  set_col(out, in[0]->shape[0]);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_sumexp_bwd) {
+  const char *op = "xent_sumexp_bwd";
+  TPR_CHECK(need_logits(op, in[0], "(T, Vl)"));
+  TPR_CHECK(need_col(op, in[1], in[0]->shape[0], "max"));
+  TPR_CHECK(tpr__need_scalar_index(op, in[2], "shard"));
+  TPR_CHECK(need_col(op, in[3], in[0]->shape[0], "dy"));
+  TPR_CHECK(need_size_attr(op, attrs, "V (real vocabulary)"));
+  tpr__set_contiguous(out, TPR_F32, 2, in[0]->shape);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_target) {
+  const char *op = "xent_target";
+  TPR_CHECK(need_logits(op, in[0], "(T, Vl)"));
+  TPR_CHECK(need_targets(op, in[1], in[0]->shape[0]));
+  TPR_CHECK(tpr__need_scalar_index(op, in[2], "shard"));
+  TPR_CHECK(need_size_attr(op, attrs, "V (real vocabulary)"));
+  set_col(out, in[0]->shape[0]);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_target_bwd) {
+  const char *op = "xent_target_bwd";
+  TPR_CHECK(tpr__need_dtype(op, in[0], TPR_F32, "dy"));
+  TPR_CHECK(tpr__need_ndim(op, in[0], 2, "dy", "(T, 1)"));
+  int64_t T = in[0]->shape[0];
+  TPR_CHECK(need_col(op, in[0], T, "dy"));
+  TPR_CHECK(need_targets(op, in[1], T));
+  TPR_CHECK(tpr__need_scalar_index(op, in[2], "shard"));
+  TPR_CHECK(need_size_attr(op, attrs, "Vl (local vocabulary columns)"));
+  tpr__set_contiguous(out, TPR_F32, 2, (const int64_t[]){T, attrs->i[0]});
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_loss) {
+  const char *op = "xent_loss";
+  TPR_CHECK(tpr__need_dtype(op, in[0], TPR_F32, "sumexp"));
+  TPR_CHECK(tpr__need_ndim(op, in[0], 2, "sumexp", "(T, 1)"));
+  int64_t T = in[0]->shape[0];
+  TPR_CHECK(need_col(op, in[0], T, "sumexp"));
+  TPR_CHECK(need_col(op, in[1], T, "max"));
+  TPR_CHECK(need_col(op, in[2], T, "target"));
+  TPR_CHECK(need_targets(op, in[3], T));
+  tpr__set_contiguous(out, TPR_F32, 1, (const int64_t[]){1});
+  return TPR_OK;
+}
+
+TPR__OP_RULE(xent_loss_bwd) {
+  const char *op = "xent_loss_bwd";
+  TPR_CHECK(tpr__need_dtype(op, in[0], TPR_F32, "sumexp"));
+  TPR_CHECK(tpr__need_ndim(op, in[0], 2, "sumexp", "(T, 1)"));
+  int64_t T = in[0]->shape[0];
+  TPR_CHECK(need_col(op, in[0], T, "sumexp"));
+  TPR_CHECK(need_targets(op, in[1], T));
+  TPR_CHECK(tpr__need_dtype(op, in[2], TPR_F32, "dloss"));
+  if (tpr_tensor_numel(in[2]) != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: dloss must hold one element, got %lld", op, (long long)tpr_tensor_numel(in[2]));
+  tpr__set_contiguous(out, TPR_F32, 1, (const int64_t[]){2 * T});
+  return TPR_OK;
+}
+
+// k in [1, E]: the top-k of each router row.
+static tpr_status need_top_k(const char *op, const tpr_op_attrs *at, int64_t E) {
+  TPR_CHECK(need_size_attr(op, at, "k (experts per token)"));
+  if (at->i[0] > E)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: k = %lld exceeds E = %lld experts", op, (long long)at->i[0],
+                    (long long)E);
+  return TPR_OK;
+}
+
+// stats (2, E) f32: [top-k counts; summed probabilities].
+static tpr_status need_stats(const char *op, const tpr_tensor *t, const char *which) {
+  TPR_CHECK(tpr__need_dtype(op, t, TPR_F32, which));
+  if (t->ndim != 2 || t->shape[0] != 2 || t->shape[1] < 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be (2, E) [counts; probability sums], got %d-D with %lld elements", op,
+                    which, t->ndim, (long long)tpr_tensor_numel(t));
+  return TPR_OK;
+}
+
+TPR__OP_RULE(moe_aux_stats) {
+  const char *op = "moe_aux_stats";
+  TPR_CHECK(need_logits(op, in[0], "(T, E)"));
+  TPR_CHECK(need_top_k(op, attrs, in[0]->shape[1]));
+  tpr__set_contiguous(out, TPR_F32, 2, (const int64_t[]){2, in[0]->shape[1]});
+  return TPR_OK;
+}
+
+TPR__OP_RULE(moe_aux_stats_bwd) {
+  const char *op = "moe_aux_stats_bwd";
+  TPR_CHECK(need_logits(op, in[0], "(T, E)"));
+  TPR_CHECK(need_top_k(op, attrs, in[0]->shape[1]));
+  TPR_CHECK(need_stats(op, in[1], "dstats"));
+  if (in[1]->shape[1] != in[0]->shape[1])
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: dstats have %lld experts, logits %lld", op, (long long)in[1]->shape[1],
+                    (long long)in[0]->shape[1]);
+  tpr__set_contiguous(out, TPR_F32, 2, in[0]->shape);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(moe_aux_loss) {
+  const char *op = "moe_aux_loss";
+  TPR_CHECK(need_stats(op, in[0], "stats"));
+  TPR_CHECK(need_size_attr(op, attrs, "N (router rows over all layers)"));
+  tpr__set_contiguous(out, TPR_F32, 1, (const int64_t[]){1});
+  return TPR_OK;
+}
+
+TPR__OP_RULE(moe_aux_loss_bwd) {
+  const char *op = "moe_aux_loss_bwd";
+  TPR_CHECK(need_stats(op, in[0], "stats"));
+  TPR_CHECK(tpr__need_dtype(op, in[1], TPR_F32, "dloss"));
+  if (tpr_tensor_numel(in[1]) != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: dloss must hold one element, got %lld", op, (long long)tpr_tensor_numel(in[1]));
+  TPR_CHECK(need_size_attr(op, attrs, "N (router rows over all layers)"));
+  tpr__set_contiguous(out, TPR_F32, 2, in[0]->shape);
+  return TPR_OK;
+}
+
+// ---- Builders (runtime/loss.h).
+
+static tpr_op_attrs one_attr(int64_t v) { return (tpr_op_attrs){.n_i = 1, .i = {v}}; }
+
+tpr_status tpr_pb_xent_max(tpr_program *p, tpr_value_id logits, tpr_value_id shard, int64_t V, tpr_value_id *out) {
+  tpr_op_attrs at = one_attr(V);
+  return tpr_program_op(p, TPR_OP_XENT_MAX, (const tpr_value_id[]){logits, shard}, 2, &at, out);
+}
+
+tpr_status tpr_pb_xent_sumexp(tpr_program *p, tpr_value_id logits, tpr_value_id max, tpr_value_id shard, int64_t V,
+                              tpr_value_id *out) {
+  tpr_op_attrs at = one_attr(V);
+  return tpr_program_op(p, TPR_OP_XENT_SUMEXP, (const tpr_value_id[]){logits, max, shard}, 3, &at, out);
+}
+
+tpr_status tpr_pb_xent_target(tpr_program *p, tpr_value_id logits, tpr_value_id targets, tpr_value_id shard,
+                              int64_t V, tpr_value_id *out) {
+  tpr_op_attrs at = one_attr(V);
+  return tpr_program_op(p, TPR_OP_XENT_TARGET, (const tpr_value_id[]){logits, targets, shard}, 3, &at, out);
+}
+
+tpr_status tpr_pb_xent_loss(tpr_program *p, tpr_value_id sumexp, tpr_value_id max, tpr_value_id target,
+                            tpr_value_id targets, tpr_value_id *out) {
+  return tpr_program_op(p, TPR_OP_XENT_LOSS, (const tpr_value_id[]){sumexp, max, target, targets}, 4, NULL, out);
+}
+
+tpr_status tpr_pb_moe_aux_stats(tpr_program *p, tpr_value_id router_logits, int k, tpr_value_id *out) {
+  tpr_op_attrs at = one_attr(k);
+  return tpr_program_op(p, TPR_OP_MOE_AUX_STATS, (const tpr_value_id[]){router_logits}, 1, &at, out);
+}
+
+tpr_status tpr_pb_moe_aux_loss(tpr_program *p, tpr_value_id stats, int64_t n_rows, tpr_value_id *out) {
+  tpr_op_attrs at = one_attr(n_rows);
+  return tpr_program_op(p, TPR_OP_MOE_AUX_LOSS, (const tpr_value_id[]){stats}, 1, &at, out);
+}
+
+tpr_status tpr_build_vocab_parallel_xent(tpr_program *p, tpr_value_id logits, tpr_value_id targets,
+                                         tpr_value_id shard, int64_t V, tpr_mesh_axis axis, int tp,
+                                         tpr_value_id *loss) {
+  if (tp < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "vocab-parallel xent: tp = %d must be >= 1", tp);
+  tpr_tensor l;
+  TPR_CHECK(tpr_program_value(p, logits, &l));
+  // A shard may be all padding (tiny V, large tp): its max loses every
+  // all-reduce and it adds nothing, so only V <= tp*Vl is required.
+  if (l.ndim == 2 && (V < 1 || V > l.shape[1] * (int64_t)tp))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "vocab-parallel xent: V = %lld does not fit tp = %d shards of Vl = %lld "
+                    "columns (need 1 <= V <= tp*Vl)", (long long)V, tp, (long long)l.shape[1]);
+  tpr_value_id m, se, tg;
+  TPR_CHECK(tpr_pb_xent_max(p, logits, shard, V, &m));
+  if (tp > 1) TPR_CHECK(tpr_pb_all_reduce(p, m, axis, tp, 1 /* max */, &m));
+  TPR_CHECK(tpr_pb_xent_sumexp(p, logits, m, shard, V, &se));
+  if (tp > 1) TPR_CHECK(tpr_pb_all_reduce(p, se, axis, tp, 0 /* sum */, &se));
+  TPR_CHECK(tpr_pb_xent_target(p, logits, targets, shard, V, &tg));
+  if (tp > 1) TPR_CHECK(tpr_pb_all_reduce(p, tg, axis, tp, 0 /* sum */, &tg));
+  return tpr_pb_xent_loss(p, se, m, tg, targets, loss);
+}
+
+tpr_status tpr_build_moe_aux_loss(tpr_program *p, const tpr_value_id *router_logits, int n_layers, int k,
+                                  tpr_value_id *loss) {
+  if (n_layers < 1 || !router_logits)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "moe aux loss: needs at least one layer's router logits, got %d", n_layers);
+  tpr_value_id sum = -1;
+  int64_t rows = 0, E = -1;
+  for (int l = 0; l < n_layers; l++) {
+    tpr_tensor d;
+    TPR_CHECK(tpr_program_value(p, router_logits[l], &d));
+    if (d.ndim != 2)
+      return TPR_FAIL(TPR_ERR_SHAPE, "moe aux loss: layer %d router logits must be (T, E), got %d-D", l, d.ndim);
+    if (E >= 0 && d.shape[1] != E)
+      return TPR_FAIL(TPR_ERR_SHAPE, "moe aux loss: layer %d has %lld experts, layer 0 has %lld", l,
+                      (long long)d.shape[1], (long long)E);
+    E = d.shape[1];
+    rows += d.shape[0];
+    tpr_value_id st;
+    TPR_CHECK(tpr_pb_moe_aux_stats(p, router_logits[l], k, &st));
+    if (sum < 0)
+      sum = st;
+    else
+      TPR_CHECK(tpr_pb_add(p, sum, st, &sum));
+  }
+  return tpr_pb_moe_aux_loss(p, sum, rows, loss);
+}

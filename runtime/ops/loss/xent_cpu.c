@@ -1,0 +1,255 @@
+// Vocab-parallel cross-entropy (Megatron's; ops.h "Vocab-parallel
+// cross-entropy"): CPU kernels of xent_max, xent_sumexp(_bwd),
+// xent_target(_bwd), xent_loss(_bwd), and the backward rules.
+//
+// Each rank holds logits (T, Vl) for vocab columns [shard*Vl, shard*Vl + Vl);
+// columns >= V are padding (the vocab is padded to a multiple of tp) and are
+// skipped by every kernel: they never win the max, never add to the sum,
+// never hold a target and always get a zero gradient.
+//
+// Numerics: exp and log are evaluated in double and sums accumulate in
+// double in ascending column (or token) order, rounded once to f32, so
+// results are deterministic and independent of how the vocab is sharded up
+// to that final rounding. The (T, Vl) kernels split tokens over threads
+// (cpu_threads.h), each row summed by one thread in that order, so results
+// do not depend on the thread count either.
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime/ops/cpu_kernels.h"
+#include "runtime/ops/cpu_threads.h"
+#include "runtime/grad/grad.h"
+
+#define XENT_IGNORE (-100)
+
+// Element i of a 1-D (or (n, 1)) i32/i64 tensor, any stride.
+static int64_t index_at(const tpr_tensor *t, int64_t i) {
+  const char *base = tpr_tensor_data(t);
+  int64_t e = i * t->stride[0];
+  if (t->dtype == TPR_I32) {
+    int32_t v;
+    memcpy(&v, base + e * 4, 4);
+    return v;
+  }
+  int64_t v;
+  memcpy(&v, base + e * 8, 8);
+  return v;
+}
+
+// Element t of a (T, 1) f32 column, any stride.
+static double col_at(const tpr_tensor *c, int64_t t) { return ((const float *)tpr_tensor_data(c))[t * c->stride[0]]; }
+
+// This shard's first global column and how many of its Vl columns are real
+// (< V). A negative shard is an error; a shard past the vocabulary owns no
+// real column (its columns are all padding).
+static tpr_status shard_cols(const char *op, const tpr_tensor *shard, int64_t Vl, int64_t V, int64_t *lo,
+                             int64_t *n_valid) {
+  int64_t s = index_at(shard, 0);
+  if (s < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: shard index %lld is negative", op, (long long)s);
+  if (s > (INT64_MAX - Vl) / Vl) {  // shard*Vl would overflow: far past any vocabulary
+    *lo = INT64_MAX - Vl;
+    *n_valid = 0;
+    return TPR_OK;
+  }
+  *lo = s * Vl;
+  int64_t n = V - *lo;
+  *n_valid = n < 0 ? 0 : n > Vl ? Vl : n;
+  return TPR_OK;
+}
+
+// Targets must be -100 (ignored) or in [0, limit) (limit < 0: no upper
+// bound known to the op); the error names the first bad token position.
+static tpr_status check_targets(const char *op, const tpr_tensor *targets, int64_t limit) {
+  int64_t T = targets->shape[0];
+  for (int64_t t = 0; t < T; t++) {
+    int64_t y = index_at(targets, t);
+    if (y == XENT_IGNORE) continue;
+    if (y < 0 || (limit >= 0 && y >= limit)) {
+      if (limit >= 0)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: target %lld at token position %lld is outside [0, V = %lld) and "
+                        "is not the ignore index -100", op, (long long)y, (long long)t, (long long)limit);
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: target %lld at token position %lld is negative and not the ignore "
+                      "index -100", op, (long long)y, (long long)t);
+    }
+  }
+  return TPR_OK;
+}
+
+// out (T, 1) = max over this shard's real columns. A row with none gets
+// -FLT_MAX: it loses the all-reduce max to every finite logit of another
+// shard, and unlike -inf it stays finite, so no consumer ever forms
+// inf - inf or 0 * inf (NaN) from it. A NaN logit makes the row's max NaN.
+TPR_CPU_KERNEL(xent_max) {
+  const tpr_tensor *l = in[0];
+  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
+  TPR_CHECK(shard_cols("xent_max", in[1], Vl, attrs->i[0], &lo, &nv));
+  const float *ld = tpr_tensor_data(l);
+  float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * nv);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float m = -FLT_MAX;
+    for (int64_t j = 0; j < nv; j++) {
+      float v = ld[t * l->stride[0] + j * l->stride[1]];
+      if (isnan(v)) {
+        m = v;
+        break;
+      }
+      if (v > m) m = v;
+    }
+    o[t] = m;
+  }
+  return TPR_OK;
+}
+
+// out (T, 1) = sum over real columns of exp(l - max), max the global one.
+TPR_CPU_KERNEL(xent_sumexp) {
+  const tpr_tensor *l = in[0], *mx = in[1];
+  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
+  TPR_CHECK(shard_cols("xent_sumexp", in[2], Vl, attrs->i[0], &lo, &nv));
+  const float *ld = tpr_tensor_data(l);
+  float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * nv);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    double m = col_at(mx, t), acc = 0;
+    for (int64_t j = 0; j < nv; j++) acc += exp((double)ld[t * l->stride[0] + j * l->stride[1]] - m);
+    o[t] = (float)acc;
+  }
+  return TPR_OK;
+}
+
+// d logits (T, Vl) = dy * exp(l - max) on real columns, 0 on padding. The
+// max is held fixed: its own gradient cancels in the loss (see xent_loss's
+// rule), so no cotangent is ever formed for it.
+TPR_CPU_KERNEL(xent_sumexp_bwd) {
+  const tpr_tensor *l = in[0], *mx = in[1], *dy = in[3];
+  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
+  TPR_CHECK(shard_cols("xent_sumexp_bwd", in[2], Vl, attrs->i[0], &lo, &nv));
+  const float *ld = tpr_tensor_data(l);
+  float *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, T * Vl);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    double m = col_at(mx, t), g = col_at(dy, t);
+    for (int64_t j = 0; j < Vl; j++)
+      o[t * Vl + j] = j < nv ? (float)(g * exp((double)ld[t * l->stride[0] + j * l->stride[1]] - m)) : 0.0f;
+  }
+  return TPR_OK;
+}
+
+// out (T, 1) = logits[t, y_t - shard*Vl] where this shard owns y_t, else 0
+// (also for y_t = -100). Targets are checked first: a bad one writes nothing.
+TPR_CPU_KERNEL(xent_target) {
+  const tpr_tensor *l = in[0], *y = in[1];
+  int64_t T = l->shape[0], Vl = l->shape[1], V = attrs->i[0], lo = 0, nv = 0;
+  TPR_CHECK(shard_cols("xent_target", in[2], Vl, V, &lo, &nv));
+  TPR_CHECK(check_targets("xent_target", y, V));
+  const float *ld = tpr_tensor_data(l);
+  float *o = tpr_tensor_data(out);
+  for (int64_t t = 0; t < T; t++) {
+    int64_t yt = index_at(y, t), j = yt - lo;
+    o[t] = (yt != XENT_IGNORE && j >= 0 && j < nv) ? ld[t * l->stride[0] + j * l->stride[1]] : 0.0f;
+  }
+  return TPR_OK;
+}
+
+// d logits (T, Vl): dy[t] at the target's column where this shard owns it,
+// zeros elsewhere. The op has no V (the forward checked targets < V); it
+// still refuses negative targets other than -100.
+TPR_CPU_KERNEL(xent_target_bwd) {
+  const tpr_tensor *dy = in[0], *y = in[1];
+  int64_t T = dy->shape[0], Vl = attrs->i[0], lo = 0, nv = 0;
+  TPR_CHECK(shard_cols("xent_target_bwd", in[2], Vl, INT64_MAX, &lo, &nv));
+  TPR_CHECK(check_targets("xent_target_bwd", y, -1));
+  float *o = tpr_tensor_data(out);
+  memset(o, 0, (size_t)(T * Vl) * sizeof *o);
+  for (int64_t t = 0; t < T; t++) {
+    int64_t yt = index_at(y, t);
+    if (yt == XENT_IGNORE || yt < lo || yt - lo >= nv) continue;
+    o[t * Vl + (yt - lo)] = (float)col_at(dy, t);
+  }
+  return TPR_OK;
+}
+
+// Counted (target != -100) positions; fails on other negative targets.
+static tpr_status count_targets(const char *op, const tpr_tensor *y, int64_t *count) {
+  TPR_CHECK(check_targets(op, y, -1));
+  int64_t c = 0;
+  for (int64_t t = 0; t < y->shape[0]; t++) c += index_at(y, t) != XENT_IGNORE;
+  *count = c;
+  return TPR_OK;
+}
+
+// out (1) = mean over counted t of log(sumexp) + max - target, in double in
+// token order; 0 when every target is ignored (torch gives NaN there; a
+// batch of padding must not poison the step).
+TPR_CPU_KERNEL(xent_loss) {
+  const tpr_tensor *se = in[0], *mx = in[1], *tg = in[2], *y = in[3];
+  int64_t T = se->shape[0], count = 0;
+  TPR_CHECK(count_targets("xent_loss", y, &count));
+  double acc = 0;
+  for (int64_t t = 0; t < T; t++)
+    if (index_at(y, t) != XENT_IGNORE) acc += log(col_at(se, t)) + col_at(mx, t) - col_at(tg, t);
+  ((float *)tpr_tensor_data(out))[0] = count ? (float)(acc / (double)count) : 0.0f;
+  return TPR_OK;
+}
+
+// out (2T) packed (dsumexp | dtarget): dloss / (count * sumexp_t) and
+// -dloss / count for counted t, zeros for ignored t. The max's partial
+// (+dloss / count) is left out on purpose: sumexp's dependence on the max
+// gives exactly -dloss / count back, so the two cancel.
+TPR_CPU_KERNEL(xent_loss_bwd) {
+  const tpr_tensor *se = in[0], *y = in[1];
+  int64_t T = se->shape[0], count = 0;
+  TPR_CHECK(count_targets("xent_loss_bwd", y, &count));
+  double dl = ((const float *)tpr_tensor_data(in[2]))[0];
+  float *o = tpr_tensor_data(out);
+  for (int64_t t = 0; t < T; t++) {
+    bool on = count > 0 && index_at(y, t) != XENT_IGNORE;
+    o[t] = on ? (float)(dl / ((double)count * col_at(se, t))) : 0.0f;
+    o[T + t] = on ? (float)(-dl / (double)count) : 0.0f;
+  }
+  return TPR_OK;
+}
+
+// ---- Backward rules. xent_max has none and needs none: its output feeds
+// only xent_sumexp and xent_loss (through an all_reduce max under tp), whose
+// rules never give the max a cotangent, so the autodiff never visits it.
+
+static tpr_op_attrs one_attr(int64_t v) { return (tpr_op_attrs){.n_i = 1, .i = {v}}; }
+
+TPR__BWD_RULE(xent_sumexp) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_value_id dl;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_XENT_SUMEXP_BWD,
+                           (const tpr_value_id[]){n->in[0], n->in[1], n->in[2], n->dout}, 4, &n->attrs, &dl));
+  return tpr_grad_add(g, n->in[0], dl);
+}
+
+TPR__BWD_RULE(xent_target) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_program *p = tpr_grad_program(g);
+  tpr_tensor l;
+  TPR_CHECK(tpr_program_value(p, n->in[0], &l));
+  tpr_op_attrs at = one_attr(l.shape[1]);
+  tpr_value_id dl;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_XENT_TARGET_BWD, (const tpr_value_id[]){n->dout, n->in[1], n->in[2]}, 3, &at,
+                           &dl));
+  return tpr_grad_add(g, n->in[0], dl);
+}
+
+// in (sumexp, max, target, targets): cotangents for sumexp and target only.
+TPR__BWD_RULE(xent_loss) {
+  if (!tpr_grad_wanted(g, n->in[0]) && !tpr_grad_wanted(g, n->in[2])) return TPR_OK;
+  tpr_value_id packed, dse, dtg;
+  int64_t off = 0;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_XENT_LOSS_BWD,
+                           (const tpr_value_id[]){n->in[0], n->in[3], n->dout}, 3, NULL, &packed));
+  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[0], &dse));
+  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[2], &dtg));
+  TPR_CHECK(tpr_grad_add(g, n->in[0], dse));
+  return tpr_grad_add(g, n->in[2], dtg);
+}
