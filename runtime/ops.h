@@ -1,10 +1,10 @@
 // The op set: one enum shared by the eager API, programs and backends.
 //
-// Every op has a shape rule (tpr__op_infer, in op_table.c) used both to check
-// eager calls and to infer program values, so a shape is decided in one place.
-// Kernels live one file per op family (matmul.c, elementwise.c, norm.c,
-// softmax.c, gather.c, copy.c, rope.c, attention.c, router.c, moe.c), CUDA
-// twins beside them as *.cu.
+// Every op has a shape rule (tpr__op_infer, through ops/op_table.c) used both
+// to check eager calls and to infer program values, so a shape is decided in
+// one place. An op's pieces sit in its family's folder, runtime/ops/<family>/
+// (shape rules, CPU kernels, CUDA twins), its backward rule in
+// runtime/grad/<family>.c; runtime/README.md has the map.
 #ifndef TPR_OPS_H
 #define TPR_OPS_H
 
@@ -40,7 +40,7 @@ typedef enum tpr_op_kind {
   TPR_OP_RMS_SCALE = 17,        // in (x (..., N), sumsq (..., 1), weight (N)); f[0] divisor, f[1] eps
   TPR_OP_EMBEDDING_SHARD = 18,  // in (table (Vl, H), ids (...) i32/i64, shard (1) i32/i64); out (..., H)
   TPR_OP_ROPE = 19,             // in (x (T, heads, D), pos (T) i32/i64); i[0] rotary_dim; f[0] theta;
-                                // variants (pairing, MRoPE pos (3, T)): i[1..5], ops/rope_layout.h
+                                // variants (pairing, MRoPE pos (3, T)): i[1..5], ops/rope/rope.h
   TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale
   TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
   TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights
@@ -57,7 +57,7 @@ typedef enum tpr_op_kind {
   TPR_OP_MOE_GROUPED_FFN = 29,  // in (x (R, H), counts (n*Er) i32, w13 (Er, 2F, H), w2 (Er, H, F)); out (R, H);
                                 // FP8 form as moe_experts'
   TPR_OP_MOE_UNPERMUTE = 30,    // in (y (R, H), gates (N, E)); out (N, H)
-  // Training (runtime/autodiff.h). A backward op with several results
+  // Training (runtime/program/autodiff.h). A backward op with several results
   // returns them packed into one 1-D f32 tensor in the order listed ("packed
   // (a | b)"); the rule takes each back out as a view (tpr_grad_unpack).
   TPR_OP_GRAD_ALL_REDUCE = 31,  // view; in (x); i[0] axis, i[1] n: identity forward, the gradient is

@@ -166,7 +166,7 @@ static tpr_status run_paged(const scene *sc, const int32_t *bt, const int32_t *s
   tpr_op_attrs at = {.n_f = 1, .f = {scale_of()}};
   const tpr_tensor *const in[6] = {q, kp, vp, tb, sq, po};
   tpr_cpu_ctx ctx = {.n_threads = g_threads};
-  tpr_status rc = g_threads > 0 ? tpr__cpu_paged_attention(&ctx, in, 6, &at, out)
+  tpr_status rc = g_threads > 0 ? tt_cpu()->vt->kernels[TPR_OP_PAGED_ATTENTION](&ctx, in, 6, &at, out)
                                 : tpr_op_run(tt_cpu(), TPR_OP_PAGED_ATTENTION, in, 6, &at, out);
   *out_host = tt_to_host(out);
   tpr_tensor_free(q), tpr_tensor_free(kp), tpr_tensor_free(vp), tpr_tensor_free(tb), tpr_tensor_free(sq);

@@ -1,8 +1,6 @@
 // Backward rules of the collective ops and of grad_all_reduce: the f/g pair
-// of runtime/autodiff.h ("replicated vs partial values").
+// of runtime/program/autodiff.h ("replicated vs partial values").
 #include "grad.h"
-
-#include "runtime/ops.h"
 
 // Megatron's f: identity forward; the cotangents of the rank-local branches
 // are partial, so they are summed over the group.
@@ -82,3 +80,14 @@ TPR__BWD_RULE(all_to_allv) {
                                x.shape[0], &back));
   return tpr_grad_add(g, n->in[0], back);
 }
+
+const tpr__grad_def tpr__collective_grad[] = {
+    {TPR_OP_GRAD_ALL_REDUCE, bwd_grad_all_reduce},
+    {TPR_OP_ALL_REDUCE, bwd_all_reduce},
+    {TPR_OP_ALL_GATHER, bwd_all_gather},
+    {TPR_OP_REDUCE_SCATTER, bwd_reduce_scatter},
+    {TPR_OP_ALL_TO_ALL, bwd_all_to_all},
+    {TPR_OP_ALL_TO_ALLV, bwd_all_to_allv},
+    {TPR_OP_PARAM_GATHER, bwd_param_gather},
+    {0},
+};

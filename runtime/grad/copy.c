@@ -1,26 +1,22 @@
-// Backward of the view ops (reshape, permute, slice; ops.h): the views copy
-// nothing forward, and their backward moves the cotangent back into the
-// input's geometry -- a view again where it can be (reshape, permute), a
-// zero-padded copy for slice (slice_bwd, the one kernel here).
-#include <string.h>
-
-#include "runtime/ops/cpu_kernels.h"
+// Backward rules of cast and of the view ops (reshape, permute, slice;
+// ops.h): the views copy nothing forward, and their backward moves the
+// cotangent back into the input's geometry -- a view again where it can be
+// (reshape, permute), a zero-padded copy for slice (slice_bwd).
 #include "grad.h"
-#include "runtime/ops/strided.h"
 
-// dy (..., len, ...) any strides; i[0] dim, i[1] start, i[2] full len;
-// out (..., full, ...): zeros with dy at [start, start + len) along dim.
-TPR_CPU_KERNEL(slice_bwd) {
-  if (n_in != 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "slice_bwd (cpu): expected 1 input, got %d", n_in);
-  const tpr_tensor *dy = in[0];
-  const int dim = (int)attrs->i[0];
-  const int64_t start = attrs->i[1];
-  float *o = tpr_tensor_data(out);
-  memset(o, 0, (size_t)tpr_tensor_numel(out) * sizeof *o);
-  int64_t so[TPR_MAX_DIMS];
-  tpr__contig_strides(out->ndim, out->shape, so);
-  tpr__strided_copy(o + start * so[dim], so, tpr_tensor_data(dy), dy->stride, dy->ndim, dy->shape, sizeof *o);
-  return TPR_OK;
+// Backward of cast. Cotangents are f32 whatever the value's dtype (autodiff.h),
+// so a cast between float types hands its cotangent straight on: for an
+// f32 -> f32 cast (a strided copy) that is the exact gradient, for a
+// narrowing one the straight-through estimate. Integer sources have none.
+
+TPR__BWD_RULE(cast) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_tensor x;
+  TPR_CHECK(tpr_program_value(tpr_grad_program(g), n->in[0], &x));
+  if (x.dtype != TPR_F32 && x.dtype != TPR_BF16 && x.dtype != TPR_F16)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "backward: cast from %s has no gradient (only f32, bf16, f16 sources)",
+                    tpr_dtype_name(x.dtype));
+  return tpr_grad_add(g, n->in[0], n->dout);
 }
 
 // A view of a contiguous cotangent with the input's shape.
@@ -56,3 +52,11 @@ TPR__BWD_RULE(slice) {
   TPR_CHECK(tpr_program_op(p, TPR_OP_SLICE_BWD, (const tpr_value_id[]){n->dout}, 1, &at, &dx));
   return tpr_grad_add(g, n->in[0], dx);
 }
+
+const tpr__grad_def tpr__copy_grad[] = {
+    {TPR_OP_CAST, bwd_cast},
+    {TPR_OP_RESHAPE, bwd_reshape},
+    {TPR_OP_PERMUTE, bwd_permute},
+    {TPR_OP_SLICE, bwd_slice},
+    {0},
+};

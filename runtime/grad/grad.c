@@ -1,57 +1,48 @@
-// Which backward rule each op kind has (the rules live beside their forwards).
+// The backward-rule table the autodiff engine reads (tpr__backward_rule,
+// declared in runtime/program/autodiff.h), assembled from the lists the
+// family files register, and the helpers rules share.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "grad.h"
 
-static const tpr_backward_rule rules[TPR_OP_KIND_COUNT] = {
-    [TPR_OP_SUM_TO] = tpr__bwd_sum_to,
-    [TPR_OP_SCALE] = tpr__bwd_scale,
-    [TPR_OP_FILL] = tpr__bwd_fill,
-    [TPR_OP_GRAD_ALL_REDUCE] = tpr__bwd_grad_all_reduce,
-    [TPR_OP_ALL_REDUCE] = tpr__bwd_all_reduce,
-    [TPR_OP_ALL_GATHER] = tpr__bwd_all_gather,
-    [TPR_OP_REDUCE_SCATTER] = tpr__bwd_reduce_scatter,
-    [TPR_OP_ALL_TO_ALL] = tpr__bwd_all_to_all,
-    [TPR_OP_ALL_TO_ALLV] = tpr__bwd_all_to_allv,
-    [TPR_OP_PARAM_GATHER] = tpr__bwd_param_gather,
-
-    // ---- dense ops
-    [TPR_OP_MATMUL] = tpr__bwd_matmul,
-    [TPR_OP_ADD] = tpr__bwd_add,
-    [TPR_OP_MUL] = tpr__bwd_mul,
-    [TPR_OP_RMS_NORM] = tpr__bwd_rms_norm,
-    [TPR_OP_SUM_SQUARES] = tpr__bwd_sum_squares,
-    [TPR_OP_RMS_SCALE] = tpr__bwd_rms_scale,
-    [TPR_OP_SWIGLU] = tpr__bwd_swiglu,
-    [TPR_OP_SOFTMAX] = tpr__bwd_softmax,
-    [TPR_OP_EMBEDDING] = tpr__bwd_embedding,
-    [TPR_OP_EMBEDDING_SHARD] = tpr__bwd_embedding_shard,
-    [TPR_OP_INDEX_SELECT] = tpr__bwd_index_select,
-    [TPR_OP_CAST] = tpr__bwd_cast,
-    [TPR_OP_RESHAPE] = tpr__bwd_reshape,
-    [TPR_OP_PERMUTE] = tpr__bwd_permute,
-    [TPR_OP_SLICE] = tpr__bwd_slice,
-
-    // ---- attention
-    [TPR_OP_ROPE] = tpr__bwd_rope,
-    [TPR_OP_ATTENTION] = tpr__bwd_attention,
-
-    // ---- MoE ops
-    [TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__bwd_router_sigmoid_topk,
-    [TPR_OP_MOE_EXPERTS] = tpr__bwd_moe_experts,
-    [TPR_OP_MOE_GROUPED_FFN] = tpr__bwd_moe_grouped_ffn,
-    [TPR_OP_MOE_CAPACITY] = tpr__bwd_moe_capacity,
-    [TPR_OP_ROW_SLICE] = tpr__bwd_row_slice,
-    [TPR_OP_MOE_PERMUTE] = tpr__bwd_moe_permute,
-    [TPR_OP_MOE_UNPERMUTE] = tpr__bwd_moe_unpermute,
-
-    // ---- losses
-    [TPR_OP_XENT_SUMEXP] = tpr__bwd_xent_sumexp,
-    [TPR_OP_XENT_TARGET] = tpr__bwd_xent_target,
-    [TPR_OP_XENT_LOSS] = tpr__bwd_xent_loss,
-    [TPR_OP_MOE_AUX_STATS] = tpr__bwd_moe_aux_stats,
-    [TPR_OP_MOE_AUX_LOSS] = tpr__bwd_moe_aux_loss,
-
+static const tpr__grad_def *const families[] = {
+    tpr__matmul_grad, tpr__elementwise_grad, tpr__norm_grad, tpr__softmax_grad, tpr__gather_grad, tpr__copy_grad,
+    tpr__collective_grad, tpr__rope_grad, tpr__attention_grad, tpr__router_grad, tpr__moe_grad, tpr__reduce_grad,
+    tpr__loss_grad,
 };
 
+static tpr_backward_rule rules[TPR_OP_KIND_COUNT];
+static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
+
+// As the op table (runtime/ops/op_table.c): a rule registered twice is a
+// build mistake, stopped at once.
+static void build_rules(void) {
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    for (const tpr__grad_def *d = families[f]; d->rule; d++) {
+      if ((unsigned)d->op >= TPR_OP_KIND_COUNT || rules[d->op]) {
+        fprintf(stderr, "tpr: the backward rule of op kind %d is out of range or registered twice\n", (int)d->op);
+        abort();
+      }
+      rules[d->op] = d->rule;
+    }
+}
+
 tpr_backward_rule tpr__backward_rule(tpr_op_kind op) {
+  pthread_once(&rules_once, build_rules);
   return (unsigned)op < TPR_OP_KIND_COUNT ? rules[op] : NULL;
 }
+
+tpr_status tpr__grad_take(tpr_grad_ctx *g, tpr_value_id packed, int64_t *off, tpr_value_id like) {
+  if (!tpr_grad_wanted(g, like)) {
+    tpr_tensor d;
+    TPR_CHECK(tpr_program_value(tpr_grad_program(g), like, &d));
+    *off += tpr_tensor_numel(&d);
+    return TPR_OK;
+  }
+  tpr_value_id v;
+  TPR_CHECK(tpr_grad_unpack(g, packed, off, like, &v));
+  return tpr_grad_add(g, like, v);
+}
+

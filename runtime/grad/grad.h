@@ -1,67 +1,30 @@
-// Backward rules (runtime/autodiff.h), one per op kind, each defined in its
-// op's family file beside the forward; autodiff_rules.c lists them.
-#ifndef TPR_OPS_GRAD_RULES_H
-#define TPR_OPS_GRAD_RULES_H
+// Backward rules (runtime/program/autodiff.h), one file per op family
+// (runtime/grad/<family>.c, named as runtime/ops/<family>/), each ending with
+// the list of the rules it defines. grad.c assembles the lists into the
+// table the autodiff engine looks rules up in (tpr__backward_rule).
+//
+// The rules build program nodes, so they live here, above the program
+// builder, and the kernels below it never see the builder.
+#ifndef TPR_GRAD_GRAD_H
+#define TPR_GRAD_GRAD_H
 
 #include "runtime/program/autodiff.h"
 
-// The rule of op kind `op`, NULL when it has none.
-tpr_backward_rule tpr__backward_rule(tpr_op_kind op);
+#define TPR__BWD_RULE(name) static tpr_status bwd_##name(tpr_grad_ctx *g, const tpr_grad_node *n)
 
-#define TPR__BWD_RULE(name) tpr_status tpr__bwd_##name(tpr_grad_ctx *g, const tpr_grad_node *n)
+typedef struct tpr__grad_def {
+  tpr_op_kind op;
+  tpr_backward_rule rule;
+} tpr__grad_def;
 
-// reduce.c: sum_to, scale, fill
-TPR__BWD_RULE(sum_to);
-TPR__BWD_RULE(scale);
-TPR__BWD_RULE(fill);
-// collective_grad.c: the collectives and grad_all_reduce (the f/g pair)
-TPR__BWD_RULE(grad_all_reduce);
-TPR__BWD_RULE(all_reduce);
-TPR__BWD_RULE(all_gather);
-TPR__BWD_RULE(reduce_scatter);
-TPR__BWD_RULE(all_to_all);
-TPR__BWD_RULE(all_to_allv);
-TPR__BWD_RULE(param_gather);
+// Every list ends with {0}.
+extern const tpr__grad_def tpr__attention_grad[], tpr__collective_grad[], tpr__copy_grad[], tpr__elementwise_grad[],
+    tpr__gather_grad[], tpr__loss_grad[], tpr__matmul_grad[], tpr__moe_grad[], tpr__norm_grad[], tpr__reduce_grad[],
+    tpr__rope_grad[], tpr__router_grad[], tpr__softmax_grad[];
 
-// ---- dense ops (matmul.c, elementwise.c, norm.c, softmax.c, gather.c, copy.c,
-// views.c)
-TPR__BWD_RULE(matmul);
-TPR__BWD_RULE(add);
-TPR__BWD_RULE(mul);
 // Hands the next result of a packed backward op (like's shape, at *off) to
-// like's cotangent, or skips it when like wants none; *off advances (norm.c).
+// like's cotangent, or skips it without a view when like wants none; *off
+// advances past it either way.
 tpr_status tpr__grad_take(tpr_grad_ctx *g, tpr_value_id packed, int64_t *off, tpr_value_id like);
-TPR__BWD_RULE(rms_norm);         // norm.c
-TPR__BWD_RULE(sum_squares);      // norm.c: mul + scale
-TPR__BWD_RULE(rms_scale);        // norm.c
-TPR__BWD_RULE(swiglu);           // elementwise.c
-TPR__BWD_RULE(softmax);          // softmax.c
-TPR__BWD_RULE(embedding);        // gather.c
-TPR__BWD_RULE(embedding_shard);  // gather.c
-TPR__BWD_RULE(index_select);     // gather.c
-TPR__BWD_RULE(cast);             // copy.c
-TPR__BWD_RULE(reshape);          // views.c
-TPR__BWD_RULE(permute);          // views.c
-TPR__BWD_RULE(slice);            // views.c
-
-// ---- attention (rope.c, attention.c)
-TPR__BWD_RULE(rope);
-TPR__BWD_RULE(attention);
-
-// ---- MoE ops (router.c, moe.c, moe_dispatch.c)
-TPR__BWD_RULE(router_sigmoid_topk);
-TPR__BWD_RULE(moe_experts);
-TPR__BWD_RULE(moe_grouped_ffn);
-TPR__BWD_RULE(moe_capacity);
-TPR__BWD_RULE(row_slice);
-TPR__BWD_RULE(moe_permute);
-TPR__BWD_RULE(moe_unpermute);
-
-// ---- losses (xent.c, moe_aux.c)
-TPR__BWD_RULE(xent_sumexp);  // xent.c (xent_max needs none: nothing gives the max a cotangent)
-TPR__BWD_RULE(xent_target);
-TPR__BWD_RULE(xent_loss);
-TPR__BWD_RULE(moe_aux_stats);  // moe_aux.c
-TPR__BWD_RULE(moe_aux_loss);
 
 #endif

@@ -1,5 +1,6 @@
-// The CPU backend: host memory, OpenBLAS GEMM, plain C kernels. It is the
-// reference every other backend is compared against.
+// The CPU backend: host memory, OpenBLAS GEMM, plain C kernels (the CPU
+// kernel files of runtime/ops/<family>/). It is the reference every other
+// backend is compared against.
 //
 // Threads: one OpenMP runtime (libgomp) for everything. OpenBLAS is its
 // OpenMP build (CMakeLists.txt links it by path), so its GEMMs run on the
@@ -18,6 +19,8 @@
 // load time, before any code of ours runs, so it belongs in the job's
 // environment, not here.
 #include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -49,7 +52,16 @@ static tpr_status cpu_memset(void *ctx, void *ptr, int value, size_t bytes) {
 
 static void cpu_destroy(void *ctx) { free(ctx); }
 
-static const tpr_backend_vtable cpu_vtable = {
+// The kernel files' lists (registry.h).
+static const tpr__kernel_def *const kernel_lists[] = {
+    tpr__matmul_cpu, tpr__elementwise_cpu, tpr__norm_cpu, tpr__softmax_cpu, tpr__gather_cpu, tpr__copy_cpu,
+    tpr__rope_cpu, tpr__attention_cpu, tpr__router_cpu, tpr__moe_cpu, tpr__moe_dispatch_cpu, tpr__reduce_cpu,
+    tpr__xent_cpu, tpr__moe_aux_cpu, tpr__paged_attention_cpu,
+};
+
+// The kernel table is filled once, from the lists, before the first backend
+// is handed out.
+static tpr_backend_vtable cpu_vtable = {
     .name = "cpu",
     .host_addressable = true,
     .alloc = cpu_alloc,
@@ -60,78 +72,20 @@ static const tpr_backend_vtable cpu_vtable = {
     .memset = cpu_memset,
     .sync = NULL,  // every CPU kernel is synchronous
     .destroy = cpu_destroy,
-    .kernels =
-        {
-            [TPR_OP_MATMUL] = tpr__cpu_matmul,
-            [TPR_OP_ADD] = tpr__cpu_add,
-            [TPR_OP_MUL] = tpr__cpu_mul,
-            [TPR_OP_RMS_NORM] = tpr__cpu_rms_norm,
-            [TPR_OP_SWIGLU] = tpr__cpu_swiglu,
-            [TPR_OP_SOFTMAX] = tpr__cpu_softmax,
-            [TPR_OP_EMBEDDING] = tpr__cpu_embedding,
-            [TPR_OP_INDEX_SELECT] = tpr__cpu_index_select,
-            [TPR_OP_CAST] = tpr__cpu_cast,
-            [TPR_OP_SUM_SQUARES] = tpr__cpu_sum_squares,
-            [TPR_OP_RMS_SCALE] = tpr__cpu_rms_scale,
-            [TPR_OP_EMBEDDING_SHARD] = tpr__cpu_embedding_shard,
-            [TPR_OP_ROPE] = tpr__cpu_rope,
-            [TPR_OP_ATTENTION] = tpr__cpu_attention,
-            [TPR_OP_CACHE_WRITE] = tpr__cpu_cache_write,
-            [TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cpu_router_sigmoid_topk,
-            [TPR_OP_MOE_EXPERTS] = tpr__cpu_moe_experts,
-            [TPR_OP_MOE_CAPACITY] = tpr__cpu_moe_capacity,
-            [TPR_OP_ROW_SLICE] = tpr__cpu_row_slice,
-            [TPR_OP_MOE_COUNTS] = tpr__cpu_moe_counts,
-            [TPR_OP_MOE_PERMUTE] = tpr__cpu_moe_permute,
-            [TPR_OP_MOE_GROUPED_FFN] = tpr__cpu_moe_grouped_ffn,
-            [TPR_OP_MOE_UNPERMUTE] = tpr__cpu_moe_unpermute,
-            // Training ops.
-            [TPR_OP_SUM_TO] = tpr__cpu_sum_to,
-            [TPR_OP_SCALE] = tpr__cpu_scale,
-            [TPR_OP_FILL] = tpr__cpu_fill,
-
-            // -- dense backward
-            [TPR_OP_RMS_NORM_BWD] = tpr__cpu_rms_norm_bwd,
-            [TPR_OP_RMS_SCALE_BWD] = tpr__cpu_rms_scale_bwd,
-            [TPR_OP_SWIGLU_BWD] = tpr__cpu_swiglu_bwd,
-            [TPR_OP_SOFTMAX_BWD] = tpr__cpu_softmax_bwd,
-            [TPR_OP_EMBEDDING_BWD] = tpr__cpu_embedding_bwd,
-            [TPR_OP_EMBEDDING_SHARD_BWD] = tpr__cpu_embedding_shard_bwd,
-            [TPR_OP_INDEX_SELECT_BWD] = tpr__cpu_index_select_bwd,
-            [TPR_OP_SLICE_BWD] = tpr__cpu_slice_bwd,
-
-            // -- attention backward (rope, attention)
-            [TPR_OP_ROPE_BWD] = tpr__cpu_rope_bwd,
-            [TPR_OP_ATTENTION_BWD] = tpr__cpu_attention_bwd,
-
-            // -- MoE backward
-            [TPR_OP_ROUTER_SIGMOID_TOPK_BWD] = tpr__cpu_router_sigmoid_topk_bwd,
-            [TPR_OP_MOE_EXPERTS_BWD] = tpr__cpu_moe_experts_bwd,
-            [TPR_OP_MOE_GROUPED_FFN_BWD] = tpr__cpu_moe_grouped_ffn_bwd,
-            [TPR_OP_MOE_PERMUTE_BWD] = tpr__cpu_moe_permute_bwd,
-            [TPR_OP_MOE_UNPERMUTE_BWD] = tpr__cpu_moe_unpermute_bwd,
-            [TPR_OP_ROW_SLICE_BWD] = tpr__cpu_row_slice_bwd,
-            [TPR_OP_MOE_CAPACITY_BWD] = tpr__cpu_moe_capacity_bwd,
-
-            // -- losses
-            [TPR_OP_XENT_MAX] = tpr__cpu_xent_max,
-            [TPR_OP_XENT_SUMEXP] = tpr__cpu_xent_sumexp,
-            [TPR_OP_XENT_SUMEXP_BWD] = tpr__cpu_xent_sumexp_bwd,
-            [TPR_OP_XENT_TARGET] = tpr__cpu_xent_target,
-            [TPR_OP_XENT_TARGET_BWD] = tpr__cpu_xent_target_bwd,
-            [TPR_OP_XENT_LOSS] = tpr__cpu_xent_loss,
-            [TPR_OP_XENT_LOSS_BWD] = tpr__cpu_xent_loss_bwd,
-            [TPR_OP_MOE_AUX_STATS] = tpr__cpu_moe_aux_stats,
-            [TPR_OP_MOE_AUX_STATS_BWD] = tpr__cpu_moe_aux_stats_bwd,
-            [TPR_OP_MOE_AUX_LOSS] = tpr__cpu_moe_aux_loss,
-            [TPR_OP_MOE_AUX_LOSS_BWD] = tpr__cpu_moe_aux_loss_bwd,
-
-            // -- paged attention
-            [TPR_OP_PAGED_CACHE_WRITE] = tpr__cpu_paged_cache_write,
-            [TPR_OP_PAGED_ATTENTION] = tpr__cpu_paged_attention,
-
-        },
 };
+static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
+
+// Two kernels for one op kind is a build mistake: stopped at once, named.
+static void add_kernels(void) {
+  for (size_t l = 0; l < sizeof kernel_lists / sizeof *kernel_lists; l++)
+    for (const tpr__kernel_def *k = kernel_lists[l]; k->fn; k++) {
+      if ((unsigned)k->op >= TPR_OP_KIND_COUNT || cpu_vtable.kernels[k->op]) {
+        fprintf(stderr, "tpr: cpu kernel of op kind %d is out of range or registered twice\n", (int)k->op);
+        abort();
+      }
+      cpu_vtable.kernels[k->op] = k->fn;
+    }
+}
 
 static int pick_threads(int requested) {
   if (requested > 0) return requested;
@@ -151,6 +105,7 @@ tpr_status tpr_backend_cpu_new(const tpr_cpu_options *opts, tpr_backend **out) {
     free(b);
     return TPR_FAIL(TPR_ERR_OOM, "cpu backend");
   }
+  pthread_once(&kernels_once, add_kernels);
   ctx->n_threads = pick_threads(opts ? opts->n_threads : 0);
   // OpenBLAS's thread count is per process, so the last CPU backend created
   // sets it; the kernels use their own backend's ctx->n_threads.

@@ -1,5 +1,5 @@
 // CUDA backend: memory and copies on one device, ordered on one stream; op
-// kernels in runtime/ops/*.cu (declared in ops/cuda_kernels.h).
+// kernels in runtime/ops/<family>/*cuda.cu (cuda_kernels.h).
 //
 // Memory comes from a small caching allocator: cudaMalloc and cudaFree
 // synchronise the whole device and cost tens of microseconds, and a program
@@ -219,26 +219,13 @@ static tpr_backend_vtable make_vtable(void) {
   vt.destroy = cuda_destroy;
   // View and collective ops never reach a kernel; op kinds without a CUDA
   // kernel stay NULL (tpr_op_run reports TPR_ERR_UNSUPPORTED naming the op).
-  vt.kernels[TPR_OP_MATMUL] = tpr__cuda_matmul;
-  vt.kernels[TPR_OP_ADD] = tpr__cuda_add;
-  vt.kernels[TPR_OP_MUL] = tpr__cuda_mul;
-  vt.kernels[TPR_OP_RMS_NORM] = tpr__cuda_rms_norm;
-  vt.kernels[TPR_OP_SWIGLU] = tpr__cuda_swiglu;
-  vt.kernels[TPR_OP_SOFTMAX] = tpr__cuda_softmax;
-  vt.kernels[TPR_OP_EMBEDDING] = tpr__cuda_embedding;
-  vt.kernels[TPR_OP_INDEX_SELECT] = tpr__cuda_index_select;
-  vt.kernels[TPR_OP_CAST] = tpr__cuda_cast;
-  vt.kernels[TPR_OP_SUM_SQUARES] = tpr__cuda_sum_squares;
-  vt.kernels[TPR_OP_RMS_SCALE] = tpr__cuda_rms_scale;
-  vt.kernels[TPR_OP_EMBEDDING_SHARD] = tpr__cuda_embedding_shard;
-  vt.kernels[TPR_OP_ROPE] = tpr__cuda_rope;
-  vt.kernels[TPR_OP_ATTENTION] = tpr__cuda_attention;
-  vt.kernels[TPR_OP_CACHE_WRITE] = tpr__cuda_cache_write;
-  vt.kernels[TPR_OP_ROUTER_SIGMOID_TOPK] = tpr__cuda_router_sigmoid_topk;
-  vt.kernels[TPR_OP_MOE_EXPERTS] = tpr__cuda_moe_experts;
-  // -- paged attention
-  vt.kernels[TPR_OP_PAGED_CACHE_WRITE] = tpr__cuda_paged_cache_write;
-  vt.kernels[TPR_OP_PAGED_ATTENTION] = tpr__cuda_paged_attention;
+  // Each kernel file lists its kernels (registry.h).
+  static const tpr__kernel_def *const lists[] = {
+      tpr__matmul_cuda, tpr__elementwise_cuda, tpr__norm_cuda, tpr__softmax_cuda, tpr__gather_cuda, tpr__copy_cuda,
+      tpr__rope_cuda, tpr__attention_cuda, tpr__router_cuda, tpr__moe_cuda, tpr__paged_attention_cuda,
+  };
+  for (const tpr__kernel_def *const *l = lists; l < lists + sizeof lists / sizeof *lists; l++)
+    for (const tpr__kernel_def *k = *l; k->fn; k++) vt.kernels[k->op] = k->fn;
   return vt;
 }
 

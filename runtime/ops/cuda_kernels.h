@@ -1,7 +1,8 @@
-// CUDA kernels, one per op kind, registered in backend_cuda.cu (the CUDA twin
-// of cpu_kernels.h). Each follows tpr_kernel_fn: inputs were checked against
-// the op's shape rule by tpr_op_run, live on this backend, may be strided;
-// out is contiguous. Every kernel computes the same function as its CPU twin
+// What the CUDA kernels share (runtime/ops/<family>/*cuda.cu; the CUDA twin
+// of cpu_kernels.h): the backend's context, the kernel signature and host
+// and device helpers. Each kernel follows tpr_kernel_fn: inputs were checked
+// against the op's shape rule by tpr_op_run, live on this backend, may be
+// strided; out is contiguous. Every kernel computes the same function as its CPU twin
 // (same formulas, same documented accumulation types, same errors); only the
 // order of f32 sums differs where the CPU's order is inherently sequential.
 //
@@ -22,11 +23,12 @@
 #include <string.h>  // the C headers below include these; not inside extern "C"
 
 extern "C" {
+#include "registry.h"
 #include "runtime/backend.h"
 #include "strided.h"  // host-side iterators and stride helpers, shared with the CPU kernels
 }
 
-typedef struct tpr_cuda_pool tpr_cuda_pool;  // the caching allocator (backend_cuda.cu)
+typedef struct tpr_cuda_pool tpr_cuda_pool;  // the caching allocator (cuda_backend.cu)
 
 // Per-backend CUDA context.
 typedef struct tpr_cuda_ctx {
@@ -38,32 +40,16 @@ typedef struct tpr_cuda_ctx {
   size_t stage_bytes;
 } tpr_cuda_ctx;
 
-#define TPR_CUDA_KERNEL(name)                                                                 \
-  extern "C" tpr_status tpr__cuda_##name(void *ctx, const tpr_tensor *const *in, int n_in,   \
-                                         const tpr_op_attrs *attrs, tpr_tensor *out)
+#define TPR_CUDA_KERNEL(name)                                                                                  \
+  static tpr_status cuda_##name(void *ctx, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs, \
+                                tpr_tensor *out)
 
-TPR_CUDA_KERNEL(matmul);               // matmul.cu: cuBLAS sgemm (strided batched)
-TPR_CUDA_KERNEL(add);                  // elementwise.cu
-TPR_CUDA_KERNEL(mul);                  // elementwise.cu
-TPR_CUDA_KERNEL(swiglu);               // elementwise.cu
-TPR_CUDA_KERNEL(rms_norm);             // norm.cu: f32 block reduction
-TPR_CUDA_KERNEL(softmax);              // softmax.cu
-TPR_CUDA_KERNEL(embedding);            // gather.cu: any dtype table
-TPR_CUDA_KERNEL(index_select);         // gather.cu: any dtype
-TPR_CUDA_KERNEL(cast);                 // copy.cu: any dtype to any dtype, strided source
-TPR_CUDA_KERNEL(sum_squares);          // norm.cu: double accumulation
-TPR_CUDA_KERNEL(rms_scale);            // norm.cu
-TPR_CUDA_KERNEL(embedding_shard);      // gather.cu: any dtype table
-TPR_CUDA_KERNEL(rope);                 // rope.cu
-TPR_CUDA_KERNEL(attention);            // attention.cu: one block per (query, head)
-TPR_CUDA_KERNEL(cache_write);          // attention.cu: writes its input 0 in place
-TPR_CUDA_KERNEL(router_sigmoid_topk);  // router.cu
-TPR_CUDA_KERNEL(moe_experts);          // moe.cu: grouped cuBLAS sgemm per expert
-// -- paged attention
-TPR_CUDA_KERNEL(paged_cache_write);    // paged_attention.cu: writes its input 0 (the pool) in place
-TPR_CUDA_KERNEL(paged_attention);      // paged_attention.cu: one block per (token, head)
+// The CUDA kernel files' lists (registry.h), which cuda_backend.cu reads.
+extern const tpr__kernel_def tpr__attention_cuda[], tpr__paged_attention_cuda[], tpr__copy_cuda[],
+    tpr__elementwise_cuda[], tpr__gather_cuda[], tpr__matmul_cuda[], tpr__moe_cuda[], tpr__norm_cuda[],
+    tpr__rope_cuda[], tpr__router_cuda[], tpr__softmax_cuda[];
 
-// ---- host helpers (backend_cuda.cu unless noted) ----------------------------
+// ---- host helpers (cuda_backend.cu, or cuda_shared.cu where noted) --------
 
 // A failed CUDA / cuBLAS call as a tpr_status naming the op: OOM for
 // allocation failures, UNSUPPORTED when the device cannot run this build's
@@ -117,7 +103,7 @@ static inline unsigned tpr__cuda_blocks(int64_t n, int threads) {
 
 // Copies a (ndim, shape) block of esz-byte elements between strided device
 // layouts (strides in elements); nothing is launched for an empty block.
-// copy.cu.
+// cuda_shared.cu.
 tpr_status tpr__cuda_strided_copy(tpr_cuda_ctx *c, const char *op, void *dst, const int64_t *dst_stride,
                                   const void *src, const int64_t *src_stride, int ndim, const int64_t *shape,
                                   size_t esz);
@@ -126,13 +112,13 @@ tpr_status tpr__cuda_strided_copy(tpr_cuda_ctx *c, const char *op, void *dst, co
 // `batch` matrices batch_stride apart (stride 0 broadcasts), where A and B
 // are stored row-major with leading dims lda, ldb (their rows, before op) and
 // C has leading dim ldc. The usual column-major swap: cuBLAS computes
-// C^T = op(B)^T op(A)^T. Full f32 (no TF32). matmul.cu.
+// C^T = op(B)^T op(A)^T. Full f32 (no TF32). cuda_shared.cu.
 tpr_status tpr__cuda_sgemm(tpr_cuda_ctx *c, const char *op, bool trans_a, bool trans_b, int64_t M, int64_t N,
                            int64_t K, const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,
                            int64_t stride_b, float *C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 // How sgemm reads one stored (r, c) matrix with strides (s0, s1) whose
-// logical operand is stored^T when trans is set -- matmul.c's rule: a
+// logical operand is stored^T when trans is set -- the CPU matmul's rule (matmul/cpu.c): a
 // row-major view is read as is, a column-major one as its transpose with the
 // other flag; with neither unit stride it must be copied (copy = true; the
 // row-major scratch then uses the defaults trans / max(c, 1)).
@@ -156,16 +142,9 @@ static inline tpr__cuda_operand tpr__cuda_layout(int64_t r, int64_t c, int64_t s
   return o;
 }
 
-// Index checks of gather.cu. The CPU kernels validate every index before
-// writing anything; so do these, with the same messages: a one-block device
-// scan finds the first (row-major) position whose value lies outside
-// [lo, hi] (both inclusive), then that position and value are read back
-// (one small sync).
-// *pos = -1 when every value is in range.
-tpr_status tpr__cuda_first_bad_index(tpr_cuda_ctx *c, const char *op, const tpr_tensor *ids, int64_t lo, int64_t hi,
-                                     int64_t *pos, int64_t *val);
 // Element 0 of an i32/i64 tensor (a run-time scalar such as start or shard),
 // read through an explicit copy for the host-side range check.
+// cuda_shared.cu.
 tpr_status tpr__cuda_read_index(tpr_cuda_ctx *c, const char *op, const tpr_tensor *t, int64_t *v);
 
 // ---- device helpers ---------------------------------------------------------

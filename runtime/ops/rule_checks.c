@@ -1,6 +1,77 @@
-// Shape rules' checks of weight operands: f32, bf16 kept as the checkpoint
-// holds it, and the FP8 forms of matmul and the expert ops (op_rules.h).
+// Checks the shape rules share (rule_checks.h): operand dtypes and ranks,
+// cotangents against their forward, weight operands (f32, bf16 kept as the
+// checkpoint holds it, the FP8 forms of matmul and the expert ops), and the
+// descriptors rules fill.
 #include "rule_checks.h"
+
+#include <stdio.h>
+#include <string.h>
+
+tpr_status tpr__need_dtype(const char *op, const tpr_tensor *t, tpr_dtype dt, const char *which) {
+  if (t->dtype != dt)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be %s, got %s", op, which, tpr_dtype_name(dt),
+                    tpr_dtype_name(t->dtype));
+  return TPR_OK;
+}
+
+tpr_status tpr__need_index_dtype(const char *op, const tpr_tensor *t) {
+  if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: indices must be i32 or i64, got %s", op, tpr_dtype_name(t->dtype));
+  return TPR_OK;
+}
+
+tpr_status tpr__need_ndim(const char *op, const tpr_tensor *t, int nd, const char *which, const char *dims) {
+  if (t->ndim != nd) return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %d-D %s, got %d-D", op, which, nd, dims, t->ndim);
+  return TPR_OK;
+}
+
+tpr_status tpr__need_scalar_index(const char *op, const tpr_tensor *t, const char *which) {
+  if (t->dtype != TPR_I32 && t->dtype != TPR_I64)
+    return TPR_FAIL(TPR_ERR_DTYPE, "%s: %s must be i32 or i64, got %s", op, which, tpr_dtype_name(t->dtype));
+  if (t->ndim != 1 || t->shape[0] != 1)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must have shape (1), got %d-D with %lld elements", op, which, t->ndim,
+                    (long long)tpr_tensor_numel(t));
+  return TPR_OK;
+}
+
+tpr_status tpr__need_same_shape(const char *op, const tpr_tensor *a, const char *an, const tpr_tensor *b,
+                                const char *bn) {
+  if (tpr_tensor_same_shape(a, b)) return TPR_OK;
+  char sa[128], sb[128];
+  return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s %s and %s %s must have the same shape", op, an,
+                  tpr_tensor_describe(a, sa, sizeof sa), bn, tpr_tensor_describe(b, sb, sizeof sb));
+}
+
+tpr_status tpr__need_like(const char *op, const tpr_tensor *d, const tpr_tensor *like, const char *which) {
+  TPR_CHECK(tpr__need_dtype(op, d, TPR_F32, which));
+  if (!tpr_tensor_same_shape(d, like)) {
+    char w[128], g[128];
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %s, got %s", op, which, tpr_tensor_describe(like, w, sizeof w),
+                    tpr_tensor_describe(d, g, sizeof g));
+  }
+  return TPR_OK;
+}
+
+tpr_status tpr__need_forward(const char *op, tpr_op_kind fwd, const tpr_tensor *const *in, int n,
+                             const tpr_op_attrs *attrs, tpr_tensor *y) {
+  tpr_status rc = tpr__op_infer(fwd, in, n, attrs, y);
+  if (rc == TPR_OK) return TPR_OK;
+  char why[512];
+  snprintf(why, sizeof why, "%s", tpr_last_error());
+  return TPR_FAIL(rc, "%s: the forward's inputs do not fit: %s", op, why);
+}
+
+
+tpr_status tpr__need_counts(const char *op, const tpr_tensor *c, const char *which, int64_t group,
+                            const char *group_name) {
+  TPR_CHECK(tpr__need_dtype(op, c, TPR_I32, which));
+  TPR_CHECK(tpr__need_ndim(op, c, 1, which, "(n*m)"));
+  int64_t len = c->shape[0];
+  if (group < 1 || len < group || len % group)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s has %lld entries; need a positive multiple of %s = %lld", op, which,
+                    (long long)len, group_name, (long long)group);
+  return TPR_OK;
+}
 
 tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const char *which) {
   if (t->dtype != TPR_F32 && t->dtype != TPR_BF16)
@@ -37,23 +108,19 @@ tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_t
   return TPR_OK;
 }
 
-tpr_status tpr__need_expert_dtypes(const char *op, const tpr_tensor *w13, const tpr_tensor *w2) {
-  if (w13->dtype == TPR_F8E4M3 && w2->dtype == TPR_F8E4M3) return TPR_OK;  // the FP8 form checks the scales
-  TPR_CHECK(tpr__need_weight_dtype(op, w13, "w13"));
-  if (w2->dtype != w13->dtype)
-    return TPR_FAIL(TPR_ERR_DTYPE, "%s: w2 is %s, w13 %s; the experts need one dtype", op, tpr_dtype_name(w2->dtype),
-                    tpr_dtype_name(w13->dtype));
-  return TPR_OK;
+void tpr__set_contiguous(tpr_tensor *out, tpr_dtype dt, int ndim, const int64_t *shape) {
+  memset(out, 0, sizeof *out);
+  out->dtype = dt;
+  out->ndim = ndim;
+  if (ndim > 0) memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
+  tpr_shape_contiguous_strides(ndim, shape, out->stride);
 }
 
-tpr_status tpr__need_expert_scales(const char *op, const tpr_tensor *const *in, const tpr_op_attrs *at) {
-  int block = tpr__fp8_block_attr(TPR_OP_MOE_EXPERTS, at);  // both expert ops keep it in i[0]
-  if (block <= 0) {
-    if (in[2]->dtype == TPR_F8E4M3 || in[3]->dtype == TPR_F8E4M3)
-      return TPR_FAIL(TPR_ERR_DTYPE, "%s: FP8 experts need the FP8 form (a scale block and the scales)", op);
-    return TPR_OK;
-  }
-  TPR_CHECK(tpr__need_fp8_weight(op, in[2], in[4], block, "w13"));
-  return tpr__need_fp8_weight(op, in[3], in[5], block, "w2");
-}
+void tpr__set_packed(tpr_tensor *out, int64_t n) { tpr__set_contiguous(out, TPR_F32, 1, &n); }
 
+void tpr__set_dim(tpr_tensor *out, tpr_dtype dt, const tpr_tensor *x, int dim, int64_t n) {
+  int64_t shape[TPR_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[dim] = n;
+  tpr__set_contiguous(out, dt, x->ndim, shape);
+}

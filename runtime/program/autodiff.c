@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/grad/grad.h"
 #include "program_impl.h"
 
 struct tpr_grad_ctx {
@@ -13,7 +12,7 @@ struct tpr_grad_ctx {
   bool *wanted;        // (values at start) depends on a wrt value and the loss depends on it
   tpr_value_id *grad;  // (values at start) cotangent so far, -1 for none
   int n_values;        // values of the forward program
-  // Rematerialisation (values marked remat, runtime/program.h): a forward
+  // Rematerialisation (values marked remat, program.h): a forward
   // value's clone in the backward, and for each value created since, the
   // forward value it clones (-1: none), so cotangents go to the original.
   tpr_value_id *clone;  // (values at start) -1 until cloned

@@ -3,11 +3,12 @@
 // forward and the backward and the memory planner sees the whole DAG: a
 // forward value lives exactly until the last backward op that reads it.
 //
-// Every op kind has a backward rule beside its forward in its op-family file
-// (matmul.c, norm.c, moe.c, ...), listed in autodiff_rules.c. A rule reads
-// its node (inputs, attrs, output, the output's cotangent `dout`) and emits
-// ops for the cotangents of the inputs that want one, handing each to
-// tpr_grad_add, which sums the contributions of a value's consumers.
+// Every differentiable op kind has a backward rule in runtime/grad/, one
+// file per op family (runtime/grad/norm.c for runtime/ops/norm/, ...), which
+// registers it there (runtime/grad/grad.h). A rule reads its node (inputs,
+// attrs, output, the output's cotangent `dout`) and emits ops for the
+// cotangents of the inputs that want one, handing each to tpr_grad_add,
+// which sums the contributions of a value's consumers.
 //
 // Replicated vs partial values (DESIGN.md section 3). Inside a tp group a
 // value is replicated (equal on every rank: the residual stream, the loss) or
@@ -46,7 +47,7 @@ void tpr_backward_opts_init(tpr_backward_opts *o);
 tpr_status tpr_program_build_backward(tpr_program *p, tpr_value_id loss, const tpr_value_id *wrt, int n_wrt,
                                       const tpr_backward_opts *opts, tpr_value_id *grads);
 
-// ---- For backward rules (runtime/ops/*.c).
+// ---- For backward rules (runtime/grad/*.c).
 typedef struct tpr_grad_ctx tpr_grad_ctx;
 
 // A node being differentiated (a copy: rules append ops, which may move the
@@ -61,6 +62,11 @@ typedef struct tpr_grad_node {
 } tpr_grad_node;
 
 typedef tpr_status (*tpr_backward_rule)(tpr_grad_ctx *g, const tpr_grad_node *n);
+
+// The rule of op kind `op`, NULL when it has none. The engine calls rules
+// only through this table, which runtime/grad/grad.c assembles from the
+// lists each family's rule file registers.
+tpr_backward_rule tpr__backward_rule(tpr_op_kind op);
 
 tpr_program *tpr_grad_program(tpr_grad_ctx *g);
 // Whether v needs a cotangent (it depends on a wrt value and the loss

@@ -1,8 +1,7 @@
 // Training losses as program ops (ops.h, "Vocab-parallel cross-entropy" and
 // "MoE auxiliary"): builder shorthands and the two compositions a model
 // builder emits. Backward rules exist for every op on the loss path
-// (runtime/ops/xent.c, moe_aux.c), so tpr_program_build_backward goes
-// through them.
+// (runtime/grad/loss.c), so tpr_program_build_backward goes through them.
 #ifndef TPR_LOSS_H
 #define TPR_LOSS_H
 

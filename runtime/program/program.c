@@ -283,6 +283,11 @@ tpr_status tpr_pb_rope(tpr_program *p, tpr_value_id x, tpr_value_id positions, i
   tpr_op_attrs at = {.n_i = 1, .i = {rotary_dim}, .n_f = 1, .f = {theta}};
   return OP2(TPR_OP_ROPE, x, positions, &at);
 }
+tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions, const tpr_rope_opts *o,
+                          tpr_value_id *out) {
+  tpr_op_attrs at = tpr_rope_attrs(o);
+  return tpr_program_op(p, TPR_OP_ROPE, (const tpr_value_id[]){x, positions}, 2, &at, out);
+}
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out) {
   tpr_op_attrs at = {.n_f = 1, .f = {scale}};

@@ -16,6 +16,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/ops.h"
+#include "runtime/ops/rope/rope.h"
 #include "runtime/tensor.h"
 
 typedef struct tpr_program tpr_program;
@@ -103,6 +104,9 @@ tpr_status tpr_pb_embedding_shard(tpr_program *p, tpr_value_id table, tpr_value_
                                   tpr_value_id *out);
 tpr_status tpr_pb_rope(tpr_program *p, tpr_value_id x, tpr_value_id positions, int64_t rotary_dim, float theta,
                        tpr_value_id *out);
+// A rope variant (runtime/ops/rope/rope.h: pairing, MRoPE).
+tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions, const tpr_rope_opts *o,
+                          tpr_value_id *out);
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out);
 tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id new_rows, tpr_value_id start,

@@ -1,8 +1,8 @@
 // The CPU attention forward shared by the contiguous KV-cache op
-// (attention.c) and the paged one (paged_attention.c): a blocked, online
-// softmax kernel (attention_flash.c) that reads keys and values in place. A
+// (cpu.c) and the paged one (paged_cpu.c): a blocked, online
+// softmax kernel (flash.c) that reads keys and values in place. A
 // query row's output is defined the same way in both (key tiles and chunks on
-// a fixed grid of positions, see attention_flash.c), so a sequence's result
+// a fixed grid of positions, see flash.c), so a sequence's result
 // through the paged pool equals the contiguous op's bit for bit, at any
 // thread count.
 #ifndef TPR_OPS_ATTENTION_IMPL_H

@@ -1,7 +1,7 @@
 // KV-cache CPU kernels: causal GQA attention over a cache, the in-place
-// cache write that fills it, and attention's backward (kernel and rule).
+// cache write that fills it, and attention's backward kernel.
 //
-// The forward is attention_flash.c's blocked kernel (online softmax over key
+// The forward is flash.c's blocked kernel (online softmax over key
 // tiles read in place, threaded over heads and query blocks, or split over
 // the keys for a few queries): keys a query cannot see contribute nothing --
 // not even NaN from an unwritten cache row, as long as it lies past start + T
@@ -20,7 +20,7 @@
 
 #include "runtime/ops/cpu_kernels.h"
 #include "attention.h"
-#include "runtime/grad/grad.h"
+
 #include "runtime/ops/strided.h"
 
 enum { QBLOCK = 128 };
@@ -48,7 +48,7 @@ static tpr_status check_start(const char *op, const char *what, int64_t start, i
   return TPR_OK;
 }
 
-// attention_impl.h: a tensor's heads as sgemm operands, copied when its layout cannot be read in place.
+// attention.h: a tensor's heads as sgemm operands, copied when its layout cannot be read in place.
 tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t rows, tpr__heads_view *v) {
   const int64_t NH = t->shape[1], D = t->shape[2], *s = t->stride;
   memset(v, 0, sizeof *v);
@@ -230,30 +230,6 @@ done:
   return rc;
 }
 
-// One ATTENTION_BWD gives all three cotangents; each is unpacked (a view)
-// only where wanted. start is an integer: no cotangent.
-TPR__BWD_RULE(attention) {
-  const bool want[3] = {tpr_grad_wanted(g, n->in[0]), tpr_grad_wanted(g, n->in[1]), tpr_grad_wanted(g, n->in[2])};
-  if (!want[0] && !want[1] && !want[2]) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_value_id packed;
-  const tpr_value_id in[5] = {n->in[0], n->in[1], n->in[2], n->in[3], n->dout};
-  TPR_CHECK(tpr_program_op(p, TPR_OP_ATTENTION_BWD, in, 5, &n->attrs, &packed));
-  int64_t offset = 0;
-  for (int i = 0; i < 3; i++) {
-    if (!want[i]) {  // skip its block without emitting a view
-      tpr_tensor d;
-      TPR_CHECK(tpr_program_value(p, n->in[i], &d));
-      offset += tpr_tensor_numel(&d);
-      continue;
-    }
-    tpr_value_id d;
-    TPR_CHECK(tpr_grad_unpack(g, packed, &offset, n->in[i], &d));
-    TPR_CHECK(tpr_grad_add(g, n->in[i], d));
-  }
-  return TPR_OK;
-}
-
 // cache (S, Hkv, D), new (T, Hkv, D) same dtype, start (1); writes
 // cache[start + i] = new[i] in place; out (1) i32 = start + T.
 TPR_CPU_KERNEL(cache_write) {
@@ -280,3 +256,10 @@ TPR_CPU_KERNEL(cache_write) {
   memcpy(tpr_tensor_data(out), &end, sizeof end);
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__attention_cpu[] = {
+    {TPR_OP_ATTENTION, cpu_attention},
+    {TPR_OP_ATTENTION_BWD, cpu_attention_bwd},
+    {TPR_OP_CACHE_WRITE, cpu_cache_write},
+    {0},
+};

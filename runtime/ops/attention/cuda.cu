@@ -1,4 +1,4 @@
-// KV-cache CUDA kernels (attention.c's twin): causal GQA attention over a
+// KV-cache CUDA kernels (cpu.c's twin): causal GQA attention over a
 // cache, and the in-place cache write that fills it.
 //
 // Attention: one block per (query t, query head h), the plainest correct
@@ -186,3 +186,9 @@ TPR_CUDA_KERNEL(cache_write) {
   TPR_CUDA_LAUNCHED("cache_write", "end token");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__attention_cuda[] = {
+    {TPR_OP_ATTENTION, cuda_attention},
+    {TPR_OP_CACHE_WRITE, cuda_cache_write},
+    {},
+};

@@ -1,7 +1,7 @@
 // The CPU attention forward, blocked (flash-attention style): causal GQA
 // attention of runs of queries over keys read in place, from a contiguous
-// cache (attention.c) or through a paged pool's block table
-// (paged_attention.c).
+// cache (cpu.c) or through a paged pool's block table
+// (paged_cpu.c).
 //
 // Keys go in tiles of KB positions. For each query row and tile: scores
 // s = scale * (q . k) (one product chain per score, d ascending), then the

@@ -1,4 +1,4 @@
-// The per-tile math of the blocked attention (attention_flash.c), included
+// The per-tile math of the blocked attention (flash.c), included
 // twice there: once for baseline x86-64 and once under
 // `#pragma GCC target("avx2,fma")`, with ATT_FN naming each copy. One call of
 // the kernel runs one copy throughout (scores, tile updates, chunk merges and
@@ -152,7 +152,7 @@ static void ATT_FN(finish)(float *restrict out, const float *restrict R, int64_t
   for (int64_t d = 0; d < D; d++) out[d] = R[2 + d] * inv;
 }
 
-// One work item (see attention_flash.c): the rows of tokens [t0, t0 + tb) of
+// One work item (see flash.c): the rows of tokens [t0, t0 + tb) of
 // run it->run and the query heads of KV head it->g, over key chunk it->c
 // (its partial goes to the job's partial buffer) or over every chunk in
 // order (merged as they come, then finished into out).

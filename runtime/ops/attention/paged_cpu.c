@@ -4,7 +4,7 @@
 //
 // Attention splits the T tokens into runs: consecutive tokens of one
 // sequence at consecutive positions (a prefill chunk is one run, a decode
-// token a run of 1). All runs go to attention_flash.c's blocked kernel in one
+// token a run of 1). All runs go to flash.c's blocked kernel in one
 // threaded call, which reads each run's keys and values in place through its
 // block table (a pool whose D stride is not 1 is first gathered run by run
 // into a contiguous scratch). A token's output is defined on a fixed grid of
@@ -201,3 +201,9 @@ done:
   free(runs), free(ar), free(blocks), free(ks), free(vs), free(qv.scratch);
   return rc;
 }
+
+const tpr__kernel_def tpr__paged_attention_cpu[] = {
+    {TPR_OP_PAGED_CACHE_WRITE, cpu_paged_cache_write},
+    {TPR_OP_PAGED_ATTENTION, cpu_paged_attention},
+    {0},
+};

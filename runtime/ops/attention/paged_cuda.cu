@@ -1,4 +1,4 @@
-// Paged KV cache CUDA kernels (paged_attention.c's twin): the in-place write
+// Paged KV cache CUDA kernels (paged_cpu.c's twin): the in-place write
 // of a step's rows into the block pool, and causal GQA attention of a ragged
 // batch over it. Naive but correct forms, the plainest that compute the CPU's
 // function; not tuned.
@@ -8,7 +8,7 @@
 // index is range-checked on the host before anything is written, with the
 // CPU's status codes; kernels then read the contiguous copies.
 //
-// Attention: one block per (token t, query head h), attention.cu's three
+// Attention: one block per (token t, query head h), cuda.cu's three
 // passes (max, sum, then p @ v a tile of keys at a time), key j of sequence
 // s read from pool row block_tables[s][j / bs] * bs + j % bs. A token's
 // result depends only on its own query, sequence and position (batch
@@ -219,3 +219,9 @@ TPR_CUDA_KERNEL(paged_attention) {
   TPR_CUDA_LAUNCHED("paged_attention", "paged attention kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__paged_attention_cuda[] = {
+    {TPR_OP_PAGED_CACHE_WRITE, cuda_paged_cache_write},
+    {TPR_OP_PAGED_ATTENTION, cuda_paged_attention},
+    {},
+};

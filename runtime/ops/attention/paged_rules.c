@@ -3,6 +3,7 @@
 // program.h). Index values are run-time data: the kernels check them.
 #include <math.h>
 
+#include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
 
 // A (T) i32 index vector matching the T tokens.
@@ -71,3 +72,9 @@ TPR__OP_RULE(paged_attention) {
   tpr__set_contiguous(out, TPR_F32, 3, q->shape);
   return TPR_OK;
 }
+
+const tpr__op_def tpr__paged_attention_ops[] = {
+    {TPR_OP_PAGED_CACHE_WRITE, "paged_cache_write", 3, false, infer_paged_cache_write},
+    {TPR_OP_PAGED_ATTENTION, "paged_attention", 6, false, infer_paged_attention},
+    {0},
+};

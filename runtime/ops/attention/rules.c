@@ -1,41 +1,61 @@
-// Shape rules of the attention family's backward ops (ops.h, "Training"):
-// rope_bwd and attention_bwd. They check what their forwards check, naming
-// the backward op, plus the cotangent's shape.
+// Shape rules of attention over a KV cache, the cache write that fills it,
+// and attention's backward (ops.h). The backward checks what the forward
+// checks, naming itself, plus the cotangent's shape.
 #include <math.h>
 
+#include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
-#include "runtime/ops/rope/rope.h"
 
-// x (T, heads, D) f32, positions (T) or, MRoPE, (3, T) i32/i64; rope's
-// attributes (rope_layout.h) -> x's shape. rope and rope_bwd share it.
-tpr_status tpr__rope_check(const char *op, const tpr_tensor *x, const tpr_tensor *pos, const tpr_op_attrs *attrs,
-                           tpr_tensor *out) {
-  TPR_CHECK(tpr__need_dtype(op, x, TPR_F32, "x"));
-  TPR_CHECK(tpr__need_index_dtype(op, pos));
-  TPR_CHECK(tpr__need_ndim(op, x, 3, "x", "(T, heads, D)"));
-  if (attrs->n_i < 1 || attrs->n_f < 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs i[0] rotary_dim and f[0] theta", op);
-  tpr_rope_opts v;
-  TPR_CHECK(tpr__rope_variant(op, attrs, &v));
-  if (v.layout == TPR_MROPE_NONE && (pos->ndim != 1 || pos->shape[0] != x->shape[0]))
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: positions must be (T) = (%lld), got %d-D with first dim %lld", op,
-                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0));
-  if (v.layout != TPR_MROPE_NONE && (pos->ndim != 2 || pos->shape[0] != 3 || pos->shape[1] != x->shape[0]))
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: MRoPE positions must be (3, T) = (3, %lld), got %d-D (%lld, %lld)", op,
-                    (long long)x->shape[0], pos->ndim, (long long)(pos->ndim ? pos->shape[0] : 0),
-                    (long long)(pos->ndim > 1 ? pos->shape[1] : 0));
-  int64_t rd = attrs->i[0], D = x->shape[2];
-  if (rd <= 0 || rd % 2 || rd > D)
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: rotary_dim %lld must be even and in (0, D = %lld]", op, (long long)rd,
+// Shared by attention (k, v) and cache_write (cache, new): a (rows, Hkv, D) tensor.
+static tpr_status need_heads(const char *op, const tpr_tensor *t, const char *which, int64_t hkv, int64_t D) {
+  TPR_CHECK(tpr__need_ndim(op, t, 3, which, "(rows, Hkv, D)"));
+  if (t->shape[1] != hkv || t->shape[2] != D)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s is (%lld, %lld, %lld); expected (rows, Hkv = %lld, D = %lld)", op, which,
+                    (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], (long long)hkv,
                     (long long)D);
-  if (!(attrs->f[0] > 0) || isinf(attrs->f[0]))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: theta %g must be finite and > 0", op, (double)attrs->f[0]);
-  tpr__set_contiguous(out, TPR_F32, 3, x->shape);
   return TPR_OK;
 }
 
-// dy (T, heads, D) f32, positions as rope's; rope's attrs -> dx, dy's shape.
-TPR__OP_RULE(rope_bwd) { return tpr__rope_check("rope_bwd", in[0], in[1], attrs, out); }
+static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2];
+  TPR_CHECK(tpr__need_dtype("attention", q, TPR_F32, "q"));
+  TPR_CHECK(tpr__need_dtype("attention", k, TPR_F32, "k_cache"));
+  TPR_CHECK(tpr__need_dtype("attention", v, TPR_F32, "v_cache"));
+  TPR_CHECK(tpr__need_scalar_index("attention", in[3], "start"));
+  TPR_CHECK(tpr__need_ndim("attention", q, 3, "q", "(T, Hq, D)"));
+  TPR_CHECK(tpr__need_ndim("attention", k, 3, "k_cache", "(S, Hkv, D)"));
+  int64_t hq = q->shape[1], hkv = k->shape[1], D = q->shape[2];
+  TPR_CHECK(need_heads("attention", k, "k_cache", hkv, D));
+  TPR_CHECK(need_heads("attention", v, "v_cache", hkv, D));
+  if (v->shape[0] != k->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: k_cache has %lld rows, v_cache %lld", (long long)k->shape[0],
+                    (long long)v->shape[0]);
+  if (hkv < 1 || hq % hkv)
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: Hq = %lld query heads is not a multiple of Hkv = %lld", (long long)hq,
+                    (long long)hkv);
+  if (q->shape[0] > k->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "attention: T = %lld queries exceed the cache's S = %lld rows",
+                    (long long)q->shape[0], (long long)k->shape[0]);
+  if (at->n_f < 1 || !isfinite(at->f[0]))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention: needs a finite f[0] scale");
+  tpr__set_contiguous(out, TPR_F32, 3, q->shape);
+  return TPR_OK;
+}
+
+static tpr_status infer_cache_write(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
+  const tpr_tensor *cache = in[0], *nw = in[1];
+  TPR_CHECK(tpr__need_scalar_index("cache_write", in[2], "start"));
+  TPR_CHECK(tpr__need_ndim("cache_write", cache, 3, "cache", "(S, Hkv, D)"));
+  TPR_CHECK(need_heads("cache_write", nw, "new", cache->shape[1], cache->shape[2]));
+  if (nw->dtype != cache->dtype)
+    return TPR_FAIL(TPR_ERR_DTYPE, "cache_write: new is %s but the cache is %s", tpr_dtype_name(nw->dtype),
+                    tpr_dtype_name(cache->dtype));
+  if (nw->shape[0] > cache->shape[0])
+    return TPR_FAIL(TPR_ERR_SHAPE, "cache_write: T = %lld new rows exceed the cache's S = %lld rows",
+                    (long long)nw->shape[0], (long long)cache->shape[0]);
+  tpr__set_contiguous(out, TPR_I32, 1, (const int64_t[]){1});
+  return TPR_OK;
+}
 
 // q (T, Hq, D), k/v (S, Hkv, D) f32, start (1) i32/i64, dout (T, Hq, D) f32;
 // f[0] scale -> packed (T*Hq*D + 2*S*Hkv*D) f32.
@@ -72,3 +92,10 @@ TPR__OP_RULE(attention_bwd) {
   tpr__set_contiguous(out, TPR_F32, 1, &n);
   return TPR_OK;
 }
+
+const tpr__op_def tpr__attention_ops[] = {
+    {TPR_OP_ATTENTION, "attention", 4, false, infer_attention},
+    {TPR_OP_CACHE_WRITE, "cache_write", 3, false, infer_cache_write},
+    {TPR_OP_ATTENTION_BWD, "attention_bwd", 5, false, infer_attention_bwd},
+    {0},
+};

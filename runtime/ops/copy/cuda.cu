@@ -1,4 +1,4 @@
-// Cast CUDA kernel (copy.c's twin): a strided x into a contiguous out,
+// Cast CUDA kernel (cpu.c's twin): a strided x into a contiguous out,
 // converting to out's dtype; same dtypes make it a plain strided copy. Also
 // the strided copy every other CUDA kernel uses for scratch.
 //
@@ -163,31 +163,6 @@ static __global__ void cast_kernel(const void *x, int sdt, tpr__cuda_desc xd, vo
   }
 }
 
-// dst[offset_d(i)] = src[offset_s(i)] over a shared shape; E is the element
-// as an unsigned integer of its size (bytes move unchanged).
-template <typename E>
-static __global__ void strided_copy_kernel(E *dst, tpr__cuda_desc dd, const E *src, tpr__cuda_desc sd, int64_t n) {
-  TPR_CUDA_GRID_STRIDE(i, n) dst[tpr__cuda_offset(dd, i)] = src[tpr__cuda_offset(sd, i)];
-}
-
-tpr_status tpr__cuda_strided_copy(tpr_cuda_ctx *c, const char *op, void *dst, const int64_t *dst_stride,
-                                  const void *src, const int64_t *src_stride, int ndim, const int64_t *shape,
-                                  size_t esz) {
-  const int64_t n = tpr_shape_numel(ndim, shape);
-  if (n == 0) return TPR_OK;
-  const tpr__cuda_desc dd = tpr__cuda_make_desc(ndim, shape, dst_stride),
-                       sd = tpr__cuda_make_desc(ndim, shape, src_stride);
-  const int th = 256;
-  const unsigned nb = tpr__cuda_blocks(n, th);
-  const bool ok = tpr__cuda_by_size(esz, [&](auto e) {
-    using E = decltype(e);
-    strided_copy_kernel<<<nb, th, 0, c->stream>>>((E *)dst, dd, (const E *)src, sd, n);
-  });
-  if (!ok) return TPR_FAIL(TPR_ERR_DTYPE, "%s (cuda): no strided copy for %zu-byte elements", op, esz);
-  TPR_CUDA_LAUNCHED(op, "strided copy");
-  return TPR_OK;
-}
-
 // x (...) any dtype and strides; out (...) contiguous, out->dtype.
 TPR_CUDA_KERNEL(cast) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
@@ -219,3 +194,8 @@ TPR_CUDA_KERNEL(cast) {
   TPR_CUDA_LAUNCHED("cast", "cast kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__copy_cuda[] = {
+    {TPR_OP_CAST, cuda_cast},
+    {},
+};

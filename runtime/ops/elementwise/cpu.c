@@ -160,41 +160,10 @@ TPR_CPU_KERNEL(swiglu_bwd) {
   return TPR_OK;
 }
 
-// ---- Backward rules of add and mul: the cotangent of a broadcast operand is
-// summed back down to its shape.
-#include "runtime/grad/grad.h"
-
-static tpr_status add_reduced(tpr_grad_ctx *g, tpr_value_id x, tpr_value_id d) {
-  if (!tpr_grad_wanted(g, x)) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor xd, dd;
-  TPR_CHECK(tpr_program_value(p, x, &xd));
-  TPR_CHECK(tpr_program_value(p, d, &dd));
-  if (!tpr_tensor_same_shape(&xd, &dd)) TPR_CHECK(tpr_pb_sum_to(p, d, xd.ndim, xd.shape, &d));
-  return tpr_grad_add(g, x, d);
-}
-
-TPR__BWD_RULE(add) {
-  TPR_CHECK(add_reduced(g, n->in[0], n->dout));
-  return add_reduced(g, n->in[1], n->dout);
-}
-
-TPR__BWD_RULE(mul) {
-  tpr_program *p = tpr_grad_program(g);
-  for (int i = 0; i < 2; i++) {
-    if (!tpr_grad_wanted(g, n->in[i])) continue;
-    tpr_value_id t;
-    TPR_CHECK(tpr_pb_mul(p, n->dout, n->in[1 - i], &t));
-    TPR_CHECK(add_reduced(g, n->in[i], t));
-  }
-  return TPR_OK;
-}
-
-TPR__BWD_RULE(swiglu) {
-  tpr_value_id packed;
-  int64_t off = 0;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_SWIGLU_BWD,
-                           (const tpr_value_id[]){n->in[0], n->in[1], n->dout}, 3, NULL, &packed));
-  TPR_CHECK(tpr__grad_take(g, packed, &off, n->in[0]));
-  return tpr__grad_take(g, packed, &off, n->in[1]);
-}
+const tpr__kernel_def tpr__elementwise_cpu[] = {
+    {TPR_OP_ADD, cpu_add},
+    {TPR_OP_MUL, cpu_mul},
+    {TPR_OP_SWIGLU, cpu_swiglu},
+    {TPR_OP_SWIGLU_BWD, cpu_swiglu_bwd},
+    {0},
+};

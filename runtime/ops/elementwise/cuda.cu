@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels (elementwise.c's twin): add, mul (numpy
+// Elementwise CUDA kernels (cpu.c's twin): add, mul (numpy
 // broadcasting) and swiglu. One thread per output element; each input is
 // read through its own strides over out's shape (a broadcast dim has stride
 // 0), so any layout works without copies. An input sharing out's buffer
@@ -58,7 +58,7 @@ static tpr_status run_binary(tpr_cuda_ctx *c, const char *op, const tpr_tensor *
 TPR_CUDA_KERNEL(add) { return run_binary<false>((tpr_cuda_ctx *)ctx, "add", in, n_in, out); }
 TPR_CUDA_KERNEL(mul) { return run_binary<true>((tpr_cuda_ctx *)ctx, "mul", in, n_in, out); }
 
-// silu(g) * u exactly as elementwise.c's swiglu1: sigmoid from exp(-|g|),
+// silu(g) * u exactly as cpu.c's swiglu1: sigmoid from exp(-|g|),
 // which never overflows, then (g * s) * u.
 static __device__ __forceinline__ float swiglu1(float g, float u) {
   float e = expf(-fabsf(g));
@@ -89,3 +89,10 @@ TPR_CUDA_KERNEL(swiglu) {
   TPR_CUDA_LAUNCHED("swiglu", "swiglu kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__elementwise_cuda[] = {
+    {TPR_OP_ADD, cuda_add},
+    {TPR_OP_MUL, cuda_mul},
+    {TPR_OP_SWIGLU, cuda_swiglu},
+    {},
+};

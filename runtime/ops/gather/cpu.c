@@ -314,44 +314,12 @@ TPR_CPU_KERNEL(index_select_bwd) {
   return TPR_OK;
 }
 
-// ---- Backward rules: the gathers' cotangents scatter-add back; ids and
-// indices get none.
-#include "runtime/grad/grad.h"
-
-TPR__BWD_RULE(embedding) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor t;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &t));
-  tpr_op_attrs at = {.n_i = 1, .i = {t.shape[0]}};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_EMBEDDING_BWD, (const tpr_value_id[]){n->dout, n->in[1]}, 2, &at, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
-
-// The vocab-parallel embedding: this shard's table gets only its own ids' rows.
-TPR__BWD_RULE(embedding_shard) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor t;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &t));
-  tpr_op_attrs at = {.n_i = 1, .i = {t.shape[0]}};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_EMBEDDING_SHARD_BWD, (const tpr_value_id[]){n->dout, n->in[1], n->in[2]}, 3,
-                           &at, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
-
-// Selecting a rank's slice with the rank tensor (the QK-norm weight): the
-// cotangent lands only in the selected slices of the full tensor.
-TPR__BWD_RULE(index_select) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor x;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &x));
-  int64_t dim = n->attrs.i[0];
-  tpr_op_attrs at = {.n_i = 2, .i = {dim, x.shape[dim]}};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_INDEX_SELECT_BWD, (const tpr_value_id[]){n->dout, n->in[1]}, 2, &at, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
+const tpr__kernel_def tpr__gather_cpu[] = {
+    {TPR_OP_EMBEDDING, cpu_embedding},
+    {TPR_OP_INDEX_SELECT, cpu_index_select},
+    {TPR_OP_EMBEDDING_SHARD, cpu_embedding_shard},
+    {TPR_OP_EMBEDDING_BWD, cpu_embedding_bwd},
+    {TPR_OP_EMBEDDING_SHARD_BWD, cpu_embedding_shard_bwd},
+    {TPR_OP_INDEX_SELECT_BWD, cpu_index_select_bwd},
+    {0},
+};

@@ -1,4 +1,4 @@
-// Gather CUDA kernels (gather.c's twin): embedding, embedding_shard and
+// Gather CUDA kernels (cpu.c's twin): embedding, embedding_shard and
 // index_select for any element type, plus the index checks the other
 // kernels share.
 //
@@ -38,8 +38,13 @@ static __global__ void first_bad_kernel(const void *ids, bool is64, tpr__cuda_de
   }
 }
 
-tpr_status tpr__cuda_first_bad_index(tpr_cuda_ctx *c, const char *op, const tpr_tensor *ids, int64_t lo, int64_t hi,
-                                     int64_t *pos, int64_t *val) {
+// The CPU kernels validate every index before writing anything; so do
+// these, with the same messages: a one-block device scan finds the first
+// (row-major) position whose value lies outside [lo, hi] (both inclusive),
+// then that position and value are read back (one small sync). *pos = -1
+// when every value is in range.
+static tpr_status first_bad_index(tpr_cuda_ctx *c, const char *op, const tpr_tensor *ids, int64_t lo, int64_t hi,
+                                  int64_t *pos, int64_t *val) {
   *pos = -1, *val = 0;
   if (ids->dtype != TPR_I32 && ids->dtype != TPR_I64)
     return TPR_FAIL(TPR_ERR_DTYPE, "%s (cuda): indices are %s, expected i32 or i64", op, tpr_dtype_name(ids->dtype));
@@ -56,22 +61,10 @@ tpr_status tpr__cuda_first_bad_index(tpr_cuda_ctx *c, const char *op, const tpr_
   return TPR_OK;
 }
 
-tpr_status tpr__cuda_read_index(tpr_cuda_ctx *c, const char *op, const tpr_tensor *t, int64_t *v) {
-  *v = 0;
-  if (t->dtype == TPR_I32) {
-    int32_t v32;
-    TPR_CHECK(tpr__cuda_read(c, op, &v32, tpr_tensor_data(t), sizeof v32));
-    *v = v32;
-    return TPR_OK;
-  }
-  if (t->dtype == TPR_I64) return tpr__cuda_read(c, op, v, tpr_tensor_data(t), sizeof *v);
-  return TPR_FAIL(TPR_ERR_DTYPE, "%s (cuda): index is %s, expected i32 or i64", op, tpr_dtype_name(t->dtype));
-}
-
 // The CPU's messages for an index outside [0, limit) (limit < 0: no upper bound).
 static tpr_status check_ids(tpr_cuda_ctx *c, const char *op, const char *what, const tpr_tensor *ids, int64_t limit) {
   int64_t pos, v;
-  TPR_CHECK(tpr__cuda_first_bad_index(c, op, ids, 0, limit < 0 ? INT64_MAX : limit - 1, &pos, &v));
+  TPR_CHECK(first_bad_index(c, op, ids, 0, limit < 0 ? INT64_MAX : limit - 1, &pos, &v));
   if (pos < 0) return TPR_OK;
   if (v < 0 && limit < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s %lld at position %lld is negative", op, what, (long long)v,
@@ -245,3 +238,10 @@ TPR_CUDA_KERNEL(index_select) {
   TPR_CUDA_LAUNCHED("index_select", "index_select kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__gather_cuda[] = {
+    {TPR_OP_EMBEDDING, cuda_embedding},
+    {TPR_OP_EMBEDDING_SHARD, cuda_embedding_shard},
+    {TPR_OP_INDEX_SELECT, cuda_index_select},
+    {},
+};

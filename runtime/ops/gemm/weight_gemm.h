@@ -1,5 +1,5 @@
 // GEMMs against a weight matrix held in its checkpoint dtype, for the CPU
-// kernels (matmul.c, moe.c): out = a @ W^T, W (N, K) row-major, f32 or bf16.
+// kernels (matmul/cpu.c, moe/cpu.c): out = a @ W^T, W (N, K) row-major, f32 or bf16.
 #ifndef TPR_WEIGHT_GEMM_H
 #define TPR_WEIGHT_GEMM_H
 

@@ -6,7 +6,7 @@
 // expert; counts and probability sums are added over the layers, N = sum
 // T_l, and
 //   loss = E * sum_e (count_e / N) * (probsum_e / N).
-// Kernels of moe_aux_stats(_bwd), moe_aux_loss(_bwd) and their rules.
+// Kernels of moe_aux_stats(_bwd) and moe_aux_loss(_bwd).
 // Softmax, sums and products are evaluated in double in a fixed order and
 // rounded once to f32.
 #include <math.h>
@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "runtime/ops/cpu_kernels.h"
-#include "runtime/grad/grad.h"
 
 // p (E) = softmax of logits row t (any strides), in double.
 static void softmax_row(const tpr_tensor *l, int64_t t, double *p) {
@@ -127,18 +126,10 @@ TPR_CPU_KERNEL(moe_aux_loss_bwd) {
   return TPR_OK;
 }
 
-TPR__BWD_RULE(moe_aux_stats) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id dl;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_AUX_STATS_BWD, (const tpr_value_id[]){n->in[0], n->dout},
-                           2, &n->attrs, &dl));
-  return tpr_grad_add(g, n->in[0], dl);
-}
-
-TPR__BWD_RULE(moe_aux_loss) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id ds;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_AUX_LOSS_BWD, (const tpr_value_id[]){n->in[0], n->dout},
-                           2, &n->attrs, &ds));
-  return tpr_grad_add(g, n->in[0], ds);
-}
+const tpr__kernel_def tpr__moe_aux_cpu[] = {
+    {TPR_OP_MOE_AUX_STATS, cpu_moe_aux_stats},
+    {TPR_OP_MOE_AUX_STATS_BWD, cpu_moe_aux_stats_bwd},
+    {TPR_OP_MOE_AUX_LOSS, cpu_moe_aux_loss},
+    {TPR_OP_MOE_AUX_LOSS_BWD, cpu_moe_aux_loss_bwd},
+    {0},
+};

@@ -1,6 +1,6 @@
 // Vocab-parallel cross-entropy (Megatron's; ops.h "Vocab-parallel
 // cross-entropy"): CPU kernels of xent_max, xent_sumexp(_bwd),
-// xent_target(_bwd), xent_loss(_bwd), and the backward rules.
+// xent_target(_bwd) and xent_loss(_bwd).
 //
 // Each rank holds logits (T, Vl) for vocab columns [shard*Vl, shard*Vl + Vl);
 // columns >= V are padding (the vocab is padded to a multiple of tp) and are
@@ -20,7 +20,6 @@
 
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
-#include "runtime/grad/grad.h"
 
 #define XENT_IGNORE (-100)
 
@@ -123,7 +122,7 @@ TPR_CPU_KERNEL(xent_sumexp) {
 
 // d logits (T, Vl) = dy * exp(l - max) on real columns, 0 on padding. The
 // max is held fixed: its own gradient cancels in the loss (see xent_loss's
-// rule), so no cotangent is ever formed for it.
+// backward rule, runtime/grad/loss.c), so no cotangent is ever formed for it.
 TPR_CPU_KERNEL(xent_sumexp_bwd) {
   const tpr_tensor *l = in[0], *mx = in[1], *dy = in[3];
   int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
@@ -215,41 +214,13 @@ TPR_CPU_KERNEL(xent_loss_bwd) {
   return TPR_OK;
 }
 
-// ---- Backward rules. xent_max has none and needs none: its output feeds
-// only xent_sumexp and xent_loss (through an all_reduce max under tp), whose
-// rules never give the max a cotangent, so the autodiff never visits it.
-
-static tpr_op_attrs one_attr(int64_t v) { return (tpr_op_attrs){.n_i = 1, .i = {v}}; }
-
-TPR__BWD_RULE(xent_sumexp) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id dl;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_XENT_SUMEXP_BWD,
-                           (const tpr_value_id[]){n->in[0], n->in[1], n->in[2], n->dout}, 4, &n->attrs, &dl));
-  return tpr_grad_add(g, n->in[0], dl);
-}
-
-TPR__BWD_RULE(xent_target) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor l;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &l));
-  tpr_op_attrs at = one_attr(l.shape[1]);
-  tpr_value_id dl;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_XENT_TARGET_BWD, (const tpr_value_id[]){n->dout, n->in[1], n->in[2]}, 3, &at,
-                           &dl));
-  return tpr_grad_add(g, n->in[0], dl);
-}
-
-// in (sumexp, max, target, targets): cotangents for sumexp and target only.
-TPR__BWD_RULE(xent_loss) {
-  if (!tpr_grad_wanted(g, n->in[0]) && !tpr_grad_wanted(g, n->in[2])) return TPR_OK;
-  tpr_value_id packed, dse, dtg;
-  int64_t off = 0;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_XENT_LOSS_BWD,
-                           (const tpr_value_id[]){n->in[0], n->in[3], n->dout}, 3, NULL, &packed));
-  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[0], &dse));
-  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[2], &dtg));
-  TPR_CHECK(tpr_grad_add(g, n->in[0], dse));
-  return tpr_grad_add(g, n->in[2], dtg);
-}
+const tpr__kernel_def tpr__xent_cpu[] = {
+    {TPR_OP_XENT_MAX, cpu_xent_max},
+    {TPR_OP_XENT_SUMEXP, cpu_xent_sumexp},
+    {TPR_OP_XENT_SUMEXP_BWD, cpu_xent_sumexp_bwd},
+    {TPR_OP_XENT_TARGET, cpu_xent_target},
+    {TPR_OP_XENT_TARGET_BWD, cpu_xent_target_bwd},
+    {TPR_OP_XENT_LOSS, cpu_xent_loss},
+    {TPR_OP_XENT_LOSS_BWD, cpu_xent_loss_bwd},
+    {0},
+};

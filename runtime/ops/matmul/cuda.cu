@@ -1,7 +1,7 @@
-// Matmul CUDA kernel (matmul.c's twin): cuBLAS sgemm, strided-batched over
+// Matmul CUDA kernel (cpu.c's twin): cuBLAS sgemm, strided-batched over
 // the batch dims.
 //
-// Operands are read in place by the rule of matmul.c (tpr__cuda_layout): a
+// Operands are read in place by the rule of cpu.c (tpr__cuda_layout): a
 // row-major or column-major view of each matrix needs no copy, one with
 // neither unit stride is first copied whole into contiguous scratch. The
 // batch dims are walked with the CPU's strided iterator on the host (only
@@ -12,39 +12,8 @@
 // a single GEMM.
 #include "runtime/ops/cuda_kernels.h"
 
-static bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
-
-tpr_status tpr__cuda_sgemm(tpr_cuda_ctx *c, const char *op, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                           int64_t K, const float *A, int64_t lda, int64_t stride_a, const float *B, int64_t ldb,
-                           int64_t stride_b, float *C, int64_t ldc, int64_t stride_c, int64_t batch) {
-  if (M == 0 || N == 0 || batch == 0) return TPR_OK;
-  if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
-      !fits_int(batch))
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s (cuda): GEMM dims or strides exceed cuBLAS's int range", op);
-  if (K == 0) {  // an empty sum; cuBLAS would reject lda = 0 on some paths
-    for (int64_t b = 0; b < batch; b++)
-      TPR_CUDA_TRY(cudaMemset2DAsync(C + b * stride_c, (size_t)ldc * sizeof(float), 0, (size_t)N * sizeof(float),
-                                     (size_t)M, c->stream), op, "zero GEMM output");
-    return TPR_OK;
-  }
-  const float one = 1.0f, zero = 0.0f;
-  const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap
-  // the operands (and M, N); each keeps its own op flag and leading dim.
-  if (batch == 1) {
-    TPR_CUBLAS_TRY(cublasSgemm(c->blas, ob, oa, (int)N, (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C,
-                               (int)ldc), op, "cublasSgemm");
-  } else {
-    TPR_CUBLAS_TRY(cublasSgemmStridedBatched(c->blas, ob, oa, (int)N, (int)M, (int)K, &one, B, (int)ldb,
-                                             (long long)stride_b, A, (int)lda, (long long)stride_a, &zero, C,
-                                             (int)ldc, (long long)stride_c, (int)batch),
-                   op, "cublasSgemmStridedBatched");
-  }
-  return TPR_OK;
-}
-
 // Batch strides of a matrix stack (nd dims: batch..., r, c) read broadcast to
-// the batch dims bshape (nb); as matmul.c's batch_strides.
+// the batch dims bshape (nb); as cpu.c's batch_strides.
 static tpr_status batch_strides(const char *name, int nd, const int64_t *shape, const int64_t *tstride, int nb,
                                 const int64_t *bshape, int64_t *stride) {
   int tb = nd - 2;
@@ -149,3 +118,8 @@ TPR_CUDA_KERNEL(matmul) {
   } while (tpr__iter_next(&it));
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__matmul_cuda[] = {
+    {TPR_OP_MATMUL, cuda_matmul},
+    {},
+};

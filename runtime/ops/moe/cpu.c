@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "runtime/ops/cpu_kernels.h"
-#include "runtime/grad/grad.h"
+
 #include "runtime/ops/strided.h"
 #include "runtime/ops/gemm/weight_gemm.h"
 
@@ -27,7 +27,7 @@ static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // How sgemm reads a weight matrix stored (r, c) with strides (s0, s1), used
-// transposed: the same rule as matmul.c. A row-major matrix is read as is
+// transposed: the same rule as matmul/cpu.c. A row-major matrix is read as is
 // (Trans), a column-major one as its transpose (NoTrans); one with neither
 // unit stride is copied into row-major scratch first.
 typedef struct operand {
@@ -500,32 +500,10 @@ done:
   return rc;
 }
 
-// ---- Backward rules: one fused op each, its packed results taken apart.
-
-// in[0..3] of the forward plus dout; results after dx (and dgates) are
-// w13's and w2's cotangents, handed to whichever inputs want them.
-static tpr_status ffn_rule(tpr_grad_ctx *g, const tpr_grad_node *n, tpr_op_kind bwd, bool has_gates) {
-  bool any = false;
-  for (int i = 0; i < 4; i++) any = any || (tpr_grad_wanted(g, n->in[i]) && (i != 1 || has_gates));
-  if (!any) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  const tpr_value_id in[5] = {n->in[0], n->in[1], n->in[2], n->in[3], n->dout};
-  tpr_value_id packed, d;
-  TPR_CHECK(tpr_program_op(p, bwd, in, 5, NULL, &packed));
-  int64_t off = 0;
-  for (int i = 0; i < 4; i++) {
-    if (i == 1 && !has_gates) continue;  // counts: integers, no cotangent
-    if (!tpr_grad_wanted(g, n->in[i])) {  // skip its block without a view
-      tpr_tensor v;
-      TPR_CHECK(tpr_program_value(p, n->in[i], &v));
-      off += tpr_tensor_numel(&v);
-      continue;
-    }
-    TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[i], &d));
-    TPR_CHECK(tpr_grad_add(g, n->in[i], d));
-  }
-  return TPR_OK;
-}
-
-TPR__BWD_RULE(moe_experts) { return ffn_rule(g, n, TPR_OP_MOE_EXPERTS_BWD, true); }
-TPR__BWD_RULE(moe_grouped_ffn) { return ffn_rule(g, n, TPR_OP_MOE_GROUPED_FFN_BWD, false); }
+const tpr__kernel_def tpr__moe_cpu[] = {
+    {TPR_OP_MOE_EXPERTS, cpu_moe_experts},
+    {TPR_OP_MOE_GROUPED_FFN, cpu_moe_grouped_ffn},
+    {TPR_OP_MOE_EXPERTS_BWD, cpu_moe_experts_bwd},
+    {TPR_OP_MOE_GROUPED_FFN_BWD, cpu_moe_grouped_ffn_bwd},
+    {0},
+};

@@ -1,4 +1,4 @@
-// MoE experts CUDA kernel (moe.c's twin): SwiGLU experts combined with dense
+// MoE experts CUDA kernel (cpu.c's twin): SwiGLU experts combined with dense
 // gate weights, as a grouped GEMM.
 //
 // The routing is found on device: one thread per expert walks the tokens in
@@ -7,11 +7,11 @@
 // them to size each expert's GEMMs). Then, expert by expert in ascending
 // order, all on the stream: gather the expert's token rows into X_e (n, H);
 // cuBLAS X_e @ w13[e]^T -> (n, 2F) = [w1 x | w3 x]; act = silu(w1 x) * (w3 x)
-// with silu(g) = g / (1 + expf(-g)) (torch's formula, as moe.c); cuBLAS act @
+// with silu(g) = g / (1 + expf(-g)) (torch's formula, as cpu.c); cuBLAS act @
 // w2[e]^T -> (n, H); out[t] += gate * y. An expert's tokens are distinct and
 // the experts run one after another, so every out element receives its
 // contributions in ascending expert order, as on the CPU: deterministic, no
-// atomics. Weights are read in place when row- or column-major (matmul.c's
+// atomics. Weights are read in place when row- or column-major (matmul/cpu.c's
 // rule) and copied to contiguous scratch otherwise.
 #include <math.h>
 #include <vector>
@@ -136,3 +136,8 @@ TPR_CUDA_KERNEL(moe_experts) {
   }
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__moe_cuda[] = {
+    {TPR_OP_MOE_EXPERTS, cuda_moe_experts},
+    {},
+};

@@ -1,7 +1,7 @@
 // Expert-parallel dispatch CPU kernels (ops.h, "Expert parallelism"):
 // capacity mode, row_slice, and the alltoall dispatcher's local halves
 // (moe_counts, moe_permute, moe_unpermute; all_to_allv is a collective and
-// moe_grouped_ffn lives in moe.c beside moe_experts).
+// moe_grouped_ffn lives in cpu.c beside moe_experts).
 //
 // Routing is dense gates (N, E): a nonzero entry is an assignment. A
 // dispatched buffer holds one row per assignment in (expert, token) order,
@@ -18,7 +18,7 @@
 #include "runtime/rng.h"
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
-#include "runtime/grad/grad.h"
+
 #include "runtime/ops/strided.h"
 
 // gates[t, e] of a (N, E) f32 tensor, any strides.
@@ -366,51 +366,15 @@ TPR_CPU_KERNEL(moe_unpermute_bwd) {
   return TPR_OK;
 }
 
-// ---------------------------------------------------------------- backward rules
-
-// Only the gates' values flow on: the decision is piecewise constant.
-TPR__BWD_RULE(moe_capacity) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  const tpr_value_id in[2] = {n->in[0], n->dout};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_CAPACITY_BWD, in, 2, &n->attrs, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
-
-// part is an integer: only x gets a cotangent, its T rows given explicitly
-// (Ts = ceil(T/n) does not determine T).
-TPR__BWD_RULE(row_slice) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor x;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &x));
-  const tpr_op_attrs at = {.n_i = 2, .i = {n->attrs.i[0], x.shape[0]}};
-  const tpr_value_id in[2] = {n->dout, n->in[1]};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_ROW_SLICE_BWD, in, 2, &at, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
-
-// The gates only choose rows here: x alone gets a cotangent.
-TPR__BWD_RULE(moe_permute) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  const tpr_value_id in[2] = {n->dout, n->in[1]};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_MOE_PERMUTE_BWD, in, 2, NULL, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
-
-TPR__BWD_RULE(moe_unpermute) {
-  const bool want_y = tpr_grad_wanted(g, n->in[0]), want_g = tpr_grad_wanted(g, n->in[1]);
-  if (!want_y && !want_g) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  const tpr_value_id in[3] = {n->in[0], n->in[1], n->dout};
-  tpr_value_id packed, dy, dg;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_MOE_UNPERMUTE_BWD, in, 3, NULL, &packed));
-  int64_t off = 0;
-  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[0], &dy));
-  if (want_y) TPR_CHECK(tpr_grad_add(g, n->in[0], dy));
-  if (!want_g) return TPR_OK;
-  TPR_CHECK(tpr_grad_unpack(g, packed, &off, n->in[1], &dg));
-  return tpr_grad_add(g, n->in[1], dg);
-}
+const tpr__kernel_def tpr__moe_dispatch_cpu[] = {
+    {TPR_OP_MOE_CAPACITY, cpu_moe_capacity},
+    {TPR_OP_MOE_CAPACITY_BWD, cpu_moe_capacity_bwd},
+    {TPR_OP_ROW_SLICE, cpu_row_slice},
+    {TPR_OP_ROW_SLICE_BWD, cpu_row_slice_bwd},
+    {TPR_OP_MOE_COUNTS, cpu_moe_counts},
+    {TPR_OP_MOE_PERMUTE, cpu_moe_permute},
+    {TPR_OP_MOE_UNPERMUTE, cpu_moe_unpermute},
+    {TPR_OP_MOE_PERMUTE_BWD, cpu_moe_permute_bwd},
+    {TPR_OP_MOE_UNPERMUTE_BWD, cpu_moe_unpermute_bwd},
+    {0},
+};

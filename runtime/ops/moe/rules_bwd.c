@@ -3,61 +3,26 @@
 // disagree on what a valid forward is), then the cotangent against the
 // forward's output, and gives the packed or plain result's shape. What
 // depends on tensor contents (counts, part) is checked by the kernels.
-#include <stdio.h>
-#include <string.h>
-
+#include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
 
-// Runs forward op `fwd`'s rule on in[0..n) into *y; a failure is re-raised
-// naming the backward op too.
-static tpr_status forward_rule(const char *op, tpr_op_kind fwd, const tpr_tensor *const *in, int n,
-                               const tpr_op_attrs *attrs, tpr_tensor *y) {
-  tpr_status rc = tpr__op_infer(fwd, in, n, attrs, y);
-  if (rc == TPR_OK) return TPR_OK;
-  char why[512];
-  snprintf(why, sizeof why, "%s", tpr_last_error());
-  return TPR_FAIL(rc, "%s: the forward's inputs do not fit: %s", op, why);
-}
-
-// A cotangent: f32 with exactly `like`'s shape.
-static tpr_status need_like(const char *op, const tpr_tensor *d, const tpr_tensor *like, const char *which) {
-  TPR_CHECK(tpr__need_dtype(op, d, TPR_F32, which));
-  if (!tpr_tensor_same_shape(d, like)) {
-    char w[128], g[128];
-    return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be %s, got %s", op, which, tpr_tensor_describe(like, w, sizeof w),
-                    tpr_tensor_describe(d, g, sizeof g));
-  }
-  return TPR_OK;
-}
-
-static void set_packed(tpr_tensor *out, int64_t n) { tpr__set_contiguous(out, TPR_F32, 1, &n); }
-
 static int64_t numel(const tpr_tensor *t) { return tpr_tensor_numel(t); }
-
-TPR__OP_RULE(router_sigmoid_topk_bwd) {
-  const char *op = "router_sigmoid_topk_bwd";
-  tpr_tensor y;
-  TPR_CHECK(forward_rule(op, TPR_OP_ROUTER_SIGMOID_TOPK, in, 2, attrs, &y));
-  TPR_CHECK(need_like(op, in[2], &y, "dy"));
-  tpr__set_contiguous(out, TPR_F32, 2, y.shape);
-  return TPR_OK;
-}
 
 TPR__OP_RULE(moe_experts_bwd) {
   const char *op = "moe_experts_bwd";
   tpr_tensor y;
-  TPR_CHECK(forward_rule(op, TPR_OP_MOE_EXPERTS, in, 4, attrs, &y));
-  TPR_CHECK(need_like(op, in[4], &y, "dy"));
-  set_packed(out, numel(in[0]) + numel(in[1]) + numel(in[2]) + numel(in[3]));  // dx | dgates | dw13 | dw2
+  TPR_CHECK(tpr__need_forward(op, TPR_OP_MOE_EXPERTS, in, 4, attrs, &y));
+  TPR_CHECK(tpr__need_like(op, in[4], &y, "dy"));
+  tpr__set_packed(out, numel(in[0]) + numel(in[1]) + numel(in[2]) + numel(in[3]));  // dx | dgates | dw13 | dw2
   return TPR_OK;
 }
 
 TPR__OP_RULE(moe_grouped_ffn_bwd) {
   const char *op = "moe_grouped_ffn_bwd";
   tpr_tensor y;
-  TPR_CHECK(forward_rule(op, TPR_OP_MOE_GROUPED_FFN, in, 4, attrs, &y));
-  TPR_CHECK(need_like(op, in[4], &y, "dy"));
-  set_packed(out, numel(in[0]) + numel(in[2]) + numel(in[3]));  // dx | dw13 | dw2
+  TPR_CHECK(tpr__need_forward(op, TPR_OP_MOE_GROUPED_FFN, in, 4, attrs, &y));
+  TPR_CHECK(tpr__need_like(op, in[4], &y, "dy"));
+  tpr__set_packed(out, numel(in[0]) + numel(in[2]) + numel(in[3]));  // dx | dw13 | dw2
   return TPR_OK;
 }
 
@@ -76,9 +41,9 @@ TPR__OP_RULE(moe_permute_bwd) {
 TPR__OP_RULE(moe_unpermute_bwd) {
   const char *op = "moe_unpermute_bwd";
   tpr_tensor y;
-  TPR_CHECK(forward_rule(op, TPR_OP_MOE_UNPERMUTE, in, 2, attrs, &y));
-  TPR_CHECK(need_like(op, in[2], &y, "dout"));
-  set_packed(out, numel(in[0]) + numel(in[1]));  // dy | dgates
+  TPR_CHECK(tpr__need_forward(op, TPR_OP_MOE_UNPERMUTE, in, 2, attrs, &y));
+  TPR_CHECK(tpr__need_like(op, in[2], &y, "dout"));
+  tpr__set_packed(out, numel(in[0]) + numel(in[1]));  // dy | dgates
   return TPR_OK;
 }
 
@@ -104,8 +69,18 @@ TPR__OP_RULE(row_slice_bwd) {
 TPR__OP_RULE(moe_capacity_bwd) {
   const char *op = "moe_capacity_bwd";
   tpr_tensor y;
-  TPR_CHECK(forward_rule(op, TPR_OP_MOE_CAPACITY, in, 1, attrs, &y));
-  TPR_CHECK(need_like(op, in[1], &y, "dout"));
+  TPR_CHECK(tpr__need_forward(op, TPR_OP_MOE_CAPACITY, in, 1, attrs, &y));
+  TPR_CHECK(tpr__need_like(op, in[1], &y, "dout"));
   tpr__set_contiguous(out, TPR_F32, 2, y.shape);
   return TPR_OK;
 }
+
+const tpr__op_def tpr__moe_bwd_ops[] = {
+    {TPR_OP_MOE_EXPERTS_BWD, "moe_experts_bwd", 5, false, infer_moe_experts_bwd},
+    {TPR_OP_MOE_GROUPED_FFN_BWD, "moe_grouped_ffn_bwd", 5, false, infer_moe_grouped_ffn_bwd},
+    {TPR_OP_MOE_PERMUTE_BWD, "moe_permute_bwd", 2, false, infer_moe_permute_bwd},
+    {TPR_OP_MOE_UNPERMUTE_BWD, "moe_unpermute_bwd", 3, false, infer_moe_unpermute_bwd},
+    {TPR_OP_ROW_SLICE_BWD, "row_slice_bwd", 2, false, infer_row_slice_bwd},
+    {TPR_OP_MOE_CAPACITY_BWD, "moe_capacity_bwd", 2, false, infer_moe_capacity_bwd},
+    {0},
+};

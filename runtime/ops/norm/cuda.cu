@@ -1,4 +1,4 @@
-// RMS norm CUDA kernels (norm.c's twin): rms_norm, and the distributed
+// RMS norm CUDA kernels (cpu.c's twin): rms_norm, and the distributed
 // halves sum_squares and rms_scale.
 //
 // One block per row for the reductions. rms_norm sums x^2 in f32 (DESIGN.md
@@ -142,3 +142,10 @@ TPR_CUDA_KERNEL(rms_scale) {
   TPR_CUDA_LAUNCHED("rms_scale", "rms_scale kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__norm_cuda[] = {
+    {TPR_OP_RMS_NORM, cuda_rms_norm},
+    {TPR_OP_SUM_SQUARES, cuda_sum_squares},
+    {TPR_OP_RMS_SCALE, cuda_rms_scale},
+    {},
+};

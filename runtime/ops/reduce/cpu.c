@@ -1,10 +1,10 @@
 // sum_to (the reverse of broadcasting), scale and fill: the small ops every
-// backward needs. CPU kernels and backward rules.
+// backward needs: their CPU kernels.
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/ops/cpu_kernels.h"
-#include "runtime/grad/grad.h"
+
 #include "runtime/ops/strided.h"
 
 // out (shape of attrs) = x summed over the dims x was broadcast along.
@@ -54,25 +54,9 @@ TPR_CPU_KERNEL(fill) {
   return TPR_OK;
 }
 
-// d x = d out broadcast back to x's shape (added onto zeros, which broadcasts).
-TPR__BWD_RULE(sum_to) {
-  tpr_program *p = tpr_grad_program(g);
-  tpr_value_id zeros, dx;
-  TPR_CHECK(tpr_pb_fill(p, n->in[0], 0.0f, &zeros));
-  TPR_CHECK(tpr_pb_add(p, zeros, n->dout, &dx));
-  return tpr_grad_add(g, n->in[0], dx);
-}
-
-// fill reads only its input's shape: its output is a constant, and the input
-// gets no cotangent (the softmax router's selection constants,
-// models/layers/router_softmax.h, are filled from the logits' shape).
-TPR__BWD_RULE(fill) {
-  (void)g, (void)n;
-  return TPR_OK;
-}
-
-TPR__BWD_RULE(scale) {
-  tpr_value_id dx;
-  TPR_CHECK(tpr_pb_scale(tpr_grad_program(g), n->dout, n->attrs.f[0], &dx));
-  return tpr_grad_add(g, n->in[0], dx);
-}
+const tpr__kernel_def tpr__reduce_cpu[] = {
+    {TPR_OP_SUM_TO, cpu_sum_to},
+    {TPR_OP_SCALE, cpu_scale},
+    {TPR_OP_FILL, cpu_fill},
+    {0},
+};

@@ -1,14 +1,7 @@
-// Shape rules of the basic training ops (ops.h, "Training").
-#include <string.h>
-
+// Shape rules of the small ops every backward needs (ops.h, "Training"):
+// sum_to (the reverse of broadcasting), scale and fill.
+#include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
-
-TPR__OP_RULE(grad_all_reduce) {
-  TPR_CHECK(tpr__need_collective_attrs("grad_all_reduce", attrs, 2, "axis, group size"));
-  *out = *in[0];  // an identity view: same geometry over the same memory
-  out->storage = NULL;
-  return TPR_OK;
-}
 
 TPR__OP_RULE(sum_to) {
   const tpr_tensor *x = in[0];
@@ -38,3 +31,10 @@ TPR__OP_RULE(fill) {
   tpr__set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
   return TPR_OK;
 }
+
+const tpr__op_def tpr__reduce_ops[] = {
+    {TPR_OP_SUM_TO, "sum_to", 1, false, infer_sum_to},
+    {TPR_OP_SCALE, "scale", 1, false, infer_scale},
+    {TPR_OP_FILL, "fill", 1, false, infer_fill},
+    {0},
+};

@@ -1,7 +1,7 @@
 // RoPE CPU kernel: NeoX rotate-half pairing (d, d + rotary_dim/2) or GPT-J
 // pairing (2d, 2d + 1) on the first rotary_dim dims of every head, with 1-D
 // positions or MRoPE's (3, T) laid out sectioned or interleaved
-// (rope_layout.h); the rest of the head is copied.
+// (rope.h); the rest of the head is copied.
 //
 // The angles follow transformers' float32 path step by step so the rotation
 // matches the reference model to the last bit where libm allows:
@@ -19,7 +19,7 @@
 
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
-#include "runtime/grad/grad.h"
+
 #include "rope.h"
 
 static int64_t load_at(const tpr_tensor *t, int64_t off) {  // element at offset `off` (elements) of an i32/i64 tensor
@@ -34,42 +34,8 @@ static int64_t load_at(const tpr_tensor *t, int64_t off) {  // element at offset
   return v;
 }
 
-tpr_op_attrs tpr_rope_attrs(const tpr_rope_opts *o) {
-  return (tpr_op_attrs){.n_i = 6,
-                        .i = {o->rotary_dim, o->pairing, o->layout, o->section[0], o->section[1], o->section[2]},
-                        .n_f = 1,
-                        .f = {o->theta}};
-}
-
-tpr_status tpr__rope_variant(const char *op, const tpr_op_attrs *at, tpr_rope_opts *o) {
-  *o = (tpr_rope_opts){.rotary_dim = at->n_i > 0 ? at->i[0] : 0, .theta = at->n_f > 0 ? at->f[0] : 0};
-  int64_t pair = at->n_i > 1 ? at->i[1] : 0, layout = at->n_i > 2 ? at->i[2] : 0;
-  if (pair != TPR_ROPE_PAIR_HALF && pair != TPR_ROPE_PAIR_INTERLEAVE)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: pairing i[1] = %lld; 0 (NeoX half) or 1 (GPT-J interleave)", op,
-                    (long long)pair);
-  if (layout < TPR_MROPE_NONE || layout > TPR_MROPE_INTERLEAVED)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: MRoPE layout i[2] = %lld; 0 none, 1 sectioned, 2 interleaved", op,
-                    (long long)layout);
-  o->pairing = (tpr_rope_pairing)pair, o->layout = (tpr_mrope_layout)layout;
-  if (layout == TPR_MROPE_NONE) return TPR_OK;
-  if (at->n_i < 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: MRoPE needs mrope_section in i[3..5]", op);
-  int64_t sum = 0;
-  for (int a = 0; a < 3; a++) {
-    o->section[a] = at->i[3 + a];
-    if (o->section[a] < 0 || o->section[a] > (1 << 20))
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: mrope_section[%d] = %lld out of range", op, a,
-                      (long long)o->section[a]);
-    sum += o->section[a];
-  }
-  if (sum * 2 != o->rotary_dim)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: mrope_section [%lld, %lld, %lld] sums to %lld, not rotary_dim/2 = %lld",
-                    op, (long long)o->section[0], (long long)o->section[1], (long long)o->section[2],
-                    (long long)sum, (long long)(o->rotary_dim / 2));
-  return TPR_OK;
-}
-
 // x (T, heads, D), positions (T) or (3, T) i32/i64; out (T, heads, D)
-// contiguous. attrs: rope_layout.h. With `inverse`, the rotation by -angle
+// contiguous. attrs: rope.h. With `inverse`, the rotation by -angle
 // (rope_bwd: the rotation is orthogonal, so its transpose is its inverse):
 // the same cos and sin, computed by the same code, with sin negated -- exact in
 // f32, so the forward and the backward use bit-identical angles.
@@ -139,23 +105,8 @@ TPR_CPU_KERNEL(rope) { return rope_run(ctx, "rope", in, n_in, attrs, out, false)
 // dims past rotary_dim copied (their forward is the identity).
 TPR_CPU_KERNEL(rope_bwd) { return rope_run(ctx, "rope_bwd", in, n_in, attrs, out, true); }
 
-// Positions are integers: only x gets a cotangent.
-TPR__BWD_RULE(rope) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id dx;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_ROPE_BWD, (const tpr_value_id[]){n->dout, n->in[1]}, 2,
-                           &n->attrs, &dx));
-  return tpr_grad_add(g, n->in[0], dx);
-}
-
-tpr_status tpr_rope_ex(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *positions, const tpr_rope_opts *o,
-                       tpr_tensor *out) {
-  tpr_op_attrs at = tpr_rope_attrs(o);
-  return tpr_op_run(be, TPR_OP_ROPE, (const tpr_tensor *const[]){x, positions}, 2, &at, out);
-}
-
-tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions, const tpr_rope_opts *o,
-                          tpr_value_id *out) {
-  tpr_op_attrs at = tpr_rope_attrs(o);
-  return tpr_program_op(p, TPR_OP_ROPE, (const tpr_value_id[]){x, positions}, 2, &at, out);
-}
+const tpr__kernel_def tpr__rope_cpu[] = {
+    {TPR_OP_ROPE, cpu_rope},
+    {TPR_OP_ROPE_BWD, cpu_rope_bwd},
+    {0},
+};

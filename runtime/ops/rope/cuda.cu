@@ -1,5 +1,5 @@
-// RoPE CUDA kernel (rope.c's twin): NeoX (d, d + half) or GPT-J (2d, 2d + 1)
-// pairing, 1-D or MRoPE (3, T) positions (rope_layout.h), on the first
+// RoPE CUDA kernel (cpu.c's twin): NeoX (d, d + half) or GPT-J (2d, 2d + 1)
+// pairing, 1-D or MRoPE (3, T) positions (rope.h), on the first
 // rotary_dim dims of every head; the rest of the head is copied.
 //
 // One thread per output element, computing transformers' float32 path as the
@@ -43,7 +43,7 @@ static __global__ void rope_kernel(float *o, const float *x, int64_t xs0, int64_
 }
 
 // x (T, heads, D), positions (T) or (3, T) i32/i64; out (T, heads, D)
-// contiguous. attrs: rope_layout.h.
+// contiguous. attrs: rope.h.
 TPR_CUDA_KERNEL(rope) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "rope (cuda): expected 2 inputs, got %d", n_in);
@@ -75,3 +75,8 @@ TPR_CUDA_KERNEL(rope) {
   TPR_CUDA_LAUNCHED("rope", "rope kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__rope_cuda[] = {
+    {TPR_OP_ROPE, cuda_rope},
+    {},
+};

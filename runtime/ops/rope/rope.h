@@ -1,6 +1,5 @@
 // RoPE variants of the rope op (TPR_OP_ROPE): the pair layout and MRoPE's
-// three position axes. Two separate switches (seed 004 stresses that they
-// are different things):
+// three position axes: two separate switches.
 //
 //  - pairing: which two dims of a head one angle rotates.
 //      HALF (GPT-NeoX, transformers' rotate_half): (d, d + rd/2)
@@ -18,15 +17,12 @@
 // The op's attributes: i[0] rotary_dim, i[1] pairing, i[2] layout,
 // i[3..5] section; f[0] theta. A one-attribute rope (n_i = 1) is the plain
 // NeoX rope, so programs serialized before the variants read the same.
-#ifndef TPR_ROPE_LAYOUT_H
-#define TPR_ROPE_LAYOUT_H
+#ifndef TPR_OPS_ROPE_H
+#define TPR_OPS_ROPE_H
 
 #include <stdint.h>
 
 #include "runtime/ops.h"
-#ifndef __CUDACC__
-#include "runtime/program/program.h"
-#endif
 
 #ifdef __CUDACC__
 #define TPR__ROPE_HD __host__ __device__
@@ -61,11 +57,6 @@ tpr_op_attrs tpr_rope_attrs(const tpr_rope_opts *o);
 // Missing i[1..] read as HALF / NONE.
 tpr_status tpr__rope_variant(const char *op, const tpr_op_attrs *at, tpr_rope_opts *o);
 
-// The shape rule of rope and rope_bwd (attention_rules.c): x (T, heads, D)
-// f32, positions (T) or (3, T) by the layout; out gets x's shape.
-tpr_status tpr__rope_check(const char *op, const tpr_tensor *x, const tpr_tensor *pos, const tpr_op_attrs *attrs,
-                           tpr_tensor *out);
-
 // The position axis (0 T, 1 H, 2 W) angle d (in [0, rotary_dim/2)) reads.
 static inline TPR__ROPE_HD int tpr__mrope_axis(int layout, const int64_t *sec, int64_t d) {
   if (layout == TPR_MROPE_SECTIONED) return d < sec[0] ? 0 : d < sec[0] + sec[1] ? 1 : 2;
@@ -80,12 +71,10 @@ static inline TPR__ROPE_HD int tpr__mrope_axis(int layout, const int64_t *sec, i
 // (rows T, H, W); out (T, heads, D). Angle d < rd/2 = (float)pos[axis(d)] *
 // inv_freq[d] in f32 as tpr_rope computes it, applied to the pair of dims the
 // pairing names; dims [rotary_dim, D) are copied. Positions are not range
-// checked: any integer is an angle.
+// checked: any integer is an angle. (tpr_pb_rope_ex in program.h builds it.)
 #ifndef __CUDACC__
 tpr_status tpr_rope_ex(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *positions, const tpr_rope_opts *o,
                        tpr_tensor *out);
-tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions, const tpr_rope_opts *o,
-                          tpr_value_id *out);
 #endif
 
 #endif

@@ -13,7 +13,6 @@
 
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
-#include "runtime/grad/grad.h"
 
 // a ranks above b: a larger number; any number beats NaN.
 static inline bool ranks_above(float a, float b) { return !isnan(a) && (isnan(b) || a > b); }
@@ -132,12 +131,8 @@ TPR_CPU_KERNEL(router_sigmoid_topk_bwd) {
   return TPR_OK;
 }
 
-// ---- Backward rule: only the logits get a cotangent.
-
-TPR__BWD_RULE(router_sigmoid_topk) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id dl;
-  const tpr_value_id in[3] = {n->in[0], n->in[1], n->dout};
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_ROUTER_SIGMOID_TOPK_BWD, in, 3, &n->attrs, &dl));
-  return tpr_grad_add(g, n->in[0], dl);
-}
+const tpr__kernel_def tpr__router_cpu[] = {
+    {TPR_OP_ROUTER_SIGMOID_TOPK, cpu_router_sigmoid_topk},
+    {TPR_OP_ROUTER_SIGMOID_TOPK_BWD, cpu_router_sigmoid_topk_bwd},
+    {0},
+};

@@ -1,4 +1,4 @@
-// MiniMax-M2 router CUDA kernel (router.c's twin): sigmoid scores, top-k on
+// MiniMax-M2 router CUDA kernel (cpu.c's twin): sigmoid scores, top-k on
 // score + bias, weights = the chosen sigmoid scores renormalised.
 //
 // One thread per token runs the CPU's loops unchanged (the router is O(T k E)
@@ -69,3 +69,8 @@ TPR_CUDA_KERNEL(router_sigmoid_topk) {
   TPR_CUDA_LAUNCHED("router_sigmoid_topk", "router kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__router_cuda[] = {
+    {TPR_OP_ROUTER_SIGMOID_TOPK, cuda_router_sigmoid_topk},
+    {},
+};

@@ -98,12 +98,8 @@ TPR_CPU_KERNEL(softmax_bwd) {
   return TPR_OK;
 }
 
-#include "runtime/grad/grad.h"
-
-TPR__BWD_RULE(softmax) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_value_id dx;
-  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_SOFTMAX_BWD, (const tpr_value_id[]){n->out, n->dout}, 2,
-                           NULL, &dx));
-  return tpr_grad_add(g, n->in[0], dx);
-}
+const tpr__kernel_def tpr__softmax_cpu[] = {
+    {TPR_OP_SOFTMAX, cpu_softmax},
+    {TPR_OP_SOFTMAX_BWD, cpu_softmax_bwd},
+    {0},
+};

@@ -1,4 +1,4 @@
-// Softmax CUDA kernel over the last dim (softmax.c's twin), in f32: one
+// Softmax CUDA kernel over the last dim (cpu.c's twin), in f32: one
 // block per row, the row max subtracted before expf, the sum (fixed block
 // order) divided out. The CPU's conventions for degenerate rows hold:
 //   - a row whose entries are all -inf gives zeros, not NaN;
@@ -73,3 +73,8 @@ TPR_CUDA_KERNEL(softmax) {
   TPR_CUDA_LAUNCHED("softmax", "softmax kernel");
   return TPR_OK;
 }
+
+const tpr__kernel_def tpr__softmax_cuda[] = {
+    {TPR_OP_SOFTMAX, cuda_softmax},
+    {},
+};
