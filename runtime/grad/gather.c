@@ -2,29 +2,24 @@
 // indices get none.
 #include "grad.h"
 
-TPR__BWD_RULE(embedding) {
+// The table (in[0]) gets dout's rows scatter-added at the ids (in[1]; and
+// in[2], the shard, for the vocab-parallel embedding, whose table gets only
+// its own ids' rows) by op `bwd`, which is told the table's row count.
+static tpr_status table_rule(tpr_grad_ctx *g, const tpr_grad_node *n, tpr_op_kind bwd) {
   if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
   tpr_program *p = tpr_grad_program(g);
   tpr_tensor t;
   TPR_CHECK(tpr_program_value(p, n->in[0], &t));
   tpr_op_attrs at = {.n_i = 1, .i = {t.shape[0]}};
+  const tpr_value_id in[3] = {n->dout, n->in[1], n->in[2]};
   tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_EMBEDDING_BWD, (const tpr_value_id[]){n->dout, n->in[1]}, 2, &at, &d));
+  TPR_CHECK(tpr_program_op(p, bwd, in, n->n_in, &at, &d));
   return tpr_grad_add(g, n->in[0], d);
 }
 
-// The vocab-parallel embedding: this shard's table gets only its own ids' rows.
-TPR__BWD_RULE(embedding_shard) {
-  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
-  tpr_program *p = tpr_grad_program(g);
-  tpr_tensor t;
-  TPR_CHECK(tpr_program_value(p, n->in[0], &t));
-  tpr_op_attrs at = {.n_i = 1, .i = {t.shape[0]}};
-  tpr_value_id d;
-  TPR_CHECK(tpr_program_op(p, TPR_OP_EMBEDDING_SHARD_BWD, (const tpr_value_id[]){n->dout, n->in[1], n->in[2]}, 3,
-                           &at, &d));
-  return tpr_grad_add(g, n->in[0], d);
-}
+TPR__BWD_RULE(embedding) { return table_rule(g, n, TPR_OP_EMBEDDING_BWD); }
+
+TPR__BWD_RULE(embedding_shard) { return table_rule(g, n, TPR_OP_EMBEDDING_SHARD_BWD); }
 
 // Selecting a rank's slice with the rank tensor (the QK-norm weight): the
 // cotangent lands only in the selected slices of the full tensor.

@@ -74,6 +74,26 @@ static inline void tpr__iter_seek(tpr__iter *it, int64_t row) {
   }
 }
 
+// Row-wise kernels over operands shaped (..., N): the rows over the leading
+// dims, numbered row-major as a contiguous output stores them -- row r of
+// operand k starts at tpr__iter_offset_at(&it, k, r) -- and the threads for
+// `rows` rows of `row_len` elements (tpr__cpu_nt).
+typedef struct tpr__row_iter {
+  tpr__iter it;
+  int64_t rows;
+  int nt;
+} tpr__row_iter;
+
+// Sets r up over the first ndim - 1 dims of shape for n_ops operands with
+// element strides stride[k]; false when there is no row.
+static inline bool tpr__row_iter_init(tpr__row_iter *r, const void *ctx, int ndim, const int64_t *shape, int n_ops,
+                                      const int64_t *const *stride, int64_t row_len) {
+  if (!tpr__iter_init(&r->it, ndim - 1, shape, n_ops, stride)) return false;
+  r->rows = tpr__iter_rows(&r->it) * r->it.n;
+  r->nt = tpr__cpu_nt(ctx, r->rows * row_len);
+  return true;
+}
+
 // Calls fn(it, col, len, q, arg) for the pieces of rows covering the flat
 // element range [lo, hi) of it's index space: it positioned at the piece's
 // row, col its first column, q its flat position (row * n + col).

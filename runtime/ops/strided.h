@@ -76,6 +76,21 @@ static inline bool tpr__iter_next(tpr__iter *it) {
   return false;
 }
 
+// Element `off` (in elements from tpr_tensor_data) of an i32 or i64 tensor
+// in host memory: the one reader of run-time indices (ids, positions, start,
+// shard, targets), by memcpy so any alignment is fine.
+static inline int64_t tpr__index_at(const tpr_tensor *t, int64_t off) {
+  const char *p = (const char *)tpr_tensor_data(t);
+  if (t->dtype == TPR_I32) {
+    int32_t v;
+    memcpy(&v, p + off * 4, 4);
+    return v;
+  }
+  int64_t v;
+  memcpy(&v, p + off * 8, 8);
+  return v;
+}
+
 // Row-major element strides for a shape.
 static inline void tpr__contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
   int64_t s = 1;

@@ -27,18 +27,6 @@ enum { QBLOCK = 128 };
 
 bool tpr__fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
 
-static int64_t load_index(const tpr_tensor *t) {  // element 0 of an i32/i64 tensor
-  const void *p = tpr_tensor_data(t);
-  if (t->dtype == TPR_I32) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-  }
-  int64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 // Rows [start, start + T) must lie in the cache's [0, S).
 static tpr_status check_start(const char *op, const char *what, int64_t start, int64_t T, int64_t S) {
   if (start < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: start %lld is negative", op, (long long)start);
@@ -73,22 +61,12 @@ tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t r
   return TPR_OK;
 }
 
-// Eight interleaved partial sums: a fixed order (see norm.c).
-static float sum_f32(const float *x, int64_t n) {
-  float acc[8] = {0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++) acc[l] += x[i + l];
-  for (int l = 0; i < n; i++, l++) acc[l] += x[i];
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
-
 // p (L): softmax over the n >= 1 visible scores, zeros after them.
 static void causal_softmax_row(float *p, int64_t n, int64_t L) {
   float m = p[0];
   for (int64_t i = 1; i < n; i++) m = p[i] > m ? p[i] : m;
   for (int64_t i = 0; i < n; i++) p[i] = expf(p[i] - m);
-  const float inv = 1.0f / sum_f32(p, n);  // sum >= 1: the max gives exp(0)
+  const float inv = 1.0f / tpr__sum8_f32(p, n);  // sum >= 1: the max gives exp(0)
   for (int64_t i = 0; i < n; i++) p[i] *= inv;
   for (int64_t i = n; i < L; i++) p[i] = 0.0f;
 }
@@ -108,7 +86,7 @@ TPR_CPU_KERNEL(attention) {
       !tpr_tensor_same_shape(k, v) || k->shape[2] != q->shape[2] || k->shape[1] < 1 || q->shape[1] % k->shape[1])
     return TPR_FAIL(TPR_ERR_SHAPE, "attention (cpu): q, k_cache, v_cache, start and out shapes do not fit");
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
-  const int64_t start = load_index(st);
+  const int64_t start = tpr__index_at(st, 0);
   TPR_CHECK(check_start("attention", "queries", start, T, S));
   float *o = tpr_tensor_data(out);
   if (T == 0 || Hq == 0) return TPR_OK;
@@ -169,7 +147,7 @@ TPR_CPU_KERNEL(attention_bwd) {
       tpr_tensor_numel(out) != tpr_tensor_numel(q) + 2 * tpr_tensor_numel(k))
     return TPR_FAIL(TPR_ERR_SHAPE, "attention_bwd (cpu): q, k, v, start, dout and out shapes do not fit");
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
-  const int64_t start = load_index(st);
+  const int64_t start = tpr__index_at(st, 0);
   TPR_CHECK(check_start("attention_bwd", "queries", start, T, S));
   float *dq = tpr_tensor_data(out), *dk = dq + T * Hq * D, *dv = dk + S * Hkv * D;
   // Rows of k/v past start + T - 1 are never read: their gradient is zero.
@@ -242,7 +220,7 @@ TPR_CPU_KERNEL(cache_write) {
   if (cache->ndim != 3 || nw->ndim != 3 || nw->shape[1] != cache->shape[1] || nw->shape[2] != cache->shape[2] ||
       tpr_tensor_numel(st) != 1 || tpr_tensor_numel(out) != 1)
     return TPR_FAIL(TPR_ERR_SHAPE, "cache_write (cpu): cache, new, start and out shapes do not fit");
-  const int64_t T = nw->shape[0], S = cache->shape[0], start = load_index(st);
+  const int64_t T = nw->shape[0], S = cache->shape[0], start = tpr__index_at(st, 0);
   TPR_CHECK(check_start("cache_write", "new rows", start, T, S));
   if (start + T > INT32_MAX)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "cache_write: end position %lld does not fit the i32 token",

@@ -23,15 +23,9 @@
 #include "runtime/ops/strided.h"
 
 // Element i of a 1-D i32 tensor, or (i, j) of a 2-D one, through its strides.
-static int64_t at1(const tpr_tensor *t, int64_t i) {
-  int32_t v;
-  memcpy(&v, (const int32_t *)tpr_tensor_data(t) + i * t->stride[0], 4);
-  return v;
-}
+static int64_t at1(const tpr_tensor *t, int64_t i) { return tpr__index_at(t, i * t->stride[0]); }
 static int64_t at2(const tpr_tensor *t, int64_t i, int64_t j) {
-  int32_t v;
-  memcpy(&v, (const int32_t *)tpr_tensor_data(t) + i * t->stride[0] + j * t->stride[1], 4);
-  return v;
+  return tpr__index_at(t, i * t->stride[0] + j * t->stride[1]);
 }
 
 // pool (NB, bs, Hkv, D) f32, new (T, Hkv, D) f32, slot_mapping (T) i32;

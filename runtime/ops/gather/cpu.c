@@ -30,19 +30,10 @@ static tpr_status load_ids(const char *op, const char *what, const tpr_tensor *i
   const int64_t *st[1] = {ids->stride};
   tpr__iter it;
   if (!tpr__iter_init(&it, ids->ndim, ids->shape, 1, st)) return TPR_OK;
-  const char *base = tpr_tensor_data(ids);
   int64_t pos = 0;
   do {
     for (int64_t i = 0; i < it.n; i++, pos++) {
-      int64_t e = it.off[0] + i * it.inner[0];
-      int64_t v;
-      if (ids->dtype == TPR_I32) {
-        int32_t v32;
-        memcpy(&v32, base + e * 4, 4);
-        v = v32;
-      } else {
-        memcpy(&v, base + e * 8, 8);
-      }
+      const int64_t v = tpr__index_at(ids, it.off[0] + i * it.inner[0]);
       if (v < 0 && limit < 0)
         return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s %lld at position %lld is negative", op, what, (long long)v,
                         (long long)pos);
@@ -55,6 +46,55 @@ static tpr_status load_ids(const char *op, const char *what, const tpr_tensor *i
   return TPR_OK;
 }
 
+// Loads ids (numel n) checked against [0, limit) (limit < 0: only >= 0) into a
+// new array; *vals stays NULL when there are none.
+static tpr_status load_ids_new(const char *op, const char *what, const tpr_tensor *ids, int64_t limit,
+                               int64_t **vals) {
+  *vals = NULL;
+  const int64_t n = tpr_tensor_numel(ids);
+  if (n == 0) return TPR_OK;
+  *vals = malloc((size_t)n * sizeof **vals);
+  if (!*vals) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld ids of scratch", op, (long long)n);
+  tpr_status rc = load_ids(op, what, ids, limit, *vals);
+  if (rc == TPR_OK) return TPR_OK;
+  free(*vals);
+  *vals = NULL;
+  return tpr__propagate(rc, __FILE__, __LINE__);
+}
+
+// The vocab-parallel embedding's ids and shard index: both i32/i64, the
+// shard read (it must not be negative).
+static tpr_status shard_of(const char *op, const tpr_tensor *ids, const tpr_tensor *shard, int64_t *sh) {
+  TPR_CHECK(check_ids(op, ids));
+  TPR_CHECK(check_ids(op, shard));
+  return load_ids(op, "shard index", shard, -1, sh);
+}
+
+// The embeddings' gather: out row p (of n) = table (V, H) row vals[p] - lo,
+// or zeros where that lies outside [0, V) or the table owns no id (none).
+// Rows are split over threads: pure copies, each out row by one thread.
+static void gather_rows(const void *ctx, const tpr_tensor *table, const int64_t *vals, int64_t n, int64_t lo,
+                        bool none, tpr_tensor *out) {
+  const int64_t V = table->shape[0], H = table->shape[1], one = 1, ts = table->stride[1];
+  const size_t esz = tpr_dtype_size(table->dtype);
+  const char *t = tpr_tensor_data(table);
+  char *o = tpr_tensor_data(out);
+  const int nt = tpr__cpu_nt(ctx, n * H);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t p = 0; p < n; p++) {
+    char *dst = o + p * H * (int64_t)esz;
+    if (none || vals[p] < lo || vals[p] - lo >= V) {
+      memset(dst, 0, (size_t)H * esz);  // all-zero bits are 0 in every dtype
+      continue;
+    }
+    const char *row = t + (vals[p] - lo) * table->stride[0] * (int64_t)esz;
+    if (ts == 1 || H == 1)
+      memcpy(dst, row, (size_t)H * esz);
+    else
+      tpr__strided_copy(dst, &one, row, &ts, 1, &H, esz);
+  }
+}
+
 // table (V, H), ids (...) i32/i64; out (..., H) contiguous, table's dtype.
 TPR_CPU_KERNEL(embedding) {
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding (cpu): expected 2 inputs, got %d", n_in);
@@ -65,31 +105,32 @@ TPR_CPU_KERNEL(embedding) {
                     tpr_dtype_name(out->dtype), tpr_dtype_name(table->dtype));
   if (table->ndim != 2 || out->ndim != ids->ndim + 1 || out->shape[ids->ndim] != table->shape[1])
     return TPR_FAIL(TPR_ERR_SHAPE, "embedding (cpu): table, ids and out shapes do not fit");
-  const int64_t n = tpr_tensor_numel(ids), V = table->shape[0], H = table->shape[1];
+  const int64_t n = tpr_tensor_numel(ids);
   if (n == 0) return TPR_OK;
-  int64_t *vals = malloc((size_t)n * sizeof *vals);
-  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "embedding (cpu): %lld ids of scratch", (long long)n);
-  tpr_status rc = load_ids("embedding", "token id", ids, V, vals);
-  if (rc != TPR_OK) {
-    free(vals);
-    return tpr__propagate(rc, __FILE__, __LINE__);
-  }
-  const size_t esz = tpr_dtype_size(table->dtype);
-  const char *t = tpr_tensor_data(table);
-  char *o = tpr_tensor_data(out);
-  const int64_t one = 1, ts = table->stride[1];
-  const int nt = tpr__cpu_nt(ctx, n * H);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t p = 0; p < n; p++) {
-    const char *row = t + vals[p] * table->stride[0] * (int64_t)esz;
-    char *dst = o + p * H * (int64_t)esz;
-    if (ts == 1 || H == 1)
-      memcpy(dst, row, (size_t)H * esz);
-    else
-      tpr__strided_copy(dst, &one, row, &ts, 1, &H, esz);
-  }
+  int64_t *vals;
+  TPR_CHECK(load_ids_new("embedding", "token id", ids, table->shape[0], &vals));  // all in [0, V)
+  gather_rows(ctx, table, vals, n, 0, false, out);
   free(vals);
   return TPR_OK;
+}
+
+// One slice of x along `dim` (x without that dim) and its place in a
+// contiguous out: out's strides (ostride), then the slice's shape, x's
+// strides (xs) and out's (os), nd dims.
+typedef struct slice_geom {
+  int nd;
+  int64_t ostride[TPR_MAX_DIMS], shape[TPR_MAX_DIMS], xs[TPR_MAX_DIMS], os[TPR_MAX_DIMS];
+} slice_geom;
+
+static void slice_geom_of(const tpr_tensor *x, const tpr_tensor *out, int dim, slice_geom *g) {
+  tpr__contig_strides(out->ndim, out->shape, g->ostride);
+  g->nd = 0;
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim) continue;
+    g->shape[g->nd] = x->shape[d];
+    g->xs[g->nd] = x->stride[d];
+    g->os[g->nd++] = g->ostride[d];
+  }
 }
 
 // x (..., X_dim, ...), index (n) i32/i64; out (..., n, ...) contiguous.
@@ -111,31 +152,19 @@ TPR_CPU_KERNEL(index_select) {
     return TPR_FAIL(TPR_ERR_SHAPE, "index_select (cpu): x, index and out shapes do not fit");
   const int64_t n = index->shape[0];
   if (n == 0 || tpr_tensor_numel(out) == 0) return TPR_OK;
-  int64_t *vals = malloc((size_t)n * sizeof *vals);
-  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "index_select (cpu): %lld ids of scratch", (long long)n);
-  tpr_status rc = load_ids("index_select", "index", index, x->shape[dim], vals);
-  if (rc != TPR_OK) {
-    free(vals);
-    return tpr__propagate(rc, __FILE__, __LINE__);
-  }
+  int64_t *vals;
+  TPR_CHECK(load_ids_new("index_select", "index", index, x->shape[dim], &vals));
   // Each selected slice is x with `dim` removed, copied into out's slice j.
-  int64_t ostride[TPR_MAX_DIMS], shape[TPR_MAX_DIMS], xs[TPR_MAX_DIMS], os[TPR_MAX_DIMS];
-  tpr__contig_strides(out->ndim, out->shape, ostride);
-  int nd = 0;
-  for (int d = 0; d < x->ndim; d++) {
-    if (d == dim) continue;
-    shape[nd] = x->shape[d];
-    xs[nd] = x->stride[d];
-    os[nd++] = ostride[d];
-  }
+  slice_geom g;
+  slice_geom_of(x, out, dim, &g);
   const size_t esz = tpr_dtype_size(x->dtype);
   const char *xd = tpr_tensor_data(x);
   char *o = tpr_tensor_data(out);
   const int nt = tpr__cpu_nt(ctx, tpr_tensor_numel(out));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t j = 0; j < n; j++)
-    tpr__strided_copy(o + j * ostride[dim] * (int64_t)esz, os,
-                      xd + vals[j] * x->stride[dim] * (int64_t)esz, xs, nd, shape, esz);
+    tpr__strided_copy(o + j * g.ostride[dim] * (int64_t)esz, g.os, xd + vals[j] * x->stride[dim] * (int64_t)esz,
+                      g.xs, g.nd, g.shape, esz);
   free(vals);
   return TPR_OK;
 }
@@ -145,8 +174,6 @@ TPR_CPU_KERNEL(index_select) {
 TPR_CPU_KERNEL(embedding_shard) {
   if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding_shard (cpu): expected 3 inputs, got %d", n_in);
   const tpr_tensor *table = in[0], *ids = in[1], *shard = in[2];
-  TPR_CHECK(check_ids("embedding_shard", ids));
-  TPR_CHECK(check_ids("embedding_shard", shard));
   if (out->dtype != table->dtype)
     return TPR_FAIL(TPR_ERR_DTYPE, "embedding_shard (cpu): out is %s but the table is %s",
                     tpr_dtype_name(out->dtype), tpr_dtype_name(table->dtype));
@@ -154,37 +181,14 @@ TPR_CPU_KERNEL(embedding_shard) {
       tpr_tensor_numel(shard) != 1)
     return TPR_FAIL(TPR_ERR_SHAPE, "embedding_shard (cpu): table, ids, shard and out shapes do not fit");
   int64_t sh;
-  TPR_CHECK(load_ids("embedding_shard", "shard index", shard, -1, &sh));
-  const int64_t n = tpr_tensor_numel(ids), V = table->shape[0], H = table->shape[1];
+  TPR_CHECK(shard_of("embedding_shard", ids, shard, &sh));
+  const int64_t n = tpr_tensor_numel(ids), V = table->shape[0];
   if (n == 0) return TPR_OK;
-  int64_t *vals = malloc((size_t)n * sizeof *vals);
-  if (!vals) return TPR_FAIL(TPR_ERR_OOM, "embedding_shard (cpu): %lld ids of scratch", (long long)n);
-  tpr_status rc = load_ids("embedding_shard", "token id", ids, -1, vals);
-  if (rc != TPR_OK) {
-    free(vals);
-    return tpr__propagate(rc, __FILE__, __LINE__);
-  }
+  int64_t *vals;
+  TPR_CHECK(load_ids_new("embedding_shard", "token id", ids, -1, &vals));
   // Ids and shard are >= 0 here; a shard*V past INT64_MAX owns no id at all.
   const bool none = V == 0 || sh > INT64_MAX / V;
-  const int64_t lo = none ? 0 : sh * V;
-  const size_t esz = tpr_dtype_size(table->dtype);
-  const char *t = tpr_tensor_data(table);
-  char *o = tpr_tensor_data(out);
-  const int64_t one = 1, ts = table->stride[1];
-  const int nt = tpr__cpu_nt(ctx, n * H);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t p = 0; p < n; p++) {
-    char *dst = o + p * H * (int64_t)esz;
-    if (none || vals[p] < lo || vals[p] - lo >= V) {
-      memset(dst, 0, (size_t)H * esz);  // all-zero bits are 0 in every dtype
-      continue;
-    }
-    const char *row = t + (vals[p] - lo) * table->stride[0] * (int64_t)esz;
-    if (ts == 1 || H == 1)
-      memcpy(dst, row, (size_t)H * esz);
-    else
-      tpr__strided_copy(dst, &one, row, &ts, 1, &H, esz);
-  }
+  gather_rows(ctx, table, vals, n, none ? 0 : sh * V, none, out);
   free(vals);
   return TPR_OK;
 }
@@ -225,22 +229,6 @@ static float *token_row(void *ctx, int64_t p) {
   return r >= 0 && r < c->n ? c->out + r * c->H : NULL;
 }
 
-// Loads ids (numel n) checked against [0, limit) (limit < 0: only >= 0) into a
-// new array; *vals stays NULL when there are none.
-static tpr_status load_ids_new(const char *op, const char *what, const tpr_tensor *ids, int64_t limit,
-                               int64_t **vals) {
-  *vals = NULL;
-  const int64_t n = tpr_tensor_numel(ids);
-  if (n == 0) return TPR_OK;
-  *vals = malloc((size_t)n * sizeof **vals);
-  if (!*vals) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld ids of scratch", op, (long long)n);
-  tpr_status rc = load_ids(op, what, ids, limit, *vals);
-  if (rc == TPR_OK) return TPR_OK;
-  free(*vals);
-  *vals = NULL;
-  return tpr__propagate(rc, __FILE__, __LINE__);
-}
-
 // dy (..., H) f32, ids (...) i32/i64 in [0, V); i[0] V; out (V, H).
 TPR_CPU_KERNEL(embedding_bwd) {
   if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding_bwd (cpu): expected 2 inputs, got %d", n_in);
@@ -262,10 +250,8 @@ TPR_CPU_KERNEL(embedding_bwd) {
 TPR_CPU_KERNEL(embedding_shard_bwd) {
   if (n_in != 3) return TPR_FAIL(TPR_ERR_INVALID_ARG, "embedding_shard_bwd (cpu): expected 3 inputs, got %d", n_in);
   const tpr_tensor *dy = in[0], *ids = in[1], *shard = in[2];
-  TPR_CHECK(check_ids("embedding_shard_bwd", ids));
-  TPR_CHECK(check_ids("embedding_shard_bwd", shard));
   int64_t sh, *vals;
-  TPR_CHECK(load_ids("embedding_shard_bwd", "shard index", shard, -1, &sh));
+  TPR_CHECK(shard_of("embedding_shard_bwd", ids, shard, &sh));
   TPR_CHECK(load_ids_new("embedding_shard_bwd", "token id", ids, -1, &vals));
   const int64_t V = out->shape[0], H = out->shape[1];
   float *o = tpr_tensor_data(out);
@@ -290,22 +276,15 @@ TPR_CPU_KERNEL(index_select_bwd) {
   TPR_CHECK(load_ids_new("index_select_bwd", "index", index, n, &vals));
   float *o = tpr_tensor_data(out);
   memset(o, 0, (size_t)tpr_tensor_numel(out) * sizeof *o);
-  int64_t ostride[TPR_MAX_DIMS], shape[TPR_MAX_DIMS], ds[TPR_MAX_DIMS], os[TPR_MAX_DIMS];
-  tpr__contig_strides(out->ndim, out->shape, ostride);
-  int nd = 0;
-  for (int d = 0; d < dy->ndim; d++) {
-    if (d == dim) continue;
-    shape[nd] = dy->shape[d];
-    ds[nd] = dy->stride[d];
-    os[nd++] = ostride[d];
-  }
+  slice_geom g;
+  slice_geom_of(dy, out, dim, &g);
   const float *dd = tpr_tensor_data(dy);
-  const int64_t *st[2] = {os, ds};
+  const int64_t *st[2] = {g.os, g.xs};
   for (int64_t j = 0; vals && j < k; j++) {
-    float *oj = o + vals[j] * ostride[dim];
+    float *oj = o + vals[j] * g.ostride[dim];
     const float *dj = dd + j * dy->stride[dim];
     tpr__iter it;
-    if (!tpr__iter_init(&it, nd, shape, 2, st)) break;
+    if (!tpr__iter_init(&it, g.nd, g.shape, 2, st)) break;
     do {
       for (int64_t i = 0; i < it.n; i++) oj[it.off[0] + i * it.inner[0]] += dj[it.off[1] + i * it.inner[1]];
     } while (tpr__iter_next(&it));

@@ -112,21 +112,6 @@ AI unsigned tile(const tpr__sg_args *p, int64_t n, int64_t m0, const int RR, con
   return bad;
 }
 
-// Instances: weight rows 4 (or 1 at the end), activation rows 1..MRMAX.
-#define MRMAX 6
-typedef unsigned (*tile_fn)(const tpr__sg_args *, int64_t, int64_t);
-#define INST(DT, RR, MR) \
-  static unsigned tile_##DT##_##RR##_##MR(const tpr__sg_args *p, int64_t n, int64_t m0) { return tile(p, n, m0, RR, MR, DT); }
-#define INST_MR(DT, RR) INST(DT, RR, 1) INST(DT, RR, 2) INST(DT, RR, 3) INST(DT, RR, 4) INST(DT, RR, 5) INST(DT, RR, 6)
-#define ROW_MR(DT, RR) {tile_##DT##_##RR##_1, tile_##DT##_##RR##_2, tile_##DT##_##RR##_3, \
-                        tile_##DT##_##RR##_4, tile_##DT##_##RR##_5, tile_##DT##_##RR##_6}
-INST_MR(DT_F32, 4) INST_MR(DT_F32, 1) INST_MR(DT_BF16, 4) INST_MR(DT_BF16, 1) INST_MR(DT_FP8, 4) INST_MR(DT_FP8, 1)
-static const tile_fn tiles[3][2][MRMAX] = {
-    {ROW_MR(DT_F32, 4), ROW_MR(DT_F32, 1)},
-    {ROW_MR(DT_BF16, 4), ROW_MR(DT_BF16, 1)},
-    {ROW_MR(DT_FP8, 4), ROW_MR(DT_FP8, 1)},
-};
-
 // One activation row against weight row n (f32 or bf16): four accumulators
 // over the row so the FMA chain does not bound it, one row at a time so the
 // weights stream in address order. Decode's matmuls have short rows (K of
@@ -188,15 +173,12 @@ static unsigned row_dot1_fp8(const tpr__sg_args *p, int64_t n) {
   return bad;
 }
 
-static void rows_dot1_f32(const tpr__sg_args *p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_F32);
-}
-static void rows_dot1_bf16(const tpr__sg_args *p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n++) row_dot1(p, n, DT_BF16);
-}
+// Tiles of 4 weight rows by 1..MRMAX activation rows.
+#define MRMAX 6
+#include "skinny_gemm_tiles.h"
 
 void tpr__sg_rows_avx512(const tpr__sg_args *p, int64_t n0, int64_t n1) {
-  int dt = p->w->dtype == TPR_F32 ? DT_F32 : p->w->dtype == TPR_BF16 ? DT_BF16 : DT_FP8;
+  const int dt = weight_dt(p);
   if (p->M == 1 && dt == DT_FP8) {
     for (int64_t n = n0; n < n1; n++)
       if (row_dot1_fp8(p, n)) tpr__sg_rows_portable(p, n, n + 1);
@@ -206,19 +188,7 @@ void tpr__sg_rows_avx512(const tpr__sg_args *p, int64_t n0, int64_t n1) {
     (dt == DT_F32 ? rows_dot1_f32 : rows_dot1_bf16)(p, n0, n1);
     return;
   }
-  for (int64_t n = n0; n < n1;) {
-    int rr = n1 - n >= 4 ? 4 : 1;
-    unsigned bad = 0;
-    // Row tile outer, activation rows inner: the tile's weights stay in cache
-    // while each group of MR activation rows passes over them.
-    for (int64_t m0 = 0; m0 < p->M; m0 += MRMAX) {
-      int64_t mr = p->M - m0 < MRMAX ? p->M - m0 : MRMAX;
-      bad |= tiles[dt][rr == 4 ? 0 : 1][mr - 1](p, n, m0);
-    }
-    for (int r = 0; r < rr; r++)
-      if (bad & (1u << r)) tpr__sg_rows_portable(p, n + r, n + r + 1);
-    n += rr;
-  }
+  rows_tiled(p, n0, n1, dt);
 }
 
 #if defined(__clang__)

@@ -24,18 +24,7 @@
 #define XENT_IGNORE (-100)
 
 // Element i of a 1-D (or (n, 1)) i32/i64 tensor, any stride.
-static int64_t index_at(const tpr_tensor *t, int64_t i) {
-  const char *base = tpr_tensor_data(t);
-  int64_t e = i * t->stride[0];
-  if (t->dtype == TPR_I32) {
-    int32_t v;
-    memcpy(&v, base + e * 4, 4);
-    return v;
-  }
-  int64_t v;
-  memcpy(&v, base + e * 8, 8);
-  return v;
-}
+static int64_t index_at(const tpr_tensor *t, int64_t i) { return tpr__index_at(t, i * t->stride[0]); }
 
 // Element t of a (T, 1) f32 column, any stride.
 static double col_at(const tpr_tensor *c, int64_t t) { return ((const float *)tpr_tensor_data(c))[t * c->stride[0]]; }
@@ -57,6 +46,22 @@ static tpr_status shard_cols(const char *op, const tpr_tensor *shard, int64_t Vl
   *n_valid = n < 0 ? 0 : n > Vl ? Vl : n;
   return TPR_OK;
 }
+
+// This rank's logits (T, Vl) with the shard's place in the vocabulary: the
+// real columns are [0, nv), global column lo + j.
+typedef struct shard_logits {
+  const float *d;
+  int64_t T, Vl, s0, s1, lo, nv;
+} shard_logits;
+
+static tpr_status shard_logits_of(const char *op, const tpr_tensor *l, const tpr_tensor *shard, int64_t V,
+                                  shard_logits *x) {
+  *x = (shard_logits){.d = tpr_tensor_data(l), .T = l->shape[0], .Vl = l->shape[1], .s0 = l->stride[0],
+                      .s1 = l->stride[1]};
+  return shard_cols(op, shard, x->Vl, V, &x->lo, &x->nv);
+}
+
+static inline float logit(const shard_logits *x, int64_t t, int64_t j) { return x->d[t * x->s0 + j * x->s1]; }
 
 // Targets must be -100 (ignored) or in [0, limit) (limit < 0: no upper
 // bound known to the op); the error names the first bad token position.
@@ -81,17 +86,15 @@ static tpr_status check_targets(const char *op, const tpr_tensor *targets, int64
 // shard, and unlike -inf it stays finite, so no consumer ever forms
 // inf - inf or 0 * inf (NaN) from it. A NaN logit makes the row's max NaN.
 TPR_CPU_KERNEL(xent_max) {
-  const tpr_tensor *l = in[0];
-  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
-  TPR_CHECK(shard_cols("xent_max", in[1], Vl, attrs->i[0], &lo, &nv));
-  const float *ld = tpr_tensor_data(l);
+  shard_logits x;
+  TPR_CHECK(shard_logits_of("xent_max", in[0], in[1], attrs->i[0], &x));
   float *o = tpr_tensor_data(out);
-  const int nt = tpr__cpu_nt(ctx, T * nv);
+  const int nt = tpr__cpu_nt(ctx, x.T * x.nv);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t t = 0; t < T; t++) {
+  for (int64_t t = 0; t < x.T; t++) {
     float m = -FLT_MAX;
-    for (int64_t j = 0; j < nv; j++) {
-      float v = ld[t * l->stride[0] + j * l->stride[1]];
+    for (int64_t j = 0; j < x.nv; j++) {
+      float v = logit(&x, t, j);
       if (isnan(v)) {
         m = v;
         break;
@@ -105,16 +108,15 @@ TPR_CPU_KERNEL(xent_max) {
 
 // out (T, 1) = sum over real columns of exp(l - max), max the global one.
 TPR_CPU_KERNEL(xent_sumexp) {
-  const tpr_tensor *l = in[0], *mx = in[1];
-  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
-  TPR_CHECK(shard_cols("xent_sumexp", in[2], Vl, attrs->i[0], &lo, &nv));
-  const float *ld = tpr_tensor_data(l);
+  const tpr_tensor *mx = in[1];
+  shard_logits x;
+  TPR_CHECK(shard_logits_of("xent_sumexp", in[0], in[2], attrs->i[0], &x));
   float *o = tpr_tensor_data(out);
-  const int nt = tpr__cpu_nt(ctx, T * nv);
+  const int nt = tpr__cpu_nt(ctx, x.T * x.nv);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t t = 0; t < T; t++) {
+  for (int64_t t = 0; t < x.T; t++) {
     double m = col_at(mx, t), acc = 0;
-    for (int64_t j = 0; j < nv; j++) acc += exp((double)ld[t * l->stride[0] + j * l->stride[1]] - m);
+    for (int64_t j = 0; j < x.nv; j++) acc += exp((double)logit(&x, t, j) - m);
     o[t] = (float)acc;
   }
   return TPR_OK;
@@ -124,17 +126,16 @@ TPR_CPU_KERNEL(xent_sumexp) {
 // max is held fixed: its own gradient cancels in the loss (see xent_loss's
 // backward rule, runtime/grad/loss.c), so no cotangent is ever formed for it.
 TPR_CPU_KERNEL(xent_sumexp_bwd) {
-  const tpr_tensor *l = in[0], *mx = in[1], *dy = in[3];
-  int64_t T = l->shape[0], Vl = l->shape[1], lo = 0, nv = 0;
-  TPR_CHECK(shard_cols("xent_sumexp_bwd", in[2], Vl, attrs->i[0], &lo, &nv));
-  const float *ld = tpr_tensor_data(l);
+  const tpr_tensor *mx = in[1], *dy = in[3];
+  shard_logits x;
+  TPR_CHECK(shard_logits_of("xent_sumexp_bwd", in[0], in[2], attrs->i[0], &x));
   float *o = tpr_tensor_data(out);
-  const int nt = tpr__cpu_nt(ctx, T * Vl);
+  const int64_t Vl = x.Vl;
+  const int nt = tpr__cpu_nt(ctx, x.T * Vl);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t t = 0; t < T; t++) {
+  for (int64_t t = 0; t < x.T; t++) {
     double m = col_at(mx, t), g = col_at(dy, t);
-    for (int64_t j = 0; j < Vl; j++)
-      o[t * Vl + j] = j < nv ? (float)(g * exp((double)ld[t * l->stride[0] + j * l->stride[1]] - m)) : 0.0f;
+    for (int64_t j = 0; j < Vl; j++) o[t * Vl + j] = j < x.nv ? (float)(g * exp((double)logit(&x, t, j) - m)) : 0.0f;
   }
   return TPR_OK;
 }
@@ -142,15 +143,14 @@ TPR_CPU_KERNEL(xent_sumexp_bwd) {
 // out (T, 1) = logits[t, y_t - shard*Vl] where this shard owns y_t, else 0
 // (also for y_t = -100). Targets are checked first: a bad one writes nothing.
 TPR_CPU_KERNEL(xent_target) {
-  const tpr_tensor *l = in[0], *y = in[1];
-  int64_t T = l->shape[0], Vl = l->shape[1], V = attrs->i[0], lo = 0, nv = 0;
-  TPR_CHECK(shard_cols("xent_target", in[2], Vl, V, &lo, &nv));
-  TPR_CHECK(check_targets("xent_target", y, V));
-  const float *ld = tpr_tensor_data(l);
+  const tpr_tensor *y = in[1];
+  shard_logits x;
+  TPR_CHECK(shard_logits_of("xent_target", in[0], in[2], attrs->i[0], &x));
+  TPR_CHECK(check_targets("xent_target", y, attrs->i[0]));
   float *o = tpr_tensor_data(out);
-  for (int64_t t = 0; t < T; t++) {
-    int64_t yt = index_at(y, t), j = yt - lo;
-    o[t] = (yt != XENT_IGNORE && j >= 0 && j < nv) ? ld[t * l->stride[0] + j * l->stride[1]] : 0.0f;
+  for (int64_t t = 0; t < x.T; t++) {
+    int64_t yt = index_at(y, t), j = yt - x.lo;
+    o[t] = (yt != XENT_IGNORE && j >= 0 && j < x.nv) ? logit(&x, t, j) : 0.0f;
   }
   return TPR_OK;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "matmul.h"
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/strided.h"
 #include "runtime/ops/gemm/weight_gemm.h"
@@ -35,21 +36,6 @@ static operand layout(int64_t r, int64_t c, int64_t s0, int64_t s1, bool trans) 
     o.copy = true;  // scratch is row-major (r, c): the defaults above
   }
   return o;
-}
-
-// Batch strides of t (..., r, c) read broadcast to the batch dims bshape (nb).
-static tpr_status batch_strides(const char *name, const tpr_tensor *t, int nb, const int64_t *bshape,
-                                int64_t *stride) {
-  int tb = t->ndim - 2;
-  if (tb > nb) return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cpu): %s has more batch dims than out", name);
-  for (int d = 0; d < nb; d++) {
-    int td = d - (nb - tb);
-    if (td >= 0 && t->shape[td] != bshape[d] && t->shape[td] != 1)
-      return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cpu): %s batch dim %d is %lld, out has %lld", name, td,
-                      (long long)t->shape[td], (long long)bshape[d]);
-    stride[d] = (td < 0 || t->shape[td] == 1) ? 0 : t->stride[td];
-  }
-  return TPR_OK;
 }
 
 // One operand as f32: a bf16 one widened into a contiguous scratch copy
@@ -184,8 +170,8 @@ static tpr_status matmul_f32(const tpr_tensor *a, const float *ad, const tpr_ten
   bool b_held = false;  // bbuf holds b's matrix at offset b_copied
   int64_t b_copied = 0;
   const int64_t *st[3] = {so, sa, sb};
-  tpr__iter it;
-  tpr__iter_init(&it, nb, out->shape, 3, st);  // nb == 0 gives one batch
+  tpr__iter it = {0};  // out is not empty, so init finds a batch (nb == 0 gives one)
+  tpr__iter_init(&it, nb, out->shape, 3, st);
   do {
     for (int64_t i = 0; i < it.n; i++) {
       const float *pa = ad + it.off[1] + i * it.inner[1];
@@ -217,7 +203,7 @@ static tpr_status matmul_fp8(const tpr_cpu_ctx *ctx, const tpr_tensor *a, const 
                              const tpr_tensor *scale, int block, tpr_tensor *out) {
   const int64_t N = w->shape[0], K = w->shape[1], nb = out->ndim - 2;
   int64_t sa[TPR_MAX_DIMS], so[TPR_MAX_DIMS], rows, lda;
-  TPR_CHECK(batch_strides("a", a, (int)nb, out->shape, sa));
+  tpr__matmul_batch_strides(a->ndim, a->shape, a->stride, (int)nb, sa);
   tpr__contig_strides(out->ndim, out->shape, so);
   tpr_weight_view v;
   if (!weight_of(w, &v) || (scale->shape[1] > 1 && scale->stride[1] != 1) ||
@@ -231,33 +217,19 @@ static tpr_status matmul_fp8(const tpr_cpu_ctx *ctx, const tpr_tensor *a, const 
 }
 
 // a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K) if i[1]] or
-// 2-D; out (..., M, N) contiguous.
+// 2-D, f32 or bf16; out (..., M, N) contiguous f32. Or the FP8 form (i[2]
+// the scale block). The shape rule has checked all of it.
 TPR_CPU_KERNEL(matmul) {
-  int block = attrs && attrs->n_i > 2 ? (int)attrs->i[2] : 0;
-  if (block > 0 && n_in == 3 && in[1]->dtype == TPR_F8E4M3 && in[2]->dtype == TPR_F32 && in[1]->ndim == 2 &&
-      in[0]->dtype == TPR_F32 && out->dtype == TPR_F32)
-    return tpr_tensor_numel(out) ? matmul_fp8(ctx, in[0], in[1], in[2], block, out) : TPR_OK;
-  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "matmul (cpu): expected 2 inputs, got %d", n_in);
+  const int block = attrs->n_i > 2 ? (int)attrs->i[2] : 0;
+  if (block > 0) return tpr_tensor_numel(out) ? matmul_fp8(ctx, in[0], in[1], in[2], block, out) : TPR_OK;
   const tpr_tensor *a = in[0], *b = in[1];
-  if ((a->dtype != TPR_F32 && a->dtype != TPR_BF16) || (b->dtype != TPR_F32 && b->dtype != TPR_BF16) ||
-      out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "matmul (cpu): a %s, b %s, out %s; a and b must be f32 or bf16, out f32",
-                    tpr_dtype_name(a->dtype), tpr_dtype_name(b->dtype), tpr_dtype_name(out->dtype));
-  if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
-    return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cpu): a, b and out need at least 2 dims");
-  const bool ta = attrs && attrs->n_i > 0 && attrs->i[0];
-  const bool tb = attrs && attrs->n_i > 1 && attrs->i[1];
-  const int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
-  const int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
-  const int64_t M = ta ? ac : ar, K = ta ? ar : ac, N = tb ? br : bc;
-  const int nb = out->ndim - 2;
-  if ((tb ? bc : br) != K || out->shape[nb] != M || out->shape[nb + 1] != N)
-    return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cpu): (%lld x %lld) @ (%lld x %lld) does not give out (%lld x %lld)",
-                    (long long)M, (long long)K, (long long)(tb ? bc : br), (long long)N,
-                    (long long)out->shape[nb], (long long)out->shape[nb + 1]);
+  const tpr__matmul_dims dims = tpr__matmul_dims_of(a, b, attrs, out);
+  const bool ta = dims.ta, tb = dims.tb;
+  const int64_t M = dims.M, N = dims.N, K = dims.K;
+  const int nb = dims.nb;
   int64_t sa[TPR_MAX_DIMS], sb[TPR_MAX_DIMS], so[TPR_MAX_DIMS];
-  TPR_CHECK(batch_strides("a", a, nb, out->shape, sa));
-  TPR_CHECK(batch_strides("b", b, nb, out->shape, sb));
+  tpr__matmul_batch_strides(a->ndim, a->shape, a->stride, nb, sa);
+  tpr__matmul_batch_strides(b->ndim, b->shape, b->stride, nb, sb);
   tpr__contig_strides(out->ndim, out->shape, so);
 
   float *o = tpr_tensor_data(out);
@@ -273,10 +245,10 @@ TPR_CPU_KERNEL(matmul) {
   float *abuf = NULL, *bbuf = NULL;
   rc = widen("a", a, &av, &ad, &abuf);
   if (rc == TPR_OK) rc = widen("b", b, &bv, &bd, &bbuf);
-  if (rc == TPR_OK && abuf) TPR_CHECK_GOTO(batch_strides("a", &av, nb, out->shape, sa), rc, done);
-  if (rc == TPR_OK && bbuf) TPR_CHECK_GOTO(batch_strides("b", &bv, nb, out->shape, sb), rc, done);
+  // A widened copy is contiguous: its batch strides are new.
+  if (abuf) tpr__matmul_batch_strides(av.ndim, av.shape, av.stride, nb, sa);
+  if (bbuf) tpr__matmul_batch_strides(bv.ndim, bv.shape, bv.stride, nb, sb);
   if (rc == TPR_OK) rc = matmul_f32(&av, ad, &bv, bd, ta, tb, M, N, K, nb, sa, sb, so, out);
-done:
   free(abuf);
   free(bbuf);
   return rc;

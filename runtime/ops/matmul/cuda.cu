@@ -12,20 +12,8 @@
 // a single GEMM.
 #include "runtime/ops/cuda_kernels.h"
 
-// Batch strides of a matrix stack (nd dims: batch..., r, c) read broadcast to
-// the batch dims bshape (nb); as cpu.c's batch_strides.
-static tpr_status batch_strides(const char *name, int nd, const int64_t *shape, const int64_t *tstride, int nb,
-                                const int64_t *bshape, int64_t *stride) {
-  int tb = nd - 2;
-  if (tb > nb) return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cuda): %s has more batch dims than out", name);
-  for (int d = 0; d < nb; d++) {
-    int td = d - (nb - tb);
-    if (td >= 0 && shape[td] != bshape[d] && shape[td] != 1)
-      return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cuda): %s batch dim %d is %lld, out has %lld", name, td,
-                      (long long)shape[td], (long long)bshape[d]);
-    stride[d] = (td < 0 || shape[td] == 1) ? 0 : tstride[td];
-  }
-  return TPR_OK;
+extern "C" {
+#include "matmul.h"
 }
 
 // One operand as raw device data: its pointer and strides, replaced by a
@@ -54,29 +42,22 @@ static tpr_status prepare(tpr_cuda_ctx *c, const tpr_tensor *t, bool trans, tpr_
 }
 
 // a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K) if i[1]] or
-// 2-D; out (..., M, N) contiguous.
+// 2-D; out (..., M, N) contiguous. The shape rule has checked the shapes;
+// what this kernel adds is its own limit: f32 operands only (the rule also
+// admits bf16 operands and the FP8 form, which only the CPU reads).
 TPR_CUDA_KERNEL(matmul) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
-  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "matmul (cuda): expected 2 inputs, got %d", n_in);
+  if (n_in != 2)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "matmul (cuda): the FP8 form has no CUDA kernel (%d inputs)", n_in);
   const tpr_tensor *a = in[0], *b = in[1];
-  if (a->dtype != TPR_F32 || b->dtype != TPR_F32 || out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "matmul (cuda): a %s, b %s, out %s; only f32 is supported",
-                    tpr_dtype_name(a->dtype), tpr_dtype_name(b->dtype), tpr_dtype_name(out->dtype));
-  if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
-    return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cuda): a, b and out need at least 2 dims");
-  const bool ta = attrs && attrs->n_i > 0 && attrs->i[0];
-  const bool tb = attrs && attrs->n_i > 1 && attrs->i[1];
-  const int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
-  const int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
-  const int64_t M = ta ? ac : ar, K = ta ? ar : ac, N = tb ? br : bc;
-  const int nb = out->ndim - 2;
-  if ((tb ? bc : br) != K || out->shape[nb] != M || out->shape[nb + 1] != N)
-    return TPR_FAIL(TPR_ERR_SHAPE, "matmul (cuda): (%lld x %lld) @ (%lld x %lld) does not give out (%lld x %lld)",
-                    (long long)M, (long long)K, (long long)(tb ? bc : br), (long long)N,
-                    (long long)out->shape[nb], (long long)out->shape[nb + 1]);
+  if (a->dtype != TPR_F32 || b->dtype != TPR_F32)
+    return TPR_FAIL(TPR_ERR_DTYPE, "matmul (cuda): a %s, b %s; only f32 is supported", tpr_dtype_name(a->dtype),
+                    tpr_dtype_name(b->dtype));
+  const tpr__matmul_dims dims = tpr__matmul_dims_of(a, b, attrs, out);
+  const bool ta = dims.ta, tb = dims.tb;
+  const int64_t M = dims.M, N = dims.N, K = dims.K;
+  const int nb = dims.nb;
   int64_t so[TPR_MAX_DIMS], sa[TPR_MAX_DIMS], sb[TPR_MAX_DIMS];
-  TPR_CHECK(batch_strides("a", a->ndim, a->shape, a->stride, nb, out->shape, sa));
-  TPR_CHECK(batch_strides("b", b->ndim, b->shape, b->stride, nb, out->shape, sb));
   tpr__contig_strides(out->ndim, out->shape, so);
   float *o = (float *)tpr_tensor_data(out);
   if (tpr_tensor_numel(out) == 0) return TPR_OK;
@@ -90,9 +71,9 @@ TPR_CUDA_KERNEL(matmul) {
   TPR_CHECK(prepare(c, a, ta, &abuf, &A));
   TPR_CHECK(prepare(c, b, tb, &bbuf, &B));
   if (A.l.copy || B.l.copy) return TPR_FAIL(TPR_ERR_INTERNAL, "matmul (cuda): a copied operand is still strided");
-  // Batch strides again: a copied operand has new (contiguous) strides.
-  TPR_CHECK(batch_strides("a", a->ndim, a->shape, A.stride, nb, out->shape, sa));
-  TPR_CHECK(batch_strides("b", b->ndim, b->shape, B.stride, nb, out->shape, sb));
+  // Batch strides after prepare: a copied operand has new (contiguous) strides.
+  tpr__matmul_batch_strides(a->ndim, a->shape, A.stride, nb, sa);
+  tpr__matmul_batch_strides(b->ndim, b->shape, B.stride, nb, sb);
   const int64_t *as = A.stride + a->ndim - 2;
 
   bool b_shared = true;

@@ -52,25 +52,24 @@ TPR_CPU_KERNEL(rms_norm) {
   if (tpr_tensor_numel(x) == 0) return TPR_OK;
   const float eps = attrs->f[0];
 
-  const int64_t rows = tpr_tensor_numel(x) / H;
-  const int nt = tpr__cpu_nt(ctx, rows * H);
+  // Row r (row-major over the leading dims) goes to out's row r.
+  const int64_t *st[1] = {x->stride};
+  tpr__row_iter R;
+  tpr__row_iter_init(&R, ctx, x->ndim, x->shape, 1, st, H);  // not empty: numel > 0
+  const int nt = R.nt;
 
   // Scratch for a strided x row per thread and a strided weight.
   float *buf = malloc((size_t)(nt + 1) * (size_t)H * sizeof *buf);
   if (!buf) return TPR_FAIL(TPR_ERR_OOM, "rms_norm (cpu): %lld floats of scratch", (long long)((nt + 1) * H));
   const float *wv = unit_row(tpr_tensor_data(w), w->stride[0], H, buf + (int64_t)nt * H);
 
-  // Row r (row-major over the leading dims) goes to out's row r.
   const float *xd = tpr_tensor_data(x);
   float *o = tpr_tensor_data(out);
-  const int64_t *st[1] = {x->stride};
   const int64_t xs = x->stride[x->ndim - 1];
-  tpr__iter it;
-  tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st);  // not empty: numel > 0
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = 0; r < R.rows; r++) {
     float *orow = o + r * H;
-    const float *xr = unit_row(xd + tpr__iter_offset_at(&it, 0, r), xs, H, buf + omp_get_thread_num() * H);
+    const float *xr = unit_row(xd + tpr__iter_offset_at(&R.it, 0, r), xs, H, buf + omp_get_thread_num() * H);
     float inv = 1.0f / sqrtf(sum_squares(xr, H) / (float)H + eps);
     for (int64_t i = 0; i < H; i++) orow[i] = xr[i] * inv * wv[i];
   }
@@ -101,12 +100,10 @@ TPR_CPU_KERNEL(sum_squares) {
   float *o = tpr_tensor_data(out);
   const float *xd = tpr_tensor_data(x);
   const int64_t *st[1] = {x->stride};
-  tpr__iter it;
-  if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
-  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
-  const int nt = tpr__cpu_nt(ctx, rows * N);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) o[r] = (float)sum_squares_f64(xd + tpr__iter_offset_at(&it, 0, r), N, xs);
+  tpr__row_iter R;
+  if (!tpr__row_iter_init(&R, ctx, x->ndim, x->shape, 1, st, N)) return TPR_OK;
+#pragma omp parallel for num_threads(R.nt) if (R.nt > 1) schedule(static)
+  for (int64_t r = 0; r < R.rows; r++) o[r] = (float)sum_squares_f64(xd + tpr__iter_offset_at(&R.it, 0, r), N, xs);
   return TPR_OK;
 }
 
@@ -129,16 +126,14 @@ TPR_CPU_KERNEL(rms_scale) {
   const float *xd = tpr_tensor_data(x), *sd = tpr_tensor_data(ss), *wd = tpr_tensor_data(w);
   float *o = tpr_tensor_data(out);
   const int64_t *st[2] = {x->stride, ss->stride};
-  tpr__iter it;
-  if (N == 0 || !tpr__iter_init(&it, x->ndim - 1, x->shape, 2, st)) return TPR_OK;
-  const int64_t rows = tpr__iter_rows(&it) * it.n;
-  const int nt = tpr__cpu_nt(ctx, rows * N);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = xd + tpr__iter_offset_at(&it, 0, r);
+  tpr__row_iter R;
+  if (N == 0 || !tpr__row_iter_init(&R, ctx, x->ndim, x->shape, 2, st, N)) return TPR_OK;
+#pragma omp parallel for num_threads(R.nt) if (R.nt > 1) schedule(static)
+  for (int64_t r = 0; r < R.rows; r++) {
+    const float *xr = xd + tpr__iter_offset_at(&R.it, 0, r);
     float *orow = o + r * N;
     // torch, in f32: variance = sumsq / divisor; x * rsqrt(variance + eps); * weight.
-    const float variance = sd[tpr__iter_offset_at(&it, 1, r)] / divisor;
+    const float variance = sd[tpr__iter_offset_at(&R.it, 1, r)] / divisor;
     const float inv = 1.0f / sqrtf(variance + eps);
     for (int64_t i = 0; i < N; i++) orow[i] = (xr[i * xs] * inv) * wd[i * ws];
   }

@@ -22,18 +22,6 @@
 
 #include "rope.h"
 
-static int64_t load_at(const tpr_tensor *t, int64_t off) {  // element at offset `off` (elements) of an i32/i64 tensor
-  const char *p = (const char *)tpr_tensor_data(t) + off * (int64_t)tpr_dtype_size(t->dtype);
-  if (t->dtype == TPR_I32) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-  }
-  int64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 // x (T, heads, D), positions (T) or (3, T) i32/i64; out (T, heads, D)
 // contiguous. attrs: rope.h. With `inverse`, the rotation by -angle
 // (rope_bwd: the rotation is orthogonal, so its transpose is its inverse):
@@ -79,7 +67,7 @@ static tpr_status rope_run(void *ctx, const char *op, const tpr_tensor *const *i
     float *o = (float *)tpr_tensor_data(out) + t * NH * D;
     for (int64_t d = 0; d < half; d++) {
       const int axis = tpr__mrope_axis(v.layout, v.section, d);
-      const float a = (float)load_at(pos, axis * ps_axis + t * ps_tok) * inv[d];
+      const float a = (float)tpr__index_at(pos, axis * ps_axis + t * ps_tok) * inv[d];
       cs[d] = cosf(a);
       sn[d] = inverse ? -sinf(a) : sinf(a);
     }

@@ -41,40 +41,55 @@ static float select_row(const float *lrow, int64_t ls1, const float *bd, int64_t
   return sum;
 }
 
+// A kernel's logits (T, E) and bias (E), and select_row's scratch for nt
+// threads (per thread: sigmoids and scores, 2E floats; chosen flags, E bytes).
+typedef struct selection {
+  const float *ld, *bd;
+  int64_t ls0, ls1, bs, E, k;
+  float *s_all;
+  unsigned char *chosen_all;
+} selection;
+
+static tpr_status selection_new(const char *op, const tpr_tensor *lg, const tpr_tensor *bias, int64_t k, int nt,
+                                selection *x) {
+  const int64_t E = lg->shape[1];
+  *x = (selection){.ld = tpr_tensor_data(lg), .bd = tpr_tensor_data(bias), .ls0 = lg->stride[0],
+                   .ls1 = lg->stride[1], .bs = bias->stride[0], .E = E, .k = k};
+  x->s_all = malloc(2 * (size_t)(nt * E) * sizeof *x->s_all);
+  x->chosen_all = malloc((size_t)(nt * E));
+  if (x->s_all && x->chosen_all) return TPR_OK;
+  free(x->s_all), free(x->chosen_all);
+  return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): %lld experts of scratch", op, (long long)E);
+}
+
+static void selection_free(selection *x) { free(x->s_all), free(x->chosen_all); }
+
+// Row t's selection in the calling thread's scratch: *s (E) the sigmoids,
+// *chosen (E) the picks; returns the sum of the chosen s.
+static float select_t(const selection *x, int64_t t, float **s, unsigned char **chosen) {
+  const int64_t th = omp_get_thread_num(), E = x->E;
+  *s = x->s_all + 2 * th * E;
+  *chosen = x->chosen_all + th * E;
+  return select_row(x->ld + t * x->ls0, x->ls1, x->bd, x->bs, E, x->k, *s, *s + E, *chosen);
+}
+
 // logits (T, E), bias (E); out (T, E) contiguous. attrs->i[0] = k.
 TPR_CPU_KERNEL(router_sigmoid_topk) {
-  if (n_in != 2) return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk (cpu): expected 2 inputs, got %d", n_in);
   const tpr_tensor *lg = in[0], *bias = in[1];
-  if (lg->dtype != TPR_F32 || bias->dtype != TPR_F32 || out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "router_sigmoid_topk (cpu): logits %s, bias %s, out %s; only f32 is supported",
-                    tpr_dtype_name(lg->dtype), tpr_dtype_name(bias->dtype), tpr_dtype_name(out->dtype));
-  if (lg->ndim != 2 || bias->ndim != 1 || bias->shape[0] != lg->shape[1] || !tpr_tensor_same_shape(lg, out))
-    return TPR_FAIL(TPR_ERR_SHAPE, "router_sigmoid_topk (cpu): logits, bias and out shapes do not fit");
-  const int64_t T = lg->shape[0], E = lg->shape[1];
-  const int64_t k = attrs && attrs->n_i > 0 ? attrs->i[0] : 0;
-  if (k < 1 || k > E)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk (cpu): k = %lld outside [1, E = %lld]", (long long)k,
-                    (long long)E);
+  const int64_t T = lg->shape[0], E = lg->shape[1], k = attrs->i[0];  // the shape rule checked 1 <= k <= E
   if (T == 0) return TPR_OK;
   const int nt = tpr__cpu_nt(ctx, T * E * (k + 2));  // k argmax passes plus the sigmoids and the writes
-  float *s_all = malloc(2 * (size_t)(nt * E) * sizeof *s_all);  // per thread: sigmoid, then sigmoid + bias
-  unsigned char *chosen_all = malloc((size_t)(nt * E));
-  if (!s_all || !chosen_all) {
-    free(s_all), free(chosen_all);
-    return TPR_FAIL(TPR_ERR_OOM, "router_sigmoid_topk (cpu): %lld experts of scratch", (long long)E);
-  }
-  const float *ld = tpr_tensor_data(lg), *bd = tpr_tensor_data(bias);
-  const int64_t ls0 = lg->stride[0], ls1 = lg->stride[1], bs = bias->stride[0];
+  selection x;
+  TPR_CHECK(selection_new("router_sigmoid_topk", lg, bias, k, nt, &x));
   float *out_d = tpr_tensor_data(out);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
-    const int64_t th = omp_get_thread_num();
-    float *s = s_all + 2 * th * E, *score = s + E, *o = out_d + t * E;
-    unsigned char *chosen = chosen_all + th * E;
-    const float sum = select_row(ld + t * ls0, ls1, bd, bs, E, k, s, score, chosen);
+    float *s, *o = out_d + t * E;
+    unsigned char *chosen;
+    const float sum = select_t(&x, t, &s, &chosen);
     for (int64_t e = 0; e < E; e++) o[e] = chosen[e] ? s[e] / sum : 0.0f;
   }
-  free(s_all), free(chosen_all);
+  selection_free(&x);
   return TPR_OK;
 }
 
@@ -84,37 +99,20 @@ TPR_CPU_KERNEL(router_sigmoid_topk) {
 // ds_i = (dy_i - sum_j w_j dy_j) / S with w = out, and dlogit_i = ds_i *
 // s_i (1 - s_i). The dot is accumulated in double in ascending expert order.
 TPR_CPU_KERNEL(router_sigmoid_topk_bwd) {
-  if (n_in != 3)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk_bwd (cpu): expected 3 inputs, got %d", n_in);
   const tpr_tensor *lg = in[0], *bias = in[1], *dy = in[2];
-  if (lg->dtype != TPR_F32 || bias->dtype != TPR_F32 || dy->dtype != TPR_F32 || out->dtype != TPR_F32)
-    return TPR_FAIL(TPR_ERR_DTYPE, "router_sigmoid_topk_bwd (cpu): only f32 is supported");
-  if (lg->ndim != 2 || bias->ndim != 1 || bias->shape[0] != lg->shape[1] || !tpr_tensor_same_shape(lg, dy) ||
-      !tpr_tensor_same_shape(lg, out))
-    return TPR_FAIL(TPR_ERR_SHAPE, "router_sigmoid_topk_bwd (cpu): logits, bias, dy and out shapes do not fit");
-  const int64_t T = lg->shape[0], E = lg->shape[1];
-  const int64_t k = attrs && attrs->n_i > 0 ? attrs->i[0] : 0;
-  if (k < 1 || k > E)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "router_sigmoid_topk_bwd (cpu): k = %lld outside [1, E = %lld]",
-                    (long long)k, (long long)E);
+  const int64_t T = lg->shape[0], E = lg->shape[1], k = attrs->i[0];  // the shape rule checked 1 <= k <= E
   if (T == 0) return TPR_OK;
   const int nt = tpr__cpu_nt(ctx, T * E * (k + 3));
-  float *s_all = malloc(2 * (size_t)(nt * E) * sizeof *s_all);
-  unsigned char *chosen_all = malloc((size_t)(nt * E));
-  if (!s_all || !chosen_all) {
-    free(s_all), free(chosen_all);
-    return TPR_FAIL(TPR_ERR_OOM, "router_sigmoid_topk_bwd (cpu): %lld experts of scratch", (long long)E);
-  }
-  const float *ld = tpr_tensor_data(lg), *bd = tpr_tensor_data(bias), *dd = tpr_tensor_data(dy);
-  const int64_t ls0 = lg->stride[0], ls1 = lg->stride[1], bs = bias->stride[0];
+  selection x;
+  TPR_CHECK(selection_new("router_sigmoid_topk_bwd", lg, bias, k, nt, &x));
+  const float *dd = tpr_tensor_data(dy);
   const int64_t ds0 = dy->stride[0], ds1 = dy->stride[1];
   float *out_d = tpr_tensor_data(out);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < T; t++) {
-    const int64_t th = omp_get_thread_num();
-    float *s = s_all + 2 * th * E, *score = s + E, *o = out_d + t * E;
-    unsigned char *chosen = chosen_all + th * E;
-    const float sum = select_row(ld + t * ls0, ls1, bd, bs, E, k, s, score, chosen);
+    float *s, *o = out_d + t * E;
+    unsigned char *chosen;
+    const float sum = select_t(&x, t, &s, &chosen);
     double dot = 0;  // sum_j w_j dy_j over the chosen j
     for (int64_t e = 0; e < E; e++)
       if (chosen[e]) dot += (double)(s[e] / sum) * (double)dd[t * ds0 + e * ds1];
@@ -127,7 +125,7 @@ TPR_CPU_KERNEL(router_sigmoid_topk_bwd) {
       o[e] = (float)(ds * (double)s[e] * (1.0 - (double)s[e]));
     }
   }
-  free(s_all), free(chosen_all);
+  selection_free(&x);
   return TPR_OK;
 }
 

@@ -17,16 +17,6 @@
 #include "runtime/ops/cpu_threads.h"
 #include "runtime/ops/strided.h"
 
-// Eight interleaved partial sums: fixed order, vectorisable (see norm.c).
-static float sum_f32(const float *x, int64_t n) {  // x (n)
-  float acc[8] = {0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++) acc[l] += x[i + l];
-  for (int l = 0; i < n; i++, l++) acc[l] += x[i];
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
-
 // x (n) with stride s; o (n) contiguous.
 static void softmax_row(const float *x, int64_t s, float *o, int64_t n) {
   float m = -INFINITY;
@@ -41,7 +31,7 @@ static void softmax_row(const float *x, int64_t s, float *o, int64_t n) {
     return;
   }
   for (int64_t i = 0; i < n; i++) o[i] = expf(x[i * s] - m);
-  const float sum = sum_f32(o, n);  // >= 1: the max entry gives exp(0)
+  const float sum = tpr__sum8_f32(o, n);  // >= 1: the max entry gives exp(0)
   for (int64_t i = 0; i < n; i++) o[i] /= sum;
 }
 
@@ -60,12 +50,11 @@ TPR_CPU_KERNEL(softmax) {
   float *o = tpr_tensor_data(out);
   const int64_t xs = x->stride[x->ndim - 1];
   const int64_t *st[1] = {x->stride};
-  tpr__iter it;
-  if (!tpr__iter_init(&it, x->ndim - 1, x->shape, 1, st)) return TPR_OK;
-  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
-  const int nt = tpr__cpu_nt(ctx, rows * N);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) softmax_row(xd + tpr__iter_offset_at(&it, 0, r), N == 1 ? 1 : xs, o + r * N, N);
+  tpr__row_iter R;
+  if (!tpr__row_iter_init(&R, ctx, x->ndim, x->shape, 1, st, N)) return TPR_OK;
+#pragma omp parallel for num_threads(R.nt) if (R.nt > 1) schedule(static)
+  for (int64_t r = 0; r < R.rows; r++)
+    softmax_row(xd + tpr__iter_offset_at(&R.it, 0, r), N == 1 ? 1 : xs, o + r * N, N);
   return TPR_OK;
 }
 
@@ -83,13 +72,11 @@ TPR_CPU_KERNEL(softmax_bwd) {
   float *o = tpr_tensor_data(out);
   const int64_t ys = y->stride[y->ndim - 1], gs = dy->stride[dy->ndim - 1];
   const int64_t *st[2] = {y->stride, dy->stride};
-  tpr__iter it;
-  if (!tpr__iter_init(&it, y->ndim - 1, y->shape, 2, st)) return TPR_OK;
-  const int64_t rows = tpr__iter_rows(&it) * it.n;  // row-major over the leading dims, as out stores them
-  const int nt = tpr__cpu_nt(ctx, rows * N);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *yr = yd + tpr__iter_offset_at(&it, 0, r), *gr = gd + tpr__iter_offset_at(&it, 1, r);
+  tpr__row_iter R;
+  if (!tpr__row_iter_init(&R, ctx, y->ndim, y->shape, 2, st, N)) return TPR_OK;
+#pragma omp parallel for num_threads(R.nt) if (R.nt > 1) schedule(static)
+  for (int64_t r = 0; r < R.rows; r++) {
+    const float *yr = yd + tpr__iter_offset_at(&R.it, 0, r), *gr = gd + tpr__iter_offset_at(&R.it, 1, r);
     float *orow = o + r * N;
     double dot = 0;
     for (int64_t i = 0; i < N; i++) dot += (double)gr[i * gs] * yr[i * ys];
