@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/family.h"
+#include "models/family.h"
 #include "engine/session_impl.h"
 #include "engine/weight_dtype.h"
 #include "runtime/host_mem.h"

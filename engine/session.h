@@ -1,5 +1,5 @@
 // A model loaded on this rank and ready to run, for every family the engine
-// knows (engine/family.h): its weight slices, the paged KV pool, the mesh
+// knows (models/family.h): its weight slices, the paged KV pool, the mesh
 // communicators, and one program + exec per step shape (built on first use).
 // Every rank of the world must make the same calls in the same order (each
 // step runs collectives). The batched engine (engine/engine.h) schedules
@@ -10,7 +10,7 @@
 #include <stdbool.h>
 
 #include "collectives/tpr_comm.h"
-#include "engine/family.h"
+#include "models/family.h"
 #include "models/layers/moe.h"
 #include "models/moe_stats.h"
 #include "shard/mesh.h"
@@ -87,7 +87,7 @@ typedef struct tpr_session_pool {
 } tpr_session_pool;
 tpr_session_pool tpr_session_pool_info(const tpr_session *s);
 
-// One step: n_tokens real tokens of up to B sequences (engine/family.h),
+// One step: n_tokens real tokens of up to B sequences (models/family.h),
 // run by the program of static shape (T, N); rows n_tokens..T-1 are padded
 // (n_tokens may be 0: a replica with nothing to do in a dp step).
 // Collective: every rank gives the same T and N (dp replicas may give
