@@ -40,13 +40,14 @@ typedef struct tpr_session_opts {
   // once, run on every rank"); otherwise every rank builds its own and the
   // hashes are compared.
   bool broadcast_program;
-  // Opened for training (models/minimax_m2_train.h): no KV caches, no
-  // inference programs; max_seq is ignored.
+  // Opened for training: f32 weights, no KV pool, no step programs;
+  // max_seq is ignored. Code above the engine builds its own programs over
+  // the weights (engine/session_parts.h).
   bool training;
   // Negative controls for the parity tests (never in real runs):
   bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
   int mrope_layout_control;  // MRoPE families: > 0 rotates in this tpr_mrope_layout, not the config's
-  int skip_grad_marks;     // training without some grad_all_reduce marks (tpr_m2_build_opts)
+  int skip_grad_marks;     // training without some grad_all_reduce marks (the builders' skip_grad_marks)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
 } tpr_session_opts;
 

@@ -43,7 +43,7 @@ typedef struct tpr_m2_build_opts {
   // the gates the experts used, and with capacity mode "moe_router.L" (T, E),
   // the router's own.
   bool moe_stats;
-  // Training program (models/minimax_m2_train.h): no KV caches (attention
+  // Training program (run by the trainer): no KV caches (attention
   // reads this run's k and v, start = 0), every edge where a replicated value
   // enters rank-local compute marked with grad_all_reduce, and instead of
   // logits the loss: input "targets" (T) i32 (-100 ignored), outputs "loss"
