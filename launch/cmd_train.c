@@ -1,4 +1,4 @@
-// tpr train: MoE training steps under mpirun (train/trainer.h).
+// tpr train: training steps of any family under mpirun (train/trainer.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
