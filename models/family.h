@@ -1,8 +1,9 @@
 // A model family as the engine sees it: how to build one inference step
-// program for a loaded plan. The session (engine/session.h) loads the
-// weights, stacks the experts, holds the paged KV pool and runs the programs
-// for every family; a new family adds an entry (engine/family.c), not a
-// session.
+// program for a loaded plan. This is the families' interface: it lives with
+// them, and the engine above uses it. The session (engine/session.h) loads
+// the weights, stacks the experts, holds the paged KV pool and runs the
+// programs for every family; a new family adds an entry (models/family.c),
+// not a session.
 //
 // The step program's interface, fixed by the engine for every family:
 //   inputs  "tokens" (T) i32, "positions" (T) i32, "slot_mapping" (T) i32
@@ -22,8 +23,8 @@
 //           capacity mode, "moe_router.L" (T, E)
 // Padded rows come last; they run through the model like any token but
 // attend nothing and are never sampled.
-#ifndef TPR_ENGINE_FAMILY_H
-#define TPR_ENGINE_FAMILY_H
+#ifndef TPR_MODELS_FAMILY_H
+#define TPR_MODELS_FAMILY_H
 
 #include <stdbool.h>
 #include <stddef.h>

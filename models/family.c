@@ -1,4 +1,4 @@
-#include "engine/family.h"
+#include "models/family.h"
 
 #include <stdio.h>
 #include <string.h>
