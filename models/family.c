@@ -3,31 +3,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "models/minimax_m2.h"
-#include "models/qwen3_moe.h"
-// -- family headers: hunyuan
 #include "models/hunyuan_moe.h"
-
-// -- family headers: mrope
+#include "models/minimax_m2.h"
+#include "models/qwen2_vl.h"
+#include "models/qwen3_moe.h"
 #include "models/qwen3_vl_moe.h"
 
-// -- family headers: qwen2_vl
-#include "models/qwen2_vl.h"
-
-
+// Every family the engine can run; a new family adds its entry here.
 static const tpr_family *const families[] = {
-    &tpr_family_minimax_m2,
-    // -- families
-    &tpr_family_qwen3_moe,
-    // -- families: hunyuan
-    &tpr_family_hunyuan_v1_moe,
-
-    // -- families: mrope
-    &tpr_family_qwen3_vl_moe,
-
-    // -- families: qwen2_vl
-    &tpr_family_qwen2_vl,
-
+    &tpr_family_minimax_m2, &tpr_family_qwen3_moe, &tpr_family_hunyuan_v1_moe,
+    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl,
 };
 
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {
