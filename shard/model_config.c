@@ -22,7 +22,6 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
     [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
     [TPR_FAMILY_QWEN2_VL] = "qwen2_vl",
-
 };
 
 const char *tpr_model_family_name(tpr_model_family f) {
