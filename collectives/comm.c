@@ -226,29 +226,28 @@ static tpr_status check_peer(const char *op, tpr_comm_t c, int peer) {
 }
 
 // Point to point: watched (a missing peer hangs as surely as a collective),
-// not agreed (only two ranks take part).
-tpr_status tpr_comm_send(tpr_comm_t c, const void *buf, size_t count, tpr_dtype dt, int peer) {
-  TPR_CHECK(check_comm("send", c));
-  TPR_CHECK(check_dtype("send", dt));
-  TPR_CHECK(check_peer("send", c, peer));
-  TPR_CHECK(check_buffers("send", buf, buf, count));
-  if (!c->vt->send) return unsupported(c, TPR__OP_SEND);
-  tpr__watch_enter(c, TPR__OP_SEND, 0, count, dt, peer);
-  tpr_status rc = c->vt->send(c->ctx, buf, count, dt, peer);
+// not agreed (only two ranks take part). send's buffer is const to callers;
+// one path serves both directions.
+static tpr_status point_to_point(tpr_comm_t c, tpr__coll_op op, void *buf, size_t count, tpr_dtype dt, int peer) {
+  const char *name = op_names[op];
+  TPR_CHECK(check_comm(name, c));
+  TPR_CHECK(check_dtype(name, dt));
+  TPR_CHECK(check_peer(name, c, peer));
+  TPR_CHECK(check_buffers(name, buf, buf, count));
+  bool send = op == TPR__OP_SEND;
+  if (send ? !c->vt->send : !c->vt->recv) return unsupported(c, op);
+  tpr__watch_enter(c, op, 0, count, dt, peer);
+  tpr_status rc = send ? c->vt->send(c->ctx, buf, count, dt, peer) : c->vt->recv(c->ctx, buf, count, dt, peer);
   tpr__watch_leave();
   return rc;
 }
 
+tpr_status tpr_comm_send(tpr_comm_t c, const void *buf, size_t count, tpr_dtype dt, int peer) {
+  return point_to_point(c, TPR__OP_SEND, (void *)buf, count, dt, peer);
+}
+
 tpr_status tpr_comm_recv(tpr_comm_t c, void *buf, size_t count, tpr_dtype dt, int peer) {
-  TPR_CHECK(check_comm("recv", c));
-  TPR_CHECK(check_dtype("recv", dt));
-  TPR_CHECK(check_peer("recv", c, peer));
-  TPR_CHECK(check_buffers("recv", buf, buf, count));
-  if (!c->vt->recv) return unsupported(c, TPR__OP_RECV);
-  tpr__watch_enter(c, TPR__OP_RECV, 0, count, dt, peer);
-  tpr_status rc = c->vt->recv(c->ctx, buf, count, dt, peer);
-  tpr__watch_leave();
-  return rc;
+  return point_to_point(c, TPR__OP_RECV, buf, count, dt, peer);
 }
 
 // --- nonblocking collectives -------------------------------------------

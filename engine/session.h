@@ -1,5 +1,5 @@
 // A model loaded on this rank and ready to run, for every family the engine
-// knows (engine/family.h): its weight slices, the paged KV pool, the mesh
+// knows (models/family.h): its weight slices, the paged KV pool, the mesh
 // communicators, and one program + exec per step shape (built on first use).
 // Every rank of the world must make the same calls in the same order (each
 // step runs collectives). The batched engine (engine/engine.h) schedules
@@ -10,7 +10,7 @@
 #include <stdbool.h>
 
 #include "collectives/tpr_comm.h"
-#include "engine/family.h"
+#include "models/family.h"
 #include "models/layers/moe.h"
 #include "models/moe_stats.h"
 #include "shard/mesh.h"
@@ -40,13 +40,14 @@ typedef struct tpr_session_opts {
   // once, run on every rank"); otherwise every rank builds its own and the
   // hashes are compared.
   bool broadcast_program;
-  // Opened for training (models/minimax_m2_train.h): no KV caches, no
-  // inference programs; max_seq is ignored.
+  // Opened for training: f32 weights, no KV pool, no step programs;
+  // max_seq is ignored. Code above the engine builds its own programs over
+  // the weights (engine/session_parts.h).
   bool training;
   // Negative controls for the parity tests (never in real runs):
   bool per_rank_qk_norm;   // normalise q/k per rank (no all-reduce, local divisor)
   int mrope_layout_control;  // MRoPE families: > 0 rotates in this tpr_mrope_layout, not the config's
-  int skip_grad_marks;     // training without some grad_all_reduce marks (tpr_m2_build_opts)
+  int skip_grad_marks;     // training without some grad_all_reduce marks (the builders' skip_grad_marks)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
 } tpr_session_opts;
 
@@ -87,7 +88,7 @@ typedef struct tpr_session_pool {
 } tpr_session_pool;
 tpr_session_pool tpr_session_pool_info(const tpr_session *s);
 
-// One step: n_tokens real tokens of up to B sequences (engine/family.h),
+// One step: n_tokens real tokens of up to B sequences (models/family.h),
 // run by the program of static shape (T, N); rows n_tokens..T-1 are padded
 // (n_tokens may be 0: a replica with nothing to do in a dp step).
 // Collective: every rank gives the same T and N (dp replicas may give

@@ -1,9 +1,19 @@
-// Internals of the MiniMax-M2 session shared by its inference
-// (engine/session.c) and training (minimax_m2_train.c) files.
+// Internals of the session (engine/session.h), shared by its files, one
+// responsibility each:
+//   session.c           open and close, the accessors
+//   session_weights.c   the weights as loaded: dtypes, FP8 scales, memory check
+//   session_experts.c   each layer's experts stacked into w13 / w2
+//   session_pool.c      the paged KV pool
+//   session_programs.c  the program cache: one step program per shape
+//   session_step.c      a step's inputs checked and uploaded, its logits read
+//   session_moe_stats.c the routing statistics of the steps run
+// and by the batched engine (engine.c, engine_step.c). Code above the engine
+// uses engine/session_parts.h instead.
 #ifndef TPR_ENGINE_SESSION_IMPL_H
 #define TPR_ENGINE_SESSION_IMPL_H
 
 #include "engine/session.h"
+#include "engine/session_parts.h"
 #include "shard/loader.h"
 #include "shard/mesh_comms.h"
 
@@ -48,14 +58,31 @@ struct tpr_session {
   tpr_moe_stats moe_stats;             // this replica's counts (when opts.moe_stats)
   float *gates_host;                   // (2, T, E) staging of one layer's gates
   tpr_session_info stats;
-  struct tpr_m2_train *train;          // training state (minimax_m2_train.c), NULL for inference
 };
 
-// Binds weights, stacked experts, caches (inference) and the rank tensor.
-tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e);
-// Builds (or receives from rank 0) a program and checks its hash on every rank.
-typedef tpr_status (*tpr__build_fn)(const tpr_shard_plan *plan, const void *opts, tpr_program **out);
-tpr_status tpr__session_make_program(tpr_session *s, tpr__build_fn build, const void *opts, tpr_program **out);
-void tpr__m2_train_free(struct tpr_m2_train *t);
+// session.c. The ranks of one node share its memory: `bytes` (this rank's
+// ask) times the node's ranks against MemAvailable. Collective.
+tpr_status tpr__session_check_node_memory(tpr_session *s, uint64_t bytes, const char *what);
+
+// session_weights.c. Agrees the FP8 blocks and the dtypes each plan kind is
+// held in, checks the node's memory and loads this rank's slices as
+// tensors, the experts stacked. Collective; errors agreed on every rank.
+tpr_status tpr__session_load_weights(tpr_session *s);
+
+// session_experts.c. Stacks layer L's local experts (and their FP8 scales).
+tpr_status tpr__session_stack_experts(tpr_session *s, int64_t L);
+
+// session_pool.c. Sizes the KV pool (collective: the smallest block count
+// any rank affords) and allocates it, zero-filled.
+tpr_status tpr__session_alloc_pool(tpr_session *s);
+
+// session_programs.c. The step program of shape (T, N), built on first use
+// and kept (collective when built); all of them freed.
+tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_program **out);
+void tpr__session_free_programs(tpr_session *s);
+
+// session_moe_stats.c. Adds the routing of a step's n real tokens (rows past
+// them are padding) to the statistics.
+tpr_status tpr__session_count_routing(tpr_session *s, step_program *m, int64_t n);
 
 #endif

@@ -23,7 +23,7 @@ const char *tpr_weight_dtype_name(tpr_dtype dt);  // "auto" for TPR_LOAD_SOURCE_
 // host_kernels: the backend runs the CPU kernels (the others take f32 only;
 // auto gives f32 there, bf16 is TPR_ERR_UNSUPPORTED). expert_kinds: the
 // three substrings of the expert gate, up and down kinds
-// (engine/family.h), held in one dtype.
+// (models/family.h), held in one dtype.
 tpr_status tpr_weight_dtypes(const tpr_loader *l, const tpr_shard_plan *plan, tpr_dtype want, bool host_kernels,
                              const char *const *expert_kinds, tpr_dtype *kind_dt, int *kind_block);
 

@@ -14,7 +14,8 @@
 
 static const tpr_command benches[] = {
     {"comm", "bandwidth of the collectives (nccl-tests columns), optionally against raw MPI", tpr_bench_comm},
-    {"model", "prefill/decode tokens/s of a checkpoint (minimax_m2, qwen3_moe) against the measured sgemm rate and read bandwidth",
+    {"model", "prefill/decode tokens/s of a checkpoint (any family tpr runs) against the measured sgemm rate and read "
+              "bandwidth",
      tpr_bench_model},
     {"moe", "one MoE layer, both dispatchers: exchange GB/s and grouped GEMM GFLOP/s against all_to_all and sgemm",
      tpr_bench_moe},

@@ -1,4 +1,4 @@
-// tpr train: MoE training steps under mpirun (train/trainer.h).
+// tpr train: training steps of any family under mpirun (train/trainer.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,10 +12,10 @@
 #include "launch/positions_3d.h"
 #include "runtime/file_io.h"
 #include "models/minimax_m2.h"
-#include "models/minimax_m2_train.h"
 #include "models/qk_head_decoder.h"
 #include "shard/checkpoint_gen.h"
 #include "train/checkpoint.h"
+#include "train/state.h"
 #include "train/trainer.h"
 
 static const char *usage =
@@ -28,11 +28,11 @@ static const char *usage =
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
 // GEMMs' rate against sgemm measured on this rank in the same run.
-static void print_summary(const tpr_session *s, const tpr_train_summary *sum, const int64_t *rss, int world,
+static void print_summary(const tpr_train_state *t, const tpr_train_summary *sum, const int64_t *rss, int world,
                           bool profile, double sgemm, bool json) {
   double sec[TPR_OP_KIND_COUNT], flops, total = 0;
   int64_t runs;
-  tpr_m2_train_profile(s, sec, &runs, &flops);
+  tpr_train_profile(t, sec, &runs, &flops);
   for (int k = 0; k < TPR_OP_KIND_COUNT; k++) total += sec[k];
   double gemm = sec[TPR_OP_MATMUL] > 0 ? flops * (double)runs / sec[TPR_OP_MATMUL] * 1e-9 : 0;
   if (json) {
@@ -235,6 +235,7 @@ int tpr_cmd_train(int argc, char **argv) {
   o.dump_grads = dump;
   tpr_world w;
   tpr_session *s = NULL;
+  tpr_train_state *t = NULL;
   char init_dir[512] = "";
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
@@ -262,30 +263,31 @@ int tpr_cmd_train(int argc, char **argv) {
   // FSDP by default once there is more than one replica to shard over (the
   // families whose training program shards its params; qwen2_vl's does not).
   if (rc == TPR_OK && !no_fsdp)
-    fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_m2_train_fsdp_built(tpr_session_plan(s)->config.family));
+    fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_train_fsdp_built(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && o.bias_update_rate > 0 && tpr_session_plan(s)->config.family != TPR_FAMILY_MINIMAX_M2)
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --bias-update-rate moves e_score_correction_bias, which %s has not",
                   tpr_model_family_name(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
-  tpr_m2_train_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo,
-                          .positions_3d = pos3};
+  tpr_train_state_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo,
+                             .positions_3d = pos3};
   double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
   tpr_train_summary sum = {0};
-  if (rc == TPR_OK) rc = tpr_m2_train_start(s, &to);
+  if (rc == TPR_OK) rc = tpr_train_state_open(s, &to, &t);
   if (rc == TPR_OK && w.rank == 0 && !o.json) {
     const tpr_shard_plan *pl = tpr_session_plan(s);
     printf("train: world %d (tp %d dp %d ep %d etp %d), %d trained tensors on rank 0, seq %lld x %lld x %lld "
-           "per replica per step\n", w.size, pl->tp, pl->dp, pl->ep, pl->etp, tpr_m2_train_num_params(s),
+           "per replica per step\n", w.size, pl->tp, pl->dp, pl->ep, pl->etp, tpr_train_num_params(t),
            (long long)o.seq_len, (long long)o.micro_batch, (long long)o.grad_accum);
   }
-  if (rc == TPR_OK) rc = tpr_train_run(s, w.host, &o, stdout, &sum);
+  if (rc == TPR_OK) rc = tpr_train_run(t, w.host, &o, stdout, &sum);
   int64_t *rss = calloc((size_t)w.size, sizeof *rss);
   if (rc == TPR_OK && !rss) rc = TPR_FAIL(TPR_ERR_OOM, "peak RSS");
   if (rc == TPR_OK) rc = tpr_world_peak_rss(&w, rss);
-  if (rc == TPR_OK && w.rank == 0) print_summary(s, &sum, rss, w.size, profile, sgemm, o.json);
+  if (rc == TPR_OK && w.rank == 0) print_summary(t, &sum, rss, w.size, profile, sgemm, o.json);
   free(rss);
   free(pos3);
+  tpr_train_state_free(t);  // before the session it trains
   tpr_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point
   if (rc != TPR_OK) return tpr_world_fail(&w, "train");

@@ -14,7 +14,7 @@ static const tpr_command commands[] = {
     {"mlp", "run a tensor-parallel SwiGLU MLP block program, checked against the unsharded block", tpr_cmd_mlp},
     {"plan", "print a checkpoint's sharding plan for a mesh (no mpirun needed)", tpr_cmd_plan},
     {"program", "build, serialize and inspect the demo block program", tpr_cmd_program},
-    {"run", "generate from a checkpoint (minimax_m2, qwen3_moe) under mpirun (tensor-parallel)", tpr_cmd_run},
+    {"run", "generate from a checkpoint (minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe, qwen2_vl) under mpirun (tensor-parallel)", tpr_cmd_run},
     // -- eval command
     {"eval", "mean next-token cross-entropy of a checkpoint over a token file (validation loss)", tpr_cmd_eval},
     // -- tokenizer commands
@@ -24,7 +24,7 @@ static const tpr_command commands[] = {
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming) under mpirun", tpr_cmd_serve},
     {"tokenize", "encode text with a checkpoint's tokenizer.json and print the ids", tpr_cmd_tokenize},
     {"detokenize", "decode token ids with a checkpoint's tokenizer.json and print the text", tpr_cmd_detokenize},
-    {"train", "train a MiniMax-M2 model under mpirun (tp/ep/dp, AdamW, checkpoints)", tpr_cmd_train},
+    {"train", "train a checkpoint (minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe, qwen2_vl) under mpirun (tp/ep/dp, FSDP, AdamW, checkpoints)", tpr_cmd_train},
     {"version", "print the version and build options", tpr_cmd_version},
 };
 

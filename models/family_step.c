@@ -117,11 +117,6 @@ tpr_status tpr_fstep_linear(tpr_program *p, tpr_value_id x, const tpr_fweight *w
   return tpr_pb_matmul(p, x, w->w, false, true, out);
 }
 
-tpr_status tpr_fstep_fill(tpr_program *p, tpr_value_id like, float value, tpr_value_id *out) {
-  tpr_op_attrs at = {.n_f = 1, .f = {value}};
-  return tpr_program_op(p, TPR_OP_FILL, &like, 1, &at, out);
-}
-
 tpr_status tpr_fstep_embed(tpr_fstep *c, tpr_value_id *embed, tpr_value_id *x) {
   TPR_CHECK(tpr_fstep_param(c, "model.embed_tokens.weight", 0, embed));  // (V'/tp, H)
   TPR_CHECK(tpr_pb_embedding_shard(c->p, *embed, c->tokens, c->rank_tp, x));  // (T, H) partial over tp

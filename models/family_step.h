@@ -1,4 +1,4 @@
-// Pieces of an inference step program (engine/family.h's interface) that
+// Pieces of an inference step program (models/family.h's interface) that
 // every family builds the same way: the step inputs, params in the dtype the
 // session holds them, linear layers over f32/bf16/FP8 weights, the
 // vocab-parallel embedding, paged attention with its row-parallel o_proj,
@@ -8,7 +8,7 @@
 #ifndef TPR_FAMILY_STEP_H
 #define TPR_FAMILY_STEP_H
 
-#include "engine/family.h"
+#include "models/family.h"
 #include "runtime/program/tpr_runtime.h"
 #include "shard/fsdp.h"
 #include "shard/shard_plan.h"
@@ -94,8 +94,5 @@ tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head);
 // q or k (T, heads, D) rotated over the config's rotary dims: NeoX RoPE at
 // "positions", or MRoPE at "positions_3d" in the config's layout.
 tpr_status tpr_fstep_rope(tpr_fstep *c, tpr_value_id x, tpr_value_id *out);
-
-// A (shape of `like`) f32 constant `value` (the fill op reads only the shape).
-tpr_status tpr_fstep_fill(tpr_program *p, tpr_value_id like, float value, tpr_value_id *out);
 
 #endif

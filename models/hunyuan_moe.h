@@ -1,5 +1,5 @@
 // Hunyuan-MoE (transformers' HunYuanMoEV1ForCausalLM), tensor-parallel
-// inference: one rank-agnostic SPMD step program (engine/family.h's interface),
+// inference: one rank-agnostic SPMD step program (models/family.h's interface),
 // built by models/qk_head_decoder.h from this family's descriptor:
 //
 //   x = vocab-parallel embedding (all-reduce over tp)
@@ -31,7 +31,7 @@
 
 #include "models/qk_head_decoder.h"
 
-// The engine's entry (engine/family.c). Its build_step maps the session's
+// The engine's entry (models/family.c). Its build_step maps the session's
 // per_rank_qk_norm control to TPR_QK_CONTROL_SWAP_ORDER
 // (models/qk_head_decoder.h: normalise q/k, then rotate -- Qwen3's order).
 extern const tpr_family tpr_family_hunyuan_v1_moe;

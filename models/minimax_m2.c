@@ -197,7 +197,7 @@ static tpr_status moe(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_fstep_linear(c->p, h, &gate, &logits));  // (T, E) f32
   TPR_CHECK(tpr_pb_router_sigmoid_topk(c->p, logits, bias, (int)cfg->experts_per_tok, &gates));
   if (c->router_logits) c->router_logits[L] = logits;
-  if (c->o->training) {  // tokens per expert as routed, for the bias update (models/minimax_m2_train.h)
+  if (c->o->training) {  // tokens per expert as routed, for the trainer's routing-bias update
     tpr_value_id load;
     snprintf(name, sizeof name, "moe_load.%lld", (long long)L);
     TPR_CHECK(tpr_pb_moe_counts(c->p, gates, &load));  // (E) i32

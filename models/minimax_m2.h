@@ -19,12 +19,12 @@
 //
 // The rank enters only through the rank tensor: the embedding shard and the
 // QK-norm weight slices are selected at run time. Inference programs follow
-// the engine's step interface (engine/family.h): a ragged batch of tokens
+// the engine's step interface (models/family.h): a ragged batch of tokens
 // from many sequences over a paged KV cache, logits only at the sampled rows.
 #ifndef TPR_MINIMAX_M2_H
 #define TPR_MINIMAX_M2_H
 
-#include "engine/family.h"
+#include "models/family.h"
 #include "models/layers/moe.h"
 #include "runtime/program/tpr_runtime.h"
 #include "shard/fsdp.h"
@@ -43,7 +43,7 @@ typedef struct tpr_m2_build_opts {
   // the gates the experts used, and with capacity mode "moe_router.L" (T, E),
   // the router's own.
   bool moe_stats;
-  // Training program (models/minimax_m2_train.h): no KV caches (attention
+  // Training program (run by the trainer): no KV caches (attention
   // reads this run's k and v, start = 0), every edge where a replicated value
   // enters rank-local compute marked with grad_all_reduce, and instead of
   // logits the loss: input "targets" (T) i32 (-100 ignored), outputs "loss"
@@ -63,11 +63,11 @@ typedef struct tpr_m2_build_opts {
   const int *kind_block;  // FP8 kinds' scale blocks (tpr_step_build_opts)
 } tpr_m2_build_opts;
 
-// Inference (engine/family.h's step interface) or, with o->training, the
+// Inference (models/family.h's step interface) or, with o->training, the
 // training program (inputs "tokens", "positions", "start", "targets").
 tpr_status tpr_m2_build(const tpr_shard_plan *plan, const tpr_m2_build_opts *o, tpr_program **out);
 
-// The engine's entry for MiniMax-M2 (engine/family.c).
+// The engine's entry for MiniMax-M2 (models/family.c).
 extern const tpr_family tpr_family_minimax_m2;
 
 #endif

@@ -6,9 +6,6 @@
 
 #include "models/train_loss.h"
 
-// Prefix of the gradient outputs of a training program: "grad:<param name>".
-#define TPR_M2_GRAD_PREFIX TPR_TRAIN_GRAD_PREFIX
-
 // Training: the loss head after the final norm. x (T, H) replicated over tp,
 // head (V'/tp, H) this rank's vocab shard, router_logits (layers) each (T, E).
 // Adds input "targets", outputs "loss", "ce", "aux", then the backward with

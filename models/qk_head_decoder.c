@@ -72,7 +72,7 @@ static tpr_status qk_norm(qkhd *b, tpr_value_id x, tpr_value_id w, int64_t heads
   }
   TPR_CHECK(tpr_pb_slice(c->p, x2, 0, 0, 1, &row));  // (1, heads*D): a shape to fill
   TPR_CHECK(tpr_pb_reshape(c->p, row, 1, (const int64_t[]){heads * D}, &row));
-  TPR_CHECK(tpr_fstep_fill(c->p, row, 1.0f, &ones));
+  TPR_CHECK(tpr_pb_fill(c->p, row, 1.0f, &ones));
   TPR_CHECK(tpr_pb_rms_scale(c->p, x2, ss, ones, (float)divisor, eps, &y));
   TPR_CHECK(tpr_pb_reshape(c->p, y, 3, (const int64_t[]){T, heads, D}, &y));
   return tpr_pb_mul(c->p, y, w, out);

@@ -33,7 +33,7 @@
 
 #include <stdbool.h>
 
-#include "engine/family.h"
+#include "models/family.h"
 #include "shard/fsdp.h"
 
 // Negative controls of the parity tests (never in real runs).
@@ -97,7 +97,7 @@ typedef struct tpr_qkhd_opts {
 tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,
                           tpr_program **out);
 
-// engine/family.h's build_step for `d`: maps per_rank_qk_norm to d->session_control.
+// models/family.h's build_step for `d`: maps per_rank_qk_norm to d->session_control.
 tpr_status tpr_qkhd_build_step(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_step_build_opts *o,
                                tpr_program **out);
 

@@ -32,7 +32,7 @@
 #ifndef TPR_QWEN2_VL_H
 #define TPR_QWEN2_VL_H
 
-#include "engine/family.h"
+#include "models/family.h"
 #include "models/qk_head_decoder.h"
 
 extern const tpr_family tpr_family_qwen2_vl;

@@ -1,5 +1,5 @@
 // Qwen3-MoE (transformers' Qwen3MoeForCausalLM), tensor-parallel inference:
-// one rank-agnostic SPMD step program (engine/family.h's interface), built
+// one rank-agnostic SPMD step program (models/family.h's interface), built
 // by models/qk_head_decoder.h from this family's descriptor:
 //
 //   x = vocab-parallel embedding (all-reduce over tp)
@@ -27,7 +27,7 @@
 
 #include "models/qk_head_decoder.h"
 
-// The engine's entry (engine/family.c). Its build_step maps the session's
+// The engine's entry (models/family.c). Its build_step maps the session's
 // per_rank_qk_norm control to TPR_QK_CONTROL_FULL_LOCAL.
 extern const tpr_family tpr_family_qwen3_moe;
 

@@ -3,7 +3,7 @@
 // models/qk_head_decoder.h, from its own descriptor) with MRoPE -- rope
 // positions (3, T) (temporal, height, width) laid out
 // INTERLEAVED by mrope_section (runtime/ops/rope_layout.h), NeoX pairing.
-// The step takes them as the "positions_3d" input (engine/family.h); for
+// The step takes them as the "positions_3d" input (models/family.h); for
 // text, all three rows are the sequence position.
 //
 // Not run: the vision tower and DeepStack's visual features added to the

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (unit, op-vs-reference, program, multi-rank MPI
-# and CLI tests) under ctest, after installing dependencies and building.
+# and CLI tests) under ctest, after installing dependencies, building and
+# checking the layers' includes (scripts/check_layers.sh).
 #
 #   scripts/test.sh              Release build in build/
 #   scripts/test.sh --sanitize   -fsanitize=address,undefined build in build-asan/
@@ -25,12 +26,16 @@ while [ $# -gt 0 ]; do
     --sanitize) setup_args+=(--sanitize); build_dir=build-asan; label="sanitized (address,undefined)"; shift ;;
     --no-fuzz) fuzz=0; shift ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 
 scripts/setup.sh --build-dir "$build_dir" "${setup_args[@]}"
+
+# The layer order (scripts/layers.txt): no #include may point up or sideways
+# between folders. Cheap, so it runs first.
+scripts/check_layers.sh
 
 # Open MPI refuses root without these; CI machines have 2 cores, so the
 # multi-rank tests oversubscribe (set per test in tests/CMakeLists.txt).

@@ -20,10 +20,8 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_MINIMAX_M2] = "minimax_m2",
     [TPR_FAMILY_QWEN3_MOE] = "qwen3_moe",
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
-    // -- families: mrope
     [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
     [TPR_FAMILY_QWEN2_VL] = "qwen2_vl",
-
 };
 
 const char *tpr_model_family_name(tpr_model_family f) {
@@ -506,7 +504,6 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
   } else if (strcmp(type, "qwen3_moe") == 0) {
     c.family = TPR_FAMILY_QWEN3_MOE;
     TPR_CHECK_GOTO(parse_qwen3_moe(root, origin, &c), rc, done);
-    // -- families: mrope
   } else if (strcmp(type, "qwen3_vl_moe") == 0) {
     // Qwen3VLMoeForConditionalGeneration: the text decoder's config is nested
     // (text_config, a Qwen3-MoE one plus MRoPE); the vision tower is not run.

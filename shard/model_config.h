@@ -22,10 +22,8 @@ typedef enum tpr_model_family {
   TPR_FAMILY_MINIMAX_M2 = 0,   // "minimax_m2"
   TPR_FAMILY_QWEN3_MOE = 1,    // "qwen3_moe"
   TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe"
-  // -- families: mrope
   TPR_FAMILY_QWEN3_VL_MOE = 3,  // "qwen3_vl_moe": its text decoder (Qwen3-MoE + interleaved MRoPE)
   TPR_FAMILY_QWEN2_VL = 4,  // "qwen2_vl" (and "qwen2_5_vl"): its text decoder (dense Qwen2, q/k/v biases, sectioned MRoPE)
-
   TPR_FAMILY_COUNT
 } tpr_model_family;
 

@@ -130,7 +130,7 @@ static void test_cli(void **state) {
   assert_non_null(strstr(r.out, "generated:"));
   tt_run_done(&r);
   r = tt_run_tpr(tpr, tmp, (const char *const[]){"train", "--model", FIX, "--data", "/dev/null", "--steps", "1", NULL});
-  // The family trains (tests/test_train_hunyuan.c): the run gets past the
+  // The family trains (tests/test_train_family.c): the run gets past the
   // family and fails on the data file.
   printf("tpr plan, run: exit 0; tpr train on /dev/null: exit %d: %s", r.code, r.err);
   assert_int_not_equal(r.code, 0);

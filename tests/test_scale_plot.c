@@ -1,4 +1,4 @@
-// tpr scale plot on the committed example sweep (docs/scale/example): the
+// tpr scale plot on the committed sweep of the AMD EPYC (docs/scale/small): the
 // four PNGs exist, are PNG files and are not trivially small (a plot with
 // axes, titles and curves is tens of KB; an empty canvas a few KB). Skipped
 // (77) when gnuplot is not installed (scripts/setup.sh installs gnuplot-nox).
@@ -17,7 +17,7 @@ static void test_plot_example(void **state) {
   tt_configs_dir(configs, sizeof configs);
   assert_non_null(mkdtemp(tmp));
   // A copy: plot writes DIR/plots/, and the source tree stays as committed.
-  snprintf(cmd, sizeof cmd, "cp '%s/../docs/scale/example/results.jsonl' '%s/../docs/scale/example/predictions.jsonl' '%s/'",
+  snprintf(cmd, sizeof cmd, "cp '%s/../docs/scale/small/results.jsonl' '%s/../docs/scale/small/predictions.jsonl' '%s/'",
            configs, configs, tmp);
   assert_int_equal(system(cmd), 0);
   const char *args[] = {"scale", "plot", tmp, NULL};

@@ -1,10 +1,10 @@
-// The harness the per-family training tests share (test_train_m2,
-// test_train_qwen3, test_train_hunyuan, test_train_qwen3_vl): `tpr train` runs on a PyTorch training fixture
-// (scripts/reference/train_fixture.py: tokens.npy, meta.json,
-// step0_grads.safetensors, final_params.safetensors), the per-step JSON
-// reports, the tensor-file comparison, and the checks both families make
-// (step 0 on a list of meshes, the AdamW steps, a resume bit for bit,
-// refusals). Each test keeps its family's meshes and controls.
+// The harness the training tests share (test_train_m2, and
+// test_train_family for the other families): `tpr train` runs on a PyTorch
+// training fixture (scripts/reference/train_fixture.py: tokens.npy,
+// meta.json, step0_grads.safetensors, final_params.safetensors), the
+// per-step JSON reports, the tensor-file comparison, and the checks every
+// family makes (step 0 on a list of meshes, the AdamW steps, a resume bit
+// for bit, refusals). Each family keeps its meshes and controls.
 #ifndef TPR_TEST_TRAIN_HARNESS_H
 #define TPR_TEST_TRAIN_HARNESS_H
 

@@ -76,14 +76,20 @@ tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size
   return TPR_OK;
 }
 
+// Grows one of a set of parallel arrays to cap elements; on failure *arr is
+// left as it was (the caller frees it), so each array of a set can be tried.
+static bool grow_array(void **arr, size_t cap, size_t elem) {
+  void *p = realloc(*arr, cap * elem);
+  if (p) *arr = p;
+  return p != NULL;
+}
+
 tpr_status tok_words_push(tok_words *w, size_t off, size_t len) {
   if (w->n == w->cap) {
     size_t cap = w->cap ? w->cap * 2 : 64;
-    size_t *o = realloc(w->off, cap * sizeof *o);
-    if (o) w->off = o;
-    size_t *l = realloc(w->len, cap * sizeof *l);
-    if (l) w->len = l;
-    if (!o || !l) return TPR_FAIL(TPR_ERR_OOM, "tokenizer: %zu words", cap);
+    bool ok = grow_array((void **)&w->off, cap, sizeof *w->off);
+    ok &= grow_array((void **)&w->len, cap, sizeof *w->len);
+    if (!ok) return TPR_FAIL(TPR_ERR_OOM, "tokenizer: %zu words", cap);
     w->cap = cap;
   }
   w->off[w->n] = off, w->len[w->n] = len;
@@ -127,13 +133,10 @@ typedef struct split_ctx {
 static tpr_status split_push(split_ctx *c, size_t st, size_t en, bool m) {
   if (c->n_m == c->cap) {
     size_t cap = c->cap ? c->cap * 2 : 64;
-    size_t *a = realloc(c->st, cap * sizeof *a);
-    if (a) c->st = a;
-    size_t *b = realloc(c->en, cap * sizeof *b);
-    if (b) c->en = b;
-    bool *d = realloc(c->is_m, cap);
-    if (d) c->is_m = d;
-    if (!a || !b || !d) return TPR_FAIL(TPR_ERR_OOM, "tokenizer: %zu splits", cap);
+    bool ok = grow_array((void **)&c->st, cap, sizeof *c->st);
+    ok &= grow_array((void **)&c->en, cap, sizeof *c->en);
+    ok &= grow_array((void **)&c->is_m, cap, sizeof *c->is_m);
+    if (!ok) return TPR_FAIL(TPR_ERR_OOM, "tokenizer: %zu splits", cap);
     c->cap = cap;
   }
   c->st[c->n_m] = st, c->en[c->n_m] = en, c->is_m[c->n_m] = m;

@@ -11,11 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "models/minimax_m2_train.h"
 #include "runtime/file_io.h"
 #include "runtime/log.h"
 #include "shard/safetensors.h"
 #include "train/checkpoint_impl.h"
+#include "train/state.h"
 
 tpr_status tpr__collect_push(tpr__collect *c, char *name, tpr_dtype dt, int ndim, int64_t *shape, void *data) {
   if (c->n == c->cap) {
@@ -51,9 +51,10 @@ void tpr__collect_free(tpr__collect *c) {
   memset(c, 0, sizeof *c);
 }
 
-tpr_status tpr_train_write_full(tpr_session *s, bool grads, const char *path) {
+tpr_status tpr_train_write_full(tpr_train_state *t, bool grads, const char *path) {
+  const tpr_session *s = tpr_train_state_session(t);
   tpr__collect c = {0};
-  tpr_status rc = tpr_m2_train_export(s, grads, collect_add, &c);
+  tpr_status rc = tpr_train_export(t, grads, collect_add, &c);
   // The model a save publishes is in the layout transformers loads; the
   // gradient dumps keep tpr's names (the tests compare them by those).
   if (rc == TPR_OK && !grads && tpr_session_mesh(s)->world_rank == 0)
@@ -127,14 +128,16 @@ static tpr_status copy_config(const tpr_session *s, const char *tmp) {
 }
 
 // This rank's moments under "<param>.exp_avg" / ".exp_avg_sq".
-static tpr_status write_moments(const tpr_session *s, const char *tmp, int64_t step, const tpr_adamw_state *adam) {
-  int n = tpr_m2_train_num_params(s);
+static tpr_status write_moments(const tpr_train_state *t, const char *tmp, int64_t step,
+                                const tpr_adamw_state *adam) {
+  const tpr_session *s = tpr_train_state_session(t);
+  int n = tpr_train_num_params(t);
   tpr_st_write_entry *e = calloc((size_t)(2 * n + 1), sizeof *e);
   char (*names)[192] = calloc((size_t)(2 * n + 1), sizeof *names);
   int64_t *shapes = calloc((size_t)(n + 1), sizeof *shapes);
   tpr_status rc = e && names && shapes ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "optimizer state");
   for (int i = 0; rc == TPR_OK && i < n; i++) {
-    const tpr_m2_param *p = tpr_m2_train_param(s, i);
+    const tpr_train_param *p = tpr_train_param_at(t, i);
     shapes[i] = p->numel;
     for (int k = 0; k < 2; k++) {
       snprintf(names[2 * i + k], sizeof names[0], "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
@@ -147,7 +150,7 @@ static tpr_status write_moments(const tpr_session *s, const char *tmp, int64_t s
   // Whether the moments are FSDP chunks: a resume on another dp degree
   // recomputes every old rank's chunk from it (train/checkpoint_reshard.c).
   bool chunks = false;
-  for (int i = 0; i < n; i++) chunks = chunks || tpr_m2_train_param(s, i)->shards > 1;
+  for (int i = 0; i < n; i++) chunks = chunks || tpr_train_param_at(t, i)->shards > 1;
   const char *meta[] = {"step", stepbuf, "fsdp", chunks ? "1" : "0", NULL};
   char *path = rc == TPR_OK ? tpr_path_join(tmp, file) : NULL;
   if (rc == TPR_OK) rc = path ? tpr_st_write(path, e, 2 * n, meta) : TPR_FAIL(TPR_ERR_OOM, "path");
@@ -188,8 +191,9 @@ static void debug_pause(void) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
 }
 
-tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const char *dir, int64_t step,
+tpr_status tpr_train_checkpoint_save(tpr_train_state *t, tpr_comm_t world, const char *dir, int64_t step,
                                      const tpr_train_opts *o, const tpr_adamw_state *adam) {
+  const tpr_session *s = tpr_train_state_session(t);
   bool root = tpr_session_mesh(s)->world_rank == 0;
   size_t n = strlen(dir) + 8;
   char *tmp = malloc(n);
@@ -205,13 +209,13 @@ tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const cha
   }
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK) {
-    tpr_status mine = write_moments(s, tmp, step, adam);
+    tpr_status mine = write_moments(t, tmp, step, adam);
     debug_pause();
     rc = tpr_comm_agree(world, mine);
   }
   if (rc == TPR_OK) {
     char *model = tpr_path_join(tmp, "model.safetensors");
-    tpr_status mine = model ? tpr_train_write_full(s, false, model) : TPR_FAIL(TPR_ERR_OOM, "path");
+    tpr_status mine = model ? tpr_train_write_full(t, false, model) : TPR_FAIL(TPR_ERR_OOM, "path");
     if (mine == TPR_OK && root) mine = copy_config(s, tmp);
     if (mine == TPR_OK && root) mine = write_state(tmp, s, step, o);  // written last: it marks a whole checkpoint
     if (mine == TPR_OK && root) mine = tpr_dir_sync(tmp);
@@ -291,8 +295,9 @@ tpr_status tpr_train_checkpoint_data_order(const char *dir, uint64_t *seed, bool
   return rc;
 }
 
-tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step) {
+tpr_status tpr_train_checkpoint_load(tpr_train_state *t, const char *dir, tpr_adamw_state *adam, int64_t *step) {
+  const tpr_session *s = tpr_train_state_session(t);
   int old_world = 0;
   TPR_CHECK(read_state(dir, tpr_session_plan(s), step, &old_world));
-  return tpr__train_load_moments(s, dir, old_world, *step, adam);
+  return tpr__train_load_moments(t, dir, old_world, *step, adam);
 }

@@ -15,16 +15,16 @@
 // Collective: the full tensors (weights, or with grads the gradient
 // accumulators) reassembled on world rank 0 and written there as one
 // safetensors file under transformers' names (atomically).
-tpr_status tpr_train_write_full(tpr_session *s, bool grads, const char *path);
+tpr_status tpr_train_write_full(tpr_train_state *t, bool grads, const char *path);
 
-// Collective. adam: (tpr_m2_train_num_params) this rank's moments.
-tpr_status tpr_train_checkpoint_save(tpr_session *s, tpr_comm_t world, const char *dir, int64_t step,
+// Collective. adam: (tpr_train_num_params) this rank's moments.
+tpr_status tpr_train_checkpoint_save(tpr_train_state *t, tpr_comm_t world, const char *dir, int64_t step,
                                      const tpr_train_opts *o, const tpr_adamw_state *adam);
 
 // Reads the step and this rank's moments from a checkpoint written for the
 // same mesh (the session must have been opened on dir, so the weights are
 // its). A checkpoint of another mesh or a damaged file: a clear error.
-tpr_status tpr_train_checkpoint_load(tpr_session *s, const char *dir, tpr_adamw_state *adam, int64_t *step);
+tpr_status tpr_train_checkpoint_load(tpr_train_state *t, const char *dir, tpr_adamw_state *adam, int64_t *step);
 
 // The data order a checkpoint's run read with (trainer_state.json's "seed"
 // and "data_order"), so a resume reads on exactly where it stopped.

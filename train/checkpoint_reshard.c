@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/minimax_m2_train.h"
 #include "runtime/file_io.h"
 #include "shard/fsdp.h"
 #include "shard/safetensors.h"
 #include "train/checkpoint_impl.h"
+#include "train/state.h"
 
 typedef struct old_files {
   const char *dir;
@@ -44,7 +44,7 @@ static tpr_status open_old(old_files *f, int w, tpr_st_set **out) {
 // and its file (opened here); an empty range and no file when w laid p out
 // otherwise (another tp rank for dense tensors, another ep/etp place for
 // experts).
-static tpr_status old_range(old_files *f, int w, const tpr_m2_param *p, const tpr_session *s, tpr_st_set **set,
+static tpr_status old_range(old_files *f, int w, const tpr_train_param *p, const tpr_session *s, tpr_st_set **set,
                             int64_t *lo, int64_t *hi) {
   const tpr_shard_plan *pl = tpr_session_plan(s);
   const tpr_mesh *me = tpr_session_mesh(s);
@@ -69,7 +69,7 @@ static tpr_status old_range(old_files *f, int w, const tpr_m2_param *p, const tp
 
 // Fills moment k (0 exp_avg, 1 exp_avg_sq) of param p: this rank's
 // [offset, offset + numel) minus the zero padding past full_numel.
-static tpr_status load_param(old_files *f, tpr_session *s, const tpr_m2_param *p, float *dst) {
+static tpr_status load_param(old_files *f, const tpr_session *s, const tpr_train_param *p, float *dst) {
   int64_t lo = p->offset, hi = p->offset + p->numel < p->full_numel ? p->offset + p->numel : p->full_numel;
   memset(dst, 0, 2 * (size_t)p->numel * sizeof *dst);
   int64_t filled = 0;
@@ -97,15 +97,16 @@ static tpr_status load_param(old_files *f, tpr_session *s, const tpr_m2_param *p
   return TPR_OK;
 }
 
-tpr_status tpr__train_load_moments(tpr_session *s, const char *dir, int old_world, int64_t step,
+tpr_status tpr__train_load_moments(const tpr_train_state *t, const char *dir, int old_world, int64_t step,
                                    tpr_adamw_state *adam) {
+  const tpr_session *s = tpr_train_state_session(t);
   old_files f = {.dir = dir, .world = old_world, .step = step};
   f.sets = calloc((size_t)old_world, sizeof *f.sets);
   f.chunked = calloc((size_t)old_world, sizeof *f.chunked);
   float *both = NULL;
   tpr_status rc = f.sets && f.chunked ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "checkpoint files");
-  for (int i = 0; rc == TPR_OK && i < tpr_m2_train_num_params(s); i++) {
-    const tpr_m2_param *p = tpr_m2_train_param(s, i);
+  for (int i = 0; rc == TPR_OK && i < tpr_train_num_params(t); i++) {
+    const tpr_train_param *p = tpr_train_param_at(t, i);
     free(both);
     both = malloc(2 * (size_t)p->numel * sizeof *both);
     rc = both ? load_param(&f, s, p, both) : TPR_FAIL(TPR_ERR_OOM, "moments of %s", p->name);

@@ -6,7 +6,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "models/minimax_m2_train.h"
 #include "shard/safetensors.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -14,6 +13,7 @@
 #include "train/data.h"
 #include "train/eval_windows.h"
 #include "train/schedule.h"
+#include "train/state.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -23,7 +23,8 @@ static double now_s(void) {
 
 
 typedef struct loop {
-  tpr_session *s;
+  tpr_train_state *t;
+  const tpr_session *s;
   tpr_comm_t world;
   const tpr_train_opts *o;
   tpr_npy *tokens;
@@ -38,15 +39,15 @@ typedef struct loop {
 
 // The rank's sequences of one step: micro-steps x rows, each a forward +
 // backward whose gradient counts 1 / (sequences of the replica).
-static tpr_status forward_backward(loop *l, int64_t step, tpr_m2_losses *sum) {
+static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
   const tpr_train_opts *o = l->o;
   double w = 1.0 / (double)(o->grad_accum * o->micro_batch);
-  *sum = (tpr_m2_losses){0};
+  *sum = (tpr_losses){0};
   for (int64_t m = 0; m < o->grad_accum; m++)
     for (int64_t b = 0; b < o->micro_batch; b++) {
-      tpr_m2_losses one;
+      tpr_losses one;
       TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
-      TPR_CHECK(tpr_m2_train_sequence(l->s, l->inputs, l->targets, w, &one));
+      TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
       sum->loss += w * one.loss, sum->ce += w * one.ce, sum->aux += w * one.aux;
     }
   return TPR_OK;
@@ -54,11 +55,11 @@ static tpr_status forward_backward(loop *l, int64_t step, tpr_m2_losses *sum) {
 
 // The replica means of this step's losses, averaged over the world (every
 // tp rank of a replica holds the same values, so this is the replica mean).
-static tpr_status mean_losses(loop *l, tpr_m2_losses *v) {
+static tpr_status mean_losses(loop *l, tpr_losses *v) {
   float x[3] = {(float)v->loss, (float)v->ce, (float)v->aux};
   TPR_CHECK(tpr_comm_all_reduce(l->world, x, x, 3, TPR_F32, TPR_SUM));
   float n = (float)tpr_comm_size(l->world);
-  *v = (tpr_m2_losses){x[0] / n, x[1] / n, x[2] / n};
+  *v = (tpr_losses){x[0] / n, x[1] / n, x[2] / n};
   return TPR_OK;
 }
 
@@ -66,10 +67,10 @@ static const char *const collective_names[4] = {"all_reduce", "all_gather", "red
 
 // Seconds rank 0's program has spent in each collective kind so far (the op
 // profile's totals; all 0 when not profiling). Returns whether it profiles.
-static bool collective_seconds(const tpr_session *s, double out[4]) {
+static bool collective_seconds(const tpr_train_state *t, double out[4]) {
   double sec[TPR_OP_KIND_COUNT], flops, total = 0;
   int64_t runs;
-  tpr_m2_train_profile(s, sec, &runs, &flops);
+  tpr_train_profile(t, sec, &runs, &flops);
   for (int k = 0; k < TPR_OP_KIND_COUNT; k++) total += sec[k];
   out[0] = sec[TPR_OP_ALL_REDUCE], out[1] = sec[TPR_OP_ALL_GATHER], out[2] = sec[TPR_OP_REDUCE_SCATTER];
   out[3] = sec[TPR_OP_ALL_TO_ALL] + sec[TPR_OP_ALL_TO_ALLV];
@@ -79,20 +80,20 @@ static bool collective_seconds(const tpr_session *s, double out[4]) {
 static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   const tpr_train_opts *o = l->o;
   double coll0[4], coll1[4];
-  collective_seconds(l->s, coll0);
+  collective_seconds(l->t, coll0);
   double t0 = now_s();
-  tpr_m2_train_zero_grads(l->s);
-  tpr_m2_losses losses;
+  tpr_train_zero_grads(l->t);
+  tpr_losses losses;
   TPR_CHECK(tpr_comm_agree(l->world, forward_backward(l, step, &losses)));
   double t1 = now_s();
-  bool profiled = collective_seconds(l->s, coll1);
-  tpr_m2_train_comm comm;
-  tpr_m2_train_comm_info(l->s, &comm);
-  TPR_CHECK(tpr_m2_train_reduce_grads(l->s));
-  if (step == 0 && o->dump_grads) TPR_CHECK(tpr_comm_agree(l->world, tpr_train_write_full(l->s, true, o->dump_grads)));
+  bool profiled = collective_seconds(l->t, coll1);
+  tpr_train_comm comm;
+  tpr_train_comm_info(l->t, &comm);
+  TPR_CHECK(tpr_train_reduce_grads(l->t));
+  if (step == 0 && o->dump_grads) TPR_CHECK(tpr_comm_agree(l->world, tpr_train_write_full(l->t, true, o->dump_grads)));
   double sumsq, norm;
   float coef = 1.0f;
-  TPR_CHECK(tpr_m2_train_grad_sumsq(l->s, &sumsq));
+  TPR_CHECK(tpr_train_grad_sumsq(l->t, &sumsq));
   // clip_grad_norm_'s coefficient; with clipping off, a NaN/Inf gradient
   // still stops the run before the optimizer spreads it into the weights.
   if (o->clip > 0) {
@@ -106,12 +107,12 @@ static tpr_status step_once(loop *l, int64_t step, tpr_train_step_report *r) {
   float lr = tpr_lr_at(&sch, step);
   tpr_adamw_hparams h = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps};
   for (int i = 0; i < l->n_params; i++) {
-    const tpr_m2_param *p = tpr_m2_train_param(l->s, i);
+    const tpr_train_param *p = tpr_train_param_at(l->t, i);
     TPR_CHECK(tpr_adamw_step_scaled(p->data, p->grad, &l->adam[i], p->numel, &h, step + 1, lr,
                                     p->decay ? (float)o->weight_decay : 0.0f, coef));
   }
-  tpr_m2_train_params_updated(l->s);
-  if (o->bias_update_rate > 0) TPR_CHECK(tpr_m2_train_update_bias(l->s, o->bias_update_rate));
+  tpr_train_params_updated(l->t);
+  if (o->bias_update_rate > 0) TPR_CHECK(tpr_train_update_bias(l->t, o->bias_update_rate));
   TPR_CHECK(mean_losses(l, &losses));
   double dt = now_s() - t0;
   int64_t tokens = o->seq_len * o->micro_batch * o->grad_accum * tpr_session_plan(l->s)->dp;
@@ -153,8 +154,8 @@ static void report(const tpr_train_opts *o, const tpr_train_step_report *r, FILE
 // allocations (params incl. bf16 copies, gradient accumulators, AdamW's two
 // moments) and the program's arena; rank 0 prints every rank's.
 static tpr_status report_memory(loop *l, FILE *out) {
-  tpr_m2_train_memory m;
-  tpr_m2_train_memory_info(l->s, &m);
+  tpr_train_memory m;
+  tpr_train_memory_info(l->t, &m);
   int64_t mine[4] = {(int64_t)m.params, (int64_t)m.grads, 0, (int64_t)m.arena};
   for (int i = 0; i < l->n_params; i++) mine[2] += 2 * l->adam[i].n * (int64_t)sizeof(float);
   int n = tpr_comm_size(l->world);
@@ -185,8 +186,8 @@ static tpr_status report_memory(loop *l, FILE *out) {
 
 static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum) {
   loop *l = ctx;
-  tpr_m2_losses v;
-  TPR_CHECK(tpr_m2_train_eval_sequence(l->s, ids, ids + 1, &v));  // targets: the inputs shifted by one
+  tpr_losses v;
+  TPR_CHECK(tpr_train_eval_sequence(l->t, ids, ids + 1, &v));  // targets: the inputs shifted by one
   *ce_sum = keep ? v.ce * (double)l->o->seq_len : 0;               // ce: the mean over the window's tokens
   return TPR_OK;
 }
@@ -227,13 +228,14 @@ static void summarize(tpr_train_summary *sum, const tpr_train_step_report *r, in
   sum->last_loss = r->loss;
 }
 
-tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
                          tpr_train_summary *summary) {
+  const tpr_session *s = tpr_train_state_session(t);
   tpr_train_summary local = {0};
   if (!summary) summary = &local;
   *summary = (tpr_train_summary){0};
-  loop l = {.s = s, .world = world, .o = o, .mesh = tpr_session_mesh(s)};
-  l.n_params = tpr_m2_train_num_params(s);
+  loop l = {.t = t, .s = s, .world = world, .o = o, .mesh = tpr_session_mesh(s)};
+  l.n_params = tpr_train_num_params(t);
   int64_t first = 0;
   tpr_status rc = TPR_OK;
   l.inputs = malloc((size_t)o->seq_len * sizeof *l.inputs);
@@ -241,7 +243,7 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
   l.adam = calloc((size_t)(l.n_params ? l.n_params : 1), sizeof *l.adam);
   if (!l.inputs || !l.targets || !l.adam) rc = TPR_FAIL(TPR_ERR_OOM, "train");
   for (int i = 0; rc == TPR_OK && i < l.n_params; i++)
-    rc = tpr_adamw_state_init(&l.adam[i], tpr_m2_train_param(s, i)->numel);
+    rc = tpr_adamw_state_init(&l.adam[i], tpr_train_param_at(t, i)->numel);
   tpr_data_config dc = {.seq_len = o->seq_len,
                         .micro_batch = (int)o->micro_batch,
                         .accum = (int)o->grad_accum,
@@ -254,7 +256,7 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
   if (rc == TPR_OK && l.eval) rc = tpr_eval_window_count(l.eval, o->eval_data, o->seq_len, o->eval_windows, &l.eval_nw);
   if (rc == TPR_OK && l.eval) rc = tpr_npy_check_range(l.eval, tpr_session_config(s)->vocab_size);
   rc = tpr_comm_agree(world, rc);
-  if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(s, o->resume_dir, l.adam, &first));
+  if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(t, o->resume_dir, l.adam, &first));
   if (rc == TPR_OK) rc = report_memory(&l, out);
   int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
   for (int64_t step = first; rc == TPR_OK && step < last; step++) {
@@ -265,7 +267,7 @@ tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts 
     bool eval = l.eval && (step + 1 == last || (o->eval_every > 0 && (step + 1) % o->eval_every == 0));
     if (rc == TPR_OK && eval) rc = evaluate(&l, step + 1, out);
     bool save = o->save_dir && (step + 1 == last || (o->save_every > 0 && (step + 1) % o->save_every == 0));
-    if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(s, world, o->save_dir, step + 1, o, l.adam);
+    if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(t, world, o->save_dir, step + 1, o, l.adam);
   }
   for (int i = 0; l.adam && i < l.n_params; i++) tpr_adamw_state_free(&l.adam[i]);
   free(l.adam), free(l.inputs), free(l.targets);

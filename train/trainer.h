@@ -1,5 +1,5 @@
 // The training loop of `tpr train`: data (train/data.h), the model's
-// forward+backward (models/minimax_m2_train.h), gradient clipping, the LR
+// forward+backward (train/state.h), gradient clipping, the LR
 // schedule and AdamW (train/adamw.h), checkpoints (train/checkpoint.h).
 // Collective: every rank of the world runs it with the same options.
 #ifndef TPR_TRAINER_H
@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "engine/session.h"
+#include "train/state.h"
 
 typedef struct tpr_train_opts {
   const char *data;         // .npy token file
@@ -42,7 +43,7 @@ typedef struct tpr_train_step_report {
   // the gradient accumulation), the gradient fold / dp reduction / norm,
   // and the optimizer (AdamW with clipping, the bias update).
   double ms_fwd_bwd, ms_grad_sync, ms_optimizer;
-  // FSDP on rank 0 (models/minimax_m2_train.h, tpr_m2_train_comm): bytes
+  // FSDP on rank 0 (train/state.h, tpr_train_comm): bytes
   // gathered / reduce-scattered, their ms, the ms not hidden behind compute.
   double gather_bytes, scatter_bytes, ms_gather, ms_scatter, ms_exposed;
   // With --profile: ms rank 0's program spent in each collective kind during
@@ -62,9 +63,9 @@ typedef struct tpr_train_summary {
   double last_loss;
 } tpr_train_summary;
 
-// Runs steps [first, opts.steps) on an open training session; reports go to
+// Runs steps [first, opts.steps) on an open training state; reports go to
 // out (rank 0). first > 0 when resuming. summary may be NULL.
-tpr_status tpr_train_run(tpr_session *s, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
+tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_opts *o, FILE *out,
                          tpr_train_summary *summary);
 
 #endif

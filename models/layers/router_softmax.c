@@ -1,6 +1,6 @@
 #include "models/layers/router_softmax.h"
 
-#include "models/family_step.h"
+#include "runtime/program/autodiff.h"
 
 tpr_status tpr_router_softmax_topk(tpr_program *p, tpr_value_id logits, int64_t k, bool renormalise,
                                    tpr_value_id *gates) {
@@ -23,8 +23,8 @@ tpr_status tpr_router_softmax_topk_values(tpr_program *p, tpr_value_id logits, i
   TPR_CHECK(tpr_pb_softmax(p, logits, &probs));                            // (T, E)
   TPR_CHECK(tpr_pb_slice(p, logits, 0, 0, 1, &row));                       // (1, E): a shape to fill
   TPR_CHECK(tpr_pb_reshape(p, row, 1, (const int64_t[]){E}, &row));
-  TPR_CHECK(tpr_fstep_fill(p, row, 0.0f, &zero));                          // (E) no selection bias
-  TPR_CHECK(tpr_fstep_fill(p, row, 1.0f, &onesE));                         // (E)
+  TPR_CHECK(tpr_pb_fill(p, row, 0.0f, &zero));                             // (E) no selection bias
+  TPR_CHECK(tpr_pb_fill(p, row, 1.0f, &onesE));                            // (E)
   TPR_CHECK(tpr_pb_slice(p, onesE, 0, 0, 1, &one));                        // (1)
   TPR_CHECK(tpr_pb_router_sigmoid_topk(p, probs, zero, (int)k, &w));       // (T, E), > 0 on the chosen
   TPR_CHECK(tpr_pb_reshape(p, w, 2, (const int64_t[]){T * E, 1}, &w1));    // one element per row

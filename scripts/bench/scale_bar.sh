@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scaling bar of README "Scaling experiments", as one command:
+# The accuracy check of the scaling model (docs/scale.md, "How accurate the model is"), as one command:
 #
 #   scripts/bench/scale_bar.sh [--config F] [--np LIST] [--out DIR] [--quick] [--json]
 #
@@ -14,7 +14,7 @@
 # tp = np, ep = 1 meshes (`tpr scale model --calibrate DIR`) and prints, per
 # workload, the median and worst absolute error over the other points
 # against the bar (median <= 15%, worst <= 30%). --quick: 1 to 2 runs per mesh
-# (for a look, not for the README). DIR keeps results.jsonl, predictions.jsonl
+# (for a look, not for the committed figures). DIR keeps results.jsonl, predictions.jsonl
 # and model_output.txt (the whole table, measured and predicted communication
 # per point).
 set -euo pipefail

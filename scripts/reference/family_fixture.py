@@ -9,6 +9,7 @@ Everything is drawn from one torch.Generator in a fixed order, so a script
 rerun writes the same bytes.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -62,6 +63,34 @@ def randomize(model, gen, router, visual_scale=None):
             fail(f"no initialisation rule for {name} {shape}")
         new[name] = v.to(t.dtype)
     model.load_state_dict(new, strict=True)
+
+
+@contextlib.contextmanager
+def saved_pretrained(model, tmp_prefix):
+    """model.save_pretrained into a temporary directory, which must hold a
+    single model.safetensors; yields the directory, removed afterwards."""
+    tmp = tempfile.mkdtemp(prefix=tmp_prefix)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        files = sorted(os.listdir(tmp))
+        if "model.safetensors" not in files:
+            fail(f"save_pretrained wrote {files}, not a single model.safetensors")
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_saved(saved_dir, out_dir):
+    """save_pretrained's config.json and model.safetensors, into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copyfile(os.path.join(saved_dir, f), os.path.join(out_dir, f))
+
+
+def save_checkpoint(model, out_dir, tmp_prefix):
+    """What save_pretrained writes, into out_dir."""
+    with saved_pretrained(model, tmp_prefix) as tmp:
+        copy_saved(tmp, out_dir)
 
 
 def check_reloaded(model, ref):
@@ -195,14 +224,7 @@ def make_two_prompt_fixture(args, config_cls, model_cls, router, check_model, tm
     tokens_a = torch.randint(0, V, (args.len_a,), generator=gen, dtype=torch.int64)
     tokens_b = torch.randint(0, V, (args.len_b,), generator=gen, dtype=torch.int64)
 
-    os.makedirs(args.out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=tmp_prefix)
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        for f in ("config.json", "model.safetensors"):
-            shutil.copyfile(os.path.join(tmp, f), os.path.join(args.out, f))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(model, args.out, tmp_prefix)
 
     ref = model_cls.from_pretrained(args.out, dtype=torch.float32, attn_implementation="eager",
                                     experts_implementation="eager").eval()
@@ -227,3 +249,42 @@ def make_two_prompt_fixture(args, config_cls, model_cls, router, check_model, tm
                       "greedy_a": greedy.tolist(), "greedy_min_margin": float((top2[:, 0] - top2[:, 1]).min()),
                       "bytes": size}, indent=1))
     check_size(size)
+
+
+def two_prompt_main(doc, family, config_name, config_cls, model_cls, router, check_model, tmp_prefix):
+    """A two-prompt fixture script's whole run: its command line
+    (two_prompt_args), then make_two_prompt_fixture."""
+    args = two_prompt_args(doc, family, config_name)
+    make_two_prompt_fixture(args, config_cls, model_cls, router, check_model, tmp_prefix)
+
+
+def vl_fixture_args(doc, family, seed):
+    """The command line of a VL fixture (tests/fixtures/<family>_tiny): a
+    grid prompt and a text prompt, each with greedy tokens to generate."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", f"{family}_tiny"))
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--gen", type=int, default=4)
+    ap.add_argument("--text-len", type=int, default=7)
+    ap.add_argument("--text-gen", type=int, default=6)
+    return ap.parse_args()
+
+
+def vl_prompts(gen, vocab_size, text_len):
+    """A VL fixture's prompts, drawn from gen in this order: the grid prompt's
+    3-D positions (3, T) (3 text tokens, a 2 x 3 grid, 3 text tokens) and
+    tokens (T), then the text prompt's tokens (text_len)."""
+    pos3 = grid_positions(3, 2, 3, 3)
+    tokens = torch.randint(0, vocab_size, (pos3.shape[1],), generator=gen, dtype=torch.int64)
+    text_tokens = torch.randint(0, vocab_size, (text_len,), generator=gen, dtype=torch.int64)
+    return pos3, tokens, text_tokens
+
+
+def save_and_reload(model, model_cls, out_dir, tmp_prefix):
+    """save_checkpoint, and the model reloaded (f32, eager attention) from
+    what save_pretrained wrote, checked to hold the same weights. Returns
+    (the reloaded model, check_reloaded's state dict)."""
+    with saved_pretrained(model, tmp_prefix) as tmp:
+        copy_saved(tmp, out_dir)
+        ref = model_cls.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").eval()
+    return ref, check_reloaded(model, ref)

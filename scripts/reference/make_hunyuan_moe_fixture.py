@@ -12,7 +12,7 @@ Outputs: family_fixture.make_two_prompt_fixture's two-prompt fixture.
 """
 from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM
 
-from family_fixture import fail, make_two_prompt_fixture, two_prompt_args
+from family_fixture import fail, two_prompt_main
 
 
 def check_model(model, config):
@@ -21,11 +21,6 @@ def check_model(model, config):
     return {}
 
 
-def main():
-    args = two_prompt_args(__doc__, "hunyuan_moe", "hunyuan_moe_tiny")
-    make_two_prompt_fixture(args, HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM,
-                            "mlp.gate.wg.weight", check_model, "hunyuan_fixture_")
-
-
 if __name__ == "__main__":
-    main()
+    two_prompt_main(__doc__, "hunyuan_moe", "hunyuan_moe_tiny", HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM,
+                    "mlp.gate.wg.weight", check_model, "hunyuan_fixture_")

@@ -24,31 +24,24 @@ Outputs (checkpoint names of hunyuan_moe_tiny/model.safetensors): tokens.npy,
 step0_grads.safetensors, final_params.safetensors, meta.json (the keys
 tests/train_harness.c reads).
 """
-import argparse
 import os
 import sys
 
-import torch
 from transformers import HunYuanMoEV1ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fixture import (add_train_args, check_hub_mapping, fail, fused_experts_to_hub,  # noqa: E402
-                           load_for_training, run_train_fixture)
+from train_fixture import (check_hub_mapping, fail, fused_experts_to_hub, parse_and_load,  # noqa: E402
+                           run_train_fixture)
 
 GEN = "scripts/reference/make_hunyuan_train_fixture.py"
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_train_args(ap, "hunyuan_moe_train", "hunyuan_moe_tiny", seed=1618, steps=6, aux_coef=0.0, warmup=2)
-    args = ap.parse_args()
-    if args.aux_coef != 0.0:
-        fail("HunYuanMoEV1ForCausalLM trains without an aux loss; --aux-coef must stay 0")
-
-    model, _ = load_for_training(HunYuanMoEV1ForCausalLM, args)
+    args, model, _ = parse_and_load(
+        __doc__, HunYuanMoEV1ForCausalLM, "hunyuan_moe_train", "hunyuan_moe_tiny",
+        no_aux="HunYuanMoEV1ForCausalLM trains without an aux loss; --aux-coef must stay 0",
+        seed=1618, steps=6, aux_coef=0.0, warmup=2)
     config = model.config
-    if config.attention_dropout != 0.0:
-        fail(f"attention_dropout {config.attention_dropout}: training mode is not deterministic")
     if hasattr(model, "router_aux_loss_coef") or "load_balancing" in open(
             sys.modules[HunYuanMoEV1ForCausalLM.__module__].__file__).read():
         fail("this transformers' HunYuanMoEV1ForCausalLM has an aux loss: the fixture's recipe is out of date")

@@ -34,13 +34,10 @@ The references are computed on the model reloaded from the written
 checkpoint with from_pretrained, so they belong to the bytes on disk.
 """
 import argparse
-import copy
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 
 import safetensors
 import torch
@@ -49,6 +46,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import MiniMaxM2Config, MiniMaxM2ForCausalLM
 from transformers.models.minimax_m2 import modeling_minimax_m2 as mm2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from family_fixture import save_checkpoint  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -342,17 +342,7 @@ def main():
     tokens_b = torch.randint(0, V, (args.len_b,), generator=gen, dtype=torch.int64)
 
     # 2. write the checkpoint with save_pretrained, then reload it
-    os.makedirs(args.out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="mm2_fixture_")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        files = sorted(os.listdir(tmp))
-        if "model.safetensors" not in files:
-            fail(f"save_pretrained wrote {files}, not a single model.safetensors")
-        for f in ("config.json", "model.safetensors"):
-            shutil.copyfile(os.path.join(tmp, f), os.path.join(args.out, f))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(model, args.out, "mm2_fixture_")
 
     ref = MiniMaxM2ForCausalLM.from_pretrained(args.out, dtype=torch.float32, attn_implementation="eager",
                                                experts_implementation="eager").eval()

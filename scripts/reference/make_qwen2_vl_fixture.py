@@ -30,19 +30,14 @@ Outputs:
       generate continues a text-only prompt with, text_greedy_logits [Gt, V].
 The references come from the model transformers saved and reloaded.
 """
-import argparse
 import json
-import os
-import shutil
-import tempfile
 
 import torch
 import transformers
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, grid_positions, randomize, seeded,
-                            tensor_names, vl_greedy_references, vl_lm_logits,
-                            write_reference)
+from family_fixture import (check_size, fail, fixture_bytes, randomize, save_and_reload, seeded, tensor_names,
+                            vl_fixture_args, vl_greedy_references, vl_lm_logits, vl_prompts, write_reference)
 
 # head_dim = hidden_size / num_attention_heads (Qwen2VLAttention ignores a head_dim key).
 TEXT = dict(vocab_size=90, hidden_size=96, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
@@ -53,13 +48,7 @@ VISION = dict(depth=1, embed_dim=16, hidden_size=96, mlp_ratio=1, num_heads=2, p
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen2_vl_tiny"))
-    ap.add_argument("--seed", type=int, default=1618)
-    ap.add_argument("--gen", type=int, default=4)
-    ap.add_argument("--text-len", type=int, default=7)
-    ap.add_argument("--text-gen", type=int, default=6)
-    args = ap.parse_args()
+    args = vl_fixture_args(__doc__, "qwen2_vl", seed=1618)
 
     gen = seeded(args.seed)
     config = Qwen2VLConfig(text_config=TEXT, vision_config=VISION, tie_word_embeddings=False)
@@ -68,23 +57,9 @@ def main():
     model.set_attn_implementation("eager")
     randomize(model, gen, None, visual_scale=0.02)
 
-    pos3 = grid_positions(3, 2, 3, 3)
+    pos3, tokens, text_tokens = vl_prompts(gen, tc.vocab_size, args.text_len)
     T = pos3.shape[1]
-    V = tc.vocab_size
-    tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
-    text_tokens = torch.randint(0, V, (args.text_len,), generator=gen, dtype=torch.int64)
-
-    os.makedirs(args.out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="qwen2vl_fixture_")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        for f in ("config.json", "model.safetensors"):
-            shutil.copyfile(os.path.join(tmp, f), os.path.join(args.out, f))
-        ref = Qwen2VLForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    check_reloaded(model, ref)
+    ref, _ = save_and_reload(model, Qwen2VLForConditionalGeneration, args.out, "qwen2vl_fixture_")
     if ref.lm_head.weight.data_ptr() == ref.model.language_model.embed_tokens.weight.data_ptr():
         fail("lm_head is tied to embed_tokens; the fixture wants them apart")
     names = tensor_names(args.out)

@@ -10,10 +10,8 @@ q/k/v biases, SECTIONED MRoPE with mrope_section [4, 2, 2], 6 query heads over
         --out tests/fixtures/qwen2_vl_train
 
 The recipe is make_qwen3_vl_train_fixture.py's (tpr's train loop, train_fixture.py), on this model:
-  positions  every window uses the same 3-D MRoPE positions (3, T) with an
-             image-like block, as get_rope_index lays out text + one image:
-             4 text tokens, a 2 x 4 grid (t constant, h/w varying, offset by
-             the start position), then text at max + 1 (positions_3d.npy).
+  positions  every window the same image-like 3-D positions (3, T)
+             (train_fixture.train_grid_positions; positions_3d.npy).
   loss       per window: logits = model(input_ids=inputs[None], position_ids=pos3[:, None]).logits;
              loss_w = cross_entropy(logits[0], targets). The model has no router and
              no aux loss: checked here, its own loss (labels=) is the cross-entropy alone.
@@ -27,18 +25,15 @@ step0_grads.safetensors, final_params.safetensors, meta.json (the keys
 tests/train_harness.c reads, plus text_positions_step0_loss: step 0's loss
 with transformers' text positions, every axis 0..T-1).
 """
-import argparse
 import os
 import sys
 
-import numpy as np
 import torch
 from transformers import Qwen2VLForConditionalGeneration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from family_fixture import grid_positions  # noqa: E402
-from train_fixture import (add_train_args, fail, load_for_training, run_train_fixture,  # noqa: E402
-                           save_pretrained_tensors, zipf_tokens)
+from train_fixture import (fail, parse_and_load, run_vl_train_fixture, save_pretrained_tensors,  # noqa: E402
+                           text_positions_step0_loss, train_grid_positions, zipf_tokens)
 
 GEN = "scripts/reference/make_qwen2_vl_train_fixture.py"
 LM = "model.language_model."
@@ -50,24 +45,14 @@ def to_tpr(tensors):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_train_args(ap, "qwen2_vl_train", "qwen2_vl_tiny", seed=2721, steps=6, aux_coef=0.0, warmup=2)
-    args = ap.parse_args()
-    if args.aux_coef != 0.0:
-        fail("Qwen2-VL has no router: --aux-coef must be 0")
-
-    model, _ = load_for_training(Qwen2VLForConditionalGeneration, args)
+    args, model, _ = parse_and_load(__doc__, Qwen2VLForConditionalGeneration, "qwen2_vl_train", "qwen2_vl_tiny",
+                                    no_aux="Qwen2-VL has no router: --aux-coef must be 0",
+                                    seed=2721, steps=6, aux_coef=0.0, warmup=2)
     tc = model.config.text_config
-    if tc.attention_dropout != 0.0:
-        fail(f"attention_dropout {tc.attention_dropout}: training mode is not deterministic")
     if tc.rope_parameters.get("mrope_interleaved") or tc.rope_parameters.get("mrope_section") is None:
         fail("the checkpoint's MRoPE is not sectioned")
     T = args.seq_len
-    pos3 = grid_positions(4, 2, 4, 4)
-    if pos3.shape[1] != T:
-        fail(f"the positions cover {pos3.shape[1]} tokens, --seq-len is {T}")
-    if (pos3[1] == pos3[0]).all() or (pos3[2] == pos3[1]).all():
-        fail("the 3-D positions do not differ per axis")
+    pos3 = train_grid_positions(T)
 
     sp = save_pretrained_tensors(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and not n.startswith("model.visual.")]
@@ -93,25 +78,19 @@ def main():
         mine = torch.nn.functional.cross_entropy(out.logits[0, :-1], x[1:T])
         if abs(out.loss.item() - mine.item()) > 1e-6 * abs(mine.item()):
             fail(f"the model's loss {out.loss.item()} is not the cross-entropy {mine.item()}")
-        # Step 0's loss with text positions (transformers' default for text:
-        # every axis 0..T-1): what tpr train without --positions-3d must give.
-        text_losses = []
-        for w in range(args.windows_per_step):
-            x = tokens[w * T: w * T + T + 1]
-            out = model(input_ids=x[:T][None], use_cache=False)
-            text_losses.append(torch.nn.functional.cross_entropy(out.logits[0], x[1:]).item())
-    text_loss0 = sum(text_losses) / len(text_losses)
 
-    os.makedirs(args.out, exist_ok=True)
-    np.save(os.path.join(args.out, "positions_3d.npy"), pos3.numpy().astype("<i4"))
-    run_train_fixture(args, model, params, to_tpr, forward_window, 0, 0, GEN,
-                      {"class": "transformers.Qwen2VLForConditionalGeneration (text decoder)",
-                       "checkpoint": "tests/fixtures/qwen2_vl_tiny",
-                       "names": "the hub's: model.language_model. -> model."},
-                      {"per_window": "cross_entropy(logits, targets) (the model's own loss; no router, no aux loss)",
-                       "positions": "positions_3d.npy (3, T), the same for every window"},
-                      {"meta": {"text_positions_step0_loss": text_loss0,
-                                "positions_3d": pos3.tolist()}})
+    def text_window_loss(x):
+        out = model(input_ids=x[:T][None], use_cache=False)
+        return torch.nn.functional.cross_entropy(out.logits[0], x[1:])
+
+    text_loss0 = text_positions_step0_loss(tokens, args, text_window_loss)
+    run_vl_train_fixture(args, model, params, to_tpr, forward_window, 0, 0, GEN,
+                         {"class": "transformers.Qwen2VLForConditionalGeneration (text decoder)",
+                          "checkpoint": "tests/fixtures/qwen2_vl_tiny",
+                          "names": "the hub's: model.language_model. -> model."},
+                         {"per_window": "cross_entropy(logits, targets) (the model's own loss; no router, no aux loss)",
+                          "positions": "positions_3d.npy (3, T), the same for every window"},
+                         pos3, text_loss0)
     check_no_tiny_grads(args.out)
 
 

@@ -13,7 +13,7 @@ Outputs: family_fixture.make_two_prompt_fixture's two-prompt fixture.
 """
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from family_fixture import fail, make_two_prompt_fixture, two_prompt_args
+from family_fixture import fail, two_prompt_main
 
 
 def check_model(model, config):
@@ -23,11 +23,6 @@ def check_model(model, config):
     return {"dense_layers": dense}
 
 
-def main():
-    args = two_prompt_args(__doc__, "qwen3_moe", "qwen3_moe_tiny")
-    make_two_prompt_fixture(args, Qwen3MoeConfig, Qwen3MoeForCausalLM,
-                            "mlp.gate.weight", check_model, "qwen3_fixture_")
-
-
 if __name__ == "__main__":
-    main()
+    two_prompt_main(__doc__, "qwen3_moe", "qwen3_moe_tiny", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                    "mlp.gate.weight", check_model, "qwen3_fixture_")

@@ -24,9 +24,8 @@ Outputs (tensors under the checkpoint names of qwen3_moe_tiny/model.safetensors:
 model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, ...): tokens.npy,
 step0_grads.safetensors (the accumulated step-0 gradient before clipping),
 final_params.safetensors (loadable as model.safetensors), meta.json (the same
-keys as minimax_m2_train/meta.json, which tests/test_train_qwen3.c reads).
+keys as minimax_m2_train/meta.json, which tests/test_train_family.c reads).
 """
-import argparse
 import json
 import os
 import sys
@@ -38,42 +37,17 @@ import transformers
 from transformers import Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fixture import (REPO, add_train_args, adamw, aux_independent, check_hub_mapping, fail,  # noqa: E402
-                           finish, load_for_training, optimizer_step, save_tensors, zipf_tokens)
+from train_fixture import (REPO, adamw, aux_independent, check_hub_mapping, fail, finish,  # noqa: E402
+                           fused_experts_to_hub as to_hub, optimizer_step, parse_and_load, save_tensors,
+                           zipf_tokens)
 
 GEN = "scripts/reference/make_qwen3_train_fixture.py"
 
 
-def to_hub(tensors):
-    """In-memory names -> checkpoint names: experts.gate_up_proj (E, 2I, H) =
-    cat(gate, up) on dim 1, experts.down_proj (E, H, I). Checked against
-    save_pretrained in main()."""
-    out = {}
-    for n, t in tensors.items():
-        t = t.detach().float().contiguous()
-        if n.endswith(".mlp.experts.gate_up_proj"):
-            pre, I = n[: -len("gate_up_proj")], t.shape[1] // 2
-            for e in range(t.shape[0]):
-                out[f"{pre}{e}.gate_proj.weight"] = t[e, :I].contiguous()
-                out[f"{pre}{e}.up_proj.weight"] = t[e, I:].contiguous()
-        elif n.endswith(".mlp.experts.down_proj"):
-            pre = n[: -len("down_proj")]
-            for e in range(t.shape[0]):
-                out[f"{pre}{e}.down_proj.weight"] = t[e].contiguous()
-        else:
-            out[n] = t
-    return out
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_train_args(ap, "qwen3_moe_train", "qwen3_moe_tiny", seed=2718, steps=6, aux_coef=0.05, warmup=2)
-    args = ap.parse_args()
-
-    model, coef_in_checkpoint = load_for_training(Qwen3MoeForCausalLM, args)
+    args, model, coef_in_checkpoint = parse_and_load(__doc__, Qwen3MoeForCausalLM, "qwen3_moe_train", "qwen3_moe_tiny",
+                                                     seed=2718, steps=6, aux_coef=0.05, warmup=2)
     config = model.config
-    if config.attention_dropout != 0.0:
-        fail(f"attention_dropout {config.attention_dropout}: training mode is not deterministic")
     E, k, V = config.num_experts, config.num_experts_per_tok, config.vocab_size
     moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")]
 

@@ -31,20 +31,16 @@ Outputs:
       Qwen3VLMoeForConditionalGeneration.generate (greedy, KV cache; its own
       text-only position ids) continues it with, text_greedy_logits [Gt, V].
 """
-import argparse
 import json
 import os
-import shutil
-import tempfile
 
 import torch
 import transformers
 from safetensors import safe_open
 from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
-from family_fixture import (REPO, check_reloaded, check_size, fail, fixture_bytes, grid_positions, randomize, seeded,
-                            tensor_names, vl_greedy_references, vl_lm_logits,
-                            write_reference)
+from family_fixture import (check_size, fail, fixture_bytes, randomize, save_and_reload, seeded, tensor_names,
+                            vl_fixture_args, vl_greedy_references, vl_lm_logits, vl_prompts, write_reference)
 
 
 TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=8, num_hidden_layers=2,
@@ -57,13 +53,7 @@ VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hi
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "qwen3_vl_moe_tiny"))
-    ap.add_argument("--seed", type=int, default=2718)
-    ap.add_argument("--gen", type=int, default=4)
-    ap.add_argument("--text-len", type=int, default=7)
-    ap.add_argument("--text-gen", type=int, default=6)
-    args = ap.parse_args()
+    args = vl_fixture_args(__doc__, "qwen3_vl_moe", seed=2718)
 
     gen = seeded(args.seed)
 
@@ -75,23 +65,9 @@ def main():
     model.set_attn_implementation("eager")
     randomize(model, gen, "mlp.gate.weight", visual_scale=0.02)
 
-    pos3 = grid_positions(3, 2, 3, 3)
+    pos3, tokens, text_tokens = vl_prompts(gen, tc.vocab_size, args.text_len)
     T = pos3.shape[1]
-    V = tc.vocab_size
-    tokens = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
-    text_tokens = torch.randint(0, V, (args.text_len,), generator=gen, dtype=torch.int64)
-
-    os.makedirs(args.out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="qwen3vl_fixture_")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        for f in ("config.json", "model.safetensors"):
-            shutil.copyfile(os.path.join(tmp, f), os.path.join(args.out, f))
-        ref = Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
-                                                                 attn_implementation="eager").eval()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    rsd = check_reloaded(model, ref)
+    ref, _ = save_and_reload(model, Qwen3VLMoeForConditionalGeneration, args.out, "qwen3vl_fixture_")
     emb = ref.model.language_model.embed_tokens.weight
     if ref.lm_head.weight.data_ptr() == emb.data_ptr():
         fail("lm_head is tied to embed_tokens; the fixture wants them apart")

@@ -9,10 +9,8 @@ with mrope_section [4, 2, 2], per-head q/k norms, 8 experts top-2), in f32 on CP
         --out tests/fixtures/qwen3_vl_moe_train
 
 The recipe is make_qwen3_train_fixture.py's (tpr's train loop, train_fixture.py), on this model:
-  positions  every window uses the same 3-D MRoPE positions (3, T) with an
-             image-like block, as get_rope_index lays out text + one image:
-             4 text tokens, a 2 x 4 grid (t constant, h/w varying, offset by
-             the start position), then text at max + 1 (positions_3d.npy).
+  positions  every window the same image-like 3-D positions (3, T)
+             (train_fixture.train_grid_positions; positions_3d.npy).
   loss       per window: out = model(input_ids=inputs[None], position_ids=pos3[:, None],
              output_router_logits=True); loss_w = cross_entropy(out.logits[0], targets)
              + coef * out.aux_loss, coef = text_config.router_aux_loss_coef set to
@@ -30,18 +28,15 @@ step0_grads.safetensors, final_params.safetensors, meta.json (the keys
 tests/train_harness.c reads, plus text_positions_step0_loss: step 0's loss
 with transformers' text positions, every axis 0..T-1).
 """
-import argparse
 import os
 import sys
 
-import numpy as np
 import torch
 from transformers import Qwen3VLMoeForConditionalGeneration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from family_fixture import grid_positions  # noqa: E402
-from train_fixture import (add_train_args, fail, fused_experts_to_hub, load_for_training,  # noqa: E402
-                           run_train_fixture, save_pretrained_tensors, zipf_tokens)
+from train_fixture import (fail, fused_experts_to_hub, parse_and_load, run_vl_train_fixture,  # noqa: E402
+                           save_pretrained_tensors, text_positions_step0_loss, train_grid_positions, zipf_tokens)
 
 GEN = "scripts/reference/make_qwen3_vl_train_fixture.py"
 LM = "model.language_model."
@@ -52,23 +47,14 @@ def to_tpr(tensors):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_train_args(ap, "qwen3_vl_moe_train", "qwen3_vl_moe_tiny", seed=3141, steps=6, aux_coef=0.05, warmup=2)
-    args = ap.parse_args()
-
-    model, _ = load_for_training(Qwen3VLMoeForConditionalGeneration, args)
+    args, model, _ = parse_and_load(__doc__, Qwen3VLMoeForConditionalGeneration, "qwen3_vl_moe_train",
+                                    "qwen3_vl_moe_tiny", seed=3141, steps=6, aux_coef=0.05, warmup=2)
     tc = model.config.text_config
     tc.router_aux_loss_coef = args.aux_coef  # the loss reads the text config's coef
-    if tc.attention_dropout != 0.0:
-        fail(f"attention_dropout {tc.attention_dropout}: training mode is not deterministic")
     if not tc.rope_parameters.get("mrope_interleaved"):
         fail("the checkpoint's MRoPE is not interleaved")
     E, k, T = tc.num_experts, tc.num_experts_per_tok, args.seq_len
-    pos3 = grid_positions(4, 2, 4, 4)
-    if pos3.shape[1] != T:
-        fail(f"the positions cover {pos3.shape[1]} tokens, --seq-len is {T}")
-    if (pos3[1] == pos3[0]).all() or (pos3[2] == pos3[1]).all():
-        fail("the 3-D positions do not differ per axis")
+    pos3 = train_grid_positions(T)
 
     # The text decoder's tensors as saved are its in-memory ones (fused experts).
     sp = save_pretrained_tensors(model)
@@ -81,31 +67,23 @@ def main():
         out = model(input_ids=x[None], position_ids=pos[:, None, :], output_router_logits=True, use_cache=False)
         return out.logits[0], out.aux_loss, list(out.router_logits)
 
-    # Step 0's loss with text positions (transformers' default for text:
-    # every axis 0..T-1), before any update: what tpr train without
-    # --positions-3d must give.
-    tokens, _ = zipf_tokens(tc.vocab_size, args.steps * args.windows_per_step * T + 1, args)
-    with torch.no_grad():
-        text_losses = []
-        for w in range(args.windows_per_step):
-            x = tokens[w * T: w * T + T + 1]
-            out = model(input_ids=x[:T][None], output_router_logits=True, use_cache=False)
-            ce = torch.nn.functional.cross_entropy(out.logits[0], x[1:])
-            text_losses.append((ce + args.aux_coef * out.aux_loss).item())
-    text_loss0 = sum(text_losses) / len(text_losses)
+    def text_window_loss(x):
+        out = model(input_ids=x[:T][None], output_router_logits=True, use_cache=False)
+        ce = torch.nn.functional.cross_entropy(out.logits[0], x[1:])
+        return ce + args.aux_coef * out.aux_loss
 
-    os.makedirs(args.out, exist_ok=True)
-    np.save(os.path.join(args.out, "positions_3d.npy"), pos3.numpy().astype("<i4"))
-    run_train_fixture(args, model, params, to_tpr, forward_window, E, k, GEN,
-                      {"class": "transformers.Qwen3VLMoeForConditionalGeneration (text decoder)",
-                       "checkpoint": "tests/fixtures/qwen3_vl_moe_tiny",
-                       "names": "tpr's: model.language_model. -> model., experts split per expert"},
-                      {"per_window": "cross_entropy(logits, targets) + text_config.router_aux_loss_coef * out.aux_loss",
-                       "aux_function": "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe."
-                                       "load_balancing_loss_func (every layer's router logits)",
-                       "positions": "positions_3d.npy (3, T), the same for every window"},
-                      {"meta": {"text_positions_step0_loss": text_loss0,
-                                "positions_3d": pos3.tolist()}})
+    tokens, _ = zipf_tokens(tc.vocab_size, args.steps * args.windows_per_step * T + 1, args)
+    text_loss0 = text_positions_step0_loss(tokens, args, text_window_loss)
+    run_vl_train_fixture(args, model, params, to_tpr, forward_window, E, k, GEN,
+                         {"class": "transformers.Qwen3VLMoeForConditionalGeneration (text decoder)",
+                          "checkpoint": "tests/fixtures/qwen3_vl_moe_tiny",
+                          "names": "tpr's: model.language_model. -> model., experts split per expert"},
+                         {"per_window": "cross_entropy(logits, targets) + text_config.router_aux_loss_coef * "
+                                        "out.aux_loss",
+                          "aux_function": "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe."
+                                          "load_balancing_loss_func (every layer's router logits)",
+                          "positions": "positions_3d.npy (3, T), the same for every window"},
+                         pos3, text_loss0)
 
 
 if __name__ == "__main__":

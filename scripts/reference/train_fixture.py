@@ -9,18 +9,17 @@ its family's hub layout, records and checks.
 Everything is drawn from seeded generators in a fixed order, so a script
 rerun writes the same bytes.
 """
+import argparse
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from family_fixture import REPO, fail  # noqa: F401 (fail: the scripts' too)
+from family_fixture import REPO, fail, grid_positions, saved_pretrained  # noqa: F401 (fail: the scripts' too)
 
 
 def add_train_args(ap, fixture, model, seed, steps, aux_coef, warmup):
@@ -60,17 +59,54 @@ def load_for_training(model_cls, args):
     return model, coef_in_checkpoint
 
 
+def parse_and_load(doc, model_cls, fixture, model, no_aux=None, **defaults):
+    """A training fixture script's start: its command line (add_train_args
+    with the fixture's defaults: seed, steps, aux_coef, warmup), then the
+    model loaded for training (load_for_training) and checked to train
+    deterministically (no attention dropout). no_aux: why --aux-coef must
+    stay 0 (a family without an aux loss). Returns (args, model, the coef
+    the checkpoint had)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_train_args(ap, fixture, model, **defaults)
+    args = ap.parse_args()
+    if no_aux and args.aux_coef != 0.0:
+        fail(no_aux)
+    loaded, coef_in_checkpoint = load_for_training(model_cls, args)
+    text = loaded.config.get_text_config()
+    if text.attention_dropout != 0.0:
+        fail(f"attention_dropout {text.attention_dropout}: training mode is not deterministic")
+    return args, loaded, coef_in_checkpoint
+
+
 def save_pretrained_tensors(model):
-    tmp = tempfile.mkdtemp(prefix="train_fixture_")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        files = sorted(os.listdir(tmp))
-        if "model.safetensors" not in files:
-            fail(f"save_pretrained wrote {files}, not a single model.safetensors")
+    with saved_pretrained(model, "train_fixture_") as tmp:
         with safe_open(os.path.join(tmp, "model.safetensors"), "pt") as f:
             return {n: f.get_tensor(n) for n in f.keys()}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def train_grid_positions(T):
+    """The 3-D MRoPE positions (3, T) every window of a VL training fixture
+    uses: an image-like block as get_rope_index lays out text + one image,
+    4 text tokens, a 2 x 4 grid (t constant, h/w varying, offset by the start
+    position), then text at max + 1. Checked to cover T tokens and to differ
+    per axis (so that every axis' rotation is trained)."""
+    pos3 = grid_positions(4, 2, 4, 4)
+    if pos3.shape[1] != T:
+        fail(f"the positions cover {pos3.shape[1]} tokens, --seq-len is {T}")
+    if (pos3[1] == pos3[0]).all() or (pos3[2] == pos3[1]).all():
+        fail("the 3-D positions do not differ per axis")
+    return pos3
+
+
+def text_positions_step0_loss(tokens, args, window_loss):
+    """Step 0's loss with transformers' text positions (every axis 0..T-1),
+    before any update: what tpr train without --positions-3d must give. The
+    mean of window_loss(x) (x: a window's T + 1 tokens) over step 0's
+    windows, without gradients."""
+    T = args.seq_len
+    with torch.no_grad():
+        losses = [window_loss(tokens[w * T: w * T + T + 1]).item() for w in range(args.windows_per_step)]
+    return sum(losses) / len(losses)
 
 
 def check_hub_mapping(model, mine, model_dir):
@@ -265,3 +301,15 @@ def run_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, me
         f.write("\n")
     print(f"wrote {args.out}")
     finish(problems)
+
+
+def run_vl_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, meta_model, meta_loss, pos3,
+                         text_loss0):
+    """run_train_fixture for a VL family trained on the 3-D positions pos3
+    (3, T): positions_3d.npy written beside the fixture, and meta keys
+    text_positions_step0_loss and positions_3d."""
+    os.makedirs(args.out, exist_ok=True)
+    import numpy as np
+    np.save(os.path.join(args.out, "positions_3d.npy"), pos3.numpy().astype("<i4"))
+    run_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, meta_model, meta_loss,
+                      {"meta": {"text_positions_step0_loss": text_loss0, "positions_3d": pos3.tolist()}})

@@ -306,6 +306,12 @@ def check_refusals(srv):
 def raw(srv, data, read_until_close=True, timeout=30):
     s = socket.create_connection((srv.host, srv.port), timeout=timeout)
     s.sendall(data)
+    return read_answer(s, read_until_close)
+
+
+def read_answer(s, read_until_close=True):
+    """Reads s until the peer closes it (or, if not read_until_close, until the
+    end of the header); closes it."""
     out = b""
     while True:
         b = s.recv(65536)
@@ -330,13 +336,7 @@ def check_http(srv):
               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
     interim = s.recv(100)
     s.sendall(body)
-    final = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        final += b
-    s.close()
+    final = read_answer(s)
     check(interim.startswith(b"HTTP/1.1 100 Continue") and b" 200 " in final.split(b"\r\n")[0],
           "Expect: 100-continue: 100 Continue, then the answer")
     out = raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\n{}")

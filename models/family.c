@@ -1,0 +1,43 @@
+#include "models/family.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "models/hunyuan_moe.h"
+#include "models/minimax_m2.h"
+#include "models/qwen2_vl.h"
+#include "models/qwen3_moe.h"
+#include "models/qwen3_vl_moe.h"
+
+// Every family the engine can run; a new family adds its entry here.
+static const tpr_family *const families[] = {
+    &tpr_family_minimax_m2, &tpr_family_qwen3_moe, &tpr_family_hunyuan_v1_moe,
+    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl,
+};
+
+tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {
+  *out = NULL;
+  for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+    if (families[i]->family == family) {
+      *out = families[i];
+      return TPR_OK;
+    }
+  return TPR_FAIL(TPR_ERR_UNSUPPORTED, "the engine has no model family %s yet", tpr_model_family_name(family));
+}
+
+void tpr_family_param_name(const char *pattern, int64_t layer, char *buf, size_t cap) {
+  const char *at = strstr(pattern, "{L}");
+  if (!at) {
+    snprintf(buf, cap, "%s", pattern);
+    return;
+  }
+  snprintf(buf, cap, "%.*s%lld%s", (int)(at - pattern), pattern, (long long)layer, at + 3);
+}
+
+void tpr_family_expert_name(int64_t layer, const char *which, char *buf, size_t cap) {
+  snprintf(buf, cap, "model.layers.%lld.experts.%s", (long long)layer, which);
+}
+
+void tpr_family_pool_name(int64_t layer, const char *which, char *buf, size_t cap) {
+  snprintf(buf, cap, "model.layers.%lld.%s_pool", (long long)layer, which);
+}
