@@ -9,8 +9,8 @@
 #include "rule_checks.h"
 #include "runtime/backend.h"
 
-// The shape rules files' lists (registry.h).
-static const tpr__op_def *const families[] = {
+// The lists of the shape-rules files (registry.h).
+static const tpr__op_def *const rule_lists[] = {
     tpr__matmul_ops, tpr__elementwise_ops, tpr__norm_ops, tpr__softmax_ops, tpr__gather_ops, tpr__copy_ops,
     tpr__collective_ops, tpr__rope_ops, tpr__attention_ops, tpr__router_ops, tpr__moe_ops, tpr__reduce_ops,
     tpr__moe_bwd_ops, tpr__loss_ops, tpr__paged_attention_ops,
@@ -22,8 +22,8 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 // An op registered twice, or a kind out of range, is a build mistake that
 // every program would trip over: stop at once, naming it.
 static void build_table(void) {
-  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
-    for (const tpr__op_def *d = families[f]; d->infer; d++) {
+  for (size_t f = 0; f < sizeof rule_lists / sizeof *rule_lists; f++)
+    for (const tpr__op_def *d = rule_lists[f]; d->infer; d++) {
       if ((unsigned)d->op >= TPR_OP_KIND_COUNT || ops[d->op].infer) {
         fprintf(stderr, "tpr: op kind %d ('%s') is out of range or registered twice\n", (int)d->op, d->name);
         abort();

@@ -6,6 +6,8 @@
 // into a small stack buffer first because tpr_dtype_convert reads unit
 // stride only. The flat element range is split over threads
 // (cpu_threads.h): every element's conversion is independent of the others.
+// Also slice_bwd, the one kernel of the view ops (their forwards copy
+// nothing): dy placed into zeros.
 #include <string.h>
 
 #include "runtime/ops/cpu_kernels.h"

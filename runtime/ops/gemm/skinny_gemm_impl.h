@@ -1,4 +1,4 @@
-// Internals shared by the skinny GEMM variants (runtime/ops/skinny_gemm*.c).
+// Internals shared by the skinny GEMM variants (skinny_gemm*.c).
 #ifndef TPR_SKINNY_GEMM_IMPL_H
 #define TPR_SKINNY_GEMM_IMPL_H
 
