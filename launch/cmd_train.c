@@ -240,17 +240,13 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
-  // Training programs exist for minimax_m2 and the per-head QK-norm
-  // families: others are refused by name before any weight is read (a
-  // resumed run was one of them).
+  // A family with no training program is refused by name before any
+  // weight is read (a resumed run was one it trains).
   tpr_model_config mc;
   if (rc == TPR_OK && !o.resume_dir && (rc = tpr_model_config_load(dir, &mc)) == TPR_OK &&
-      mc.family != TPR_FAMILY_MINIMAX_M2 && mc.family != TPR_FAMILY_QWEN3_MOE &&
-      mc.family != TPR_FAMILY_HUNYUAN_V1_MOE && mc.family != TPR_FAMILY_QWEN3_VL_MOE &&
-      mc.family != TPR_FAMILY_QWEN2_VL)
+      !tpr_train_supported(mc.family))
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
-                  "training supports minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl",
-                  tpr_model_family_name(mc.family));
+                  "training supports %s", tpr_model_family_name(mc.family), tpr_train_supported_list());
   int32_t *pos3 = NULL;
   if (rc == TPR_OK && pos3_path) rc = tpr_positions_3d_read(pos3_path, o.seq_len, &pos3);
   tpr_session_opts so;
@@ -261,7 +257,7 @@ int tpr_cmd_train(int argc, char **argv) {
     rc = tpr_session_open(&so, w.host, w.be, &s);
   }
   // FSDP by default once there is more than one replica to shard over (the
-  // families whose training program shards its params; qwen2_vl's does not).
+  // families whose training program shards its params).
   if (rc == TPR_OK && !no_fsdp)
     fo.on = fo.on || (tpr_session_plan(s)->dp > 1 && tpr_train_fsdp_built(tpr_session_plan(s)->config.family));
   if (rc == TPR_OK && o.bias_update_rate > 0 && tpr_session_plan(s)->config.family != TPR_FAMILY_MINIMAX_M2)

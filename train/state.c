@@ -126,9 +126,43 @@ static tpr_status build_qkhd(const tpr_shard_plan *plan, const void *opts, tpr_p
   return tpr_qkhd_build(j->d, plan, &j->o, out);
 }
 
+// The trainable families: MiniMax-M2 has its own builder (desc NULL); the
+// others are the per-head QK-norm builder's training mode on their
+// descriptor. A family added here must have its training test
+// (tests/test_train_family.c) before fsdp is set.
+static const struct trainable {
+  tpr_model_family family;
+  const tpr_qkhd_desc *desc;
+  bool fsdp;
+} trainable[] = {
+    {TPR_FAMILY_MINIMAX_M2, NULL, true},
+    {TPR_FAMILY_QWEN3_MOE, &tpr_qwen3_moe_desc, true},
+    {TPR_FAMILY_HUNYUAN_V1_MOE, &tpr_hunyuan_moe_desc, true},
+    {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
+    {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
+};
+#define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
+
+static const struct trainable *find_trainable(tpr_model_family f) {
+  for (size_t i = 0; i < N_TRAINABLE; i++)
+    if (trainable[i].family == f) return &trainable[i];
+  return NULL;
+}
+
+bool tpr_train_supported(tpr_model_family f) { return find_trainable(f) != NULL; }
+
 bool tpr_train_fsdp_built(tpr_model_family f) {
-  return f == TPR_FAMILY_MINIMAX_M2 || f == TPR_FAMILY_QWEN3_MOE || f == TPR_FAMILY_HUNYUAN_V1_MOE ||
-         f == TPR_FAMILY_QWEN3_VL_MOE || f == TPR_FAMILY_QWEN2_VL;
+  const struct trainable *t = find_trainable(f);
+  return t && t->fsdp;
+}
+
+const char *tpr_train_supported_list(void) {
+  static char list[256];
+  if (!list[0])
+    for (size_t i = 0; i < N_TRAINABLE; i++)
+      snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? (i + 1 < N_TRAINABLE ? ", " : " and ") : "",
+               tpr_model_family_name(trainable[i].family));
+  return list;
 }
 
 // The family's training program: MiniMax-M2's builder, or the per-head
@@ -149,20 +183,17 @@ static tpr_status make_program(tpr_train_state *t) {
                             .fsdp = t->o.fsdp};
     return tpr__session_make_program(t->s, build_m2, &bo, &t->program);
   }
-  qkhd_job j = {.d = family == TPR_FAMILY_QWEN3_MOE        ? &tpr_qwen3_moe_desc
-                     : family == TPR_FAMILY_HUNYUAN_V1_MOE ? &tpr_hunyuan_moe_desc
-                     : family == TPR_FAMILY_QWEN3_VL_MOE   ? &tpr_qwen3_vl_moe_desc
-                     : family == TPR_FAMILY_QWEN2_VL       ? &tpr_qwen2_vl_desc
-                                                           : NULL};
-  if (!j.d)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports "
-                    "minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe and qwen2_vl", fam);
+  const struct trainable *tr = find_trainable(family);
+  if (!tr)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only; training supports %s", fam,
+                    tpr_train_supported_list());
+  qkhd_job j = {.d = tr->desc};
   // FSDP: the builder gathers every param from its chunk (family_step.c);
   // the state's chunks are family-blind (train/fsdp.c). Families added to
   // the builder later stay refused here until tested under FSDP.
   if (t->o.fsdp.on && !tpr_train_fsdp_built(family))
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is built for minimax_m2, qwen3_moe, hunyuan_v1_moe and "
-                    "qwen3_vl_moe, not %s; train it with --no-fsdp (plain data parallelism)", fam);
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is not built for %s; train it with --no-fsdp (plain data "
+                    "parallelism)", fam);
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
   // (no load-balancing loss): the family's default weight is 0.
   if (t->o.aux_coef < 0 && family == TPR_FAMILY_HUNYUAN_V1_MOE) coef = 0;

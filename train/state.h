@@ -75,9 +75,13 @@ tpr_status tpr_train_state_open(tpr_session *s, const tpr_train_state_opts *o, t
 // closing the session. NULL is ignored.
 void tpr_train_state_free(tpr_train_state *t);
 tpr_session *tpr_train_state_session(const tpr_train_state *t);
-// Whether the family's training program shards its params under FSDP (the
-// families tested under it; the others are refused with --fsdp).
+// Whether tpr can train the family, and whether its training program shards
+// its params under FSDP (the families tested under it; the others are
+// refused with --fsdp). One table in state.c answers both.
+bool tpr_train_supported(tpr_model_family f);
 bool tpr_train_fsdp_built(tpr_model_family f);
+// "minimax_m2, qwen3_moe, ..." for messages that list them.
+const char *tpr_train_supported_list(void);
 // The trained params, the same list on every rank.
 int tpr_train_num_params(const tpr_train_state *t);
 const tpr_train_param *tpr_train_param_at(const tpr_train_state *t, int i);
