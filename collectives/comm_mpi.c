@@ -131,7 +131,7 @@ tpr_status tpr__mpi_span_make(size_t count, tpr_dtype dt, span *s) {
 
 // --- reductions ---------------------------------------------------------
 
-// 16-bit floats accumulate in f32 (DESIGN.md: reductions accumulate in f32)
+// 16-bit floats accumulate in f32 (docs/architecture.md: reductions accumulate in f32)
 // and round once, chunk by chunk through the scratch. In place is safe: a
 // chunk is read whole before it is written.
 static tpr_status all_reduce_half(mpi_ctx *c, const void *send, void *recv, size_t count, tpr_dtype dt,

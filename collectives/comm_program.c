@@ -1,4 +1,4 @@
-// The SPMD check of DESIGN.md section 1: every rank hashes its serialized
+// The SPMD check of docs/architecture.md section 1: every rank hashes its serialized
 // program and the hashes are compared, so a rank number that leaked into a
 // program is an error instead of silently wrong results.
 #include <stdio.h>

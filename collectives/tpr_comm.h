@@ -176,7 +176,7 @@ tpr_status tpr_comm_wait(tpr_comm_request r);
 // --- programs -----------------------------------------------------------
 // Hashes p (tpr_program_hash, into *hash) and all-gathers the hashes over c
 // (host buffers): a rank whose program differs from rank 0's is
-// TPR_ERR_INTERNAL on every rank, naming the ranks (DESIGN.md section 1).
+// TPR_ERR_INTERNAL on every rank, naming the ranks (docs/architecture.md section 1).
 tpr_status tpr_comm_check_program(tpr_comm_t c, const tpr_program *p, uint64_t *hash);
 
 // --- the watchdog -------------------------------------------------------

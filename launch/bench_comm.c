@@ -242,7 +242,7 @@ static double iqm_us(int64_t *rank_sum_ns, int64_t blocks, int n, int64_t ipb) {
 // size needs, and touched just before they are timed (send filled, recv
 // cleared), as the baseline's and a plain program's: buffers allocated once
 // at the largest size and zeroed at start-up ran 10-13% slower at 16-64 MiB
-// than fresh ones in the same process (README: gather/scatter baselines).
+// than fresh ones in the same process (docs/collectives.md).
 static tpr_status host_buffers(bench *b, const shape *s) {
   free(b->hsend);
   free(b->hrecv);

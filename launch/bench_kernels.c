@@ -1,4 +1,4 @@
-// tpr bench kernels: how close the skinny GEMM (runtime/ops/skinny_gemm.h)
+// tpr bench kernels: how close the skinny GEMM (runtime/ops/gemm/skinny_gemm.h)
 // comes to streaming its weights at memory speed, per weight dtype.
 //
 // 1. Read probe: every thread sums its slice of a 512 MiB buffer with AVX2

@@ -1,4 +1,4 @@
-// tpr bench <what>: the benchmarks (DESIGN.md section 8: benchmarks are
+// tpr bench <what>: the benchmarks (docs/architecture.md section 10: benchmarks are
 // commands that print a table and --json, never timed assertions in tests).
 // Adding one is one line in `benches` and its header.
 #include <stdio.h>

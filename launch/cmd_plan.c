@@ -1,4 +1,4 @@
-// tpr plan: print the sharding plan of a checkpoint for a mesh (DESIGN.md
+// tpr plan: print the sharding plan of a checkpoint for a mesh (docs/architecture.md
 // section 5): the attention head layout and QK-norm divisors, every tensor
 // kind with its global and per-rank shapes, and the bytes each rank holds.
 // A pure computation: no mpirun, the world is dp*tp from the flags.

@@ -325,8 +325,8 @@ static const char predict_usage[] =
     "         [--calibration DIR] [--workload train|prefill|decode] [--tp T] [--ep E] [--etp 1] [--seq-len 4096]\n"
     "         [--batch 1] [--prompt-len 1024] [--gen-len 256]\n\n"
     "Step time, tokens/s and the compute/communication split of each mesh (tp = min(T, np), ep = min(E, np),\n"
-    "dp = np / tp) from the step-time model: --gpu h100 uses the documented H100 + network preset (README,\n"
-    "\"Scaling experiments\"), --gpu cpu this machine's calibration (DIR/model.json of tpr scale model). With\n"
+    "dp = np / tp) from the step-time model: --gpu h100 uses the documented H100 + network preset (docs/scale.md,\n"
+    "\"tpr scale predict\"), --gpu cpu this machine's calibration (DIR/model.json of tpr scale model). With\n"
     "--calibration DIR it also prints the model's error on every point DIR measured.";
 
 static int cmd_predict(int argc, char **argv) {

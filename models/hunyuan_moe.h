@@ -17,7 +17,7 @@
 //        + allreduce_tp(down_r(silu(gate_r h) * up_r h)) the shared MLP, column/row-parallel
 //   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
 //
-// Capacity mode (--capacity-factor, --reroute-dropped) follows seed 003's
+// Capacity mode (--capacity-factor, --reroute-dropped) follows Hunyuan's original code's
 // top-1 gating for a re-routed token: its gate is its new expert's own
 // router probability (tpr_moe_opts.reroute_own_prob). docs/families.md says
 // where the capacity path differs from the seed's code.

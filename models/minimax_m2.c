@@ -82,7 +82,7 @@ static tpr_status all_reduce(m2_ctx *c, tpr_mesh_axis axis, int n, tpr_value_id 
 
 // Training: x, replicated over the tp group, enters rank-local compute here,
 // so its cotangent must be summed over the group (Megatron's f; see
-// runtime/autodiff.h). Inference programs carry no marks.
+// runtime/program/autodiff.h). Inference programs carry no marks.
 static tpr_status mark_tp(m2_ctx *c, int kind, tpr_value_id *x) {
   if (!c->o->training || (c->o->skip_grad_marks & kind) || c->plan->tp == 1) return TPR_OK;
   return tpr_pb_grad_all_reduce(c->p, *x, TPR_AXIS_TP, c->plan->tp, x);

@@ -1,5 +1,5 @@
 // MiniMax-M2, tensor-parallel: one rank-agnostic SPMD program per token
-// count T (DESIGN.md sections 1, 5, 6; reference: transformers'
+// count T (docs/architecture.md sections 1, 5, 6; reference: transformers'
 // modeling_minimax_m2.py).
 //
 //   x = vocab-parallel embedding (all-reduce over tp)

@@ -22,7 +22,7 @@ typedef struct qkhd {
 
 // Training: x, replicated over the tp group, enters rank-local compute here,
 // so its cotangent must be summed over the group (Megatron's f,
-// runtime/autodiff.h). Inference programs carry no marks.
+// runtime/program/autodiff.h). Inference programs carry no marks.
 static tpr_status mark_tp(qkhd *b, int kind, tpr_value_id *x) {
   if (!b->o->training || (b->o->skip_grad_marks & kind) || b->c.plan->tp == 1) return TPR_OK;
   return tpr_pb_grad_all_reduce(b->c.p, *x, TPR_AXIS_TP, b->c.plan->tp, x);

@@ -56,7 +56,7 @@ typedef struct tpr_qkhd_desc {
   bool qk_norm_after_rope;      // the model's order (the config must agree)
   bool mrope;                   // rope positions (3, T), the config's MRoPE layout
   // Capacity mode: a re-routed token's gate is its new expert's own router
-  // probability (tpr_moe_opts.reroute_own_prob; Hunyuan's seed 003 rule).
+  // probability (tpr_moe_opts.reroute_own_prob; Hunyuan's original rule).
   bool reroute_own_prob;
   // What the session's per_rank_qk_norm control builds for this family.
   tpr_qk_control session_control;

@@ -2,7 +2,7 @@
 // its language_model): Qwen3-MoE (models/qwen3_moe.h; the same step program,
 // models/qk_head_decoder.h, from its own descriptor) with MRoPE -- rope
 // positions (3, T) (temporal, height, width) laid out
-// INTERLEAVED by mrope_section (runtime/ops/rope_layout.h), NeoX pairing.
+// INTERLEAVED by mrope_section (runtime/ops/rope/rope.h), NeoX pairing.
 // The step takes them as the "positions_3d" input (models/family.h); for
 // text, all three rows are the sequence position.
 //

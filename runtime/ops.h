@@ -137,7 +137,7 @@ const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 #define TPR_OP_MAX_FATTRS 4
 
 // Attributes are plain numbers so programs serialize without per-op schemas.
-// They may never hold a rank number (see DESIGN.md section 1).
+// They may never hold a rank number (see docs/architecture.md section 1).
 typedef struct tpr_op_attrs {
   int n_i;
   int64_t i[TPR_OP_MAX_IATTRS];
@@ -194,7 +194,7 @@ tpr_status tpr_sum_squares(tpr_backend *be, const tpr_tensor *x, tpr_tensor *out
 // x (..., N), sumsq (..., 1) (x's leading dims), weight (N), all f32;
 // out (..., N) = (x * r) * weight with, in f32, r = 1 / sqrtf(sumsq / divisor
 // + eps) -- torch's f32 RMSNorm (variance, rsqrt, x * rsqrt, then weight).
-// divisor > 0 is the global element count (DESIGN.md section 5), eps >= 0.
+// divisor > 0 is the global element count (docs/architecture.md section 5), eps >= 0.
 tpr_status tpr_rms_scale(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *sumsq,
                          const tpr_tensor *weight, float divisor, float eps, tpr_tensor *out);
 // Vocab-parallel embedding. table (Vl, H) any dtype, ids (...) i32/i64,

@@ -1,5 +1,5 @@
 // Hardware descriptions of the step-time model: the documented presets
-// (README "Scaling experiments" cites their sources) and the calibrated
+// (docs/scale.md, "tpr scale predict", cites their sources) and the calibrated
 // description of this machine, stored as DIR/model.json.
 #ifndef TPR_SCALE_HARDWARE_H
 #define TPR_SCALE_HARDWARE_H

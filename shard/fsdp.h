@@ -1,6 +1,6 @@
 // FSDP-style sharded data parallelism (docs/training.md, "FSDP"): every
 // trained tensor of a rank's layout is cut into n equal flat chunks over its
-// data-parallel group -- dense params over dp, experts over edp (DESIGN.md
+// data-parallel group -- dense params over dp, experts over edp (docs/architecture.md
 // section 4, "MoE parallel folding") -- and rank r of the group keeps chunk r:
 // elements [r*chunk, min(numel, (r+1)*chunk)), zero-padded to chunk (FSDP2's
 // per-parameter dim-0 sharding, on the flattened tensor). The program gathers

@@ -1,4 +1,4 @@
-// Loading one rank's weights (DESIGN.md sections 5 and 7).
+// Loading one rank's weights (docs/architecture.md sections 5 and 7).
 //
 // A rank builds each buffer of the sharding plan straight from the mmapped
 // checkpoint: it reads only the boxes its slice needs (tpr_st_read) and

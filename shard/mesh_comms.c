@@ -121,7 +121,7 @@ static tpr_status node_comm(tpr_mesh_comms *mc, tpr_op_kind op, const tpr_op_att
   return TPR_OK;
 }
 
-// Prefetched param_gather (runtime/program.h, tpr_exec_collectives.start).
+// Prefetched param_gather (runtime/program/program.h, tpr_exec_collectives.start).
 static tpr_status start_collective(void *ctx, tpr_op_kind op, const tpr_op_attrs *at, const tpr_tensor *const *ins,
                                    int n_ins, tpr_tensor *out, void **req) {
   (void)n_ins;

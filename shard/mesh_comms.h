@@ -1,4 +1,4 @@
-// One communicator per mesh axis group (DESIGN.md section 4): this rank's tp,
+// One communicator per mesh axis group (docs/architecture.md section 4): this rank's tp,
 // dp, ep, etp and edp groups, split from the world, and the hook that lets a
 // program's collective ops run over them.
 //

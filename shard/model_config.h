@@ -27,7 +27,7 @@ typedef enum tpr_model_family {
   TPR_FAMILY_COUNT
 } tpr_model_family;
 
-// Where the Q/K RMSNorm is applied (DESIGN.md section 6).
+// Where the Q/K RMSNorm is applied (docs/architecture.md section 6).
 typedef enum tpr_qk_norm {
   TPR_QK_NORM_NONE = 0,
   // MiniMax-M2 "per_layer": one RMS over the whole projection (nq*D for q,
@@ -55,7 +55,7 @@ typedef struct tpr_model_config {
   int64_t rotary_dim;          // leading dims of each head that RoPE rotates (<= D, even)
   double rope_theta;
   // MRoPE (Qwen-VL text decoders): rope positions (3, T) (temporal, height,
-  // width); the layout is runtime/ops/rope_layout.h's tpr_mrope_layout (0
+  // width); the layout is runtime/ops/rope/rope.h's tpr_mrope_layout (0
   // plain RoPE, 1 sectioned, 2 interleaved), mrope_section [t, h, w] sums to
   // rotary_dim / 2.
   int mrope_layout;

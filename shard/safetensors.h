@@ -6,7 +6,7 @@
 // then the data section; offsets count from its first byte, tensors are
 // row-major little-endian. Files are mmapped read-only, so opening a
 // checkpoint costs its headers only and each rank touches just the pages of
-// the slices it reads (DESIGN.md section 7).
+// the slices it reads (docs/architecture.md section 7).
 //
 // Every header is validated on open; a malformed file is a TPR_ERR_FORMAT
 // naming the file and the tensor, never a crash.

@@ -123,7 +123,7 @@ static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
     kv_layout(p);
   }
   if (c->qk_norm == TPR_QK_NORM_FULL) {
-    // Held whole, padded like Q / replicated like K; selected by the rank tensor (seed 000).
+    // Held whole, padded like Q / replicated like K; selected by the rank tensor (docs/architecture.md section 5).
     TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_NORM_HEADS, L, a->nq * D, 0,
                   a->nq_padded * D, 0));
     TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_NORM_HEADS, L, a->nkv * D, 0,

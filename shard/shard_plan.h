@@ -3,7 +3,7 @@
 // I/O; the loader and the model builders both read it, so what is loaded and
 // what the program expects cannot drift apart.
 //
-// Attention follows DESIGN.md section 5 exactly (NxDI-compatible, seed 000):
+// Attention follows docs/architecture.md section 5 exactly (NxDI-compatible):
 // Q heads padded to a multiple of tp; KV heads sharded, replicated, or
 // converted to MHA; QK-norm divisors that make the all-reduced sums of
 // squares match the unsharded model. Every shape here is the same on every

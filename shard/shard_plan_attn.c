@@ -1,4 +1,4 @@
-// Attention head layout under tensor parallelism (DESIGN.md section 5).
+// Attention head layout under tensor parallelism (docs/architecture.md section 5).
 #include <stdlib.h>
 #include <string.h>
 

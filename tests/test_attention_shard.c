@@ -1,4 +1,4 @@
-// Numerical proof of the attention sharding plan (DESIGN.md section 5): in
+// Numerical proof of the attention sharding plan (docs/architecture.md section 5): in
 // double precision, MiniMax-M2 attention (QK-norm over the full projection,
 // partial RoPE, causal GQA) computed unsharded equals the sum over simulated
 // ranks of the sharded computation the plan describes: local Q/K/V rows with
@@ -6,7 +6,7 @@
 // "all-reduced" across ranks and divided by the plan's divisors, local
 // attention through the plan's local Q->KV mapping, o_proj over padded input
 // columns. Negative controls show the comparison can fail: the wrong k
-// divisor, every rank using rank 0's norm slice (the bug of seed 000), Q
+// divisor, every rank using rank 0's norm slice (the bug architecture.md section 1 describes), Q
 // padded at the tail while KV is replicated, per-rank norms without the
 // all-reduce.
 #include "test_util.h"

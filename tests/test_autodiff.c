@@ -1,4 +1,4 @@
-// The autodiff core (runtime/autodiff.h): build_backward's pruning, seeding,
+// The autodiff core (runtime/program/autodiff.h): build_backward's pruning, seeding,
 // gradient accumulation over several consumers and its errors, and the
 // backward rules of the basic ops (sum_to, scale, add, mul, matmul) against
 // central finite differences. Fresh random inputs each run (seed printed).

@@ -9,7 +9,7 @@
 // nccl-tests' conventions exactly: sizes step as -b/-f (or -i) say, rounded
 // as each collective's GetCollByteCount does; algbw = size / time; busbw /
 // algbw = the op's bus factor for n ranks. Bad flags exit 2 with a message.
-// No timing is asserted (DESIGN.md section 8).
+// No timing is asserted (docs/architecture.md section 10).
 #include "test_util.h"
 #include "cli_util.h"
 

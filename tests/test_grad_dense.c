@@ -285,7 +285,7 @@ static void test_rms_scale(void **state) {
   free_inputs(&s);
 }
 
-// ---- The distributed QK-norm (DESIGN.md section 5) at tp = 2 in one
+// ---- The distributed QK-norm (docs/architecture.md section 5) at tp = 2 in one
 // program: x (T, 2N) split into the two ranks' halves, each rank's sum of
 // squares, their sum (the all-reduce), and each rank's rms_scale with its
 // half of the weight picked by index_select from the (2, N) view with a

@@ -1,4 +1,4 @@
-// The training losses (runtime/loss.h): vocab-parallel cross-entropy and the
+// The training losses (runtime/program/loss.h): vocab-parallel cross-entropy and the
 // MoE auxiliary load-balancing loss. Values against double-precision
 // references written here (log-softmax over the real vocabulary;
 // transformers' load_balancing_loss_func), a 2-shard vocab-parallel run

@@ -1,5 +1,5 @@
 // Capacity mode's gate for a re-routed token (models/layers/moe.h,
-// tpr_moe_capacity_gates with reroute_own_prob, Hunyuan's rule from seed 003)
+// tpr_moe_capacity_gates with reroute_own_prob, Hunyuan's rule from its original code)
 // on a hand-made routing: T = 6 tokens, E = 3 experts, top-1, factor 1, so
 // C = ceil(6 * 1 * 1 / 3) = 2 per expert. Tokens 0-2 pick expert 0, token 3
 // expert 1, tokens 4-5 expert 2 (fresh random logits each run with that
@@ -11,7 +11,7 @@
 //  - control, the default (MiniMax) rule on the same input: gate[d, 1] is d's
 //    weight at expert 0, which differs from the own probability.
 // Both with the gates renormalised (transformers' Hunyuan router: every top-1
-// gate is 1) and raw (seed 003's top1gating).
+// gate is 1) and raw (Hunyuan's original top1gating).
 #include "test_util.h"
 
 #include <math.h>

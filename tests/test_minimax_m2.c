@@ -255,7 +255,7 @@ static void test_program_cache(void **state) {
   tpr_comm_free(self);
 }
 
-// 4. The negative controls: the bugs DESIGN.md section 1 and 5 describe must
+// 4. The negative controls: the bugs docs/architecture.md section 1 and 5 describe must
 // break parity at np 4 by far more than the bound; at tp 1 they are no-ops.
 static void test_negative_controls(void **state) {
   static const struct {

@@ -1,4 +1,4 @@
-// The rope op's variants (runtime/ops/rope_layout.h): MRoPE positions (3, T)
+// The rope op's variants (runtime/ops/rope/rope.h): MRoPE positions (3, T)
 // laid out SECTIONED (Qwen2-VL) or INTERLEAVED (Qwen3-VL), each with NeoX
 // "half" and GPT-J "interleave" pairing, against a double-precision
 // reference written the way transformers writes it (cos/sin tables of the

@@ -88,7 +88,7 @@ static void test_sum_squares(void **state) {
   }
 }
 
-// The distributed QK-norm of DESIGN.md section 5 on 2 "ranks": each sums
+// The distributed QK-norm of docs/architecture.md section 5 on 2 "ranks": each sums
 // squares over its column slice of xg (T, G), the partial sums are added (the
 // tp all-reduce), and each scales its slice with divisor G. The result must
 // be the full-row RMSNorm. Bound 8u per element, relative to |x inv w|: the

@@ -7,7 +7,7 @@
 // chunks, single decode tokens and padded tokens (seq = slot = -1), the
 // sequences in random order. Checked, for block sizes 4 and 16:
 //  (a) paged_attention = the contiguous attention op on each sequence's keys
-//      bit for bit (both run attention_flash.c's kernel, keys on the same
+//      bit for bit (both run ops/attention/flash.c's kernel, keys on the same
 //      grid) and a double reference (rel <= 1e-5); padded rows exactly 0; a
 //      strided q, and 1 or 3 threads instead of the backend's, give the same
 //      bits. Contexts reach 592 keys (several 64-key tiles and 256-key

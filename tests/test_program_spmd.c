@@ -1,7 +1,7 @@
 // SPMD under mpirun: every rank builds the block program independently; the
 // serialized bytes must be identical on all ranks (hash all-gathered), the
 // tp-summed result must match the unsharded block, and a program with the
-// rank baked in (the bug DESIGN.md section 1 forbids) must be detected.
+// rank baked in (the bug docs/architecture.md section 1 forbids) must be detected.
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

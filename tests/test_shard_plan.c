@@ -1,4 +1,4 @@
-// The sharding planner: the MiniMax-M2 table of DESIGN.md section 5 row by
+// The sharding planner: the MiniMax-M2 table of docs/architecture.md section 5 row by
 // row (strategies, padded counts, per-rank heads, QK-norm divisors, head
 // maps), the other strategies (MHA conversion, plain MHA), invariants over a
 // sweep of head counts, the tensor list and per-rank bytes against

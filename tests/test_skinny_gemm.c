@@ -1,4 +1,4 @@
-// Skinny GEMM (runtime/ops/skinny_gemm.h) on every weight dtype and every ISA
+// Skinny GEMM (runtime/ops/gemm/skinny_gemm.h) on every weight dtype and every ISA
 // level this CPU runs, against a double-precision reference that dequantises
 // with runtime/dtype.h's scalar conversions (no code shared with the kernels'
 // vector paths or their FP8 table). Sizes are odd on purpose: K not a

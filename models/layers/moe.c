@@ -46,7 +46,7 @@ tpr_status tpr_moe_opts_check(const tpr_moe_opts *o, const tpr_shard_plan *plan)
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Training: x (replicated over the group of `axis`) enters rank-local
-// compute; its cotangent is summed over that group (runtime/autodiff.h).
+// compute; its cotangent is summed over that group (runtime/program/autodiff.h).
 static tpr_status mark(tpr_program *p, const tpr_moe_opts *o, tpr_value_id *x, tpr_mesh_axis axis, int n) {
   if (!o->mark_grads || n == 1) return TPR_OK;
   return tpr_pb_grad_all_reduce(p, *x, axis, n, x);

@@ -1,4 +1,4 @@
-// The MoE block on the folded mesh (DESIGN.md sections 4 and 5): tokens come
+// The MoE block on the folded mesh (docs/architecture.md sections 4 and 5): tokens come
 // from attention on (dp, tp), replicated over the tp group; experts live on
 // (edp, ep, etp), in contiguous blocks of experts_per_rank over ep, each
 // expert's intermediate dim split over etp. Two dispatchers give the same
@@ -54,7 +54,7 @@ typedef struct tpr_moe_opts {
   bool reroute_dropped;    // capacity mode only
   // Re-routing's gate. false (MiniMax, the default): a re-routed assignment
   // keeps the weight it had at the expert that dropped it. true (Hunyuan,
-  // seed 003's top-1 gating): it takes its new expert's own router
+  // Hunyuan's original top-1 gating): it takes its new expert's own router
   // probability probs[t, e']; kept assignments keep their gates either way.
   // probs (T, E): the router's softmax; chosen (T, E): 1 where the router
   // picked the expert, else 0 (router_softmax.h). Set by the family.
@@ -65,7 +65,7 @@ typedef struct tpr_moe_opts {
   // compute (grad_all_reduce over the group whose partial outputs are summed).
   bool mark_grads;
   // Inference: FP8 experts (w13, w2 f8e4m3) with per-row scales s13, s2 in
-  // blocks of fp8_block columns (runtime/program.h, tpr_fp8_experts); 0:
+  // blocks of fp8_block columns (runtime/program/program.h, tpr_fp8_experts); 0:
   // plain f32/bf16 experts, s13 and s2 unused.
   int fp8_block;
   tpr_value_id s13, s2;

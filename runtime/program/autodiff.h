@@ -10,7 +10,7 @@
 // cotangents of the inputs that want one, handing each to tpr_grad_add,
 // which sums the contributions of a value's consumers.
 //
-// Replicated vs partial values (DESIGN.md section 3). Inside a tp group a
+// Replicated vs partial values (docs/architecture.md section 3). Inside a tp group a
 // value is replicated (equal on every rank: the residual stream, the loss) or
 // partial/sharded. The autodiff keeps one convention: the cotangent of a
 // replicated value is the full gradient on every rank. Two rules follow:

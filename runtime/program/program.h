@@ -4,7 +4,7 @@
 // Every rank builds the same program (rank-dependence enters only through the
 // rank tensor, bound as a param at run time), so the serialized bytes are
 // identical across ranks; tpr_program_hash makes that checkable. Programs
-// serialize to bytes with protobuf-c (runtime/program.proto) and back;
+// serialize to bytes with protobuf-c (runtime/program/program.proto) and back;
 // deserialization re-runs every shape rule, so corrupt bytes give
 // TPR_ERR_FORMAT instead of a crash.
 #ifndef TPR_PROGRAM_H

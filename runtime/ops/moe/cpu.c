@@ -345,7 +345,7 @@ done:
 // and a = silu(h1) * h3, then
 //   dw2[e] = dy^T a,  da = dy w2[e],  dh1 = da * h3 * silu'(h1),
 //   dh3 = da * silu(h1),  dw13[e] = [dh1 | dh3]^T x,  dx = [dh1 | dh3] w13[e]
-// (seed 001's GateUpProj / DownProj backward, one sgemm each). Every result
+// (the fused-MoE GateUpProj / DownProj backward, one sgemm each). Every result
 // is a fixed function of the expert's rows, and the callers add the rows'
 // dx in ascending expert order, so the backward is deterministic.
 

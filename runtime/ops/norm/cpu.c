@@ -2,7 +2,7 @@
 // per row, and its distributed halves sum_squares (local sum of x^2, to be
 // all-reduced) and rms_scale (x * rsqrt(sumsq / divisor + eps) * weight).
 //
-// rms_norm's sum of squares is accumulated in f32 (DESIGN.md section 3) over
+// rms_norm's sum of squares is accumulated in f32 (docs/architecture.md section 3) over
 // eight interleaved partial sums: a fixed, deterministic order that the
 // compiler can vectorise, with an error that grows with H/8 instead of H.
 // sum_squares accumulates in double (four interleaved lanes, also a fixed

@@ -1,7 +1,7 @@
 // RMS norm CUDA kernels (cpu.c's twin): rms_norm, and the distributed
 // halves sum_squares and rms_scale.
 //
-// One block per row for the reductions. rms_norm sums x^2 in f32 (DESIGN.md
+// One block per row for the reductions. rms_norm sums x^2 in f32 (docs/architecture.md
 // section 3) like the CPU, sum_squares in double rounded once to f32; both
 // in a fixed order (per-thread strided partial sums, then the block's fixed
 // tree), so results are deterministic. The order differs from the CPU's

@@ -1,7 +1,7 @@
 // MiniMax-M2 router CPU kernel: sigmoid scores, top-k on score + bias,
 // weights = the chosen sigmoid scores renormalised (the bias only selects).
 //
-// In f32 throughout (DESIGN.md section 3), with a deterministic selection:
+// In f32 throughout (docs/architecture.md section 3), with a deterministic selection:
 // k passes of an argmax that keeps the first (lowest-index) maximum, so ties
 // go to the lower expert index, and a NaN score ranks below every number.
 // The chosen scores are summed in ascending expert order, not in selection

@@ -1,4 +1,4 @@
-// Softmax CPU kernel over the last dim, in f32 (DESIGN.md section 3).
+// Softmax CPU kernel over the last dim, in f32 (docs/architecture.md section 3).
 //
 // Each row subtracts its max before exp so large inputs cannot overflow;
 // -inf entries give exactly 0. Conventions for degenerate rows:
