@@ -52,22 +52,23 @@ tpr_status tok_parse_added(tpr_tokenizer *t, const void *json) {
   }
   free(b.p);
   tok_run_free(&run);
+  for (int i = 0; i < t->n_added && rc == TPR_OK; i++)
+    rc = tok_trie_add(&t->added_trie[t->added[i].normalized], t->added[i].content, t->added[i].len, i);
   return rc;
 }
 
-// The leftmost, then longest, added token of the given kind at or after pos.
+// The leftmost, then longest, added token of the given kind at or after pos:
+// one trie walk per position, bounded by the longest token.
 static const tok_added *find_token(const tpr_tokenizer *t, bool normalized, const char *s, size_t n, size_t pos,
                                    size_t *at) {
+  const tok_trie *tr = &t->added_trie[normalized];
+  if (tr->n_nodes == 0) return NULL;
   for (size_t i = pos; i < n; i++) {
-    const tok_added *best = NULL;
-    for (int k = 0; k < t->n_added; k++) {
-      const tok_added *a = &t->added[k];
-      if (a->normalized != normalized || a->content[0] != s[i] || a->len > n - i) continue;
-      if ((!best || a->len > best->len) && !memcmp(s + i, a->content, a->len)) best = a;
-    }
-    if (best) {
+    size_t len;
+    int32_t k = tok_trie_longest(tr, s + i, n - i, &len);
+    if (k >= 0) {
       *at = i;
-      return best;
+      return &t->added[k];
     }
   }
   return NULL;

@@ -44,6 +44,8 @@ int tok_utf8_put(int32_t cp, char *out);  // 1..4 bytes
 tpr_status tok_utf8_lossy(tok_buf *b, const unsigned char *s, size_t n);
 bool tok_is_whitespace(int32_t cp);    // Unicode White_Space (Rust char::is_whitespace)
 bool tok_is_word_char(int32_t cp);     // regex \w (Unicode)
+bool tok_is_numeric(int32_t cp);       // Rust char::is_numeric: Nd, Nl, No
+bool tok_is_punct(int32_t cp);         // ASCII punctuation or a P* category
 // GPT-2's byte <-> printable-character map used by ByteLevel.
 int tok_byte_char(int b);  // the code point byte b maps to
 int tok_char_to_byte(int32_t cp);  // -1 when cp is not in the map
@@ -70,15 +72,21 @@ tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size
                           void *ctx);
 
 // ---- normalizers (tok_normalize.c)
-typedef enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+typedef enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE,
+               TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS } tok_norm_kind;
 typedef struct tok_norm {
   tok_norm_kind kind;
   char *str;      // Prepend: the prefix; Replace: the replacement
   tok_regex re;   // Replace: the pattern
+  bool left, right;  // Strip
 } tok_norm;
 
 // ---- pre-tokenizers (tok_pretok.c)
-typedef enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE } tok_pre_kind;
+// Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit, Whitespace and
+// BertPreTokenizer are splits by a character class (tok_char_class).
+typedef enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE, TOK_PRE_CHARS, TOK_PRE_WHITESPACE,
+               TOK_PRE_BERT } tok_pre_kind;
+typedef enum { TOK_CC_DIGIT, TOK_CC_PUNCT, TOK_CC_SPACE, TOK_CC_DELIM } tok_char_class;
 typedef enum { TOK_SPLIT_ISOLATED, TOK_SPLIT_REMOVED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT,
                TOK_SPLIT_CONTIGUOUS } tok_split_behavior;
 typedef enum { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } tok_prepend;
@@ -92,6 +100,9 @@ typedef struct tok_pre {
   char repl[8];                 // Metaspace replacement (UTF-8)
   tok_prepend prepend;          // Metaspace
   bool split;                   // Metaspace
+  tok_char_class cc;            // TOK_PRE_CHARS: which characters are the delimiters
+  int32_t delim;                // CharDelimiterSplit
+  bool map_bytes;               // ByteLevel with steps after it: map to its alphabet here
 } tok_pre;
 
 // ---- decoders (tok_decode.c)
@@ -104,6 +115,21 @@ typedef struct tok_dec {
   char repl[8];             // Metaspace
   tok_prepend prepend;      // Metaspace
 } tok_dec;
+
+// A byte trie over the added tokens of one kind (normalized or not): the
+// longest token at a position in one walk, whatever the number of tokens.
+typedef struct tok_trie {
+  uint64_t *keys;   // edge (node << 8 | byte) + 1; 0 = empty slot
+  int32_t *child;
+  size_t cap, n_edges;
+  int32_t *term;    // per node: index of the added token ending there, -1
+  int32_t n_nodes, node_cap;
+  bool first[256];  // bytes some token starts with
+} tok_trie;
+tpr_status tok_trie_add(tok_trie *tr, const char *s, size_t n, int32_t val);  // keeps the first val
+// The longest token starting at s[0..n): its value and *len, or -1.
+int32_t tok_trie_longest(const tok_trie *tr, const char *s, size_t n, size_t *len);
+void tok_trie_free(tok_trie *tr);
 
 typedef struct tok_added {
   char *content;
@@ -131,11 +157,13 @@ struct tpr_tokenizer {
   tok_pre *pres;
   int n_pres;
   bool byte_level;  // a ByteLevel pre-tokenizer: words reach the model as bytes
+  bool byte_map;    // steps follow ByteLevel: pieces pass between them in its alphabet
   tok_dec *decs;
   int n_decs;
   bool has_decoder;
   tok_added *added;  // sorted by id
   int n_added;
+  tok_trie added_trie[2];  // [normalized]
   int32_t *post_pre, *post_post;  // TemplateProcessing ids before / after $A
   int n_post_pre, n_post_post;
   int32_t bos_id, eos_id;

@@ -268,6 +268,7 @@ void tpr_tokenizer_free(tpr_tokenizer *t) {
   for (int i = 0; i < t->n_pres; i++) tok_regex_free(&t->pres[i].re);
   for (int i = 0; i < t->n_decs; i++) free(t->decs[i].pattern), free(t->decs[i].content);
   for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+  tok_trie_free(&t->added_trie[0]), tok_trie_free(&t->added_trie[1]);
   free(t->norms), free(t->pres), free(t->decs), free(t->added);
   free(t->post_pre), free(t->post_post);
   free(t->file);

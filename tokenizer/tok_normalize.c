@@ -1,5 +1,5 @@
-// Normalizers: Unicode normal forms (utf8proc), Prepend, Replace and
-// Sequence, applied to each text segment between added tokens.
+// Normalizers: Unicode normal forms (utf8proc), Prepend, Replace, Lowercase,
+// Strip, StripAccents and Sequence, applied to each text segment between added tokens.
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +47,42 @@ static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t
       TPR_CHECK(tok_regex_each(&nm->re, run, in, n, on_repl, &c));
       return tok_buf_put(out, in + c.prev, n - c.prev);
     }
+    case TOK_NORM_STRIP: {
+      size_t a = 0, b = n;
+      int32_t cp;
+      while (nm->left && a < b) {
+        int l = tok_utf8_next(in + a, b - a, &cp);
+        if (!tok_is_whitespace(cp)) break;
+        a += (size_t)l;
+      }
+      while (nm->right && b > a) {
+        size_t k = b - 1;
+        while (k > a && (in[k] & 0xC0) == 0x80) k--;
+        tok_utf8_next(in + k, b - k, &cp);
+        if (!tok_is_whitespace(cp)) break;
+        b = k;
+      }
+      return tok_buf_put(out, in + a, b - a);
+    }
+    case TOK_NORM_LOWERCASE:
+    case TOK_NORM_STRIP_ACCENTS:
+      for (size_t i = 0; i < n;) {
+        int32_t cp;
+        int l = tok_utf8_next(in + i, n - i, &cp);
+        char c[8];
+        int cl = 0;
+        if (nm->kind == TOK_NORM_STRIP_ACCENTS) {
+          // Drops every mark (Mn, Mc, Me), as the reference's filter does.
+          utf8proc_category_t k = utf8proc_category(cp);
+          if (k < UTF8PROC_CATEGORY_MN || k > UTF8PROC_CATEGORY_ME) cl = tok_utf8_put(cp, c);
+        } else if (cp == 0x130) {  // the one full lowercase mapping longer than a character
+          cl = tok_utf8_put('i', c);
+          cl += tok_utf8_put(0x307, c + cl);
+        } else cl = tok_utf8_put(utf8proc_tolower(cp), c);
+        TPR_CHECK(tok_buf_put(out, c, (size_t)cl));
+        i += (size_t)l;
+      }
+      return TPR_OK;
   }
   return TPR_OK;
 }
@@ -78,7 +114,13 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_norm *nm) {
   else if (!strcmp(ty, "NFD")) nm->kind = TOK_NORM_NFD;
   else if (!strcmp(ty, "NFKC")) nm->kind = TOK_NORM_NFKC;
   else if (!strcmp(ty, "NFKD")) nm->kind = TOK_NORM_NFKD;
-  else if (!strcmp(ty, "Prepend")) {
+  else if (!strcmp(ty, "Lowercase")) nm->kind = TOK_NORM_LOWERCASE;
+  else if (!strcmp(ty, "StripAccents")) nm->kind = TOK_NORM_STRIP_ACCENTS;
+  else if (!strcmp(ty, "Strip")) {
+    nm->kind = TOK_NORM_STRIP;
+    nm->left = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "strip_left"));
+    nm->right = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "strip_right"));
+  } else if (!strcmp(ty, "Prepend")) {
     nm->kind = TOK_NORM_PREPEND;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prepend");
     if (!cJSON_IsString(p)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: normalizer Prepend has no prepend string", t->file);

@@ -152,13 +152,10 @@ static tpr_status on_match(void *ctx, size_t st, size_t en) {
   return TPR_OK;
 }
 
-// One piece split by a pattern with a SplitDelimiterBehavior, mirroring the
-// reference's fold over (offsets, is_match).
-static tpr_status split_piece(const tok_regex *re, tok_run *run, tok_split_behavior beh, bool invert,
-                              const char *buf, size_t off, size_t len, bool first, split_ctx *c, pieces *out) {
-  c->prev = 0, c->n_m = 0;
-  TPR_CHECK(tok_regex_each(re, run, buf + off, len, on_match, c));
-  if (c->prev != len) TPR_CHECK(split_push(c, c->prev, len, false));
+// Applies a SplitDelimiterBehavior to the (offsets, is_match) list in c,
+// mirroring the reference's fold, and pushes the resulting pieces.
+static tpr_status split_fold(split_ctx *c, tok_split_behavior beh, bool invert, size_t off, bool first,
+                             pieces *out) {
   if (invert)
     for (size_t i = 0; i < c->n_m; i++) c->is_m[i] = !c->is_m[i];
   size_t k = 0;  // merged splits written in place
@@ -196,6 +193,96 @@ static tpr_status split_piece(const tok_regex *re, tok_run *run, tok_split_behav
   }
   for (size_t i = 0; i < k; i++)
     TPR_CHECK(piece_push(out, off + c->st[i], c->en[i] - c->st[i], first && c->st[i] == 0));
+  return TPR_OK;
+}
+
+// One piece split by a pattern.
+static tpr_status split_piece(const tok_regex *re, tok_run *run, tok_split_behavior beh, bool invert,
+                              const char *buf, size_t off, size_t len, bool first, split_ctx *c, pieces *out) {
+  c->prev = 0, c->n_m = 0;
+  TPR_CHECK(tok_regex_each(re, run, buf + off, len, on_match, c));
+  if (c->prev != len) TPR_CHECK(split_push(c, c->prev, len, false));
+  return split_fold(c, beh, invert, off, first, out);
+}
+
+static bool in_class(const tok_pre *p, int32_t cp) {
+  switch (p->cc) {
+    case TOK_CC_DIGIT: return tok_is_numeric(cp);
+    case TOK_CC_PUNCT: return tok_is_punct(cp);
+    case TOK_CC_SPACE: return tok_is_whitespace(cp);
+    case TOK_CC_DELIM: return cp == p->delim;
+  }
+  return false;
+}
+
+// One piece split by a character class: each matching character is a match
+// of its own (the reference's split by a char predicate), then the fold.
+static tpr_status split_chars(const tok_pre *p, const char *buf, size_t off, size_t len, bool first, split_ctx *c,
+                              pieces *out) {
+  c->prev = 0, c->n_m = 0;
+  const char *s = buf + off;
+  for (size_t i = 0; i < len;) {
+    int32_t cp;
+    size_t l = (size_t)tok_utf8_next(s + i, len - i, &cp);
+    if (in_class(p, cp)) TPR_CHECK(on_match(c, i, i + l));
+    i += l;
+  }
+  if (c->prev != len) TPR_CHECK(split_push(c, c->prev, len, false));
+  return split_fold(c, p->behavior, false, off, first, out);
+}
+
+// Whitespace (the regex \w+|[^\w\s]+, keeping the matches) and
+// BertPreTokenizer (split at whitespace, removed, and around each punctuation
+// character) in one pass over the characters.
+static tpr_status split_words(bool bert, const char *buf, size_t off, size_t len, bool first, pieces *out) {
+  const char *s = buf + off;
+  size_t st = 0;
+  int cls = 0;  // of the run since st: 0 none, 1 word, 2 other
+  for (size_t i = 0; i < len;) {
+    int32_t cp;
+    size_t l = (size_t)tok_utf8_next(s + i, len - i, &cp);
+    int k = tok_is_whitespace(cp) ? 0 : bert ? (tok_is_punct(cp) ? 3 : 1) : tok_is_word_char(cp) ? 1 : 2;
+    if (k != cls || k == 3) {  // a punctuation character is always its own piece under Bert
+      if (cls) TPR_CHECK(piece_push(out, off + st, i - st, first && st == 0));
+      st = i, cls = k;
+    }
+    i += l;
+  }
+  if (cls) TPR_CHECK(piece_push(out, off + st, len - st, first && st == 0));
+  return TPR_OK;
+}
+
+// ByteLevel with steps after it: the pieces from index `from` rewritten in
+// its alphabet, as the reference hands them on.
+static tpr_status map_bytes(pieces *b, size_t from, size_t text_from) {
+  tok_buf m = {0};
+  tpr_status rc = TPR_OK;
+  for (size_t i = from; i < b->w.n && rc == TPR_OK; i++) {
+    size_t o = b->w.off[i], l = b->w.len[i];
+    b->w.off[i] = text_from + m.n;
+    char c[4];
+    for (size_t k = 0; k < l && rc == TPR_OK; k++)
+      rc = tok_buf_put(&m, c, (size_t)tok_utf8_put(tok_byte_char((unsigned char)b->w.text.p[o + k]), c));
+    b->w.len[i] = text_from + m.n - b->w.off[i];
+  }
+  if (rc == TPR_OK) {
+    b->w.text.n = text_from;
+    rc = tok_buf_put(&b->w.text, m.p, m.n);
+  }
+  free(m.p);
+  return rc;
+}
+
+// Back from the ByteLevel alphabet to bytes (the model maps bytes itself).
+static tpr_status unmap_bytes(tok_buf *out, const char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    int32_t cp;
+    size_t l = (size_t)tok_utf8_next(s + i, n - i, &cp);
+    int b = tok_char_to_byte(cp);
+    unsigned char ch = (unsigned char)b;
+    TPR_CHECK(b >= 0 ? tok_buf_put(out, &ch, 1) : tok_buf_put(out, s + i, l));
+    i += l;
+  }
   return TPR_OK;
 }
 
@@ -251,15 +338,20 @@ tpr_status tok_pretokenize(const tpr_tokenizer *t, tok_run *run, const char *s, 
       if (p->kind == TOK_PRE_SPLIT) {
         TPR_CHECK_GOTO(split_piece(&p->re, run, p->behavior, p->invert, a.w.text.p, a.w.off[i], pl, a.first[i], &sc,
                                    &b), rc, done);
+      } else if (p->kind == TOK_PRE_CHARS) {
+        TPR_CHECK_GOTO(split_chars(p, a.w.text.p, a.w.off[i], pl, a.first[i], &sc, &b), rc, done);
+      } else if (p->kind == TOK_PRE_WHITESPACE || p->kind == TOK_PRE_BERT) {
+        TPR_CHECK_GOTO(split_words(p->kind == TOK_PRE_BERT, a.w.text.p, a.w.off[i], pl, a.first[i], &b), rc, done);
       } else if (p->kind == TOK_PRE_BYTELEVEL) {
         same_buf = false;
-        size_t off = b.w.text.n;
+        size_t off = b.w.text.n, from = b.w.n;
         if (p->add_prefix_space && !(pl > 0 && ps[0] == ' ')) TPR_CHECK_GOTO(tok_buf_put(&b.w.text, " ", 1), rc, done);
         TPR_CHECK_GOTO(tok_buf_put(&b.w.text, ps, pl), rc, done);
         if (p->use_regex) {
           TPR_CHECK_GOTO(split_piece(&p->re, run, TOK_SPLIT_ISOLATED, false, b.w.text.p, off, b.w.text.n - off,
                                      a.first[i], &sc, &b), rc, done);
         } else TPR_CHECK_GOTO(piece_push(&b, off, b.w.text.n - off, a.first[i]), rc, done);
+        if (p->map_bytes) TPR_CHECK_GOTO(map_bytes(&b, from, off), rc, done);
       } else {
         same_buf = false;
         TPR_CHECK_GOTO(metaspace_piece(p, ps, pl, a.first[i], &b), rc, done);
@@ -271,14 +363,28 @@ tpr_status tok_pretokenize(const tpr_tokenizer *t, tok_run *run, const char *s, 
   }
   for (size_t i = 0; i < a.w.n; i++) {
     size_t off = w->text.n;
-    TPR_CHECK_GOTO(tok_buf_put(&w->text, a.w.text.p + a.w.off[i], a.w.len[i]), rc, done);
-    TPR_CHECK_GOTO(tok_words_push(w, off, a.w.len[i]), rc, done);
+    if (t->byte_map) TPR_CHECK_GOTO(unmap_bytes(&w->text, a.w.text.p + a.w.off[i], a.w.len[i]), rc, done);
+    else TPR_CHECK_GOTO(tok_buf_put(&w->text, a.w.text.p + a.w.off[i], a.w.len[i]), rc, done);
+    TPR_CHECK_GOTO(tok_words_push(w, off, w->text.n - off), rc, done);
   }
 done:
   tok_words_free(&a.w), tok_words_free(&b.w);
   free(a.first), free(b.first);
   free(sc.st), free(sc.en), free(sc.is_m);
   return rc;
+}
+
+static tpr_status parse_behavior(tpr_tokenizer *t, const char *ty, const cJSON *j, tok_pre *p) {
+  const cJSON *beh = cJSON_GetObjectItemCaseSensitive(j, "behavior");
+  const char *b = cJSON_IsString(beh) ? beh->valuestring : "";
+  if (!strcmp(b, "Isolated")) p->behavior = TOK_SPLIT_ISOLATED;
+  else if (!strcmp(b, "Removed")) p->behavior = TOK_SPLIT_REMOVED;
+  else if (!strcmp(b, "MergedWithPrevious")) p->behavior = TOK_SPLIT_MERGED_PREV;
+  else if (!strcmp(b, "MergedWithNext")) p->behavior = TOK_SPLIT_MERGED_NEXT;
+  else if (!strcmp(b, "Contiguous")) p->behavior = TOK_SPLIT_CONTIGUOUS;
+  else if (!beh && !strcmp(ty, "Punctuation")) p->behavior = TOK_SPLIT_ISOLATED;  // its default
+  else return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: pre_tokenizer %s behavior '%s' is not supported", t->file, ty, b);
+  return TPR_OK;
 }
 
 static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_pre *p) {
@@ -292,14 +398,7 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_pre *p) {
     const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
     if (!cJSON_IsString(re) && !cJSON_IsString(str))
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: pre_tokenizer Split has no pattern.Regex or pattern.String", t->file);
-    const cJSON *beh = cJSON_GetObjectItemCaseSensitive(j, "behavior");
-    const char *b = cJSON_IsString(beh) ? beh->valuestring : "";
-    if (!strcmp(b, "Isolated")) p->behavior = TOK_SPLIT_ISOLATED;
-    else if (!strcmp(b, "Removed")) p->behavior = TOK_SPLIT_REMOVED;
-    else if (!strcmp(b, "MergedWithPrevious")) p->behavior = TOK_SPLIT_MERGED_PREV;
-    else if (!strcmp(b, "MergedWithNext")) p->behavior = TOK_SPLIT_MERGED_NEXT;
-    else if (!strcmp(b, "Contiguous")) p->behavior = TOK_SPLIT_CONTIGUOUS;
-    else return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: pre_tokenizer Split behavior '%s' is not supported", t->file, b);
+    TPR_CHECK(parse_behavior(t, ty, j, p));
     p->invert = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "invert"));
     return tok_regex_compile(t->file, "pre_tokenizer Split", cJSON_IsString(re) ? re->valuestring : str->valuestring,
                              !cJSON_IsString(re), &p->re);
@@ -330,6 +429,38 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_pre *p) {
     p->split = !cJSON_IsFalse(sp);
     return TPR_OK;
   }
+  p->kind = TOK_PRE_CHARS;
+  if (!strcmp(ty, "Digits")) {
+    p->cc = TOK_CC_DIGIT;
+    bool each = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "individual_digits"));
+    p->behavior = each ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS;
+    return TPR_OK;
+  }
+  if (!strcmp(ty, "Punctuation")) {
+    p->cc = TOK_CC_PUNCT;
+    return parse_behavior(t, ty, j, p);
+  }
+  if (!strcmp(ty, "WhitespaceSplit")) {
+    p->cc = TOK_CC_SPACE, p->behavior = TOK_SPLIT_REMOVED;
+    return TPR_OK;
+  }
+  if (!strcmp(ty, "CharDelimiterSplit")) {
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "delimiter");
+    size_t dl = cJSON_IsString(d) ? strlen(d->valuestring) : 0;
+    if (dl == 0 || tok_utf8_valid_prefix(d->valuestring, dl) != dl ||
+        (size_t)tok_utf8_next(d->valuestring, dl, &p->delim) != dl)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: CharDelimiterSplit delimiter must be one character", t->file);
+    p->cc = TOK_CC_DELIM, p->behavior = TOK_SPLIT_REMOVED;
+    return TPR_OK;
+  }
+  if (!strcmp(ty, "Whitespace")) {
+    p->kind = TOK_PRE_WHITESPACE;
+    return TPR_OK;
+  }
+  if (!strcmp(ty, "BertPreTokenizer")) {
+    p->kind = TOK_PRE_BERT;
+    return TPR_OK;
+  }
   return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: pre_tokenizer type '%s' is not supported", t->file, ty);
 }
 
@@ -348,13 +479,28 @@ tpr_status tok_parse_pretokenizer(tpr_tokenizer *t, const void *json) {
   }
   t->pres = calloc((size_t)n + 1, sizeof *t->pres);
   if (!t->pres) return TPR_FAIL(TPR_ERR_OOM, "%s: %d pre-tokenizers", t->file, n);
+  bool metaspace = false;
   for (int i = 0; i < n; i++) {
     const cJSON *e = seq ? cJSON_GetArrayItem(list, i) : j;
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (cJSON_IsString(et) && !strcmp(et->valuestring, "Sequence"))
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: a nested pre_tokenizer Sequence is not supported", t->file);
+    tpr_status rc = parse_one(t, e, &t->pres[t->n_pres]);
+    t->n_pres++;  // counted even on failure so free releases what parse_one made
+    TPR_CHECK(rc);
+    tok_pre *p = &t->pres[t->n_pres - 1];
+    metaspace |= p->kind == TOK_PRE_METASPACE;
+    if (p->kind != TOK_PRE_BYTELEVEL) continue;
     if (t->byte_level)
-      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: a pre_tokenizer after ByteLevel is not supported", t->file);
-    TPR_CHECK(parse_one(t, e, &t->pres[t->n_pres]));
-    t->n_pres++;
-    if (t->pres[t->n_pres - 1].kind == TOK_PRE_BYTELEVEL) t->byte_level = true;
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: more than one ByteLevel pre_tokenizer is not supported", t->file);
+    t->byte_level = true;
+    // Steps after ByteLevel see its alphabet (digits and ASCII letters are
+    // themselves, a space is 'Ġ'): map there, and back to bytes at the end.
+    p->map_bytes = t->byte_map = i + 1 < n;
   }
+  // Metaspace inserts characters outside the byte alphabet.
+  if (metaspace && t->byte_level)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: pre_tokenizer Metaspace together with ByteLevel is not supported",
+                    t->file);
   return TPR_OK;
 }

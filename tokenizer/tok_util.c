@@ -268,6 +268,21 @@ bool tok_is_word_char(int32_t c) {
          k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC;
 }
 
+bool tok_is_numeric(int32_t c) {
+  if (c < 0x80) return c >= '0' && c <= '9';
+  utf8proc_category_t k = utf8proc_category(c);
+  return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+}
+
+// ASCII punctuation includes symbols such as $ + < = > ^ ` | ~ that Unicode
+// files under S*, so both tests are needed.
+bool tok_is_punct(int32_t c) {
+  if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
+                       (c >= 0x7B && c <= 0x7E);
+  utf8proc_category_t k = utf8proc_category(c);
+  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
+}
+
 // bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other
 // 68 bytes to U+0100.. in byte order.
 static uint16_t g_b2c[256];
@@ -294,4 +309,78 @@ int tok_byte_char(int b) {
 int tok_char_to_byte(int32_t cp) {
   build_tables();
   return cp >= 0 && cp < 0x144 ? g_c2b[cp] : -1;
+}
+
+// ---- added-token trie: nodes numbered from 0 (the root), edges in one
+// open-addressing table keyed by (node, byte).
+static size_t edge_slot(const tok_trie *tr, uint64_t key) {
+  size_t j = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (tr->cap - 1);
+  while (tr->keys[j] && tr->keys[j] != key) j = (j + 1) & (tr->cap - 1);
+  return j;
+}
+
+static tpr_status trie_new_node(tok_trie *tr, int32_t *node) {
+  if (tr->n_nodes == tr->node_cap) {
+    int32_t cap = tr->node_cap ? tr->node_cap * 2 : 64;
+    int32_t *p = realloc(tr->term, (size_t)cap * sizeof *p);
+    if (!p) return TPR_FAIL(TPR_ERR_OOM, "tokenizer: added-token trie of %d nodes", cap);
+    tr->term = p, tr->node_cap = cap;
+  }
+  tr->term[tr->n_nodes] = -1;
+  *node = tr->n_nodes++;
+  return TPR_OK;
+}
+
+static tpr_status trie_grow(tok_trie *tr) {
+  size_t cap = tr->cap ? tr->cap * 2 : 256;
+  tok_trie g = *tr;
+  g.keys = calloc(cap, sizeof *g.keys), g.child = malloc(cap * sizeof *g.child), g.cap = cap;
+  if (!g.keys || !g.child) {
+    free(g.keys), free(g.child);
+    return TPR_FAIL(TPR_ERR_OOM, "tokenizer: added-token trie of %zu edges", cap);
+  }
+  for (size_t i = 0; i < tr->cap; i++) {
+    if (!tr->keys[i]) continue;
+    size_t j = edge_slot(&g, tr->keys[i]);
+    g.keys[j] = tr->keys[i], g.child[j] = tr->child[i];
+  }
+  free(tr->keys), free(tr->child);
+  *tr = g;
+  return TPR_OK;
+}
+
+tpr_status tok_trie_add(tok_trie *tr, const char *s, size_t n, int32_t val) {
+  int32_t node = 0;
+  if (tr->n_nodes == 0) TPR_CHECK(trie_new_node(tr, &node));
+  for (size_t i = 0; i < n; i++) {
+    if ((tr->n_edges + 1) * 2 > tr->cap) TPR_CHECK(trie_grow(tr));
+    uint64_t key = ((uint64_t)node << 8 | (unsigned char)s[i]) + 1;
+    size_t j = edge_slot(tr, key);
+    if (!tr->keys[j]) {
+      int32_t c = 0;
+      TPR_CHECK(trie_new_node(tr, &c));
+      tr->keys[j] = key, tr->child[j] = c, tr->n_edges++;
+    }
+    node = tr->child[j];
+  }
+  if (n) tr->first[(unsigned char)s[0]] = true;
+  if (tr->term[node] < 0) tr->term[node] = val;  // the first of equal tokens wins, as in the list
+  return TPR_OK;
+}
+
+int32_t tok_trie_longest(const tok_trie *tr, const char *s, size_t n, size_t *len) {
+  if (n == 0 || !tr->first[(unsigned char)s[0]]) return -1;
+  int32_t node = 0, best = -1;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = edge_slot(tr, ((uint64_t)node << 8 | (unsigned char)s[i]) + 1);
+    if (!tr->keys[j]) break;
+    node = tr->child[j];
+    if (tr->term[node] >= 0) best = tr->term[node], *len = i + 1;
+  }
+  return best;
+}
+
+void tok_trie_free(tok_trie *tr) {
+  free(tr->keys), free(tr->child), free(tr->term);
+  memset(tr, 0, sizeof *tr);
 }

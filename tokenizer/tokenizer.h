@@ -4,23 +4,29 @@
 //
 // Supported components (anything else fails to load with TPR_ERR_UNSUPPORTED
 // naming the file and the component, e.g. "tokenizer.json: pre_tokenizer type
-// 'Whitespace' is not supported"):
+// 'UnicodeScripts' is not supported"):
 //   normalizer     null, NFC, NFD, NFKC, NFKD (utf8proc), Prepend, Replace
-//                  (String or Regex pattern), Sequence of those
+//                  (String or Regex pattern), Lowercase, Strip, StripAccents,
+//                  Sequence of those
 //   pre_tokenizer  null, Split (String or Regex pattern via PCRE2 with Unicode
 //                  properties; behaviors Isolated, Removed, MergedWithPrevious,
-//                  MergedWithNext, Contiguous; invert), ByteLevel
-//                  (add_prefix_space, use_regex = the GPT-2 pattern), Metaspace
-//                  (replacement, prepend_scheme always/first/never, split),
-//                  Sequence of those (ByteLevel last)
+//                  MergedWithNext, Contiguous; invert), Punctuation (the same
+//                  behaviors), Digits (individual_digits), Whitespace,
+//                  WhitespaceSplit, CharDelimiterSplit, BertPreTokenizer,
+//                  ByteLevel (add_prefix_space, use_regex = the GPT-2 pattern;
+//                  anywhere in a Sequence, the steps after it seeing its
+//                  alphabet), Metaspace (replacement, prepend_scheme
+//                  always/first/never, split; not with ByteLevel), a Sequence
+//                  of those in any order
 //   model          BPE: vocab, merges ("a b" or ["a", "b"]) applied by rank
 //                  (lowest first, leftmost on ties), unk_token, fuse_unk,
 //                  byte_fallback (<0xNN> tokens), ignore_merges
 //   post_processor null, ByteLevel, TemplateProcessing (single), Sequence
 //   decoder        ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
 //                  Sequence of those
-//   added_tokens   matched before the model, leftmost-longest, with the
-//                  lstrip / rstrip / single_word / normalized / special flags
+//   added_tokens   matched before the model, leftmost-longest through a byte
+//                  trie, with the lstrip / rstrip / single_word / normalized /
+//                  special flags
 //
 // Text is UTF-8; invalid UTF-8 input to encode is TPR_ERR_INVALID_ARG (the
 // reference library takes only valid strings). Decoded text is valid UTF-8:

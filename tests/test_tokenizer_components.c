@@ -1,0 +1,286 @@
+// Pre-tokenizers and normalizers beyond the common ones (Digits, Punctuation,
+// Split behaviours, ByteLevel inside a Sequence, Whitespace, WhitespaceSplit,
+// CharDelimiterSplit, BertPreTokenizer, Lowercase, Strip, StripAccents)
+// against the Hugging Face `tokenizers` library: the fixtures under
+// tests/fixtures/tokenizer_components/ (scripts/reference/
+// make_tokenizer_components_fixture.py) hold tiny tokenizers that library
+// trained and its encodings of mixed text. Every id and decoded string must be
+// equal. Negative controls (a step dropped, two steps swapped) must give
+// mismatches, so the comparison is shown to catch a wrong pipeline.
+// Added-token matching over 10,000 tokens is checked against a naive
+// leftmost-longest search.
+#define _GNU_SOURCE  // mkdtemp
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/file_io.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+#define FIX TPR_FIXTURES "/tokenizer_components"
+
+static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon",          "bytelevel_first",
+                                "punct_isolated",   "punct_removed",  "punct_prev",      "punct_next",
+                                "punct_contiguous", "split_str_next", "split_invert_removed",
+                                "split_contiguous", "whitespace",     "whitespace_split", "bert",
+                                "char_delim",       "lower_bytelevel"};
+
+static cJSON *read_json(const char *path) {
+  uint8_t *bytes;
+  size_t n;
+  TT_OK(tpr_file_read(path, &bytes, &n));
+  cJSON *j = cJSON_ParseWithLength((const char *)bytes, n);
+  free(bytes);
+  if (!j) fail_msg("%s does not parse", path);
+  return j;
+}
+
+typedef struct tally {
+  size_t cases, ids, id_bad, decodes, dec_bad;
+} tally;
+
+// Encodes and decodes every case of `name` with t; counts mismatches.
+static tally run_cases(const tpr_tokenizer *t, const char *name, bool quiet) {
+  char path[512];
+  snprintf(path, sizeof path, FIX "/%s.jsonl", name);
+  uint8_t *bytes;
+  size_t n;
+  TT_OK(tpr_file_read(path, &bytes, &n));
+  tally r = {0};
+  char *save = NULL;
+  int shown = 0;
+  for (char *line = strtok_r((char *)bytes, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    cJSON *c = cJSON_Parse(line);
+    assert_non_null(c);
+    const char *text = cJSON_GetObjectItem(c, "t")->valuestring;
+    const cJSON *want = cJSON_GetObjectItem(c, "ids"), *d = cJSON_GetObjectItem(c, "d");
+    int32_t *ids;
+    size_t nid;
+    TT_OK(tpr_tokenizer_encode(t, text, strlen(text), false, &ids, &nid));
+    bool same = (size_t)cJSON_GetArraySize(want) == nid;
+    for (size_t i = 0; same && i < nid; i++) same = cJSON_GetArrayItem(want, (int)i)->valueint == ids[i];
+    r.cases++, r.ids += nid, r.id_bad += !same;
+    if (!same && !quiet && shown++ < 3) print_message("%s: ids differ for \"%s\"\n", name, text);
+    if (cJSON_IsString(d)) {  // decode the reference's ids, so a wrong encode does not count twice
+      size_t nw = (size_t)cJSON_GetArraySize(want), i = 0;
+      int32_t *w = malloc((nw + 1) * sizeof *w);
+      const cJSON *e;
+      cJSON_ArrayForEach(e, want) w[i++] = e->valueint;
+      char *out;
+      size_t ol;
+      TT_OK(tpr_tokenizer_decode(t, w, nw, true, &out, &ol));  // the library skips specials by default
+      bool ok = ol == strlen(d->valuestring) && !memcmp(out, d->valuestring, ol);
+      r.decodes++, r.dec_bad += !ok;
+      if (!ok && !quiet && shown++ < 3) print_message("%s: decode differs for \"%s\"\n", name, text);
+      free(out), free(w);
+    }
+    free(ids);
+    cJSON_Delete(c);
+  }
+  free(bytes);
+  return r;
+}
+
+static void test_parity(void **s) {
+  tally all = {0};
+  for (size_t k = 0; k < sizeof CONFIGS / sizeof *CONFIGS; k++) {
+    char path[512];
+    snprintf(path, sizeof path, FIX "/%s.json", CONFIGS[k]);
+    tpr_tokenizer *t;
+    TT_OK(tpr_tokenizer_load(path, &t));
+    tally r = run_cases(t, CONFIGS[k], false);
+    print_message("%-22s %4zu strings %6zu ids: %zu id mismatches, %zu/%zu decode mismatches\n", CONFIGS[k], r.cases,
+                  r.ids, r.id_bad, r.dec_bad, r.decodes);
+    all.cases += r.cases, all.id_bad += r.id_bad, all.dec_bad += r.dec_bad, all.decodes += r.decodes;
+    tpr_tokenizer_free(t);
+  }
+  print_message("all: %zu strings, %zu id mismatches, %zu decode mismatches\n", all.cases, all.id_bad, all.dec_bad);
+  assert_int_equal(all.id_bad, 0);
+  assert_int_equal(all.dec_bad, 0);
+}
+
+// ---- negative controls: a copy with one component dropped or two swapped
+typedef void (*edit_fn)(cJSON *j);
+static cJSON *steps(cJSON *j) { return cJSON_GetObjectItem(cJSON_GetObjectItem(j, "pre_tokenizer"), "pretokenizers"); }
+static void drop_first(cJSON *j) { cJSON_DeleteItemFromArray(steps(j), 0); }
+static void drop_last(cJSON *j) { cJSON_DeleteItemFromArray(steps(j), cJSON_GetArraySize(steps(j)) - 1); }
+static void swap_first_two(cJSON *j) { cJSON_AddItemToArray(steps(j), cJSON_DetachItemFromArray(steps(j), 0)); }
+static void drop_strip_accents(cJSON *j) {
+  cJSON_DeleteItemFromArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "normalizer"), "normalizers"), 1);
+}
+static void digits_individual(cJSON *j) {
+  cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "individual_digits", cJSON_CreateTrue());
+}
+static void drop_normalizer(cJSON *j) { cJSON_ReplaceItemInObject(j, "normalizer", cJSON_CreateNull()); }
+static void punct_to_isolated(cJSON *j) {
+  cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "behavior", cJSON_CreateString("Isolated"));
+}
+
+static void negative(const char *name, edit_fn edit, const char *what) {
+  char path[512], tmp[64] = "/tmp/tpr_tokc_XXXXXX";
+  snprintf(path, sizeof path, FIX "/%s.json", name);
+  cJSON *j = read_json(path);
+  edit(j);
+  char *out = cJSON_PrintUnformatted(j);
+  cJSON_Delete(j);
+  assert_non_null(mkdtemp(tmp));
+  snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
+  TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
+  free(out);
+  tpr_tokenizer *t;
+  TT_OK(tpr_tokenizer_load(path, &t));
+  tally r = run_cases(t, name, true);
+  print_message("negative control %s, %s: %zu of %zu strings mismatch\n", name, what, r.id_bad, r.cases);
+  if (r.id_bad == 0) fail_msg("%s with %s still matches: the test cannot see that component", name, what);
+  tpr_tokenizer_free(t);
+  unlink(path);
+  rmdir(tmp);
+}
+
+static void test_negative_controls(void **s) {
+  negative("starcoder", drop_first, "Digits dropped");
+  negative("digits_group", drop_first, "Digits dropped");
+  negative("digits_group", digits_individual, "Digits individual_digits true");
+  negative("falcon", drop_first, "Punctuation dropped");
+  negative("falcon", drop_last, "the 3-digit Split dropped");
+  negative("falcon", swap_first_two, "Punctuation moved after the rest");
+  negative("bytelevel_first", drop_last, "Digits after ByteLevel dropped");
+  negative("punct_prev", punct_to_isolated, "MergedWithPrevious -> Isolated");
+  negative("whitespace", drop_strip_accents, "StripAccents dropped");
+  negative("char_delim", drop_normalizer, "Strip dropped");
+  negative("bert", drop_normalizer, "Lowercase dropped");
+}
+
+// ---- 10,000 added tokens against a naive leftmost-longest search
+static char rand_char(void) { return "ab<>_u1"[tt_randint(0, 6)]; }
+
+static void test_many_added(void **s) {
+  enum { N_ADDED = 10000, TEXT = 20000 };
+  cJSON *j = read_json(FIX "/punct_isolated.json");
+  cJSON *added = cJSON_GetObjectItem(j, "added_tokens");
+  int32_t base = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "vocab")) if (v->valueint >= base) base =
+      v->valueint + 1;
+  // Short tokens over a 7-letter alphabet: many share prefixes and overlap,
+  // so leftmost-longest is tested, not just found-or-not.
+  char **tok = malloc(N_ADDED * sizeof *tok);
+  size_t *tl = malloc(N_ADDED * sizeof *tl);
+  for (int i = 0; i < N_ADDED; i++) {
+    char buf[16];
+    int len;
+    do {
+      len = (int)tt_randint(2, 9);
+      for (int k = 0; k < len; k++) buf[k] = rand_char();
+      buf[len] = 0;
+      bool dup = false;
+      for (int p = 0; p < i && !dup; p++) dup = !strcmp(tok[p], buf);
+      if (!dup) break;
+    } while (1);
+    tok[i] = strdup(buf), tl[i] = (size_t)len;
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddNumberToObject(a, "id", base + i);
+    cJSON_AddStringToObject(a, "content", buf);
+    cJSON_AddBoolToObject(a, "special", false);
+    cJSON_AddItemToArray(added, a);
+  }
+  char dir[64] = "/tmp/tpr_tokc_XXXXXX", path[128];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  char *out = cJSON_PrintUnformatted(j);
+  TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
+  free(out);
+  cJSON_Delete(j);
+  tpr_tokenizer *t;
+  TT_OK(tpr_tokenizer_load(path, &t));
+  char *text = malloc(TEXT + 1);
+  for (int i = 0; i < TEXT; i++) text[i] = tt_randint(0, 9) == 0 ? ' ' : rand_char();
+  text[TEXT] = 0;
+  // The reference: at each position the longest token, else move on; the
+  // text between tokens is encoded on its own (it holds no added token).
+  int32_t *want = malloc(sizeof(int32_t) * (TEXT + 1));
+  size_t nw = 0, gap = 0, n_tok = 0;
+  for (size_t i = 0; i <= TEXT;) {
+    int best = -1;
+    size_t bl = 0;
+    for (int k = 0; i < TEXT && k < N_ADDED; k++) {
+      size_t l = tl[k];
+      if (l > bl && i + l <= TEXT && !memcmp(text + i, tok[k], l)) best = k, bl = l;
+    }
+    if (best < 0 && i < TEXT) {
+      i++;
+      continue;
+    }
+    if (i > gap) {
+      int32_t *g;
+      size_t ng;
+      TT_OK(tpr_tokenizer_encode(t, text + gap, i - gap, false, &g, &ng));
+      memcpy(want + nw, g, ng * sizeof *g), nw += ng;
+      free(g);
+    }
+    if (best < 0) break;
+    want[nw++] = base + best, n_tok++;
+    i += bl, gap = i;
+  }
+  int32_t *got;
+  size_t ng;
+  TT_OK(tpr_tokenizer_encode(t, text, TEXT, false, &got, &ng));
+  print_message("%d added tokens, %d bytes of text: %zu added-token matches, %zu ids (reference %zu)\n", N_ADDED, TEXT,
+                n_tok, ng, nw);
+  assert_true(n_tok > 1000);
+  assert_int_equal(ng, nw);
+  assert_memory_equal(got, want, nw * sizeof *got);
+  free(got), free(want), free(text);
+  for (int i = 0; i < N_ADDED; i++) free(tok[i]);
+  free(tok), free(tl);
+  tpr_tokenizer_free(t);
+  unlink(path);
+  rmdir(dir);
+}
+
+// Components still outside tpr fail by name.
+static void test_refused(void **s) {
+  const char *cases[][3] = {
+      {"pre_tokenizer", "{\"type\":\"UnicodeScripts\"}", "pre_tokenizer type 'UnicodeScripts' is not supported"},
+      {"normalizer", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"\"}",
+       "normalizer type 'Precompiled' is not supported"},
+      {"normalizer", "{\"type\":\"BertNormalizer\"}", "normalizer type 'BertNormalizer' is not supported"},
+      {"post_processor", "{\"type\":\"BertProcessing\"}", "post_processor type 'BertProcessing' is not supported"},
+      {"decoder", "{\"type\":\"WordPiece\"}", "decoder type 'WordPiece' is not supported"},
+      {"model", "{\"type\":\"Unigram\",\"vocab\":[]}", "model type 'Unigram' is not supported"},
+      {"pre_tokenizer", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\"},{\"type\":\"ByteLevel\"}]}",
+       "Metaspace together with ByteLevel"},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    cJSON *j = read_json(FIX "/bert.json");
+    cJSON_ReplaceItemInObject(j, cases[k][0], cJSON_Parse(cases[k][1]));
+    char dir[64] = "/tmp/tpr_tokc_XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char *out = cJSON_PrintUnformatted(j);
+    TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
+    free(out);
+    cJSON_Delete(j);
+    tpr_tokenizer *t = NULL;
+    assert_int_not_equal(tpr_tokenizer_load(path, &t), TPR_OK);
+    assert_null(t);
+    print_message("refused: %s\n", tpr_last_error());
+    if (!strstr(tpr_last_error(), cases[k][2])) fail_msg("expected '%s' in '%s'", cases[k][2], tpr_last_error());
+    unlink(path);
+    rmdir(dir);
+  }
+}
+
+int main(void) {
+  tt_seed_from_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parity),
+      cmocka_unit_test(test_negative_controls),
+      cmocka_unit_test(test_many_added),
+      cmocka_unit_test(test_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
