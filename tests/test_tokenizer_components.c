@@ -7,8 +7,8 @@
 // trained and its encodings of mixed text. Every id and decoded string must be
 // equal. Negative controls (a step dropped, two steps swapped) must give
 // mismatches, so the comparison is shown to catch a wrong pipeline.
-// Added-token matching over 10,000 tokens is checked against a naive
-// leftmost-longest search.
+// Added tokens: 300 short overlapping ones with random flags against the
+// library (added_flags), and 10,000 against a naive leftmost-longest search.
 #define _GNU_SOURCE  // mkdtemp
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -26,7 +26,7 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "punct_isolated",   "punct_removed",  "punct_prev",      "punct_next",
                                 "punct_contiguous", "split_str_next", "split_invert_removed",
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
-                                "char_delim",       "lower_bytelevel"};
+                                "char_delim",       "lower_bytelevel", "added_flags"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -114,6 +114,12 @@ static void drop_strip_accents(cJSON *j) {
 static void digits_individual(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "individual_digits", cJSON_CreateTrue());
 }
+static void clear_added_flags(cJSON *j) {
+  cJSON *a;
+  const char *flags[] = {"single_word", "lstrip", "rstrip"};
+  cJSON_ArrayForEach(a, cJSON_GetObjectItem(j, "added_tokens")) for (int k = 0; k < 3; k++)
+      cJSON_ReplaceItemInObject(a, flags[k], cJSON_CreateFalse());
+}
 static void drop_normalizer(cJSON *j) { cJSON_ReplaceItemInObject(j, "normalizer", cJSON_CreateNull()); }
 static void punct_to_isolated(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "behavior", cJSON_CreateString("Isolated"));
@@ -152,6 +158,7 @@ static void test_negative_controls(void **s) {
   negative("whitespace", drop_strip_accents, "StripAccents dropped");
   negative("char_delim", drop_normalizer, "Strip dropped");
   negative("bert", drop_normalizer, "Lowercase dropped");
+  negative("added_flags", clear_added_flags, "added tokens' single_word/lstrip/rstrip cleared");
 }
 
 // ---- 10,000 added tokens against a naive leftmost-longest search

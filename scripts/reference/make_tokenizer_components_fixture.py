@@ -7,7 +7,8 @@ For each configuration below, trains a tiny BPE with the Hugging Face
 punctuation, whitespace runs; the corpus of make_tokenizer_fixture.py plus
 code), and writes under tests/fixtures/tokenizer_components/:
 
-  NAME.json    the tokenizer.json
+  NAME.json    the tokenizer.json (added_flags: lower_bytelevel's with 300 short,
+               overlapping added tokens with random flags)
   NAME.jsonl   one case per line: {"t": text, "ids": encode(t), "d": decode(ids)} (specials skipped)
                (without a decoder, decode joins the tokens with spaces)
 
@@ -19,7 +20,7 @@ import os
 import random
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers as pt, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers as pt, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_tokenizer_fixture as base  # noqa: E402  (its random text generator)
@@ -74,6 +75,27 @@ def texts(r, n):
     return out
 
 
+ADDED_ALPHABET = "ab<>_u1 "
+
+
+def with_added(tok, r, n=300):
+    """Adds n short, overlapping tokens over a small alphabet with random
+    single_word / lstrip / rstrip / normalized / special flags."""
+    seen = set()
+    while len(seen) < n:
+        c = "".join(r.choice(ADDED_ALPHABET) for _ in range(r.randint(2, 7))).strip()
+        if c and c not in seen and tok.token_to_id(c) is None:
+            seen.add(c)
+            tok.add_tokens([AddedToken(c, single_word=r.random() < 0.2, lstrip=r.random() < 0.2,
+                                       rstrip=r.random() < 0.2, normalized=r.random() < 0.5,
+                                       special=r.random() < 0.5)])
+
+
+def added_texts(r, n):
+    return ["".join(r.choice(ADDED_ALPHABET + "xyz.") for _ in range(r.randint(1, 80))) if r.random() < 0.7
+            else base.rand_text(r, None, 5) for _ in range(n)]
+
+
 def train(name, corpus_texts):
     """Trains on whole texts (no splitting), then sets the pipeline under test:
     merges then span the pipeline's boundaries, so every splitting step changes
@@ -104,13 +126,17 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     r = random.Random(a.seed)
     corpus_texts = texts(r, 600)
-    for name in CONFIGS:
-        tok = train(name, corpus_texts)
+    for name in list(CONFIGS) + ["added_flags"]:
+        if name == "added_flags":  # lower_bytelevel's pipeline with overlapping added tokens
+            tok = train("lower_bytelevel", corpus_texts)
+            with_added(tok, random.Random(a.seed))
+        else:
+            tok = train(name, corpus_texts)
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             f.write(tok.to_str())
         rc = random.Random(f"{a.seed}-{name}")
         with open(os.path.join(a.out, name + ".jsonl"), "w") as f:
-            for t in texts(rc, a.cases):
+            for t in (added_texts(rc, a.cases) if name == "added_flags" else texts(rc, a.cases)):
                 ids = tok.encode(t, add_special_tokens=False).ids
                 case = {"t": t, "ids": ids, "d": tok.decode(ids)}
                 f.write(json.dumps(case, ensure_ascii=False) + "\n")
