@@ -63,7 +63,8 @@ CONFIGS = {
     "bert": (pt.BertPreTokenizer(), normalizers.Sequence([normalizers.NFKD(), normalizers.Lowercase()]), False),
     "char_delim": (pt.CharDelimiterSplit("-"), normalizers.Strip(left=False, right=True), False),
     "lower_bytelevel": (seq(pt.Digits(individual_digits=True), BL),
-                        normalizers.Sequence([normalizers.Lowercase(), normalizers.Strip(left=True, right=False)]),
+                        normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(),
+                                              normalizers.Strip(left=True, right=False)]),
                         True),
 }
 
