@@ -317,11 +317,13 @@ static void set_type(cJSON *j, const char *comp, const char *type) {
   cJSON_AddStringToObject(c, "type", type);
   cJSON_ReplaceItemInObject(j, comp, c);
 }
-static void bad_model(cJSON *j) { cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "type", cJSON_CreateString("WordPiece")); }
+static void bad_model(cJSON *j) {
+  cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "type", cJSON_CreateString("WordLevel"));
+}
 static void bad_merges(cJSON *j) { cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "model"), "merges"); }
 static void bad_pre(cJSON *j) { set_type(j, "pre_tokenizer", "UnicodeScripts"); }
 static void bad_norm(cJSON *j) { set_type(j, "normalizer", "Precompiled"); }
-static void bad_dec(cJSON *j) { set_type(j, "decoder", "WordPiece"); }
+static void bad_dec(cJSON *j) { set_type(j, "decoder", "CTC"); }
 static void bad_post(cJSON *j) { set_type(j, "post_processor", "RobertaProcessing"); }
 static void bad_merge_tok(cJSON *j) {
   cJSON_InsertItemInArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "merges"), 0,
@@ -345,11 +347,11 @@ static void expect_bad(edit_fn edit, tpr_status want, const char *msg) {
 }
 
 static void test_bad_files(void **s) {
-  expect_bad(bad_model, TPR_ERR_UNSUPPORTED, "model type 'WordPiece' is not supported");
+  expect_bad(bad_model, TPR_ERR_UNSUPPORTED, "model type 'WordLevel' is not supported");
   expect_bad(bad_merges, TPR_ERR_FORMAT, "has no merges");
   expect_bad(bad_pre, TPR_ERR_UNSUPPORTED, "pre_tokenizer type 'UnicodeScripts' is not supported");
   expect_bad(bad_norm, TPR_ERR_UNSUPPORTED, "normalizer type 'Precompiled' is not supported");
-  expect_bad(bad_dec, TPR_ERR_UNSUPPORTED, "decoder type 'WordPiece' is not supported");
+  expect_bad(bad_dec, TPR_ERR_UNSUPPORTED, "decoder type 'CTC' is not supported");
   expect_bad(bad_post, TPR_ERR_UNSUPPORTED, "post_processor type 'RobertaProcessing' is not supported");
   expect_bad(bad_merge_tok, TPR_ERR_FORMAT, "missing from the vocab");
   expect_bad(bad_regex, TPR_ERR_FORMAT, "does not compile");

@@ -9,6 +9,9 @@
 // mismatches, so the comparison is shown to catch a wrong pipeline.
 // Added tokens: 300 short overlapping ones with random flags against the
 // library (added_flags), and 10,000 against a naive leftmost-longest search.
+// BERT-style tokenizers (make_tokenizer_wordpiece_fixture.py): WordPiece,
+// BertNormalizer, the WordPiece decoder, BertProcessing and
+// TemplateProcessing, encoded with add_special_tokens as the library's default.
 #define _GNU_SOURCE  // mkdtemp
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -26,7 +29,8 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "punct_isolated",   "punct_removed",  "punct_prev",      "punct_next",
                                 "punct_contiguous", "split_str_next", "split_invert_removed",
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
-                                "char_delim",       "lower_bytelevel", "added_flags"};
+                                "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
+                                "wordpiece_cased"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -59,7 +63,8 @@ static tally run_cases(const tpr_tokenizer *t, const char *name, bool quiet) {
     const cJSON *want = cJSON_GetObjectItem(c, "ids"), *d = cJSON_GetObjectItem(c, "d");
     int32_t *ids;
     size_t nid;
-    TT_OK(tpr_tokenizer_encode(t, text, strlen(text), false, &ids, &nid));
+    bool special = cJSON_IsNumber(cJSON_GetObjectItem(c, "s"));  // encoded with add_special_tokens=True
+    TT_OK(tpr_tokenizer_encode(t, text, strlen(text), special, &ids, &nid));
     bool same = (size_t)cJSON_GetArraySize(want) == nid;
     for (size_t i = 0; same && i < nid; i++) same = cJSON_GetArrayItem(want, (int)i)->valueint == ids[i];
     r.cases++, r.ids += nid, r.id_bad += !same;
@@ -121,6 +126,17 @@ static void clear_added_flags(cJSON *j) {
       cJSON_ReplaceItemInObject(a, flags[k], cJSON_CreateFalse());
 }
 static void drop_normalizer(cJSON *j) { cJSON_ReplaceItemInObject(j, "normalizer", cJSON_CreateNull()); }
+static void set(cJSON *j, const char *a, const char *b, cJSON *v) {
+  cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, a), b, v);
+}
+static void bert_no_chinese(cJSON *j) { set(j, "normalizer", "handle_chinese_chars", cJSON_CreateFalse()); }
+static void bert_no_lowercase(cJSON *j) { set(j, "normalizer", "lowercase", cJSON_CreateFalse()); }
+static void bert_keep_accents(cJSON *j) { set(j, "normalizer", "strip_accents", cJSON_CreateFalse()); }
+static void bert_no_clean(cJSON *j) { set(j, "normalizer", "clean_text", cJSON_CreateFalse()); }
+static void wp_long_words(cJSON *j) { set(j, "model", "max_input_chars_per_word", cJSON_CreateNumber(100)); }
+static void wp_hash_prefix(cJSON *j) { set(j, "model", "continuing_subword_prefix", cJSON_CreateString("##")); }
+static void wp_no_cleanup(cJSON *j) { set(j, "decoder", "cleanup", cJSON_CreateFalse()); }
+static void drop_post(cJSON *j) { cJSON_ReplaceItemInObject(j, "post_processor", cJSON_CreateNull()); }
 static void punct_to_isolated(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "behavior", cJSON_CreateString("Isolated"));
 }
@@ -139,8 +155,9 @@ static void negative(const char *name, edit_fn edit, const char *what) {
   tpr_tokenizer *t;
   TT_OK(tpr_tokenizer_load(path, &t));
   tally r = run_cases(t, name, true);
-  print_message("negative control %s, %s: %zu of %zu strings mismatch\n", name, what, r.id_bad, r.cases);
-  if (r.id_bad == 0) fail_msg("%s with %s still matches: the test cannot see that component", name, what);
+  print_message("negative control %s, %s: %zu of %zu strings mismatch, %zu decodes\n", name, what, r.id_bad, r.cases,
+                r.dec_bad);
+  if (r.id_bad + r.dec_bad == 0) fail_msg("%s with %s still matches: the test cannot see that component", name, what);
   tpr_tokenizer_free(t);
   unlink(path);
   rmdir(tmp);
@@ -159,6 +176,17 @@ static void test_negative_controls(void **s) {
   negative("char_delim", drop_normalizer, "Strip dropped");
   negative("bert", drop_normalizer, "Lowercase dropped");
   negative("added_flags", clear_added_flags, "added tokens' single_word/lstrip/rstrip cleared");
+  negative("wordpiece_bert", drop_normalizer, "BertNormalizer dropped");
+  negative("wordpiece_bert", bert_no_chinese, "BertNormalizer handle_chinese_chars false");
+  negative("wordpiece_bert", bert_no_lowercase, "BertNormalizer lowercase false");
+  negative("wordpiece_bert", bert_keep_accents, "BertNormalizer strip_accents false (not following lowercase)");
+  negative("wordpiece_bert", bert_no_clean, "BertNormalizer clean_text false");
+  negative("wordpiece_bert", wp_no_cleanup, "WordPiece decoder cleanup false");
+  negative("wordpiece_bert", drop_post, "BertProcessing dropped");
+  negative("wordpiece_cased", drop_post, "TemplateProcessing dropped");
+  negative("wordpiece_cased", wp_hash_prefix, "continuing_subword_prefix ## instead of @@");
+  negative("wordpiece_cased", wp_long_words, "max_input_chars_per_word 100");
+  negative("wordpiece_cased", bert_keep_accents, "BertNormalizer strip_accents false");
 }
 
 // ---- 10,000 added tokens against a naive leftmost-longest search
@@ -254,9 +282,10 @@ static void test_refused(void **s) {
       {"pre_tokenizer", "{\"type\":\"UnicodeScripts\"}", "pre_tokenizer type 'UnicodeScripts' is not supported"},
       {"normalizer", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"\"}",
        "normalizer type 'Precompiled' is not supported"},
-      {"normalizer", "{\"type\":\"BertNormalizer\"}", "normalizer type 'BertNormalizer' is not supported"},
-      {"post_processor", "{\"type\":\"BertProcessing\"}", "post_processor type 'BertProcessing' is not supported"},
-      {"decoder", "{\"type\":\"WordPiece\"}", "decoder type 'WordPiece' is not supported"},
+      {"post_processor", "{\"type\":\"RobertaProcessing\"}",
+       "post_processor type 'RobertaProcessing' is not supported"},
+      {"decoder", "{\"type\":\"CTC\"}", "decoder type 'CTC' is not supported"},
+      {"model", "{\"type\":\"WordLevel\",\"vocab\":{}}", "model type 'WordLevel' is not supported"},
       {"model", "{\"type\":\"Unigram\",\"vocab\":[]}", "model type 'Unigram' is not supported"},
       {"pre_tokenizer", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\"},{\"type\":\"ByteLevel\"}]}",
        "Metaspace together with ByteLevel"},

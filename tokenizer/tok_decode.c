@@ -36,7 +36,47 @@ static int hexv(char c) {
   return -1;
 }
 
+// Every occurrence of pat in b replaced by rep, left to right (str::replace).
+static tpr_status replace_all(tok_buf *b, tok_buf *tmp, const char *pat, const char *rep) {
+  size_t pl = strlen(pat), rl = strlen(rep);
+  tmp->n = 0;
+  for (size_t k = 0; k < b->n;) {
+    bool hit = b->n - k >= pl && !memcmp(b->p + k, pat, pl);
+    TPR_CHECK(hit ? tok_buf_put(tmp, rep, rl) : tok_buf_put(tmp, b->p + k, 1));
+    k += hit ? pl : 1;
+  }
+  tok_buf t = *b;
+  *b = *tmp, *tmp = t;
+  return TPR_OK;
+}
+
+// WordPiece: a token after the first loses its prefix ("##") if it has it,
+// else is preceded by a space; cleanup then undoes the tokenizer's spaces
+// around punctuation and English contractions, token by token as the reference does.
+static tpr_status wordpiece(const tok_dec *d, const toks *in, toks *o) {
+  static const char *const fix[][2] = {{" .", "."},        {" ?", "?"},     {" !", "!"},   {" ,", ","},
+                                       {" ' ", "'"},       {" n't", "n't"}, {" 'm", "'m"}, {" do not", " don't"},
+                                       {" 's", "'s"},      {" 've", "'ve"}, {" 're", "'re"}};
+  size_t pl = strlen(d->content);
+  tok_buf b = {0}, tmp = {0};
+  tpr_status rc = TPR_OK;
+  for (size_t i = 0; i < in->n && rc == TPR_OK; i++) {
+    const char *s = in->text.p + in->off[i];
+    size_t n = in->len[i];
+    b.n = 0;
+    if (i && n >= pl && !memcmp(s, d->content, pl)) s += pl, n -= pl;
+    else if (i) rc = tok_buf_put(&b, " ", 1);
+    if (rc == TPR_OK) rc = tok_buf_put(&b, s, n);
+    for (size_t k = 0; d->cleanup && k < sizeof fix / sizeof fix[0] && rc == TPR_OK; k++)
+      rc = replace_all(&b, &tmp, fix[k][0], fix[k][1]);
+    if (rc == TPR_OK) rc = push(o, b.p ? b.p : "", b.n);
+  }
+  free(b.p), free(tmp.p);
+  return rc;
+}
+
 static tpr_status stage(const tok_dec *d, const toks *in, toks *o) {
+  if (d->kind == TOK_DEC_WORDPIECE) return wordpiece(d, in, o);
   if (d->kind == TOK_DEC_BYTELEVEL || d->kind == TOK_DEC_FUSE) {
     tok_buf raw = {0};
     tpr_status rc = TPR_OK;
@@ -218,8 +258,14 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_dec *d) {
     const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
     const char *s = cJSON_IsString(ps) ? ps->valuestring : (cJSON_IsFalse(aps) ? "never" : "always");
     d->prepend = !strcmp(s, "never") ? TOK_PREPEND_NEVER : !strcmp(s, "first") ? TOK_PREPEND_FIRST : TOK_PREPEND_ALWAYS;
+  } else if (!strcmp(ty, "WordPiece")) {
+    d->kind = TOK_DEC_WORDPIECE;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prefix");
+    d->content = strdup(cJSON_IsString(p) ? p->valuestring : "##");
+    d->cleanup = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "cleanup"));
   } else return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: decoder type '%s' is not supported", t->file, ty);
-  if ((d->kind == TOK_DEC_REPLACE && (!d->pattern || !d->content)) || (d->kind == TOK_DEC_STRIP && !d->content))
+  if ((d->kind == TOK_DEC_REPLACE && (!d->pattern || !d->content)) ||
+      ((d->kind == TOK_DEC_STRIP || d->kind == TOK_DEC_WORDPIECE) && !d->content))
     return TPR_FAIL(TPR_ERR_OOM, "%s: decoder strings", t->file);
   return TPR_OK;
 }

@@ -87,7 +87,7 @@ typedef struct enc {
   const tpr_tokenizer *t;
   tok_run run;
   tok_bpe_scratch bpe;
-  tok_buf norm;
+  tok_buf norm;  // also WordPiece's candidate piece
   tok_words words;
   tok_ids ids;
 } enc;
@@ -97,8 +97,11 @@ static tpr_status model_piece(enc *e, const char *s, size_t n, bool at_start) {
   if (n == 0) return TPR_OK;
   e->words.n = 0, e->words.text.n = 0;
   TPR_CHECK(tok_pretokenize(e->t, &e->run, s, n, at_start, &e->words));
-  for (size_t i = 0; i < e->words.n; i++)
-    TPR_CHECK(tok_bpe_word(e->t, &e->bpe, e->words.text.p + e->words.off[i], e->words.len[i], &e->ids));
+  for (size_t i = 0; i < e->words.n; i++) {
+    const char *w = e->words.text.p + e->words.off[i];
+    if (e->t->model == TOK_MODEL_WORDPIECE) TPR_CHECK(tok_wordpiece_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
+    else TPR_CHECK(tok_bpe_word(e->t, &e->bpe, w, e->words.len[i], &e->ids));
+  }
   return TPR_OK;
 }
 

@@ -73,12 +73,14 @@ tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size
 
 // ---- normalizers (tok_normalize.c)
 typedef enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE,
-               TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS } tok_norm_kind;
+               TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_BERT } tok_norm_kind;
 typedef struct tok_norm {
   tok_norm_kind kind;
   char *str;      // Prepend: the prefix; Replace: the replacement
   tok_regex re;   // Replace: the pattern
   bool left, right;  // Strip
+  // BertNormalizer: its four steps, applied in this order
+  bool clean_text, chinese_chars, strip_accents, lowercase;
 } tok_norm;
 
 // ---- pre-tokenizers (tok_pretok.c)
@@ -107,10 +109,11 @@ typedef struct tok_pre {
 
 // ---- decoders (tok_decode.c)
 typedef enum { TOK_DEC_BYTELEVEL, TOK_DEC_METASPACE, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE,
-               TOK_DEC_STRIP } tok_dec_kind;
+               TOK_DEC_STRIP, TOK_DEC_WORDPIECE } tok_dec_kind;
 typedef struct tok_dec {
   tok_dec_kind kind;
-  char *pattern, *content;  // Replace (String pattern); Strip: content is one character
+  char *pattern, *content;  // Replace (String pattern); Strip: content is one character; WordPiece: prefix
+  bool cleanup;             // WordPiece
   int start, stop;          // Strip
   char repl[8];             // Metaspace
   tok_prepend prepend;      // Metaspace
@@ -138,15 +141,20 @@ typedef struct tok_added {
   bool special, lstrip, rstrip, single_word, normalized;
 } tok_added;
 
+typedef enum { TOK_MODEL_BPE, TOK_MODEL_WORDPIECE } tok_model_kind;
+
 struct tpr_tokenizer {
   char *file;  // the tokenizer.json path, for messages
-  // model (BPE)
+  tok_model_kind model;
+  // model (BPE, and WordPiece's vocab)
   tok_map vocab;
   tok_merges merges;
   int32_t unk_id;
   bool byte_fallback, fuse_unk, ignore_merges;
   int32_t byte_ids[256];  // <0xNN> ids for byte_fallback (-1 when absent)
   int32_t bl_ids[256];    // ByteLevel: the id of each byte's mapped character
+  char *wp_prefix;        // WordPiece continuing_subword_prefix
+  int32_t wp_max_chars;   // WordPiece max_input_chars_per_word
   // every id -> token string (model vocab, then added tokens over it)
   char **id_tok;
   uint32_t *id_len;
@@ -202,5 +210,9 @@ typedef struct tok_bpe_scratch {  // reused between words
 } tok_bpe_scratch;
 tpr_status tok_bpe_word(const tpr_tokenizer *t, tok_bpe_scratch *s, const char *w, size_t n, tok_ids *out);
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
+// WordPiece (tok_wordpiece.c): the model's fields from its JSON object, and
+// one word's ids (greedy longest match) appended to out.
+tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_id);
+tpr_status tok_wordpiece_word(const tpr_tokenizer *t, tok_buf *scratch, const char *w, size_t n, tok_ids *out);
 
 #endif

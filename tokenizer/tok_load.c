@@ -39,8 +39,10 @@ static tpr_status set_id(tpr_tokenizer *t, int32_t id, const char *s, size_t n) 
 static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id) {
   if (!cJSON_IsObject(m)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: no model object", t->file);
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(m, "type");
+  if (cJSON_IsString(type) && !strcmp(type->valuestring, "WordPiece")) return tok_parse_wordpiece(t, m, max_id);
   if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") != 0)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", t->file, type->valuestring);
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE and WordPiece)", t->file,
+                    type->valuestring);
   const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   for (int i = 0; i < 2; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, unsup[i]);
@@ -126,10 +128,22 @@ static tpr_status parse_post(tpr_tokenizer *t, const cJSON *p) {
     cJSON_ArrayForEach(e, list) TPR_CHECK(parse_post(t, e));
     return TPR_OK;
   }
-  if (strcmp(ty, "TemplateProcessing") != 0)
+  if (strcmp(ty, "TemplateProcessing") != 0 && strcmp(ty, "BertProcessing") != 0)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: post_processor type '%s' is not supported", t->file, ty);
   if (t->post_pre || t->post_post)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: more than one TemplateProcessing is not supported", t->file);
+  if (!strcmp(ty, "BertProcessing")) {  // "cls": [token, id], "sep": [token, id]; single is cls $A sep
+    const cJSON *cls = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(p, "cls"), 1);
+    const cJSON *sep = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(p, "sep"), 1);
+    if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep) || cls->valuedouble < 0 || sep->valuedouble < 0 ||
+        cls->valuedouble >= TOK_MAX_IDS || sep->valuedouble >= TOK_MAX_IDS)
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: BertProcessing needs cls and sep as [token, id]", t->file);
+    t->post_pre = malloc(sizeof(int32_t)), t->post_post = malloc(sizeof(int32_t));
+    if (!t->post_pre || !t->post_post) return TPR_FAIL(TPR_ERR_OOM, "%s: BertProcessing", t->file);
+    t->post_pre[t->n_post_pre++] = cls->valueint;
+    t->post_post[t->n_post_post++] = sep->valueint;
+    return TPR_OK;
+  }
   const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
   const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
   if (!cJSON_IsArray(single)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: TemplateProcessing has no single template", t->file);
@@ -219,7 +233,7 @@ static tpr_status load(tpr_tokenizer *t, const char *path) {
   for (int i = 0; i < t->n_post_pre + t->n_post_post; i++) {
     int32_t id = i < t->n_post_pre ? t->post_pre[i] : t->post_post[i - t->n_post_pre];
     if (id >= t->n_ids || !t->id_tok[id]) {
-      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: TemplateProcessing id %d is not in the vocab", t->file, id);
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: post_processor id %d is not in the vocab", t->file, id);
       goto done;
     }
   }
@@ -271,6 +285,7 @@ void tpr_tokenizer_free(tpr_tokenizer *t) {
   tok_trie_free(&t->added_trie[0]), tok_trie_free(&t->added_trie[1]);
   free(t->norms), free(t->pres), free(t->decs), free(t->added);
   free(t->post_pre), free(t->post_post);
+  free(t->wp_prefix);
   free(t->file);
   free(t);
 }

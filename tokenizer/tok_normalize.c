@@ -1,5 +1,6 @@
 // Normalizers: Unicode normal forms (utf8proc), Prepend, Replace, Lowercase,
-// Strip, StripAccents and Sequence, applied to each text segment between added tokens.
+// Strip, StripAccents, BertNormalizer and Sequence, applied to each text
+// segment between added tokens.
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,68 @@ static tpr_status on_repl(void *ctx, size_t st, size_t en) {
   return TPR_OK;
 }
 
+// BERT's "Chinese character" blocks (CJK ideographs), which it splits apart.
+static bool is_cjk(int32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// BertNormalizer in one pass per step: clean_text drops NUL, U+FFFD and
+// "other" characters (Cc, Cf, Co but tab, CR, LF; not unassigned ones, which
+// the reference keeps although its comment names Cn) and turns the
+// remaining whitespace into spaces; CJK ideographs get a space either side;
+// strip_accents is NFD then no nonspacing marks (Mn only, unlike
+// StripAccents); lowercase as Lowercase.
+static tpr_status bert(const tok_norm *nm, const char *in, size_t n, tok_buf *out) {
+  tok_buf a = {0};
+  tpr_status rc = TPR_OK;
+  for (size_t i = 0; i < n && rc == TPR_OK;) {
+    int32_t cp;
+    i += (size_t)tok_utf8_next(in + i, n - i, &cp);
+    char c[8];
+    if (nm->clean_text) {
+      utf8proc_category_t k = utf8proc_category(cp);
+      bool other = k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CO ||
+                   k == UTF8PROC_CATEGORY_CS;
+      if (cp == 0 || cp == 0xFFFD || (other && cp != '\t' && cp != '\n' && cp != '\r')) continue;
+      if (tok_is_whitespace(cp)) cp = ' ';
+    }
+    bool pad = nm->chinese_chars && is_cjk(cp);
+    if (pad) rc = tok_buf_put(&a, " ", 1);
+    if (rc == TPR_OK) rc = tok_buf_put(&a, c, (size_t)tok_utf8_put(cp, c));
+    if (pad && rc == TPR_OK) rc = tok_buf_put(&a, " ", 1);
+  }
+  const char *s = a.p ? a.p : "";
+  size_t sn = a.n;
+  utf8proc_uint8_t *d = NULL;
+  if (rc == TPR_OK && nm->strip_accents) {
+    utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)sn, &d,
+                                      UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+    if (l < 0) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "tokenizer: BertNormalizer: %s", utf8proc_errmsg(l));
+    else s = (const char *)d, sn = (size_t)l;
+  }
+  for (size_t i = 0; i < sn && rc == TPR_OK;) {
+    int32_t cp;
+    i += (size_t)tok_utf8_next(s + i, sn - i, &cp);
+    if (nm->strip_accents && utf8proc_category(cp) == UTF8PROC_CATEGORY_MN) continue;
+    char c[8];
+    int cl;
+    if (!nm->lowercase) cl = tok_utf8_put(cp, c);
+    else if (cp == 0x130) cl = tok_utf8_put('i', c), cl += tok_utf8_put(0x307, c + cl);  // as Lowercase
+    else cl = tok_utf8_put(utf8proc_tolower(cp), c);
+    rc = tok_buf_put(out, c, (size_t)cl);
+  }
+  free(d);
+  free(a.p);
+  return rc;
+}
+
 static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t n, tok_buf *out) {
   out->n = 0;
   switch (nm->kind) {
+    case TOK_NORM_BERT:
+      return bert(nm, in, n, out);
     case TOK_NORM_NFC:
     case TOK_NORM_NFD:
     case TOK_NORM_NFKC:
@@ -116,6 +176,15 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_norm *nm) {
   else if (!strcmp(ty, "NFKD")) nm->kind = TOK_NORM_NFKD;
   else if (!strcmp(ty, "Lowercase")) nm->kind = TOK_NORM_LOWERCASE;
   else if (!strcmp(ty, "StripAccents")) nm->kind = TOK_NORM_STRIP_ACCENTS;
+  else if (!strcmp(ty, "BertNormalizer")) {
+    nm->kind = TOK_NORM_BERT;
+    // Each flag defaults to true when absent; strip_accents null follows lowercase.
+    nm->clean_text = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "clean_text"));
+    nm->chinese_chars = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "handle_chinese_chars"));
+    nm->lowercase = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "lowercase"));
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(j, "strip_accents");
+    nm->strip_accents = cJSON_IsBool(sa) ? cJSON_IsTrue(sa) : nm->lowercase;
+  }
   else if (!strcmp(ty, "Strip")) {
     nm->kind = TOK_NORM_STRIP;
     nm->left = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "strip_left"));

@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json in C: the BPE tokenizers of the models tpr runs,
+// Hugging Face tokenizer.json in C: the BPE and WordPiece tokenizers of the models tpr runs,
 // encoding and decoding exactly as the `tokenizers` library does
 // (tests/test_tokenizer.c proves it on fixtures that library wrote).
 //
@@ -7,6 +7,8 @@
 // 'UnicodeScripts' is not supported"):
 //   normalizer     null, NFC, NFD, NFKC, NFKD (utf8proc), Prepend, Replace
 //                  (String or Regex pattern), Lowercase, Strip, StripAccents,
+//                  BertNormalizer (clean_text, handle_chinese_chars,
+//                  strip_accents, null following lowercase; lowercase),
 //                  Sequence of those
 //   pre_tokenizer  null, Split (String or Regex pattern via PCRE2 with Unicode
 //                  properties; behaviors Isolated, Removed, MergedWithPrevious,
@@ -20,10 +22,13 @@
 //                  of those in any order
 //   model          BPE: vocab, merges ("a b" or ["a", "b"]) applied by rank
 //                  (lowest first, leftmost on ties), unk_token, fuse_unk,
-//                  byte_fallback (<0xNN> tokens), ignore_merges
-//   post_processor null, ByteLevel, TemplateProcessing (single), Sequence
+//                  byte_fallback (<0xNN> tokens), ignore_merges;
+//                  WordPiece: vocab, unk_token, continuing_subword_prefix,
+//                  max_input_chars_per_word (greedy longest match per word)
+//   post_processor null, ByteLevel, TemplateProcessing (single),
+//                  BertProcessing, Sequence
 //   decoder        ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
-//                  Sequence of those
+//                  WordPiece (prefix, cleanup), Sequence of those
 //   added_tokens   matched before the model, leftmost-longest through a byte
 //                  trie, with the lstrip / rstrip / single_word / normalized /
 //                  special flags
