@@ -11,7 +11,8 @@
 // library (added_flags), and 10,000 against a naive leftmost-longest search.
 // BERT-style tokenizers (make_tokenizer_wordpiece_fixture.py): WordPiece,
 // BertNormalizer, the WordPiece decoder, BertProcessing and
-// TemplateProcessing, encoded with add_special_tokens as the library's default.
+// TemplateProcessing; Unigram with Metaspace (make_tokenizer_unigram_fixture.py);
+// both encoded with add_special_tokens as the library's default.
 #define _GNU_SOURCE  // mkdtemp
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "punct_contiguous", "split_str_next", "split_invert_removed",
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
-                                "wordpiece_cased"};
+                                "wordpiece_cased",  "unigram_t5",     "unigram_bytes"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -136,6 +137,13 @@ static void bert_no_clean(cJSON *j) { set(j, "normalizer", "clean_text", cJSON_C
 static void wp_long_words(cJSON *j) { set(j, "model", "max_input_chars_per_word", cJSON_CreateNumber(100)); }
 static void wp_hash_prefix(cJSON *j) { set(j, "model", "continuing_subword_prefix", cJSON_CreateString("##")); }
 static void wp_no_cleanup(cJSON *j) { set(j, "decoder", "cleanup", cJSON_CreateFalse()); }
+static void no_byte_fallback(cJSON *j) { set(j, "model", "byte_fallback", cJSON_CreateFalse()); }
+static void flat_scores(cJSON *j) {  // every piece equally likely: fewest pieces win
+  cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "vocab"))
+      cJSON_ReplaceItemInArray(e, 1, cJSON_CreateNumber(-1));
+}
+static void prepend_never(cJSON *j) { set(j, "pre_tokenizer", "prepend_scheme", cJSON_CreateString("never")); }
 static void drop_post(cJSON *j) { cJSON_ReplaceItemInObject(j, "post_processor", cJSON_CreateNull()); }
 static void punct_to_isolated(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "behavior", cJSON_CreateString("Isolated"));
@@ -187,6 +195,11 @@ static void test_negative_controls(void **s) {
   negative("wordpiece_cased", wp_hash_prefix, "continuing_subword_prefix ## instead of @@");
   negative("wordpiece_cased", wp_long_words, "max_input_chars_per_word 100");
   negative("wordpiece_cased", bert_keep_accents, "BertNormalizer strip_accents false");
+  negative("unigram_t5", flat_scores, "Unigram scores all equal");
+  negative("unigram_t5", drop_normalizer, "NFKC dropped");
+  negative("unigram_t5", prepend_never, "Metaspace prepend_scheme never");
+  negative("unigram_t5", drop_post, "TemplateProcessing $A </s> dropped");
+  negative("unigram_bytes", no_byte_fallback, "Unigram byte_fallback false");
 }
 
 // ---- 10,000 added tokens against a naive leftmost-longest search
@@ -286,7 +299,7 @@ static void test_refused(void **s) {
        "post_processor type 'RobertaProcessing' is not supported"},
       {"decoder", "{\"type\":\"CTC\"}", "decoder type 'CTC' is not supported"},
       {"model", "{\"type\":\"WordLevel\",\"vocab\":{}}", "model type 'WordLevel' is not supported"},
-      {"model", "{\"type\":\"Unigram\",\"vocab\":[]}", "model type 'Unigram' is not supported"},
+      {"model", "{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}", "model BPE dropout is not supported"},
       {"pre_tokenizer", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\"},{\"type\":\"ByteLevel\"}]}",
        "Metaspace together with ByteLevel"},
   };

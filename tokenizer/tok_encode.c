@@ -87,7 +87,7 @@ typedef struct enc {
   const tpr_tokenizer *t;
   tok_run run;
   tok_bpe_scratch bpe;
-  tok_buf norm;  // also WordPiece's candidate piece
+  tok_buf norm;  // scratch of the WordPiece and Unigram models
   tok_words words;
   tok_ids ids;
 } enc;
@@ -100,6 +100,7 @@ static tpr_status model_piece(enc *e, const char *s, size_t n, bool at_start) {
   for (size_t i = 0; i < e->words.n; i++) {
     const char *w = e->words.text.p + e->words.off[i];
     if (e->t->model == TOK_MODEL_WORDPIECE) TPR_CHECK(tok_wordpiece_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
+    else if (e->t->model == TOK_MODEL_UNIGRAM) TPR_CHECK(tok_unigram_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
     else TPR_CHECK(tok_bpe_word(e->t, &e->bpe, w, e->words.len[i], &e->ids));
   }
   return TPR_OK;

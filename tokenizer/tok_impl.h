@@ -141,7 +141,7 @@ typedef struct tok_added {
   bool special, lstrip, rstrip, single_word, normalized;
 } tok_added;
 
-typedef enum { TOK_MODEL_BPE, TOK_MODEL_WORDPIECE } tok_model_kind;
+typedef enum { TOK_MODEL_BPE, TOK_MODEL_WORDPIECE, TOK_MODEL_UNIGRAM } tok_model_kind;
 
 struct tpr_tokenizer {
   char *file;  // the tokenizer.json path, for messages
@@ -155,6 +155,9 @@ struct tpr_tokenizer {
   int32_t bl_ids[256];    // ByteLevel: the id of each byte's mapped character
   char *wp_prefix;        // WordPiece continuing_subword_prefix
   int32_t wp_max_chars;   // WordPiece max_input_chars_per_word
+  double *uni_score;      // Unigram: per id
+  double uni_min;         // Unigram: the lowest score
+  size_t uni_max_len;     // Unigram: the longest piece in bytes
   // every id -> token string (model vocab, then added tokens over it)
   char **id_tok;
   uint32_t *id_len;
@@ -214,5 +217,8 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s);
 // one word's ids (greedy longest match) appended to out.
 tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_id);
 tpr_status tok_wordpiece_word(const tpr_tokenizer *t, tok_buf *scratch, const char *w, size_t n, tok_ids *out);
+// Unigram (tok_unigram.c): likewise; one word's best segmentation (Viterbi).
+tpr_status tok_parse_unigram(tpr_tokenizer *t, const void *json, int32_t *max_id);
+tpr_status tok_unigram_word(const tpr_tokenizer *t, tok_buf *scratch, const char *w, size_t n, tok_ids *out);
 
 #endif

@@ -40,8 +40,9 @@ static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id)
   if (!cJSON_IsObject(m)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: no model object", t->file);
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(m, "type");
   if (cJSON_IsString(type) && !strcmp(type->valuestring, "WordPiece")) return tok_parse_wordpiece(t, m, max_id);
+  if (cJSON_IsString(type) && !strcmp(type->valuestring, "Unigram")) return tok_parse_unigram(t, m, max_id);
   if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") != 0)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE and WordPiece)", t->file,
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE, WordPiece and Unigram)", t->file,
                     type->valuestring);
   const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   for (int i = 0; i < 2; i++) {
@@ -285,7 +286,7 @@ void tpr_tokenizer_free(tpr_tokenizer *t) {
   tok_trie_free(&t->added_trie[0]), tok_trie_free(&t->added_trie[1]);
   free(t->norms), free(t->pres), free(t->decs), free(t->added);
   free(t->post_pre), free(t->post_post);
-  free(t->wp_prefix);
+  free(t->wp_prefix), free(t->uni_score);
   free(t->file);
   free(t);
 }

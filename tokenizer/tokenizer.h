@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json in C: the BPE and WordPiece tokenizers of the models tpr runs,
+// Hugging Face tokenizer.json in C: the BPE, WordPiece and Unigram tokenizers of the models tpr runs,
 // encoding and decoding exactly as the `tokenizers` library does
 // (tests/test_tokenizer.c proves it on fixtures that library wrote).
 //
@@ -24,7 +24,9 @@
 //                  (lowest first, leftmost on ties), unk_token, fuse_unk,
 //                  byte_fallback (<0xNN> tokens), ignore_merges;
 //                  WordPiece: vocab, unk_token, continuing_subword_prefix,
-//                  max_input_chars_per_word (greedy longest match per word)
+//                  max_input_chars_per_word (greedy longest match per word);
+//                  Unigram: vocab [piece, score], unk_id (unknowns fused),
+//                  byte_fallback (Viterbi over the scores)
 //   post_processor null, ByteLevel, TemplateProcessing (single),
 //                  BertProcessing, Sequence
 //   decoder        ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
