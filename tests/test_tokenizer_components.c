@@ -31,7 +31,7 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "punct_contiguous", "split_str_next", "split_invert_removed",
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
-                                "wordpiece_cased",  "unigram_t5",     "unigram_bytes"};
+                                "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -137,6 +137,9 @@ static void bert_no_clean(cJSON *j) { set(j, "normalizer", "clean_text", cJSON_C
 static void wp_long_words(cJSON *j) { set(j, "model", "max_input_chars_per_word", cJSON_CreateNumber(100)); }
 static void wp_hash_prefix(cJSON *j) { set(j, "model", "continuing_subword_prefix", cJSON_CreateString("##")); }
 static void wp_no_cleanup(cJSON *j) { set(j, "decoder", "cleanup", cJSON_CreateFalse()); }
+static void drop_first_norm(cJSON *j) {
+  cJSON_DeleteItemFromArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "normalizer"), "normalizers"), 0);
+}
 static void no_byte_fallback(cJSON *j) { set(j, "model", "byte_fallback", cJSON_CreateFalse()); }
 static void flat_scores(cJSON *j) {  // every piece equally likely: fewest pieces win
   cJSON *e;
@@ -200,6 +203,7 @@ static void test_negative_controls(void **s) {
   negative("unigram_t5", prepend_never, "Metaspace prepend_scheme never");
   negative("unigram_t5", drop_post, "TemplateProcessing $A </s> dropped");
   negative("unigram_bytes", no_byte_fallback, "Unigram byte_fallback false");
+  negative("unigram_precompiled", drop_first_norm, "Precompiled dropped");
 }
 
 // ---- 10,000 added tokens against a naive leftmost-longest search
@@ -293,8 +297,8 @@ static void test_many_added(void **s) {
 static void test_refused(void **s) {
   const char *cases[][3] = {
       {"pre_tokenizer", "{\"type\":\"UnicodeScripts\"}", "pre_tokenizer type 'UnicodeScripts' is not supported"},
-      {"normalizer", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"\"}",
-       "normalizer type 'Precompiled' is not supported"},
+      {"normalizer", "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":[]}]}",
+       "a nested normalizer Sequence is not supported"},
       {"post_processor", "{\"type\":\"RobertaProcessing\"}",
        "post_processor type 'RobertaProcessing' is not supported"},
       {"decoder", "{\"type\":\"CTC\"}", "decoder type 'CTC' is not supported"},

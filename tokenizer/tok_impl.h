@@ -73,15 +73,23 @@ tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size
 
 // ---- normalizers (tok_normalize.c)
 typedef enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE,
-               TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_BERT } tok_norm_kind;
+               TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_BERT,
+               TOK_NORM_PRECOMPILED } tok_norm_kind;
 typedef struct tok_norm {
   tok_norm_kind kind;
-  char *str;      // Prepend: the prefix; Replace: the replacement
+  char *str;      // Prepend: the prefix; Replace: the replacement; Precompiled: the replacements
+  size_t str_len;  // Precompiled (its strings hold NULs)
+  uint32_t *pc;    // Precompiled: the double-array trie
+  size_t pc_n;
   tok_regex re;   // Replace: the pattern
   bool left, right;  // Strip
   // BertNormalizer: its four steps, applied in this order
   bool clean_text, chinese_chars, strip_accents, lowercase;
 } tok_norm;
+
+// Precompiled (tok_precompiled.c): the charsmap from its base64, and applied.
+tpr_status tok_precompiled_parse(const char *file, const char *b64, tok_norm *nm);
+tpr_status tok_precompiled_apply(const tok_norm *nm, const char *in, size_t n, tok_buf *out);
 
 // ---- pre-tokenizers (tok_pretok.c)
 // Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit, Whitespace and

@@ -42,8 +42,8 @@ static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id)
   if (cJSON_IsString(type) && !strcmp(type->valuestring, "WordPiece")) return tok_parse_wordpiece(t, m, max_id);
   if (cJSON_IsString(type) && !strcmp(type->valuestring, "Unigram")) return tok_parse_unigram(t, m, max_id);
   if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") != 0)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE, WordPiece and Unigram)", t->file,
-                    type->valuestring);
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE, WordPiece and Unigram)",
+                    t->file, type->valuestring);
   const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   for (int i = 0; i < 2; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, unsup[i]);
@@ -279,7 +279,8 @@ void tpr_tokenizer_free(tpr_tokenizer *t) {
   tok_merges_free(&t->merges);
   for (int32_t i = 0; t->id_tok && i < t->n_ids; i++) free(t->id_tok[i]);
   free(t->id_tok), free(t->id_len), free(t->id_special);
-  for (int i = 0; i < t->n_norms; i++) free(t->norms[i].str), tok_regex_free(&t->norms[i].re);
+  for (int i = 0; i < t->n_norms; i++)
+    free(t->norms[i].str), free(t->norms[i].pc), tok_regex_free(&t->norms[i].re);
   for (int i = 0; i < t->n_pres; i++) tok_regex_free(&t->pres[i].re);
   for (int i = 0; i < t->n_decs; i++) free(t->decs[i].pattern), free(t->decs[i].content);
   for (int i = 0; i < t->n_added; i++) free(t->added[i].content);

@@ -85,6 +85,8 @@ static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t
   switch (nm->kind) {
     case TOK_NORM_BERT:
       return bert(nm, in, n, out);
+    case TOK_NORM_PRECOMPILED:
+      return nm->pc ? tok_precompiled_apply(nm, in, n, out) : tok_buf_put(out, in, n);
     case TOK_NORM_NFC:
     case TOK_NORM_NFD:
     case TOK_NORM_NFKC:
@@ -176,7 +178,14 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_norm *nm) {
   else if (!strcmp(ty, "NFKD")) nm->kind = TOK_NORM_NFKD;
   else if (!strcmp(ty, "Lowercase")) nm->kind = TOK_NORM_LOWERCASE;
   else if (!strcmp(ty, "StripAccents")) nm->kind = TOK_NORM_STRIP_ACCENTS;
-  else if (!strcmp(ty, "BertNormalizer")) {
+  else if (!strcmp(ty, "Precompiled")) {
+    nm->kind = TOK_NORM_PRECOMPILED;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "precompiled_charsmap");
+    if (cJSON_IsString(m) && m->valuestring[0]) return tok_precompiled_parse(t->file, m->valuestring, nm);
+    if (!cJSON_IsNull(m) && !cJSON_IsString(m))
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: normalizer Precompiled has no precompiled_charsmap", t->file);
+    return TPR_OK;  // an empty charsmap changes nothing
+  } else if (!strcmp(ty, "BertNormalizer")) {
     nm->kind = TOK_NORM_BERT;
     // Each flag defaults to true when absent; strip_accents null follows lowercase.
     nm->clean_text = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "clean_text"));
