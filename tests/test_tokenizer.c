@@ -352,7 +352,7 @@ static void test_bad_files(void **s) {
   expect_bad(bad_pre, TPR_ERR_UNSUPPORTED, "pre_tokenizer type 'UnicodeScripts' is not supported");
   expect_bad(bad_norm, TPR_ERR_UNSUPPORTED, "normalizer type 'Nmt' is not supported");
   expect_bad(bad_dec, TPR_ERR_UNSUPPORTED, "decoder type 'CTC' is not supported");
-  expect_bad(bad_post, TPR_ERR_UNSUPPORTED, "post_processor type 'RobertaProcessing' is not supported");
+  expect_bad(bad_post, TPR_ERR_FORMAT, "RobertaProcessing needs cls and sep");
   expect_bad(bad_merge_tok, TPR_ERR_FORMAT, "missing from the vocab");
   expect_bad(bad_regex, TPR_ERR_FORMAT, "does not compile");
   // Malformed JSON: every truncation of a small valid file fails cleanly.

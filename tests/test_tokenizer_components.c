@@ -12,7 +12,9 @@
 // BERT-style tokenizers (make_tokenizer_wordpiece_fixture.py): WordPiece,
 // BertNormalizer, the WordPiece decoder, BertProcessing and
 // TemplateProcessing; Unigram with Metaspace (make_tokenizer_unigram_fixture.py);
-// both encoded with add_special_tokens as the library's default.
+// BPE with continuing_subword_prefix / end_of_word_suffix, the BPEDecoder and
+// RobertaProcessing (make_tokenizer_bpe_affix_fixture.py); all three sets
+// encoded with add_special_tokens as the library's default.
 #define _GNU_SOURCE  // mkdtemp
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -31,7 +33,8 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "punct_contiguous", "split_str_next", "split_invert_removed",
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
-                                "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled"};
+                                "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled",
+                                "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -140,6 +143,9 @@ static void wp_no_cleanup(cJSON *j) { set(j, "decoder", "cleanup", cJSON_CreateF
 static void drop_first_norm(cJSON *j) {
   cJSON_DeleteItemFromArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "normalizer"), "normalizers"), 0);
 }
+static void decoder_prefix(cJSON *j) { set(j, "decoder", "prefix", cJSON_CreateString("@@")); }
+static void no_suffix(cJSON *j) { set(j, "model", "end_of_word_suffix", cJSON_CreateNull()); }
+static void decoder_suffix(cJSON *j) { set(j, "decoder", "suffix", cJSON_CreateString("w>")); }
 static void no_byte_fallback(cJSON *j) { set(j, "model", "byte_fallback", cJSON_CreateFalse()); }
 static void flat_scores(cJSON *j) {  // every piece equally likely: fewest pieces win
   cJSON *e;
@@ -204,6 +210,11 @@ static void test_negative_controls(void **s) {
   negative("unigram_t5", drop_post, "TemplateProcessing $A </s> dropped");
   negative("unigram_bytes", no_byte_fallback, "Unigram byte_fallback false");
   negative("unigram_precompiled", drop_first_norm, "Precompiled dropped");
+  negative("bpe_prefix", drop_post, "RobertaProcessing dropped");
+  negative("bpe_prefix", decoder_prefix, "WordPiece decoder prefix @@");
+  negative("bpe_suffix", no_suffix, "end_of_word_suffix dropped");
+  negative("bpe_suffix", decoder_suffix, "BPEDecoder suffix w>");
+  negative("bpe_suffix_bytelevel", no_suffix, "end_of_word_suffix dropped");
 }
 
 // ---- 10,000 added tokens against a naive leftmost-longest search
@@ -299,8 +310,9 @@ static void test_refused(void **s) {
       {"pre_tokenizer", "{\"type\":\"UnicodeScripts\"}", "pre_tokenizer type 'UnicodeScripts' is not supported"},
       {"normalizer", "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":[]}]}",
        "a nested normalizer Sequence is not supported"},
-      {"post_processor", "{\"type\":\"RobertaProcessing\"}",
-       "post_processor type 'RobertaProcessing' is not supported"},
+      {"post_processor",
+       "{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\"}},{\"Sequence\":{\"id\":\"A\"}}]}",
+       "TemplateProcessing with $A twice"},
       {"decoder", "{\"type\":\"CTC\"}", "decoder type 'CTC' is not supported"},
       {"model", "{\"type\":\"WordLevel\",\"vocab\":{}}", "model type 'WordLevel' is not supported"},
       {"model", "{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}", "model BPE dropout is not supported"},

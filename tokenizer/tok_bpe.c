@@ -82,7 +82,37 @@ tpr_status tok_bpe_word(const tpr_tokenizer *t, tok_bpe_scratch *s, const char *
   TPR_CHECK(scratch_reserve(s, n + 1));  // at most one symbol per byte
   int32_t *id = s->id, *len = s->len;
   size_t ns = 0;
-  if (t->byte_level) {
+  if (t->bpe_prefix || t->bpe_suffix) {
+    // Each character (byte-level: each byte's character) is looked up with
+    // the continuing-subword prefix unless first, the end-of-word suffix if last.
+    tok_buf b = {0};
+    tpr_status rc = TPR_OK;
+    for (size_t i = 0; i < n && rc == TPR_OK;) {
+      int32_t cp;
+      int cl = t->byte_level ? 1 : tok_utf8_next(w + i, n - i, &cp);
+      char c[4];
+      b.n = 0;
+      if (i > 0 && t->bpe_prefix) rc = tok_buf_put(&b, t->bpe_prefix, strlen(t->bpe_prefix));
+      if (rc == TPR_OK && t->byte_level)
+        rc = tok_buf_put(&b, c, (size_t)tok_utf8_put(tok_byte_char((unsigned char)w[i]), c));
+      else if (rc == TPR_OK) rc = tok_buf_put(&b, w + i, (size_t)cl);
+      if (rc == TPR_OK && i + (size_t)cl == n && t->bpe_suffix)
+        rc = tok_buf_put(&b, t->bpe_suffix, strlen(t->bpe_suffix));
+      int32_t v = rc == TPR_OK ? tok_map_get(&t->vocab, b.p, b.n) : -1;
+      bool all = v < 0 && t->byte_fallback;
+      for (int k = 0; all && k < cl; k++) all = t->byte_ids[(unsigned char)w[i + k]] >= 0;
+      if (v >= 0) id[ns] = v, len[ns] = cl, ns++;
+      else if (all)
+        for (int k = 0; k < cl; k++) id[ns] = t->byte_ids[(unsigned char)w[i + k]], len[ns] = 1, ns++;
+      else if (t->unk_id >= 0) {
+        if (t->fuse_unk && ns > 0 && id[ns - 1] == t->unk_id) len[ns - 1] += cl;
+        else id[ns] = t->unk_id, len[ns] = cl, ns++;
+      }
+      i += (size_t)cl;
+    }
+    free(b.p);
+    TPR_CHECK(rc);
+  } else if (t->byte_level) {
     if (t->ignore_merges) {  // the whole word, in its byte-level spelling
       tok_buf b = {0};
       char c[4];

@@ -75,8 +75,23 @@ static tpr_status wordpiece(const tok_dec *d, const toks *in, toks *o) {
   return rc;
 }
 
+// BPEDecoder: each end-of-word suffix becomes a space, or nothing in the last token.
+static tpr_status bpe_suffix(const tok_dec *d, const toks *in, toks *o) {
+  tok_buf b = {0}, tmp = {0};
+  tpr_status rc = TPR_OK;
+  for (size_t i = 0; i < in->n && rc == TPR_OK; i++) {
+    b.n = 0;
+    rc = tok_buf_put(&b, in->text.p + in->off[i], in->len[i]);
+    if (rc == TPR_OK && d->content[0]) rc = replace_all(&b, &tmp, d->content, i + 1 == in->n ? "" : " ");
+    if (rc == TPR_OK) rc = push(o, b.p ? b.p : "", b.n);
+  }
+  free(b.p), free(tmp.p);
+  return rc;
+}
+
 static tpr_status stage(const tok_dec *d, const toks *in, toks *o) {
   if (d->kind == TOK_DEC_WORDPIECE) return wordpiece(d, in, o);
+  if (d->kind == TOK_DEC_BPE) return bpe_suffix(d, in, o);
   if (d->kind == TOK_DEC_BYTELEVEL || d->kind == TOK_DEC_FUSE) {
     tok_buf raw = {0};
     tpr_status rc = TPR_OK;
@@ -258,6 +273,10 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_dec *d) {
     const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
     const char *s = cJSON_IsString(ps) ? ps->valuestring : (cJSON_IsFalse(aps) ? "never" : "always");
     d->prepend = !strcmp(s, "never") ? TOK_PREPEND_NEVER : !strcmp(s, "first") ? TOK_PREPEND_FIRST : TOK_PREPEND_ALWAYS;
+  } else if (!strcmp(ty, "BPEDecoder")) {
+    d->kind = TOK_DEC_BPE;
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(j, "suffix");
+    d->content = strdup(cJSON_IsString(sf) ? sf->valuestring : "</w>");
   } else if (!strcmp(ty, "WordPiece")) {
     d->kind = TOK_DEC_WORDPIECE;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prefix");
@@ -265,7 +284,8 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_dec *d) {
     d->cleanup = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "cleanup"));
   } else return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: decoder type '%s' is not supported", t->file, ty);
   if ((d->kind == TOK_DEC_REPLACE && (!d->pattern || !d->content)) ||
-      ((d->kind == TOK_DEC_STRIP || d->kind == TOK_DEC_WORDPIECE) && !d->content))
+      ((d->kind == TOK_DEC_STRIP || d->kind == TOK_DEC_WORDPIECE || d->kind == TOK_DEC_BPE) &&
+       !d->content))
     return TPR_FAIL(TPR_ERR_OOM, "%s: decoder strings", t->file);
   return TPR_OK;
 }

@@ -117,10 +117,11 @@ typedef struct tok_pre {
 
 // ---- decoders (tok_decode.c)
 typedef enum { TOK_DEC_BYTELEVEL, TOK_DEC_METASPACE, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE,
-               TOK_DEC_STRIP, TOK_DEC_WORDPIECE } tok_dec_kind;
+               TOK_DEC_STRIP, TOK_DEC_WORDPIECE, TOK_DEC_BPE } tok_dec_kind;
 typedef struct tok_dec {
   tok_dec_kind kind;
-  char *pattern, *content;  // Replace (String pattern); Strip: content is one character; WordPiece: prefix
+  char *pattern, *content;  // Replace (String pattern); Strip: content is one character; WordPiece: prefix;
+                            // BPEDecoder: suffix
   bool cleanup;             // WordPiece
   int start, stop;          // Strip
   char repl[8];             // Metaspace
@@ -161,6 +162,7 @@ struct tpr_tokenizer {
   bool byte_fallback, fuse_unk, ignore_merges;
   int32_t byte_ids[256];  // <0xNN> ids for byte_fallback (-1 when absent)
   int32_t bl_ids[256];    // ByteLevel: the id of each byte's mapped character
+  char *bpe_prefix, *bpe_suffix;  // BPE continuing_subword_prefix, end_of_word_suffix (NULL: none)
   char *wp_prefix;        // WordPiece continuing_subword_prefix
   int32_t wp_max_chars;   // WordPiece max_input_chars_per_word
   double *uni_score;      // Unigram: per id

@@ -44,12 +44,16 @@ static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id)
   if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") != 0)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE, WordPiece and Unigram)",
                     t->file, type->valuestring);
-  const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
-  for (int i = 0; i < 2; i++) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, unsup[i]);
-    if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
-      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model BPE %s is not supported", t->file, unsup[i]);
+  const char *affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+  char **dst[] = {&t->bpe_prefix, &t->bpe_suffix};
+  for (int i = 0; i < 2; i++) {  // an empty string is the same as none
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, affix[i]);
+    if (v && !cJSON_IsNull(v) && !cJSON_IsString(v))
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: model BPE %s is not a string", t->file, affix[i]);
+    if (cJSON_IsString(v) && v->valuestring[0] && !(*dst[i] = strdup(v->valuestring)))
+      return TPR_FAIL(TPR_ERR_OOM, "%s: model BPE %s", t->file, affix[i]);
   }
+  size_t plen = t->bpe_prefix ? strlen(t->bpe_prefix) : 0;
   const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
   if (cJSON_IsNumber(drop) && drop->valuedouble > 0)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model BPE dropout is not supported", t->file);
@@ -87,7 +91,13 @@ static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id)
     }
     int32_t ia = tok_map_get(&t->vocab, a, al), ib = tok_map_get(&t->vocab, b, bl);
     cat.n = 0;
-    if ((rc = tok_buf_put(&cat, a, al)) != TPR_OK || (rc = tok_buf_put(&cat, b, bl)) != TPR_OK) break;
+    // The merged token drops the right part's prefix length, as the
+    // reference does ("##a" "##b" -> "##ab").
+    if (bl < plen) {
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: merge %d's right part is shorter than the subword prefix", t->file, rank);
+      break;
+    }
+    if ((rc = tok_buf_put(&cat, a, al)) != TPR_OK || (rc = tok_buf_put(&cat, b + plen, bl - plen)) != TPR_OK) break;
     int32_t im = tok_map_get(&t->vocab, cat.p, cat.n);
     if (ia < 0 || ib < 0 || im < 0) {
       rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: merge %d ('%.*s' + '%.*s') uses a token missing from the vocab", t->file,
@@ -129,16 +139,17 @@ static tpr_status parse_post(tpr_tokenizer *t, const cJSON *p) {
     cJSON_ArrayForEach(e, list) TPR_CHECK(parse_post(t, e));
     return TPR_OK;
   }
-  if (strcmp(ty, "TemplateProcessing") != 0 && strcmp(ty, "BertProcessing") != 0)
+  bool bert = !strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing");
+  if (strcmp(ty, "TemplateProcessing") != 0 && !bert)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: post_processor type '%s' is not supported", t->file, ty);
   if (t->post_pre || t->post_post)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: more than one TemplateProcessing is not supported", t->file);
-  if (!strcmp(ty, "BertProcessing")) {  // "cls": [token, id], "sep": [token, id]; single is cls $A sep
+  if (bert) {  // "cls": [token, id], "sep": [token, id]; single is cls $A sep (Roberta's offsets aside)
     const cJSON *cls = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(p, "cls"), 1);
     const cJSON *sep = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(p, "sep"), 1);
     if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep) || cls->valuedouble < 0 || sep->valuedouble < 0 ||
         cls->valuedouble >= TOK_MAX_IDS || sep->valuedouble >= TOK_MAX_IDS)
-      return TPR_FAIL(TPR_ERR_FORMAT, "%s: BertProcessing needs cls and sep as [token, id]", t->file);
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: %s needs cls and sep as [token, id]", t->file, ty);
     t->post_pre = malloc(sizeof(int32_t)), t->post_post = malloc(sizeof(int32_t));
     if (!t->post_pre || !t->post_post) return TPR_FAIL(TPR_ERR_OOM, "%s: BertProcessing", t->file);
     t->post_pre[t->n_post_pre++] = cls->valueint;
@@ -287,7 +298,7 @@ void tpr_tokenizer_free(tpr_tokenizer *t) {
   tok_trie_free(&t->added_trie[0]), tok_trie_free(&t->added_trie[1]);
   free(t->norms), free(t->pres), free(t->decs), free(t->added);
   free(t->post_pre), free(t->post_post);
-  free(t->wp_prefix), free(t->uni_score);
+  free(t->wp_prefix), free(t->uni_score), free(t->bpe_prefix), free(t->bpe_suffix);
   free(t->file);
   free(t);
 }

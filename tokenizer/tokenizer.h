@@ -22,15 +22,16 @@
 //                  of those in any order
 //   model          BPE: vocab, merges ("a b" or ["a", "b"]) applied by rank
 //                  (lowest first, leftmost on ties), unk_token, fuse_unk,
-//                  byte_fallback (<0xNN> tokens), ignore_merges;
+//                  byte_fallback (<0xNN> tokens), ignore_merges,
+//                  continuing_subword_prefix, end_of_word_suffix;
 //                  WordPiece: vocab, unk_token, continuing_subword_prefix,
 //                  max_input_chars_per_word (greedy longest match per word);
 //                  Unigram: vocab [piece, score], unk_id (unknowns fused),
 //                  byte_fallback (Viterbi over the scores)
 //   post_processor null, ByteLevel, TemplateProcessing (single),
-//                  BertProcessing, Sequence
+//                  BertProcessing, RobertaProcessing (single), Sequence
 //   decoder        ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
-//                  WordPiece (prefix, cleanup), Sequence of those
+//                  WordPiece (prefix, cleanup), BPEDecoder (suffix), Sequence of those
 //   added_tokens   matched before the model, leftmost-longest through a byte
 //                  trie, with the lstrip / rstrip / single_word / normalized /
 //                  special flags
