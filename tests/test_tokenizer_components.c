@@ -34,7 +34,7 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
                                 "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled",
-                                "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel"};
+                                "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -210,6 +210,7 @@ static void test_negative_controls(void **s) {
   negative("unigram_t5", drop_post, "TemplateProcessing $A </s> dropped");
   negative("unigram_bytes", no_byte_fallback, "Unigram byte_fallback false");
   negative("unigram_precompiled", drop_first_norm, "Precompiled dropped");
+  negative("unigram_nmt", drop_first_norm, "Nmt dropped");
   negative("bpe_prefix", drop_post, "RobertaProcessing dropped");
   negative("bpe_prefix", decoder_prefix, "WordPiece decoder prefix @@");
   negative("bpe_suffix", no_suffix, "end_of_word_suffix dropped");

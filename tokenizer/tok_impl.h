@@ -74,7 +74,7 @@ tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size
 // ---- normalizers (tok_normalize.c)
 typedef enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE,
                TOK_NORM_LOWERCASE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_BERT,
-               TOK_NORM_PRECOMPILED } tok_norm_kind;
+               TOK_NORM_PRECOMPILED, TOK_NORM_NMT } tok_norm_kind;
 typedef struct tok_norm {
   tok_norm_kind kind;
   char *str;      // Prepend: the prefix; Replace: the replacement; Precompiled: the replacements

@@ -1,5 +1,5 @@
 // Normalizers: Unicode normal forms (utf8proc), Prepend, Replace, Lowercase,
-// Strip, StripAccents, BertNormalizer and Sequence, applied to each text
+// Strip, StripAccents, BertNormalizer, Nmt, Precompiled (tok_precompiled.c) and Sequence, applied to each text
 // segment between added tokens.
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -85,6 +85,18 @@ static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t
   switch (nm->kind) {
     case TOK_NORM_BERT:
       return bert(nm, in, n, out);
+    case TOK_NORM_NMT:  // SentencePiece's nmt rules: some controls dropped, some spaces
+      for (size_t i = 0; i < n;) {
+        int32_t cp;
+        int l = tok_utf8_next(in + i, n - i, &cp);
+        i += (size_t)l;
+        if ((cp >= 1 && cp <= 8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || cp == 0x7F || cp == 0x8F || cp == 0x9F)
+          continue;
+        bool sp = cp == 9 || cp == 0xA || cp == 0xC || cp == 0xD || cp == 0x1680 || (cp >= 0x200B && cp <= 0x200F) ||
+                  cp == 0x2028 || cp == 0x2029 || cp == 0x2581 || cp == 0xFEFF || cp == 0xFFFD;
+        TPR_CHECK(sp ? tok_buf_put(out, " ", 1) : tok_buf_put(out, in + i - l, (size_t)l));
+      }
+      return TPR_OK;
     case TOK_NORM_PRECOMPILED:
       return nm->pc ? tok_precompiled_apply(nm, in, n, out) : tok_buf_put(out, in, n);
     case TOK_NORM_NFC:
@@ -178,6 +190,7 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_norm *nm) {
   else if (!strcmp(ty, "NFKD")) nm->kind = TOK_NORM_NFKD;
   else if (!strcmp(ty, "Lowercase")) nm->kind = TOK_NORM_LOWERCASE;
   else if (!strcmp(ty, "StripAccents")) nm->kind = TOK_NORM_STRIP_ACCENTS;
+  else if (!strcmp(ty, "Nmt")) nm->kind = TOK_NORM_NMT;
   else if (!strcmp(ty, "Precompiled")) {
     nm->kind = TOK_NORM_PRECOMPILED;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "precompiled_charsmap");

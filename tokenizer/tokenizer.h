@@ -9,7 +9,7 @@
 //                  (String or Regex pattern), Lowercase, Strip, StripAccents,
 //                  BertNormalizer (clean_text, handle_chinese_chars,
 //                  strip_accents, null following lowercase; lowercase),
-//                  Precompiled (SentencePiece's charsmap), Sequence of those
+//                  Precompiled (SentencePiece's charsmap), Nmt, Sequence of those
 //   pre_tokenizer  null, Split (String or Regex pattern via PCRE2 with Unicode
 //                  properties; behaviors Isolated, Removed, MergedWithPrevious,
 //                  MergedWithNext, Contiguous; invert), Punctuation (the same

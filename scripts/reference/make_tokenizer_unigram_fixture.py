@@ -24,6 +24,9 @@ and writes under tests/fixtures/tokenizer_components/:
                  for "k" + U+0301, which shows the shortest-prefix lookup).
                  The charsmap is stored here as base64; --charsmap rebuilds it
                  with the `sentencepiece` package (0.2.x), which nothing else needs.
+  unigram_nmt    unigram_t5 with Nmt, NFKC and the space-run Replace (the
+                 layout of the library's SentencePieceUnigramTokenizer), on
+                 text with control characters inserted
 
 The strings to encode come from another seed than the training text, so they
 hold characters the vocab lacks (unknowns, byte fallback).
@@ -131,7 +134,11 @@ def main():
     pre = Tokenizer.from_str(t5.to_str())
     pre.normalizer = normalizers.Sequence([normalizers.Precompiled(base64.b64decode(charsmap)),
                                            normalizers.Replace(Regex(" {2,}"), " ")])
-    for name, tok in [("unigram_t5", t5), ("unigram_bytes", with_bytes(t5)), ("unigram_precompiled", pre)]:
+    nmt = Tokenizer.from_str(t5.to_str())
+    nmt.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC(),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    for name, tok in [("unigram_t5", t5), ("unigram_bytes", with_bytes(t5)), ("unigram_precompiled", pre),
+                      ("unigram_nmt", nmt)]:
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             f.write(tok.to_str())
         unk = 0
@@ -140,7 +147,15 @@ def main():
             if name == "unigram_precompiled":
                 extra += ["k\u0301 e\u0301 ke\u0301k \U0001f44d\U0001f3fd \U0001f44d x\u2026 \uff21\uff42\uff43\uff11 \ufb01ne \u00bd",
                           "\u00c5\u200b\u3000\t\u00a0k"]
-            for t in comp.texts(random.Random(f"{a.seed}-{name}"), a.cases) + extra:
+            rt = random.Random(f"{a.seed}-{name}")
+            texts = comp.texts(rt, a.cases)
+            if name == "unigram_nmt":  # control characters Nmt drops or makes spaces (not NUL: C strings)
+                ctl = [chr(c) for c in [1, 8, 9, 0xB, 0xC, 0xD, 0x1F, 0x7F, 0x85, 0x8F, 0x9F, 0x1680, 0x200B, 0x200F,
+                                        0x2028, 0x2581, 0xFEFF, 0xFFFD]]
+                for i in range(len(texts)):
+                    k = rt.randrange(len(texts[i]) + 1)
+                    texts[i] = texts[i][:k] + rt.choice(ctl) + rt.choice(ctl) + texts[i][k:]
+            for t in texts + extra:
                 ids = tok.encode(t, add_special_tokens=True).ids
                 unk += ids.count(tok.token_to_id("<unk>"))
                 f.write(json.dumps({"t": t, "s": 1, "ids": ids, "d": tok.decode(ids)}, ensure_ascii=False) + "\n")
