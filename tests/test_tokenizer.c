@@ -318,7 +318,7 @@ static void set_type(cJSON *j, const char *comp, const char *type) {
   cJSON_ReplaceItemInObject(j, comp, c);
 }
 static void bad_model(cJSON *j) {
-  cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "type", cJSON_CreateString("WordLevel"));
+  cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "type", cJSON_CreateString("NoSuchModel"));
 }
 static void bad_merges(cJSON *j) { cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "model"), "merges"); }
 static void bad_pre(cJSON *j) { set_type(j, "pre_tokenizer", "UnicodeScripts"); }
@@ -347,7 +347,7 @@ static void expect_bad(edit_fn edit, tpr_status want, const char *msg) {
 }
 
 static void test_bad_files(void **s) {
-  expect_bad(bad_model, TPR_ERR_UNSUPPORTED, "model type 'WordLevel' is not supported");
+  expect_bad(bad_model, TPR_ERR_UNSUPPORTED, "model type 'NoSuchModel' is not supported");
   expect_bad(bad_merges, TPR_ERR_FORMAT, "has no merges");
   expect_bad(bad_pre, TPR_ERR_UNSUPPORTED, "pre_tokenizer type 'UnicodeScripts' is not supported");
   expect_bad(bad_norm, TPR_ERR_UNSUPPORTED, "normalizer type 'NoSuchNormalizer' is not supported");

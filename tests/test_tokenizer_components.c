@@ -34,7 +34,8 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "split_contiguous", "whitespace",     "whitespace_split", "bert",
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
                                 "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled",
-                                "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt"};
+                                "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt",
+                                "wordlevel"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -211,6 +212,7 @@ static void test_negative_controls(void **s) {
   negative("unigram_bytes", no_byte_fallback, "Unigram byte_fallback false");
   negative("unigram_precompiled", drop_first_norm, "Precompiled dropped");
   negative("unigram_nmt", drop_first_norm, "Nmt dropped");
+  negative("wordlevel", drop_normalizer, "BertNormalizer dropped");
   negative("bpe_prefix", drop_post, "RobertaProcessing dropped");
   negative("bpe_prefix", decoder_prefix, "WordPiece decoder prefix @@");
   negative("bpe_suffix", no_suffix, "end_of_word_suffix dropped");
@@ -315,7 +317,7 @@ static void test_refused(void **s) {
        "{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\"}},{\"Sequence\":{\"id\":\"A\"}}]}",
        "TemplateProcessing with $A twice"},
       {"decoder", "{\"type\":\"CTC\"}", "decoder type 'CTC' is not supported"},
-      {"model", "{\"type\":\"WordLevel\",\"vocab\":{}}", "model type 'WordLevel' is not supported"},
+      {"model", "{\"type\":\"NoSuchModel\",\"vocab\":{}}", "model type 'NoSuchModel' is not supported"},
       {"model", "{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}", "model BPE dropout is not supported"},
       {"pre_tokenizer", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\"},{\"type\":\"ByteLevel\"}]}",
        "Metaspace together with ByteLevel"},

@@ -99,7 +99,9 @@ static tpr_status model_piece(enc *e, const char *s, size_t n, bool at_start) {
   TPR_CHECK(tok_pretokenize(e->t, &e->run, s, n, at_start, &e->words));
   for (size_t i = 0; i < e->words.n; i++) {
     const char *w = e->words.text.p + e->words.off[i];
-    if (e->t->model == TOK_MODEL_WORDPIECE) TPR_CHECK(tok_wordpiece_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
+    tok_model_kind k = e->t->model;
+    if (k == TOK_MODEL_WORDPIECE || k == TOK_MODEL_WORDLEVEL)
+      TPR_CHECK(tok_wordpiece_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
     else if (e->t->model == TOK_MODEL_UNIGRAM) TPR_CHECK(tok_unigram_word(e->t, &e->norm, w, e->words.len[i], &e->ids));
     else TPR_CHECK(tok_bpe_word(e->t, &e->bpe, w, e->words.len[i], &e->ids));
   }

@@ -150,7 +150,7 @@ typedef struct tok_added {
   bool special, lstrip, rstrip, single_word, normalized;
 } tok_added;
 
-typedef enum { TOK_MODEL_BPE, TOK_MODEL_WORDPIECE, TOK_MODEL_UNIGRAM } tok_model_kind;
+typedef enum { TOK_MODEL_BPE, TOK_MODEL_WORDPIECE, TOK_MODEL_WORDLEVEL, TOK_MODEL_UNIGRAM } tok_model_kind;
 
 struct tpr_tokenizer {
   char *file;  // the tokenizer.json path, for messages
@@ -223,8 +223,8 @@ typedef struct tok_bpe_scratch {  // reused between words
 } tok_bpe_scratch;
 tpr_status tok_bpe_word(const tpr_tokenizer *t, tok_bpe_scratch *s, const char *w, size_t n, tok_ids *out);
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
-// WordPiece (tok_wordpiece.c): the model's fields from its JSON object, and
-// one word's ids (greedy longest match) appended to out.
+// WordPiece and WordLevel (tok_wordpiece.c): the model's fields from its JSON
+// object, and one word's ids (greedy longest match; the whole word) appended to out.
 tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_id);
 tpr_status tok_wordpiece_word(const tpr_tokenizer *t, tok_buf *scratch, const char *w, size_t n, tok_ids *out);
 // Unigram (tok_unigram.c): likewise; one word's best segmentation (Viterbi).

@@ -39,11 +39,13 @@ static tpr_status set_id(tpr_tokenizer *t, int32_t id, const char *s, size_t n) 
 static tpr_status parse_model(tpr_tokenizer *t, const cJSON *m, int32_t *max_id) {
   if (!cJSON_IsObject(m)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: no model object", t->file);
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(m, "type");
-  if (cJSON_IsString(type) && !strcmp(type->valuestring, "WordPiece")) return tok_parse_wordpiece(t, m, max_id);
+  if (cJSON_IsString(type) && (!strcmp(type->valuestring, "WordPiece") || !strcmp(type->valuestring, "WordLevel")))
+    return tok_parse_wordpiece(t, m, max_id);
   if (cJSON_IsString(type) && !strcmp(type->valuestring, "Unigram")) return tok_parse_unigram(t, m, max_id);
   if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") != 0)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE, WordPiece and Unigram)",
-                    t->file, type->valuestring);
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED,
+                    "%s: model type '%s' is not supported (only BPE, WordPiece, WordLevel and Unigram)", t->file,
+                    type->valuestring);
   const char *affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   char **dst[] = {&t->bpe_prefix, &t->bpe_suffix};
   for (int i = 0; i < 2; i++) {  // an empty string is the same as none

@@ -2,7 +2,7 @@
 // vocab entries from its start, pieces after the first written with the
 // continuing-subword prefix ("##"). A word with a part no entry covers, or
 // longer than max_input_chars_per_word characters, becomes the one unk token,
-// as in the reference.
+// as in the reference. WordLevel, the whole word or unk, shares the loader.
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +13,12 @@
 
 tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_id) {
   const cJSON *m = json, *e;
-  t->model = TOK_MODEL_WORDPIECE;
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(m, "type");
+  bool level = cJSON_IsString(type) && !strcmp(type->valuestring, "WordLevel");
+  t->model = level ? TOK_MODEL_WORDLEVEL : TOK_MODEL_WORDPIECE;
+  const char *what = t->model == TOK_MODEL_WORDLEVEL ? "WordLevel" : "WordPiece";
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
-  if (!cJSON_IsObject(vocab)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: model WordPiece has no vocab object", t->file);
+  if (!cJSON_IsObject(vocab)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: model %s has no vocab object", t->file, what);
   cJSON_ArrayForEach(e, vocab) {
     if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= TOK_MAX_IDS || e->valuedouble != e->valueint)
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", t->file, e->string);
@@ -30,7 +33,7 @@ tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_
   if (cJSON_IsNumber(mx)) t->wp_max_chars = mx->valuedouble > 1e9 ? 1000000000 : mx->valueint;
   // Every word may fall back to unk, so unlike BPE it must exist.
   const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_token");
-  if (!cJSON_IsString(unk)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: model WordPiece has no unk_token", t->file);
+  if (!cJSON_IsString(unk)) return TPR_FAIL(TPR_ERR_FORMAT, "%s: model %s has no unk_token", t->file, what);
   t->unk_id = tok_map_get(&t->vocab, unk->valuestring, strlen(unk->valuestring));
   if (t->unk_id < 0)
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: unk_token '%s' is not in the vocab", t->file, unk->valuestring);
@@ -38,6 +41,10 @@ tpr_status tok_parse_wordpiece(tpr_tokenizer *t, const void *json, int32_t *max_
 }
 
 tpr_status tok_wordpiece_word(const tpr_tokenizer *t, tok_buf *scratch, const char *w, size_t n, tok_ids *out) {
+  if (t->model == TOK_MODEL_WORDLEVEL) {
+    int32_t id = tok_map_get(&t->vocab, w, n);
+    return tok_ids_push(out, id >= 0 ? id : t->unk_id);
+  }
   size_t chars = 0;
   for (size_t i = 0; i < n; i++) chars += (w[i] & 0xC0) != 0x80;
   if (chars > (size_t)t->wp_max_chars) return tok_ids_push(out, t->unk_id);

@@ -26,6 +26,7 @@
 //                  continuing_subword_prefix, end_of_word_suffix;
 //                  WordPiece: vocab, unk_token, continuing_subword_prefix,
 //                  max_input_chars_per_word (greedy longest match per word);
+//                  WordLevel: vocab, unk_token (the whole word or unk);
 //                  Unigram: vocab [piece, score], unk_id (unknowns fused),
 //                  byte_fallback (Viterbi over the scores)
 //   post_processor null, ByteLevel, TemplateProcessing (single),

@@ -18,6 +18,8 @@ tests/fixtures/tokenizer_components/:
   wordpiece_cased   BertNormalizer without lowercase and CJK padding but with
                     strip_accents, Whitespace, "@@", max_input_chars_per_word 8,
                     TemplateProcessing "[CLS] $A [SEP]", decoder without cleanup
+  wordlevel         a WordLevel model (whole words or [UNK]) with BertNormalizer,
+                    BertPreTokenizer, BertProcessing and no decoder
 
 Usage: make_tokenizer_wordpiece_fixture.py [--out DIR] [--seed 7] [--cases 150]
 """
@@ -38,7 +40,20 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CONTROL = ["\ufffd", "\x0b", "\x1c", "\x85", "\u200b", "\ue000", "\U000e0001", "\u00a0", "\u3000", "\t"]
 
 
+def build_wordlevel(corpus_texts):
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer()
+    tok.pre_tokenizer = pt.BertPreTokenizer()
+    tok.train_from_iterator(corpus_texts, trainers.WordLevelTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                                                    show_progress=False))
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    return tok
+
+
 def build(name, corpus_texts):
+    if name == "wordlevel":
+        return build_wordlevel(corpus_texts)
     cased = name == "wordpiece_cased"
     prefix = "@@" if cased else "##"
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=prefix))
@@ -86,7 +101,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     corpus_texts = comp.texts(random.Random(a.seed), 600)
-    for name in ["wordpiece_bert", "wordpiece_cased"]:
+    for name in ["wordpiece_bert", "wordpiece_cased", "wordlevel"]:
         tok = build(name, corpus_texts)
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             f.write(tok.to_str())
