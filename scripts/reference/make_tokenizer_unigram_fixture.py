@@ -101,7 +101,7 @@ def build(corpus_texts):
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pt.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
-    tr = trainers.UnigramTrainer(vocab_size=900, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+    tr = trainers.UnigramTrainer(vocab_size=650, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
                                  max_piece_length=8, show_progress=False)
     tok.train_from_iterator(corpus_texts, tr)
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
@@ -125,12 +125,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "../../tests/fixtures/tokenizer_components"))
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--cases", type=int, default=150)
+    ap.add_argument("--cases", type=int, default=120)
     ap.add_argument("--charsmap", action="store_true", help="recompile the charsmap with sentencepiece")
     a = ap.parse_args()
     charsmap = compile_charsmap() if a.charsmap else CHARSMAP
     os.makedirs(a.out, exist_ok=True)
-    t5 = build(comp.texts(random.Random(a.seed), 300))
+    t5 = build(comp.texts(random.Random(a.seed), 160))
     pre = Tokenizer.from_str(t5.to_str())
     pre.normalizer = normalizers.Sequence([normalizers.Precompiled(base64.b64decode(charsmap)),
                                            normalizers.Replace(Regex(" {2,}"), " ")])
