@@ -159,26 +159,35 @@ static void punct_to_isolated(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetArrayItem(steps(j), 0), "behavior", cJSON_CreateString("Isolated"));
 }
 
+// Writes j (deleted here) as a tokenizer.json in a fresh temporary folder,
+// loads it, and removes the folder: the status of tpr_tokenizer_load.
+static tpr_status load_edited(cJSON *j, tpr_tokenizer **t) {
+  char dir[64] = "/tmp/tpr_tokc_XXXXXX", path[128];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  char *out = cJSON_PrintUnformatted(j);
+  cJSON_Delete(j);
+  TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
+  free(out);
+  *t = NULL;
+  tpr_status rc = tpr_tokenizer_load(path, t);
+  unlink(path);
+  rmdir(dir);
+  return rc;
+}
+
 static void negative(const char *name, edit_fn edit, const char *what) {
-  char path[512], tmp[64] = "/tmp/tpr_tokc_XXXXXX";
+  char path[512];
   snprintf(path, sizeof path, FIX "/%s.json", name);
   cJSON *j = read_json(path);
   edit(j);
-  char *out = cJSON_PrintUnformatted(j);
-  cJSON_Delete(j);
-  assert_non_null(mkdtemp(tmp));
-  snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
-  TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
-  free(out);
   tpr_tokenizer *t;
-  TT_OK(tpr_tokenizer_load(path, &t));
+  TT_OK(load_edited(j, &t));
   tally r = run_cases(t, name, true);
   print_message("negative control %s, %s: %zu of %zu strings mismatch, %zu decodes\n", name, what, r.id_bad, r.cases,
                 r.dec_bad);
   if (r.id_bad + r.dec_bad == 0) fail_msg("%s with %s still matches: the test cannot see that component", name, what);
   tpr_tokenizer_free(t);
-  unlink(path);
-  rmdir(tmp);
 }
 
 static void test_negative_controls(void **s) {
@@ -253,15 +262,8 @@ static void test_many_added(void **s) {
     cJSON_AddBoolToObject(a, "special", false);
     cJSON_AddItemToArray(added, a);
   }
-  char dir[64] = "/tmp/tpr_tokc_XXXXXX", path[128];
-  assert_non_null(mkdtemp(dir));
-  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-  char *out = cJSON_PrintUnformatted(j);
-  TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
-  free(out);
-  cJSON_Delete(j);
   tpr_tokenizer *t;
-  TT_OK(tpr_tokenizer_load(path, &t));
+  TT_OK(load_edited(j, &t));
   char *text = malloc(TEXT + 1);
   for (int i = 0; i < TEXT; i++) text[i] = tt_randint(0, 9) == 0 ? ' ' : rand_char();
   text[TEXT] = 0;
@@ -303,8 +305,6 @@ static void test_many_added(void **s) {
   for (int i = 0; i < N_ADDED; i++) free(tok[i]);
   free(tok), free(tl);
   tpr_tokenizer_free(t);
-  unlink(path);
-  rmdir(dir);
 }
 
 // Components still outside tpr fail by name.
@@ -325,20 +325,11 @@ static void test_refused(void **s) {
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     cJSON *j = read_json(FIX "/bert.json");
     cJSON_ReplaceItemInObject(j, cases[k][0], cJSON_Parse(cases[k][1]));
-    char dir[64] = "/tmp/tpr_tokc_XXXXXX", path[128];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    char *out = cJSON_PrintUnformatted(j);
-    TT_OK(tpr_file_write(path, (const uint8_t *)out, strlen(out)));
-    free(out);
-    cJSON_Delete(j);
     tpr_tokenizer *t = NULL;
-    assert_int_not_equal(tpr_tokenizer_load(path, &t), TPR_OK);
+    assert_int_not_equal(load_edited(j, &t), TPR_OK);
     assert_null(t);
     print_message("refused: %s\n", tpr_last_error());
     if (!strstr(tpr_last_error(), cases[k][2])) fail_msg("expected '%s' in '%s'", cases[k][2], tpr_last_error());
-    unlink(path);
-    rmdir(dir);
   }
 }
 
