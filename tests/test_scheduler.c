@@ -12,12 +12,13 @@
 // holds, that a block handed out fresh is held by nobody, that a sibling
 // takes exactly its leader's computed leading blocks, and that the pool's
 // reference count of every block equals the holders the harness sees.
+// The API used directly (refusals, cancel, release, the pool's reference
+// counts) is tested in test_scheduler_api.c.
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/block_pool.h"
 #include "engine/scheduler.h"
 #include "test_util.h"
 
@@ -571,128 +572,6 @@ static void test_chunked_prefill(void **state) {
   h_free(&h);
 }
 
-static void expect_invalid_status(tpr_status rc, tpr_status want, const char *word) {
-  assert_int_equal(rc, want);
-  if (!strstr(tpr_last_error(), word)) fail_msg("error '%s' does not name '%s'", tpr_last_error(), word);
-}
-
-static void expect_invalid(tpr_status rc, const char *word) { expect_invalid_status(rc, TPR_ERR_INVALID_ARG, word); }
-
-// (g) Bad options, submits and updates are refused with a clear message.
-// One step: plan, then apply with token 7 sampled wherever a chunk samples.
-static tpr_sched_step plan_and_apply(tpr_sched *s) {
-  tpr_sched_step st;
-  TT_OK(tpr_sched_next(s, &st));
-  int32_t *sampled[1] = {calloc((size_t)(st.n_chunks ? st.n_chunks[0] : 0) + 1, sizeof(int32_t))};
-  for (int64_t i = 0; i < (st.n_chunks ? st.n_chunks[0] : 0); i++) sampled[0][i] = 7;
-  if (st.tokens > 0) TT_OK(tpr_sched_update(s, &st, (const int32_t *const *)sampled));
-  free(sampled[0]);
-  return st;
-}
-
-// (g) Cancelling: a running sequence returns its blocks at once and is never
-// planned again, a waiting one leaves the queue, the others run to their
-// end; cancelling while a plan is pending, or an unknown id, is refused.
-static void test_cancel(void **state) {
-  (void)state;
-  tpr_sched *s;
-  TT_OK(tpr_sched_new(&(tpr_sched_opts){.replicas = 1, .pool_blocks = 8, .block_size = 4, .max_batch = 2,
-                                         .max_tokens = 64, .max_seq = 64},
-                      &s));  // 8 blocks of 4, 2 sequences at a time
-  int32_t p[12];
-  for (int i = 0; i < 12; i++) p[i] = (int32_t)tt_randint(0, 999);
-  int64_t id[3];
-  for (int i = 0; i < 3; i++) TT_OK(tpr_sched_submit(s, p, 12, 8, -1, &id[i]));
-  plan_and_apply(s);  // 0 and 1 admitted (batch 2), 2 waits
-  int64_t held = tpr_sched_blocks_in_use(s, 0);
-  assert_true(held >= 6);  // 3 blocks of the 12-token prompt each
-  tpr_sched_step st;
-  TT_OK(tpr_sched_next(s, &st));
-  assert_int_equal(tpr_sched_cancel(s, id[0]), TPR_ERR_INVALID_ARG);  // a plan is pending
-  int32_t sampled[2] = {7, 7}, *sp[1] = {sampled};
-  TT_OK(tpr_sched_update(s, &st, (const int32_t *const *)sp));
-  held = tpr_sched_blocks_in_use(s, 0);
-  TT_OK(tpr_sched_cancel(s, id[0]));  // running
-  int64_t after = tpr_sched_blocks_in_use(s, 0);
-  TT_OK(tpr_sched_cancel(s, id[2]));  // waiting: no blocks
-  TT_OK(tpr_sched_cancel(s, id[2]));  // again: already finished
-  assert_int_equal(tpr_sched_cancel(s, 99), TPR_ERR_INVALID_ARG);
-  printf("cancel: blocks in use %lld -> %lld; %lld unfinished left\n", (long long)held, (long long)after,
-         (long long)tpr_sched_unfinished(s));
-  assert_true(after < held && after >= 3);  // sequence 1 keeps its own
-  assert_int_equal(tpr_sched_unfinished(s), 1);
-  for (int guard = 0; guard < 50 && tpr_sched_unfinished(s) > 0; guard++) {
-    st = plan_and_apply(s);
-    for (int64_t i = 0; i < (st.n_chunks ? st.n_chunks[0] : 0); i++)
-      assert_int_equal(st.chunks[0][i].seq, id[1]);  // nothing planned for the cancelled ones
-  }
-  tpr_sched_seq_info si;
-  TT_OK(tpr_sched_seq(s, id[1], &si));
-  assert_true(si.finished && si.len == 12 + 8);
-  TT_OK(tpr_sched_seq(s, id[0], &si));
-  assert_true(si.finished && si.len == 12 + 2);  // the tokens it had when cancelled
-  assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
-  tpr_sched_free(s);
-}
-
-static void test_bad_args(void **state) {
-  (void)state;
-  tpr_sched *s = NULL;
-  const tpr_sched_opts good = opts(2, 4, 4, 2, 8, 32);
-  struct { tpr_sched_opts o; const char *word; } bad_opts[] = {
-      {opts(0, 4, 4, 2, 8, 32), "replicas"},   {opts(2, 0, 4, 2, 8, 32), "pool_blocks"},
-      {opts(2, 1ll << 40, 4, 2, 8, 32), "pool_blocks"}, {opts(2, 4, 0, 2, 8, 32), "block_size"},
-      {opts(2, 4, 4, -1, 8, 32), "max_batch"}, {opts(2, 4, 4, 2, 0, 32), "max_tokens"},
-      {opts(2, 4, 4, 2, 8, 0), "max_seq"}};
-  for (size_t i = 0; i < sizeof bad_opts / sizeof *bad_opts; i++) {
-    expect_invalid(tpr_sched_new(&bad_opts[i].o, &s), bad_opts[i].word);
-    assert_null(s);
-  }
-  TT_OK(tpr_sched_new(&good, &s));
-  int32_t p[32] = {0};
-  int64_t id = -1;
-  expect_invalid(tpr_sched_submit(s, p, 0, 4, -1, &id), "empty prompt");
-  expect_invalid(tpr_sched_submit(s, NULL, 3, 4, -1, &id), "NULL prompt");
-  expect_invalid(tpr_sched_submit(s, p, 3, 0, -1, &id), "max_new");
-  expect_invalid(tpr_sched_submit(s, p, 3, 4, -2, &id), "stop_token");
-  expect_invalid(tpr_sched_submit(s, p, 20, 13, -1, &id), "max_seq");
-  // 4 blocks x 4 = 16 rows: 16 + 1 tokens fit (16 rows), 16 + 2 do not.
-  expect_invalid(tpr_sched_submit(s, p, 16, 2, -1, &id), "too small for one sequence");
-  expect_invalid(tpr_sched_submit(s, p, 17, 1, -1, &id), "too small for one sequence");
-  assert_int_equal(tpr_sched_unfinished(s), 0);
-  TT_OK(tpr_sched_submit(s, p, 16, 1, -1, &id));
-  assert_int_equal(id, 0);
-  TT_OK(tpr_sched_submit(s, p, 3, 4, -1, &id));
-  assert_int_equal(id, 1);
-  tpr_sched_seq_info in;
-  expect_invalid(tpr_sched_seq(s, 2, &in), "id 2");
-  assert_int_equal(tpr_sched_blocks_in_use(s, 2), -1);
-
-  tpr_sched_step st, none = {.replicas = 2};
-  expect_invalid(tpr_sched_update(s, &(tpr_sched_step){.replicas = 2, .tokens = 1}, NULL), "no planned step");
-  TT_OK(tpr_sched_next(s, &st));
-  assert_int_equal(st.tokens, 8 + 3);  // seq 0 chunked to max_tokens on replica 0, seq 1 whole on replica 1
-  expect_invalid(tpr_sched_next(s, &none), "not applied");
-  // A copy with one chunk changed is not the planned step.
-  tpr_sched_chunk edited[1] = {st.chunks[0][0]};
-  edited[0].n--;
-  const tpr_sched_chunk *ptrs[2] = {edited, st.chunks[1]};
-  tpr_sched_step copy = st;
-  copy.chunks = ptrs;
-  expect_invalid(tpr_sched_update(s, &copy, NULL), "differs from the last plan");
-  expect_invalid(tpr_sched_update(s, &st, NULL), "no sampled tokens");  // seq 1 samples
-  int32_t t1 = 7;
-  const int32_t *sampled[2] = {NULL, &t1};
-  edited[0].n++;  // an exact copy is accepted
-  TT_OK(tpr_sched_update(s, &copy, sampled));
-  TT_OK(tpr_sched_seq(s, 1, &in));
-  assert_int_equal(in.len, 4);
-  assert_int_equal(in.tokens[3], 7);
-  tpr_sched_free(s);
-  printf("bad args: %zu option errors, 7 submit errors, 4 update/next errors refused with their messages\n",
-         sizeof bad_opts / sizeof *bad_opts);
-}
-
 // Negative controls: a wrong model and hand-edited steps must be caught.
 static void test_negative_controls(void **state) {
   (void)state;
@@ -736,38 +615,6 @@ static void test_negative_controls(void **state) {
   assert_non_null(bad);
   printf("negative controls: 5 edited steps caught; wrong model caught: %s\n", bad);
   h_free(&h);
-}
-
-
-// Reference counts: a block shared by three holders returns to the free
-// list with the last give only; giving a free block, sharing a free block
-// and foreign ids are refused; LIFO order holds.
-static void test_block_pool_refs(void **state) {
-  (void)state;
-  tpr_block_pool p;
-  TT_OK(tpr_block_pool_init(&p, 4));
-  int32_t a, b;
-  TT_OK(tpr_block_pool_take(&p, &a));
-  TT_OK(tpr_block_pool_take(&p, &b));
-  assert_true(a == 0 && b == 1);
-  TT_OK(tpr_block_pool_share(&p, a));
-  TT_OK(tpr_block_pool_share(&p, a));
-  assert_int_equal(tpr_block_pool_refs(&p, a), 3);
-  assert_int_equal(tpr_block_pool_used(&p), 2);
-  TT_OK(tpr_block_pool_give(&p, a));
-  TT_OK(tpr_block_pool_give(&p, a));
-  assert_int_equal(tpr_block_pool_free(&p), 2);  // still held once
-  TT_OK(tpr_block_pool_give(&p, a));
-  assert_int_equal(tpr_block_pool_free(&p), 3);
-  expect_invalid_status(tpr_block_pool_give(&p, a), TPR_ERR_INTERNAL, "not in use");   // double free
-  expect_invalid_status(tpr_block_pool_share(&p, a), TPR_ERR_INTERNAL, "not in use");  // sharing a free block
-  expect_invalid_status(tpr_block_pool_give(&p, 4), TPR_ERR_INTERNAL, "not in use");   // foreign id
-  expect_invalid_status(tpr_block_pool_give(&p, -1), TPR_ERR_INTERNAL, "not in use");
-  assert_int_equal(tpr_block_pool_refs(&p, 9), -1);
-  int32_t c;
-  TT_OK(tpr_block_pool_take(&p, &c));
-  assert_int_equal(c, a);  // the block freed last comes back first
-  tpr_block_pool_destroy(&p);
 }
 
 // One group of 4 (prompt 10, block 4: k = 2 shared blocks) against the same
@@ -844,46 +691,14 @@ static void test_sharing_faults_caught(void **state) {
   }
 }
 
-// Releasing: a finished sequence's results are refused afterwards, an
-// unfinished one cannot be released, ids are never reused.
-static void test_release(void **state) {
-  (void)state;
-  tpr_sched *s;
-  TT_OK(tpr_sched_new(&(tpr_sched_opts){.replicas = 1, .pool_blocks = 8, .block_size = 4, .max_batch = 2,
-                                         .max_tokens = 64, .max_seq = 64},
-                      &s));
-  int32_t p[5] = {1, 2, 3, 4, 5};
-  int64_t a, b, c;
-  TT_OK(tpr_sched_submit(s, p, 5, 1, -1, &a));
-  TT_OK(tpr_sched_submit(s, p, 5, 3, -1, &b));
-  plan_and_apply(s);  // a finishes (max_new 1), b goes on
-  expect_invalid(tpr_sched_release(s, b), "not finished");
-  TT_OK(tpr_sched_release(s, a));
-  tpr_sched_seq_info in;
-  expect_invalid(tpr_sched_seq(s, a, &in), "released");
-  expect_invalid(tpr_sched_release(s, a), "released");
-  expect_invalid(tpr_sched_release(s, 7), "no sequence");
-  TT_OK(tpr_sched_cancel(s, a));  // finished: left as it is
-  TT_OK(tpr_sched_submit(s, p, 5, 1, -1, &c));
-  assert_int_equal(c, 2);  // a's id stays taken
-  while (tpr_sched_unfinished(s) > 0) plan_and_apply(s);
-  TT_OK(tpr_sched_release(s, b));
-  TT_OK(tpr_sched_release(s, c));
-  assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
-  tpr_sched_free(s);
-  printf("release: results refused after, unfinished refused, ids kept increasing (next id %lld)\n", (long long)c);
-}
-
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bad_args),         cmocka_unit_test(test_chunked_prefill),
-      cmocka_unit_test(test_stop_token),       cmocka_unit_test(test_fcfs),
-      cmocka_unit_test(test_preemption),       cmocka_unit_test(test_negative_controls),
-      cmocka_unit_test(test_random_runs),      cmocka_unit_test(test_cancel),
-      cmocka_unit_test(test_random_runs_with_groups), cmocka_unit_test(test_block_pool_refs),
-      cmocka_unit_test(test_sibling_group),    cmocka_unit_test(test_sharing_faults_caught),
-      cmocka_unit_test(test_release),
+      cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_stop_token),
+      cmocka_unit_test(test_fcfs),            cmocka_unit_test(test_preemption),
+      cmocka_unit_test(test_negative_controls), cmocka_unit_test(test_random_runs),
+      cmocka_unit_test(test_random_runs_with_groups), cmocka_unit_test(test_sibling_group),
+      cmocka_unit_test(test_sharing_faults_caught),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
