@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "runtime/progress.h"
+
 bool tpr_cli_sizes_ok(const char *cmd, const char *names, int n, const int64_t *v, int64_t limit) {
   int64_t prod = 1;
   bool ok = true;
@@ -82,6 +84,8 @@ bool tpr_cli_print_json(cJSON *j) {
   free(text);
   return true;
 }
+
+void tpr_cli_progress(int rank) { tpr_progress_enable(rank == 0 && tpr_progress_terminal(), NULL); }
 
 double tpr_cli_now(void) {
   struct timespec ts;

@@ -38,6 +38,9 @@ struct cJSON;
 bool tpr_cli_print_json(struct cJSON *j);
 
 double tpr_cli_now(void);  // monotonic seconds
+// Progress lines (runtime/progress.h) from rank `rank` when it is 0 and its
+// stderr reaches a terminal; stdout, --json included, is never touched.
+void tpr_cli_progress(int rank);
 // The best of 3 sgemm 1024^3 on this process's BLAS threads, GFLOP/s: the
 // rate GEMM work is compared with, measured in the same run.
 double tpr_cli_sgemm_gflops(void);

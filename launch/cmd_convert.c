@@ -41,6 +41,7 @@ int tpr_cmd_convert(int argc, char **argv) {
   if (!tpr_cli_mesh_ok("convert", &m, usage) || !tpr_cli_load_dtype("convert", dtype_name, &dt)) return 2;
   tpr_shard_plan plan = {0};
   tpr_convert_stats st = {0};
+  tpr_cli_progress(0);
   double t0 = tpr_cli_now();
   tpr_status rc = tpr_cli_plan(model, &m, &plan);
   if (rc == TPR_OK) rc = tpr_convert(model, &plan, out, dt, force, &st);

@@ -110,6 +110,7 @@ int tpr_cmd_load(int argc, char **argv) {
   }
   tpr_world w;
   if (tpr_world_init(&argc, &argv, &wo, &w) != TPR_OK) return tpr_world_fail(&w, "load");
+  tpr_cli_progress(w.rank);
   if (m.dp == 0) m.dp = w.mpi && m.tp > 0 && w.size % m.tp == 0 ? w.size / m.tp : 1;
   if (!tpr_cli_mesh_ok("load", &m, usage) || !tpr_cli_load_dtype("load", dtype_name, &dt)) {
     tpr_world_finish(&w);

@@ -42,6 +42,7 @@ int tpr_cmd_make_checkpoint(int argc, char **argv) {
     return 2;
   }
   uint64_t bytes = 0;
+  tpr_cli_progress(0);
   double t0 = tpr_cli_now();
   if (tpr_checkpoint_generate(config, out, (uint64_t)seed, dt, (int)files, &bytes) != TPR_OK) {
     fprintf(stderr, "tpr make-checkpoint: error: %s\n", tpr_last_error());

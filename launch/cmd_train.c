@@ -238,6 +238,7 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_train_state *t = NULL;
   char init_dir[512] = "";
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
+  if (rc == TPR_OK) tpr_cli_progress(w.rank);
   if (rc == TPR_OK && random_init) rc = random_model(&w, config, (uint64_t)seed, init_dir, sizeof init_dir);
   const char *dir = o.resume_dir ? o.resume_dir : model ? model : init_dir;
   // A family with no training program is refused by name before any

@@ -39,7 +39,8 @@ static void usage(FILE *f) {
           "\n'tpr <command> --help' describes a command's options.\n"
           "environment: TPR_LOG_LEVEL=error|warn|info|debug|trace, TPR_NUM_THREADS=N, TPR_COMM_CHECK=1,\n"
           "             TPR_CPU_ISA=portable|avx2|avx512 (cap the vector kernels),\n"
-          "             TPR_WEIGHT_PANELS=1 (bf16/FP8 above 16 rows: widened panels + sgemm)\n");
+          "             TPR_WEIGHT_PANELS=1 (bf16/FP8 above 16 rows: widened panels + sgemm),\n"
+          "             TPR_PROGRESS=0|1 (progress lines off / on; default: on when stderr is a terminal)\n");
 }
 
 int main(int argc, char **argv) {

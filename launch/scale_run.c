@@ -16,6 +16,7 @@
 
 #include "launch/args.h"
 #include "launch/cli_util.h"
+#include "runtime/progress.h"
 #include "scale/results.h"
 #include "scale/stepmodel.h"
 
@@ -450,27 +451,43 @@ int tpr_scale_run(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/results.jsonl", s.out);
   FILE *results = fopen(path, "a");
   if (!results) return fprintf(stderr, "tpr scale run: cannot open %s\n", path), 1;
+  // Every mesh first, so the progress line knows how many points remain.
+  tpr_scale_mesh *meshes = malloc((size_t)nnp * (size_t)(ntp ? ntp : ndp ? ndp : 1) * (size_t)nep * sizeof *meshes);
+  if (!meshes) return fclose(results), fprintf(stderr, "tpr scale run: out of memory\n"), 1;
   int rc = 0, points = 0;
-  for (int a = 0; a < nnp && !rc; a++) {
+  for (int a = 0; a < nnp; a++) {
     int np = nps[a];
-    if (np > 1) comm_rows(&s, np);
-    for (int b = 0; b < (ntp ? ntp : ndp ? ndp : 1) && !rc; b++) {
+    for (int b = 0; b < (ntp ? ntp : ndp ? ndp : 1); b++) {
       int tp = ntp ? tps[b] : ndp ? (np % dps[b] ? 0 : np / dps[b]) : np;
       if (tp < 1 || np % tp) continue;
       int dp = np / tp;
       bool dp_ok = !ndp;
       for (int d = 0; d < ndp; d++) dp_ok |= dps[d] == dp;
       if (!dp_ok) continue;
-      for (int e = 0; e < nep && !rc; e++) {
+      for (int e = 0; e < nep; e++) {
         if (np % eps[e]) continue;
         tpr_scale_mesh m = {.world = np, .tp = tp, .dp = dp, .ep = eps[e]};
         if (tpr_scale_mesh_resolve(&m) != TPR_OK) continue;
         m.fsdp = s.wl == TPR_WL_TRAIN && m.dp > 1;
-        if (!point(&s, &m, results)) rc = 1;
-        points++;
+        meshes[points++] = m;
       }
     }
   }
+  tpr_cli_progress(0);
+  setenv("TPR_PROGRESS", "0", 1);  // the runs it starts write to the log, never a progress line
+  tpr_progress bar;
+  tpr_progress_begin(&bar, "scale run", (uint64_t)points, "points");
+  for (int i = 0; i < points && !rc; i++) {
+    const tpr_scale_mesh *m = &meshes[i];
+    char note[96];
+    snprintf(note, sizeof note, "now np %d tp %d dp %d ep %d", m->world, m->tp, m->dp, m->ep);
+    tpr_progress_update(&bar, (uint64_t)i, note);
+    if (m->world > 1 && (i == 0 || meshes[i - 1].world != m->world)) comm_rows(&s, m->world);
+    tpr_scale_mesh copy = *m;
+    if (!point(&s, &copy, results)) rc = 1;
+  }
+  tpr_progress_end(&bar);
+  free(meshes);
   fclose(results);
   if (!rc && !points) return fprintf(stderr, "tpr scale run: no mesh fits --np, --tp, --dp, --ep\n"), 2;
   if (!rc) printf("%d point(s) appended to %s\n", points, path);

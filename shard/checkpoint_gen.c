@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "runtime/file_io.h"
+#include "runtime/progress.h"
 #include "runtime/rng.h"
 #include "shard/loader_impl.h"
 
@@ -65,6 +66,8 @@ typedef struct gen {
   tpr_dtype base, *dt;  // the requested dtype; each item's (n)
   uint64_t seed, total;
   cJSON *weight_map;
+  tpr_progress bar;  // bytes written
+  uint64_t written;
 } gen;
 
 // Writes items [from, to) as file `name` in dir.
@@ -111,6 +114,8 @@ static tpr_status write_file(gen *g, const char *dir, const char *name, int64_t 
     }
     if (rc == TPR_OK && !cJSON_AddStringToObject(g->weight_map, it->name, name))
       rc = TPR_FAIL(TPR_ERR_OOM, "out of memory");
+    g->written += (uint64_t)it->numel * tpr_dtype_size(dt);  // filled in memory: the file follows at once
+    tpr_progress_update(&g->bar, g->written, NULL);
   }
   if (rc == TPR_OK) rc = tpr_st_write(path, e, (int)ne, (const char *const[]){"format", "pt", NULL});
   for (int64_t i = 0; bufs && i < 2 * m + 1; i++) free(bufs[i]);
@@ -140,6 +145,7 @@ static tpr_status generate(gen *g, const char *dir, int n_files, const char *cfg
     g->total += (uint64_t)g->items[i].numel * tpr_dtype_size(g->dt[i]);
   }
   if (n_files > g->n) n_files = (int)g->n;
+  tpr_progress_begin(&g->bar, "writing checkpoint", g->total, NULL);
   uint64_t done = 0;
   int64_t from = 0;
   for (int f = 0; f < n_files; f++) {
@@ -153,9 +159,11 @@ static tpr_status generate(gen *g, const char *dir, int n_files, const char *cfg
     }
     char name[64];
     snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, n_files);
-    TPR_CHECK(write_file(g, dir, name, from, to));
+    tpr_status rc = write_file(g, dir, name, from, to);
+    if (rc != TPR_OK) return tpr_progress_end(&g->bar), rc;
     from = to;
   }
+  tpr_progress_end(&g->bar);
   cJSON *idx = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(idx, "metadata");
   cJSON_AddNumberToObject(meta, "total_size", (double)g->total);
   cJSON_AddItemReferenceToObject(idx, "weight_map", g->weight_map);

@@ -16,6 +16,7 @@
 #include "manifest.pb-c.h"
 #include "runtime/file_io.h"
 #include "runtime/log.h"
+#include "runtime/progress.h"
 #include "shard/loader_impl.h"
 
 // What a converted directory holds, and nothing else may be removed from one.
@@ -292,10 +293,16 @@ tpr_status tpr_convert(const char *src, const tpr_shard_plan *p, const char *out
   bool *moe = NULL;
   tpr_status rc = shards ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "out of memory");
   for (int r = 0; shards && r < p->world; r++) tpr_manifest__shard__init(&shards[r]);
+  // One line for the ranks; each rank's load draws its own while it reads.
+  tpr_progress bar;
+  tpr_progress_begin(&bar, "converting", (uint64_t)p->world, "ranks");
   for (int r = 0; rc == TPR_OK && r < p->world; r++) {  // one rank's buffers in memory at a time
-    TPR_CHECK_GOTO(convert_rank(src, p, r, tmp, dt, &shards[r], &moe, stats), rc, done);
-    TPR_LOG_INF("convert: wrote rank %d of %d", r, p->world);
+    rc = convert_rank(src, p, r, tmp, dt, &shards[r], &moe, stats);
+    if (rc == TPR_OK) TPR_LOG_INF("convert: wrote rank %d of %d", r, p->world);
+    tpr_progress_update(&bar, (uint64_t)r + 1, NULL);
   }
+  tpr_progress_end(&bar);
+  if (rc != TPR_OK) goto done;
   TPR_CHECK_GOTO(write_manifest(src, p, tmp, dt, moe, shards, stats), rc, done);
   TPR_CHECK_GOTO(tpr_dir_sync(tmp), rc, done);
   TPR_CHECK_GOTO(tpr_dir_publish(tmp, out, force, is_converted_dir, converted_file, "convert"), rc, done);

@@ -12,6 +12,7 @@
 
 #include "runtime/file_io.h"
 #include "runtime/host_mem.h"
+#include "runtime/progress.h"
 #include "shard/loader_impl.h"
 
 // A rank file without manifest.pb beside it is what an interrupted convert
@@ -259,24 +260,31 @@ tpr_status tpr_loader_load_all_as(tpr_loader *l, tpr_dtype dt, const tpr_dtype *
                   (unsigned long long)off);
     goto fail;
   }
+  tpr_progress bar;
+  tpr_progress_begin(&bar, "loading weights", off, NULL);
   for (int64_t i = 0; i < n; i++) {
+    tpr_progress_update(&bar, w.offset[i], NULL);
     const tpr_load_item *it = &l->items[i];
     int block = kind_block && w.dtype[i] == TPR_F8E4M3 ? kind_block[it->kind] : 0;
     if (block <= 0) {
-      TPR_CHECK_GOTO(tpr_loader_read(l, it, w.dtype[i], w.arena + w.offset[i], &w.bytes_read), rc, fail);
+      TPR_CHECK_GOTO(tpr_loader_read(l, it, w.dtype[i], w.arena + w.offset[i], &w.bytes_read), rc, fail_bar);
       continue;
     }
     const int64_t *rs = l->plan->tensors[it->kind].rank_shape, nsc = rs[0] * ((rs[1] + block - 1) / block);
     if (!(w.scales[i] = malloc((size_t)(nsc + 1) * sizeof *w.scales[i]))) {
       rc = TPR_FAIL(TPR_ERR_OOM, "rank %d: scales of %s", l->mesh.world_rank, it->name);
-      goto fail;
+      goto fail_bar;
     }
     w.block[i] = block;
     w.bytes_held += (uint64_t)nsc * sizeof(float);
-    TPR_CHECK_GOTO(tpr_loader_read_fp8(l, it, block, w.arena + w.offset[i], w.scales[i], &w.bytes_read), rc, fail);
+    TPR_CHECK_GOTO(tpr_loader_read_fp8(l, it, block, w.arena + w.offset[i], w.scales[i], &w.bytes_read), rc,
+                   fail_bar);
   }
+  tpr_progress_end(&bar);
   *out = w;
   return TPR_OK;
+fail_bar:
+  tpr_progress_end(&bar);
 fail:
   tpr_rank_weights_free(&w);
   return rc;

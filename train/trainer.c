@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/progress.h"
 #include "shard/safetensors.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -35,6 +36,7 @@ typedef struct loop {
   int n_params;
   int32_t *inputs, *targets;  // (seq_len)
   const tpr_mesh *mesh;
+  tpr_progress bar;   // rank 0's progress line (drawn only on a terminal)
 } loop;
 
 // The rank's sequences of one step: micro-steps x rows, each a forward +
@@ -202,6 +204,7 @@ static tpr_status evaluate(loop *l, int64_t step, FILE *out) {
                              l->eval_nw, score_window, l, &r));
   double loss = r.ce_sum / (double)r.tokens, dt = now_s() - t0;
   if (l->mesh->world_rank != 0) return TPR_OK;
+  tpr_progress_clear(&l->bar);
   if (l->o->json)
     fprintf(out, "{\"eval\":{\"step\":%lld,\"loss\":%.9g,\"perplexity\":%.6g,\"windows\":%lld,\"tokens\":%lld,"
             "\"seconds\":%.3f}}\n", (long long)step, loss, exp(loss), (long long)r.windows, (long long)r.tokens, dt);
@@ -259,16 +262,27 @@ tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_o
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(t, o->resume_dir, l.adam, &first));
   if (rc == TPR_OK) rc = report_memory(&l, out);
   int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+  if (l.mesh->world_rank == 0) {  // the other ranks' bars stay zeroed: off
+    tpr_progress_begin(&l.bar, "training", (uint64_t)last, "steps");
+    tpr_progress_update(&l.bar, (uint64_t)first, NULL);
+  }
   for (int64_t step = first; rc == TPR_OK && step < last; step++) {
     tpr_train_step_report r = {0};
     rc = step_once(&l, step, &r);
-    if (rc == TPR_OK && l.mesh->world_rank == 0) report(o, &r, out);
+    if (rc == TPR_OK && l.mesh->world_rank == 0) {
+      tpr_progress_clear(&l.bar);
+      report(o, &r, out);
+      char note[96];
+      snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", r.loss, r.tokens_per_s);
+      tpr_progress_update(&l.bar, (uint64_t)(step + 1), note);
+    }
     if (rc == TPR_OK) summarize(summary, &r, first);
     bool eval = l.eval && (step + 1 == last || (o->eval_every > 0 && (step + 1) % o->eval_every == 0));
     if (rc == TPR_OK && eval) rc = evaluate(&l, step + 1, out);
     bool save = o->save_dir && (step + 1 == last || (o->save_every > 0 && (step + 1) % o->save_every == 0));
     if (rc == TPR_OK && save) rc = tpr_train_checkpoint_save(t, world, o->save_dir, step + 1, o, l.adam);
   }
+  tpr_progress_end(&l.bar);
   for (int i = 0; l.adam && i < l.n_params; i++) tpr_adamw_state_free(&l.adam[i]);
   free(l.adam), free(l.inputs), free(l.targets);
   tpr_data_free(l.data);

@@ -33,7 +33,6 @@ typedef struct tpr_train_opts {
   const char *eval_data;
   int64_t eval_every, eval_windows;
   bool json;                // one JSON line per step on rank 0
-  bool progress;            // a progress line on stderr (rank 0, a terminal)
 } tpr_train_opts;
 
 typedef struct tpr_train_step_report {
