@@ -64,10 +64,17 @@ tpr_status tpr_train_write_full(tpr_train_state *t, bool grads, const char *path
   return rc;
 }
 
-
 void tpr__train_rank_file(int rank, int world, char *buf, size_t n) {
   snprintf(buf, n, "optim-rank-%05d-of-%05d.safetensors", rank, world);
 }
+
+// What a checkpoint carries from the model it was trained from besides its
+// weights: the config (required), and the files that make the directory a
+// model `tpr run` / `tpr serve` / transformers can use on its own (the
+// tokenizer, its chat template, the generation defaults) when the source
+// has them.
+static const char *const carried_files[] = {"config.json",          "tokenizer.json",      "tokenizer_config.json",
+                                            "special_tokens_map.json", "chat_template.jinja", "generation_config.json"};
 
 // What a training checkpoint holds (nothing else is removed with an old one),
 // and the writer's partial "<file>.tmp.<pid>" that a rank killed while
@@ -82,7 +89,9 @@ static bool our_file(const char *name) {
     name = base, n = strlen(base);
   }
   int r, w, end = 0;
-  return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") || !strcmp(name, "trainer_state.json") ||
+  for (size_t i = 0; i < sizeof carried_files / sizeof carried_files[0]; i++)
+    if (!strcmp(name, carried_files[i])) return true;
+  return !strcmp(name, "model.safetensors") || !strcmp(name, "trainer_state.json") ||
          (sscanf(name, "optim-rank-%5d-of-%5d.safetensors%n", &r, &w, &end) == 2 && (size_t)end == n);
 }
 
@@ -117,13 +126,17 @@ static tpr_status write_state(const char *tmp, const tpr_session *s, int64_t ste
   return rc;
 }
 
-static tpr_status copy_config(const tpr_session *s, const char *tmp) {
-  char *src = tpr_path_join(tpr_session_model_dir(s), "config.json"), *dst = tpr_path_join(tmp, "config.json");
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  tpr_status rc = src && dst ? tpr_file_read(src, &bytes, &len) : TPR_FAIL(TPR_ERR_OOM, "config");
-  if (rc == TPR_OK) rc = tpr_file_create_synced(dst, bytes, len);
-  free(src), free(dst), free(bytes);
+static tpr_status copy_model_files(const tpr_session *s, const char *tmp) {
+  tpr_status rc = TPR_OK;
+  for (size_t i = 0; rc == TPR_OK && i < sizeof carried_files / sizeof carried_files[0]; i++) {
+    char *src = tpr_path_join(tpr_session_model_dir(s), carried_files[i]), *dst = tpr_path_join(tmp, carried_files[i]);
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    if (!src || !dst) rc = TPR_FAIL(TPR_ERR_OOM, "checkpoint");
+    else if (i == 0 || access(src, F_OK) == 0) rc = tpr_file_read(src, &bytes, &len);
+    if (rc == TPR_OK && bytes) rc = tpr_file_create_synced(dst, bytes, len);
+    free(src), free(dst), free(bytes);
+  }
   return rc;
 }
 
@@ -216,7 +229,7 @@ tpr_status tpr_train_checkpoint_save(tpr_train_state *t, tpr_comm_t world, const
   if (rc == TPR_OK) {
     char *model = tpr_path_join(tmp, "model.safetensors");
     tpr_status mine = model ? tpr_train_write_full(t, false, model) : TPR_FAIL(TPR_ERR_OOM, "path");
-    if (mine == TPR_OK && root) mine = copy_config(s, tmp);
+    if (mine == TPR_OK && root) mine = copy_model_files(s, tmp);
     if (mine == TPR_OK && root) mine = write_state(tmp, s, step, o);  // written last: it marks a whole checkpoint
     if (mine == TPR_OK && root) mine = tpr_dir_sync(tmp);
     if (mine == TPR_OK && root) mine = publish(tmp, dir);
