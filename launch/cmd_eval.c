@@ -17,7 +17,7 @@
 #include "launch/commands.h"
 #include "launch/model_cli.h"
 #include "train/eval_windows.h"
-#include "train/npy.h"
+#include "train/tokens.h"
 
 // -log softmax(logits)[target] of one position, in double.
 static double token_ce(const float *logits, int64_t V, int32_t target) {
@@ -44,7 +44,7 @@ static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double 
   return TPR_OK;
 }
 
-static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_npy *data, int64_t T, int64_t nw,
+static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_tokens *data, int64_t T, int64_t nw,
                                tpr_eval_result *res) {
   const tpr_shard_plan *pl = tpr_session_plan(s);
   session_scorer c = {.s = s, .T = T, .V = tpr_session_config(s)->vocab_size};
@@ -66,7 +66,9 @@ int tpr_cmd_eval(int argc, char **argv) {
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
-      {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
+      {"data", TPR_ARG_STR, &data,
+       "tokens: .npy files of u16, u32, i32 or i64 ids, a glob (sorted), a token-shard index PREFIX.json[:train|:val] "
+       "(default its val split), or a comma-separated list of these, concatenated in order"},
       {"seq-len", TPR_ARG_SIZE, &T, "tokens per window, as `tpr train --seq-len` (default 256)"},
       {"windows", TPR_ARG_SIZE, &max_windows, "score only the first N windows (default: all whole windows)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
@@ -74,7 +76,7 @@ int tpr_cmd_eval(int argc, char **argv) {
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
   };
-  const char *usage = "usage: [mpirun -np N] tpr eval --model DIR --data TOKENS.npy [--seq-len T] [--windows N]\n"
+  const char *usage = "usage: [mpirun -np N] tpr eval --model DIR --data DATA [--seq-len T] [--windows N]\n"
                       "       [--tp T --dp D --ep E --etp F] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
@@ -84,14 +86,15 @@ int tpr_cmd_eval(int argc, char **argv) {
   }
   tpr_world w;
   tpr_session *s = NULL;
-  tpr_npy *tokens = NULL;
+  tpr_tokens *tokens = NULL;
+  tpr_tokens_opts to = {.split = "val"};
   tpr_eval_result res = {0};
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   int64_t nw = 0;
-  if (rc == TPR_OK) rc = tpr_npy_open(data, &tokens);
-  if (rc == TPR_OK) rc = tpr_eval_window_count(tokens, data, T, max_windows, &nw);
+  if (rc == TPR_OK) rc = tpr_tokens_open(data, &to, &tokens);
+  if (rc == TPR_OK) rc = tpr_eval_window_count(tokens, T, max_windows, &nw);
   if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, T, &dbg, &s);
-  if (rc == TPR_OK) rc = tpr_npy_check_range(tokens, tpr_session_config(s)->vocab_size);
+  if (rc == TPR_OK) rc = tpr_tokens_check_range(tokens, tpr_session_config(s)->vocab_size);
   double t0 = tpr_cli_now();
   if (rc == TPR_OK) rc = eval_windows(&w, s, tokens, T, nw, &res);
   double seconds = tpr_cli_now() - t0;
@@ -109,7 +112,7 @@ int tpr_cmd_eval(int argc, char **argv) {
              pl->dp, pl->ep, seconds);
   }
   tpr_session_close(s);
-  tpr_npy_close(tokens);
+  tpr_tokens_close(tokens);
   if (rc != TPR_OK) return tpr_world_fail(&w, "eval");
   tpr_world_finish(&w);
   return 0;

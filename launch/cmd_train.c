@@ -19,11 +19,14 @@
 #include "train/trainer.h"
 
 static const char *usage =
-    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data TOKENS.npy\n"
+    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data DATA [--sft]\n"
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
-    "         [--resume DIR] [--positions-3d FILE] [--eval-data TOKENS.npy [--eval-every N]] [--json]";
+    "         [--resume DIR] [--positions-3d FILE] [--eval-data DATA [--eval-every N]] [--json]\n"
+    "DATA: X.npy, a glob pattern ('dir/*.npy', sorted; .mask.npy/.docs.npy skipped), PREFIX.json (a tpr data\n"
+    "prepare index: its train split, for --eval-data its val split; PREFIX.json:train / :val to choose), or a\n"
+    "comma-separated list of these, concatenated in order";
 
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
@@ -111,7 +114,13 @@ int tpr_cmd_train(int argc, char **argv) {
       {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
       {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
       {"random-init", TPR_ARG_FLAG, &random_init, "start from random weights (N(0, 0.02^2); norms near 1)"},
-      {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
+      {"data", TPR_ARG_STR, &data,
+       "training tokens (DATA below): .npy files of u16, u32, i32 or i64 ids, a glob, a token-shard index "
+       "PREFIX.json[:train|:val] (default its train split), or a comma-separated list, concatenated in order"},
+      {"sft", TPR_ARG_FLAG, &o.sft,
+       "supervised fine-tuning: learn only targets whose token has loss mask 1 (X.mask.npy beside X.npy, or the "
+       "index's mask_file), others -100; a step's loss is its learned tokens' summed loss / their count over all "
+       "micro-batches and replicas (transformers' Trainer)"},
       {"data-order", TPR_ARG_STR, &order,
        "random (a seeded permutation of windows per epoch, default) | sequential; --resume: the checkpoint's"},
       {"seq-len", TPR_ARG_SIZE, &o.seq_len, "tokens per sequence (default 256)"},
@@ -135,8 +144,9 @@ int tpr_cmd_train(int argc, char **argv) {
       {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same tp, ep, etp; dp may change)"},
       {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
       {"eval-data", TPR_ARG_STR, &o.eval_data,
-       "validation tokens (.npy): the mean cross-entropy over their --seq-len windows, as tpr eval scores them, "
-       "after the last step and every --eval-every steps"},
+       "validation tokens (DATA; an index's val split by default): the mean cross-entropy over their --seq-len "
+       "windows, every token (no loss mask), as tpr eval scores them, after the last step and every --eval-every "
+       "steps"},
       {"eval-every", TPR_ARG_INT, &o.eval_every, "with --eval-data: also validate after every N steps (default 0: "
        "only after the last)"},
       {"eval-windows", TPR_ARG_SIZE, &o.eval_windows, "with --eval-data: at most N windows (default: all)"},
