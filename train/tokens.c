@@ -152,8 +152,9 @@ static tpr_status add_split(tpr_tokens *t, const char *index, const cJSON *root,
     return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"format\" is %s, want \"tpr-token-shards\"", index,
                     cJSON_IsString(f) ? f->valuestring : "missing or not a string");
   if (!cJSON_IsNumber(ver) || ver->valuedouble != 1)
-    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"version\" %s is not supported (want 1)", index,
-                    cJSON_IsNumber(ver) ? "other than 1" : "missing or not a number");
+    return cJSON_IsNumber(ver) ? TPR_FAIL(TPR_ERR_FORMAT, "%s: \"version\" %g is not supported (want 1)", index,
+                                          ver->valuedouble)
+                               : TPR_FAIL(TPR_ERR_FORMAT, "%s: \"version\" is missing or not a number", index);
   const char *descr = NULL;
   if (cJSON_IsString(dt) && !strcmp(dt->valuestring, "uint16")) descr = "<u2";
   else if (cJSON_IsString(dt) && !strcmp(dt->valuestring, "uint32")) descr = "<u4";
@@ -176,7 +177,11 @@ static tpr_status add_split(tpr_tokens *t, const char *index, const cJSON *root,
       rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: shard %d has no \"mask_file\" (an index without \"chat\" has no loss "
                     "masks), and --sft needs them", index, i);
     if (rc == TPR_OK && t->masks) rc = index_file(index, key(e, "mask_file"), "mask_file", i, &mask);
-    if (rc == TPR_OK) rc = add_file(t, tok, mask, descr, (int64_t)n->valuedouble);
+    if (rc == TPR_OK && (rc = add_file(t, tok, mask, descr, (int64_t)n->valuedouble)) != TPR_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tpr_last_error());
+      rc = TPR_FAIL(rc, "%s (shard %d of split \"%s\" of %s)", why, i, split, index);
+    }
     free(tok), free(mask);
     TPR_CHECK(rc);
   }
@@ -193,6 +198,12 @@ static tpr_status add_index(tpr_tokens *t, const char *item, const char *split) 
   char *colon = strrchr(path, ':');
   if (colon && ends_with(path, ":train")) *colon = 0, split = "train";
   else if (colon && ends_with(path, ":val")) *colon = 0, split = "val";
+  else if (!ends_with(path, ".json")) {
+    tpr_status rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "data '%s': unknown split '%s' (want PREFIX.json, PREFIX.json:train "
+                             "or PREFIX.json:val)", item, colon ? colon + 1 : "");
+    free(path);
+    return rc;
+  }
   uint8_t *bytes = NULL;
   size_t len = 0;
   tpr_status rc = tpr_file_read(path, &bytes, &len);
@@ -210,8 +221,7 @@ static tpr_status add_index(tpr_tokens *t, const char *item, const char *split) 
 
 static tpr_status add_item(tpr_tokens *t, const char *item, const char *split) {
   if (!*item) return TPR_FAIL(TPR_ERR_INVALID_ARG, "data '%s': an empty item in the list", t->spec);
-  if (ends_with(item, ".json") || ends_with(item, ".json:train") || ends_with(item, ".json:val"))
-    return add_index(t, item, split);
+  if (ends_with(item, ".json") || strstr(item, ".json:")) return add_index(t, item, split);
   if (strpbrk(item, "*?[")) return add_glob(t, item);
   return add_npy(t, item);
 }

@@ -61,19 +61,24 @@ static tpr_status step_kept(loop *l, int64_t step, int64_t *n) {
 }
 
 // The rank's sequences of one step: micro-steps x rows, each a forward +
-// backward of its mean loss over its learned targets, accumulated with a
-// weight w. tpr_train_reduce_grads then takes the mean over the dp replicas.
-//   Without --sft every target is learned: w = 1 / (accum * micro_batch),
-//   the mean over the step's sequences.
+// backward of its mean loss over its learned targets, accumulated; the
+// gradient then becomes the mean over the dp replicas
+// (tpr_train_reduce_grads, or FSDP's reduce-scatter inside the program).
+//   Without --sft every target is learned: each sequence's gradient is
+//   accumulated with weight 1 / (accum * micro_batch), the mean over the
+//   step's sequences.
 //   With --sft, transformers' Trainer (with num_items_in_batch, and
 //   average_tokens_across_devices across replicas): the step's loss is the
 //   sum of the token losses of all its sequences on all replicas divided by
 //   N, the step's learned targets (step_kept). A sequence with n learned
-//   targets gets w = dp * n / N (dp: undoing the replica mean), so
-//   micro-batches and replicas with fewer learned tokens weigh less, and a
-//   sequence with none weighs 0 (its mean loss is 0, never NaN); a step with
-//   N = 0 has a zero gradient (transformers would divide 0 by 0). The
-//   weight scales the sequence's whole loss, its MoE aux term included.
+//   targets scales its loss by s = dp * n / N (dp: undoing the replica
+//   mean), so micro-batches and replicas with fewer learned tokens weigh
+//   less and a sequence with none weighs 0 (its mean loss is 0, never NaN);
+//   a step with N = 0 has a zero gradient (transformers would divide 0 by
+//   0). s differs between replicas, so it seeds the backward
+//   (tpr_train_sequence_scaled), before FSDP mixes the replicas' gradients.
+//   It scales the sequence's whole loss, the MoE aux term included.
+// The reported losses are weighted alike (s, or 1 / (accum * micro_batch)).
 static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
   const tpr_train_opts *o = l->o;
   double w = 1.0 / (double)(o->grad_accum * o->micro_batch);
@@ -84,9 +89,12 @@ static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
     for (int64_t b = 0; b < o->micro_batch; b++) {
       tpr_losses one;
       TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
-      if (o->sft)
+      if (o->sft) {
         w = n_step ? (double)l->mesh->dp * (double)kept(l->targets, o->seq_len) / (double)n_step : 0.0;
-      TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
+        TPR_CHECK(tpr_train_sequence_scaled(l->t, l->inputs, l->targets, w, 1.0, &one));
+      } else {
+        TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
+      }
       sum->loss += w * one.loss, sum->ce += w * one.ce, sum->aux += w * one.aux;
     }
   return TPR_OK;
