@@ -58,7 +58,8 @@ static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_tokens *d
 }
 
 int tpr_cmd_eval(int argc, char **argv) {
-  const char *model = NULL, *data = NULL;
+  const char *model = NULL;
+  tpr_arg_list data_list = {0};  // repeatable: joined into one comma list
   int64_t T = 256, max_windows = 0;
   bool json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
@@ -66,9 +67,9 @@ int tpr_cmd_eval(int argc, char **argv) {
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
-      {"data", TPR_ARG_STR, &data,
+      {"data", TPR_ARG_STR_LIST, &data_list,
        "tokens: .npy files of u16, u32, i32 or i64 ids, a glob (sorted), a token-shard index PREFIX.json[:train|:val] "
-       "(default its val split), or a comma-separated list of these, concatenated in order"},
+       "(default its val split), or a comma-separated list of these; repeatable; all concatenated in order"},
       {"seq-len", TPR_ARG_SIZE, &T, "tokens per window, as `tpr train --seq-len` (default 256)"},
       {"windows", TPR_ARG_SIZE, &max_windows, "score only the first N windows (default: all whole windows)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
@@ -80,9 +81,14 @@ int tpr_cmd_eval(int argc, char **argv) {
                       "       [--tp T --dp D --ep E --etp F] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
-  if (!model || !data || T < 1 || max_windows < 0) {
+  if (!model || !data_list.n || T < 1 || max_windows < 0) {
     fprintf(stderr, "tpr eval: --model and --data are required, --seq-len >= 1, --windows >= 0\n%s\n", usage);
     return 2;
+  }
+  char *data = tpr_cli_join_data(&data_list);
+  if (!data) {
+    fprintf(stderr, "tpr eval: out of memory\n");
+    return 1;
   }
   tpr_world w;
   tpr_session *s = NULL;
@@ -113,6 +119,7 @@ int tpr_cmd_eval(int argc, char **argv) {
   }
   tpr_session_close(s);
   tpr_tokens_close(tokens);
+  free(data);
   if (rc != TPR_OK) return tpr_world_fail(&w, "eval");
   tpr_world_finish(&w);
   return 0;

@@ -8,7 +8,7 @@
 // per-micro-batch mean rule, recorded by the generator, lies far outside the
 // bounds. Also: the shards, a comma list of them and a glob train exactly
 // as their concatenation in one file (bit for bit, with and without
-// --sft); the index's val split is what `tpr eval` and --eval-data score
+// --sft), and so does --data given twice; the index's val split is what `tpr eval` and --eval-data score
 // by default; refusals (--sft without masks, a glob with no match).
 #include "test_util.h"
 #include "cli_util.h"
@@ -149,8 +149,15 @@ static void test_shards_equal_concat(void **state) {
       tt_run_done(&r);
       if (k) assert_memory_equal(got, want, sizeof got);
     }
-    printf("  %s: %d random-order steps on the shards, the index, a list and a glob = the concatenated file "
-           "bit for bit (losses %.9g .. %.9g)\n", sft ? "--sft" : "no mask", STEPS, want[0], want[STEPS - 1]);
+    // --data given twice: the same list.
+    const char *const *twice = sft ? ARGS("--data", FIX "/data.train.00001.npy", "--sft", "--seed", "3", "--lr", "1e-2")
+                                   : ARGS("--data", FIX "/data.train.00001.npy", "--seed", "3", "--lr", "1e-2");
+    run_result r = train(1, FIX "/data.train.00000.npy", STEPS, twice, got, NULL);
+    if (r.code != 0) fail_msg("tpr train --data A --data B: exit %d\n%s", r.code, r.err);
+    tt_run_done(&r);
+    assert_memory_equal(got, want, sizeof got);
+    printf("  %s: %d random-order steps on the shards: the index, a list, --data twice and a glob = the "
+           "concatenated file bit for bit (losses %.9g .. %.9g)\n", sft ? "--sft" : "no mask", STEPS, want[0], want[STEPS - 1]);
     assert_true(want[0] != want[STEPS - 1]);  // it trains
   }
 }
