@@ -1,10 +1,11 @@
-// `tpr train --sft` against transformers' Trainer (tests/fixtures/sft_train,
+// `tpr train --sft` against transformers' Trainer (tests/fixtures/sft_train
+// on the dense Qwen2-VL text decoder, sft_train_qwen3 on Qwen3-MoE;
 // scripts/reference/make_sft_train_fixture.py): a token-shard index with
 // loss masks, one optimizer step of 4 windows whose learned targets number
 // 11, 0, 3 and 9. Step 0's loss (1e-5 relative), gradient norm (1e-5) and
 // gradients (1e-4, max|d| / max|g| per tensor) equal PyTorch's
 // num_items_in_batch rule on every arrangement of the 4 windows: 2 micro-
-// batches x 2 rows, 2 replicas (FSDP and plain dp), tp 2. Control: the
+// batches x 2 rows, 2 replicas (FSDP, dp x ep for the MoE, plain dp), tp 2. Control: the
 // per-micro-batch mean rule, recorded by the generator, lies far outside the
 // bounds. Also: the shards, a comma list of them and a glob train exactly
 // as their concatenation in one file (bit for bit, with and without
@@ -26,6 +27,8 @@
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define FIX TPR_FIXTURES "/sft_train"
 #define MODEL TPR_FIXTURES "/qwen2_vl_tiny"
+#define FIX_MOE TPR_FIXTURES "/sft_train_qwen3"
+#define MODEL_MOE TPR_FIXTURES "/qwen3_moe_tiny"
 
 static char tpr_path[4096];
 static char tmp_dir[] = "/tmp/tpr_test_train_sft_XXXXXX";
@@ -40,10 +43,11 @@ static double meta_num(const char *a, const char *b) {
 
 // `tpr train --json` at np ranks on `data` with `extra`: the steps' losses
 // and gradient norms (steps of each); returns the run (the caller frees).
-static run_result train(int np, const char *data, int steps, const char *const *extra, double *loss, double *norm) {
+static run_result train_model(int np, const char *model, const char *data, int steps, const char *const *extra,
+                              double *loss, double *norm) {
   char st[16];
   snprintf(st, sizeof st, "%d", steps);
-  const char *args[48] = {"train", "--model", MODEL, "--data", data, "--seq-len", "16", "--steps", st, "--json"};
+  const char *args[48] = {"train", "--model", model, "--data", data, "--seq-len", "16", "--steps", st, "--json"};
   int n = 10;
   for (int i = 0; extra[i]; i++) args[n++] = extra[i];
   args[n] = NULL;
@@ -65,29 +69,36 @@ static run_result train(int np, const char *data, int steps, const char *const *
   return r;
 }
 
+static run_result train(int np, const char *data, int steps, const char *const *extra, double *loss, double *norm) {
+  return train_model(np, MODEL, data, steps, extra, loss, norm);
+}
+
 static double rel(double a, double b) { return fabs(a - b) / fabs(b); }
 
-static void test_step0_matches_trainer(void **state) {
-  (void)state;
-  const struct {
-    int np;
-    const char *const *mesh;
-  } cases[] = {
-      {1, ARGS("--micro-batch", "2", "--grad-accum", "2")},
-      {2, ARGS("--dp", "2", "--micro-batch", "1", "--grad-accum", "2")},  // FSDP (the dp default)
-      {2, ARGS("--dp", "2", "--no-fsdp", "--micro-batch", "2", "--grad-accum", "1")},
-      {2, ARGS("--tp", "2", "--micro-batch", "2", "--grad-accum", "2")},
-  };
-  double want_loss = meta_num("step0_loss", NULL), want_norm = meta_num("step0_grad_norm", NULL);
-  const char *ref = FIX "/step0_grads.safetensors", *control = FIX "/control_grads.safetensors";
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+typedef struct mesh_case {
+  int np;
+  const char *const *mesh;
+} mesh_case;
+
+// Step 0 of `tpr train --sft` on fixture dir `fix` (meta m) with model
+// `model` on each mesh case, against PyTorch's loss, norm and gradients;
+// the fixture's control must lie far outside the bounds.
+static void check_step0(const char *fix, const char *model, const cJSON *m, const mesh_case *cases, int n_cases,
+                        const char *const *extra_all) {
+  double want_loss = tt_json_num(m, "step0_loss"), want_norm = tt_json_num(m, "step0_grad_norm");
+  char ref[4300], control[4300], data[4300];
+  snprintf(ref, sizeof ref, "%s/step0_grads.safetensors", fix);
+  snprintf(control, sizeof control, "%s/control_grads.safetensors", fix);
+  snprintf(data, sizeof data, "%s/data.json", fix);
+  for (int i = 0; i < n_cases; i++) {
     const char *dump = tt_path(tmp_dir, "grads.safetensors");
-    const char *extra[24] = {"--sft", "--data-order", "sequential", "--dump-grads", dump};
+    const char *extra[32] = {"--sft", "--data-order", "sequential", "--dump-grads", dump};
     int n = 5;
     for (int k = 0; cases[i].mesh[k]; k++) extra[n++] = cases[i].mesh[k];
+    for (int k = 0; extra_all[k]; k++) extra[n++] = extra_all[k];
     extra[n] = NULL;
     double loss, norm;
-    run_result r = train(cases[i].np, FIX "/data.json", 1, extra, &loss, &norm);
+    run_result r = train_model(cases[i].np, model, data, 1, extra, &loss, &norm);
     if (r.code != 0) fail_msg("tpr train --sft (np %d): exit %d\n%s", cases[i].np, r.code, r.err);
     tt_run_done(&r);
     const char *worst;
@@ -102,10 +113,41 @@ static void test_step0_matches_trainer(void **state) {
   }
   // The control: per-micro-batch means are far outside every bound.
   const char *worst;
+  const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "control");
   double cg = th_compare_files(control, ref, 4, &worst);
-  double cl = rel(meta_num("control", "loss"), want_loss), cn = rel(meta_num("control", "grad_norm"), want_norm);
+  double cl = rel(tt_json_num(c, "loss"), want_loss), cn = rel(tt_json_num(c, "grad_norm"), want_norm);
   printf("  control (per-micro-batch mean): loss rel %.2e, |g| rel %.2e, gradient %.2e (%s)\n", cl, cn, cg, worst);
   assert_true(cl > 10 * TH_LOSS_BOUND && cn > 10 * TH_LOSS_BOUND && cg > 100 * TH_GRAD_BOUND);
+}
+
+// The dense Qwen2-VL text decoder: micro-batches, replicas (FSDP and plain), tp.
+static void test_step0_matches_trainer(void **state) {
+  (void)state;
+  const mesh_case cases[] = {
+      {1, ARGS("--micro-batch", "2", "--grad-accum", "2")},
+      {2, ARGS("--dp", "2", "--micro-batch", "1", "--grad-accum", "2")},  // FSDP (the dp default)
+      {2, ARGS("--dp", "2", "--no-fsdp", "--micro-batch", "2", "--grad-accum", "1")},
+      {2, ARGS("--tp", "2", "--micro-batch", "2", "--grad-accum", "2")},
+  };
+  check_step0(FIX, MODEL, meta, cases, 4, ARGS("--aux-coef", "0"));
+}
+
+// Qwen3-MoE (aux loss off, as Trainer runs it by default): experts under
+// dp x ep with the all-to-all dispatch and FSDP, plain dp, and tp.
+static void test_step0_moe(void **state) {
+  (void)state;
+  char *text = tt_slurp(FIX_MOE "/meta.json", NULL);
+  cJSON *m = cJSON_Parse(text);
+  free(text);
+  assert_non_null(m);
+  const mesh_case cases[] = {
+      {1, ARGS("--micro-batch", "2", "--grad-accum", "2")},
+      {2, ARGS("--dp", "2", "--ep", "2", "--micro-batch", "1", "--grad-accum", "2")},
+      {2, ARGS("--dp", "2", "--no-fsdp", "--micro-batch", "2", "--grad-accum", "1")},
+      {2, ARGS("--tp", "2", "--micro-batch", "2", "--grad-accum", "2")},
+  };
+  check_step0(FIX_MOE, MODEL_MOE, m, cases, 4, ARGS("--aux-coef", "0"));
+  cJSON_Delete(m);
 }
 
 // The train split's two shards written as one file (tokens and mask).
@@ -244,6 +286,7 @@ int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_step0_matches_trainer),
+      cmocka_unit_test(test_step0_moe),
       cmocka_unit_test(test_shards_equal_concat),
       cmocka_unit_test(test_val_split),
       cmocka_unit_test(test_refusals),

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Writes the supervised fine-tuning golden fixture (tests/fixtures/sft_train):
-a token-shard index in the format of `tpr data prepare` (docs/training.md)
-with loss masks, and what transformers' Trainer makes of one optimizer step
-on it: the loss and the gradient of transformers' own
-Qwen2VLForConditionalGeneration (its text decoder, text positions) started
-from the committed tiny checkpoint (tests/fixtures/qwen2_vl_tiny), in f32 on
-CPU.
+"""Writes the supervised fine-tuning golden fixtures (tests/fixtures/sft_train,
+tests/fixtures/sft_train_qwen3): a token-shard index in the format of `tpr
+data prepare` (docs/training.md) with loss masks, and what transformers'
+Trainer makes of one optimizer step on it: the loss and the gradient of
+transformers' own class started from a committed tiny checkpoint, in f32 on
+CPU. --family qwen2_vl (the default): Qwen2VLForConditionalGeneration's text
+decoder (text positions) on tests/fixtures/qwen2_vl_tiny, dense;
+--family qwen3_moe: Qwen3MoeForCausalLM on tests/fixtures/qwen3_moe_tiny
+(experts, router), with router_aux_loss_coef 0 and no router logits asked
+for (Trainer's default: the config's output_router_logits is false, so the
+model adds no aux loss).
 
-    scripts/reference/.venv/bin/python scripts/reference/make_sft_train_fixture.py \
-        --out tests/fixtures/sft_train
+    scripts/reference/.venv/bin/python scripts/reference/make_sft_train_fixture.py
+    scripts/reference/.venv/bin/python scripts/reference/make_sft_train_fixture.py --family qwen3_moe
 
 Data: random ids (uniform over the vocabulary) in two train shards whose
 boundary falls inside a window, a val shard, and a random loss mask with a
@@ -50,7 +54,8 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from family_fixture import REPO, fail  # noqa: E402
-from transformers import Qwen2VLForConditionalGeneration  # noqa: E402
+from train_fixture import fused_experts_to_hub  # noqa: E402
+from transformers import Qwen2VLForConditionalGeneration, Qwen3MoeForCausalLM  # noqa: E402
 
 GEN = "scripts/reference/make_sft_train_fixture.py"
 LM = "model.language_model."
@@ -58,12 +63,19 @@ T = 16
 KEPT = [11, 0, 3, 9]  # learned targets of windows 0..3: micro-batch 0 = {0, 1}, micro-batch 1 = {2, 3}
 SHARD_TOKENS = [37, 28]  # train shards: 65 = 4 windows of 16 + 1; the boundary falls inside window 2
 VAL_TOKENS = 40  # 2 windows of 16 + 1, and a tail
-SAVED = ["model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.weight",
-         "model.layers.1.self_attn.v_proj.bias", "model.layers.1.post_attention_layernorm.weight", "model.norm.weight"]
-
-
-def to_tpr(name):
-    return "model." + name[len(LM):] if name.startswith(LM) else name
+# Per family: class, checkpoint, fixture, seed, the gradient tensors saved (tpr's names), names in memory -> tpr's.
+FAMILIES = {
+    "qwen2_vl": dict(cls=Qwen2VLForConditionalGeneration, model="qwen2_vl_tiny", out="sft_train", seed=3203,
+                     saved=["model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.weight",
+                            "model.layers.1.self_attn.v_proj.bias", "model.layers.1.post_attention_layernorm.weight",
+                            "model.norm.weight"],
+                     names=lambda g: {("model." + n[len(LM):] if n.startswith(LM) else n): t for n, t in g.items()}),
+    "qwen3_moe": dict(cls=Qwen3MoeForCausalLM, model="qwen3_moe_tiny", out="sft_train_qwen3", seed=3301,
+                      saved=["model.layers.1.mlp.experts.3.down_proj.weight", "model.layers.2.mlp.experts.6.up_proj.weight",
+                             "model.layers.1.mlp.gate.weight", "model.layers.2.self_attn.k_proj.weight",
+                             "model.layers.0.self_attn.q_norm.weight", "model.norm.weight"],
+                      names=fused_experts_to_hub),
+}
 
 
 def write_shard(out, name, tokens, mask):
@@ -77,17 +89,28 @@ def write_shard(out, name, tokens, mask):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "sft_train"))
-    ap.add_argument("--model", default=os.path.join(REPO, "tests", "fixtures", "qwen2_vl_tiny"))
-    ap.add_argument("--seed", type=int, default=3203)
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2_vl")
+    ap.add_argument("--out", help="default: tests/fixtures/<the family's fixture>")
+    ap.add_argument("--model", help="default: tests/fixtures/<the family's tiny checkpoint>")
+    ap.add_argument("--seed", type=int, help="default: the family's")
     args = ap.parse_args()
+    fam = FAMILIES[args.family]
+    args.out = args.out or os.path.join(REPO, "tests", "fixtures", fam["out"])
+    args.model = args.model or os.path.join(REPO, "tests", "fixtures", fam["model"])
+    args.seed = fam["seed"] if args.seed is None else args.seed
+    SAVED = fam["saved"]
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     gen = torch.Generator().manual_seed(args.seed)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32,
-                                                            attn_implementation="eager")
+    kw_load = {"experts_implementation": "eager"} if args.family == "qwen3_moe" else {}
+    model = fam["cls"].from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager", **kw_load)
+    if args.family == "qwen3_moe":
+        model.config.router_aux_loss_coef = 0.0
+        model.router_aux_loss_coef = 0.0
+        if model.config.output_router_logits:
+            fail("the checkpoint asks for router logits: Trainer would add an aux loss")
     model.train()
-    V = model.config.text_config.vocab_size
+    V = model.config.get_text_config().vocab_size
     if getattr(model, "accepts_loss_kwargs", True) is False:
         fail("the class does not take loss kwargs: Trainer would not pass num_items_in_batch")
 
@@ -121,6 +144,8 @@ def main():
             y = torch.stack([windows[r][1] for r in rows])
             kw = {"num_items_in_batch": torch.tensor(num_items)} if num_items is not None else {}
             out = model(input_ids=x, labels=x, shift_labels=y, use_cache=False, **kw)
+            if getattr(out, "aux_loss", None) is not None:
+                fail("the model added an aux loss")
             loss = out.loss * scale
             loss.backward()
             total += float(loss.detach())
@@ -129,7 +154,7 @@ def main():
                                                        ignore_index=-100, reduction="sum")
                 if abs(float(out.loss.detach()) - float(ce) / num_items) > 1e-5 * abs(float(ce) / num_items) + 1e-7:
                     fail(f"the model's loss {float(out.loss.detach())} is not the masked sum / N {float(ce) / num_items}")
-        grads = {to_tpr(n_): p.grad.detach().clone() for n_, p in params}
+        grads = fam["names"]({n_: p.grad.detach().clone() for n_, p in params})
         return total, grads
 
     # The reference: one process, 2 micro-batches x 2 rows, num_items_in_batch N.
@@ -182,7 +207,8 @@ def main():
     import transformers
     meta = {"generator": GEN,
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
-            "model": "tests/fixtures/qwen2_vl_tiny (Qwen2VLForConditionalGeneration, text positions)",
+            "family": args.family,
+            "model": f"tests/fixtures/{fam['model']} ({fam['cls'].__name__}; aux loss none)",
             "seq_len": T, "kept_per_window": KEPT, "num_items_in_batch": N,
             "rule": "sum of the learned token losses of the step / num_items_in_batch (Trainer, transformers 5.x)",
             "step0_loss": loss, "step0_grad_norm": norm,
@@ -193,6 +219,8 @@ def main():
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+    for fn in os.listdir(out):
+        os.chmod(os.path.join(out, fn), 0o644)
     print(f"loss {loss:.6f} (control {c_loss:.6f}), |g| {norm:.6f} (control {c_norm:.6f}), val {val_loss:.6f}")
     print("all checks passed")
 
