@@ -9,7 +9,8 @@
 // per-micro-batch mean rule, recorded by the generator, lies far outside the
 // bounds. Also: the shards, a comma list of them and a glob train exactly
 // as their concatenation in one file (bit for bit, with and without
-// --sft), and so does --data given twice; the index's val split is what `tpr eval` and --eval-data score
+// --sft), and so does --data given twice; a resumed --sft run continues as the
+// unbroken one (bit for bit); the index's val split is what `tpr eval` and --eval-data score
 // by default; refusals (--sft without masks, a glob with no match).
 #include "test_util.h"
 #include "cli_util.h"
@@ -204,6 +205,41 @@ static void test_shards_equal_concat(void **state) {
   }
 }
 
+// --sft resumed from a checkpoint of step 2 continues as the unbroken run:
+// the same windows, masks and weights (losses bit for bit), on shards read
+// in random order at dp 2.
+static void test_resume(void **state) {
+  (void)state;
+  const char *save = tt_path(tmp_dir, "ckpt");
+  char save_dir[4300];
+  snprintf(save_dir, sizeof save_dir, "%s", save);
+  double full[4], half[2], rest[2];
+  run_result r = train(2, FIX "/data.json", 4, ARGS("--sft", "--dp", "2", "--seed", "5", "--lr", "1e-2"), full, NULL);
+  if (r.code != 0) fail_msg("unbroken run: exit %d\n%s", r.code, r.err);
+  tt_run_done(&r);
+  // 2 report lines of a 4-step schedule (the later --steps wins over the helper's).
+  r = train(2, FIX "/data.json", 2,
+            ARGS("--sft", "--dp", "2", "--seed", "5", "--lr", "1e-2", "--steps", "4", "--stop-after", "2", "--save",
+                 save_dir), half, NULL);
+  if (r.code != 0) fail_msg("first half: exit %d\n%s", r.code, r.err);
+  tt_run_done(&r);
+  const char *args[] = {"train", "--resume", save_dir, "--data", FIX "/data.json", "--sft", "--seq-len", "16",
+                        "--steps", "4", "--dp", "2", "--lr", "1e-2", "--json", NULL};
+  r = tt_run(tpr_path, tmp_dir, args, &(tt_run_opts){.np = 2, .timeout_s = 240});
+  if (r.code != 0) fail_msg("resume: exit %d\n%s", r.code, r.err);
+  int ns = 0;
+  for (char *l = strtok(r.out, "\n"); l; l = strtok(NULL, "\n")) {
+    cJSON *j = cJSON_Parse(l);
+    if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "step")) && ns < 2) rest[ns++] = tt_json_num(j, "loss");
+    cJSON_Delete(j);
+  }
+  tt_run_done(&r);
+  assert_int_equal(ns, 2);
+  printf("  unbroken %.9g %.9g %.9g %.9g; stopped %.9g %.9g, resumed %.9g %.9g\n", full[0], full[1], full[2],
+         full[3], half[0], half[1], rest[0], rest[1]);
+  assert_true(half[0] == full[0] && half[1] == full[1] && rest[0] == full[2] && rest[1] == full[3]);
+}
+
 static double tpr_eval(const char *data, int64_t *windows) {
   run_result r = tt_run(tpr_path, tmp_dir, ARGS("eval", "--model", MODEL, "--data", data, "--seq-len", "16", "--json"),
                         &(tt_run_opts){.timeout_s = 120});
@@ -288,6 +324,7 @@ int main(void) {
       cmocka_unit_test(test_step0_matches_trainer),
       cmocka_unit_test(test_step0_moe),
       cmocka_unit_test(test_shards_equal_concat),
+      cmocka_unit_test(test_resume),
       cmocka_unit_test(test_val_split),
       cmocka_unit_test(test_refusals),
   };
