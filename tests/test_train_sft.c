@@ -4,14 +4,15 @@
 // loss masks, one optimizer step of 4 windows whose learned targets number
 // 11, 0, 3 and 9. Step 0's loss (1e-5 relative), gradient norm (1e-5) and
 // gradients (1e-4, max|d| / max|g| per tensor) equal PyTorch's
-// num_items_in_batch rule on every arrangement of the 4 windows: 2 micro-
-// batches x 2 rows, 2 replicas (FSDP, dp x ep for the MoE, plain dp), tp 2. Control: the
-// per-micro-batch mean rule, recorded by the generator, lies far outside the
-// bounds. Also: the shards, a comma list of them and a glob train exactly
-// as their concatenation in one file (bit for bit, with and without
-// --sft), and so does --data given twice; a resumed --sft run continues as the
-// unbroken one (bit for bit); the index's val split is what `tpr eval` and --eval-data score
-// by default; refusals (--sft without masks, a glob with no match).
+// num_items_in_batch rule on every arrangement of the 4 windows: 2
+// micro-batches x 2 rows, 2 replicas (FSDP, dp x ep for the MoE, plain dp),
+// tp 2. Control: the per-micro-batch mean rule, recorded by the generator,
+// lies far outside the bounds. Also: the shards, the index, a comma list, a
+// glob and --data given twice train exactly as their concatenation in one
+// file (bit for bit, with and without --sft); a resumed --sft run continues
+// as the unbroken one (bit for bit); the index's val split is what `tpr
+// eval` and --eval-data score by default; refusals (--sft without masks, a
+// glob with no match, an unknown split).
 #include "test_util.h"
 #include "cli_util.h"
 #include "train_harness.h"
