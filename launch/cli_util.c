@@ -120,3 +120,16 @@ double tpr_cli_sgemm_gflops(void) {
   free(a), free(b), free(c);
   return best;
 }
+
+char *tpr_cli_join_data(const tpr_arg_list *l) {
+  size_t len = 1;
+  for (int i = 0; i < l->n; i++) len += strlen(l->items[i]) + 1;
+  char *b = l->n ? malloc(len) : NULL;
+  if (!b) return NULL;
+  b[0] = 0;
+  for (int i = 0; i < l->n; i++) {
+    if (i) strcat(b, ",");
+    strcat(b, l->items[i]);
+  }
+  return b;
+}

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "launch/args.h"
 #include "shard/loader.h"
 
 // The mesh flags every checkpoint command takes; 0 means "not given".
@@ -41,6 +42,11 @@ double tpr_cli_now(void);  // monotonic seconds
 // Progress lines (runtime/progress.h) from rank `rank` when it is 0 and its
 // stderr reaches a terminal; stdout, --json included, is never touched.
 void tpr_cli_progress(int rank);
+
+// A repeatable data option's values joined by commas (train/tokens.h's list
+// form: `--data a.npy --data b.npy` is `--data a.npy,b.npy`), malloc'ed;
+// NULL when it was not given (or out of memory).
+char *tpr_cli_join_data(const tpr_arg_list *l);
 // The best of 3 sgemm 1024^3 on this process's BLAS threads, GFLOP/s: the
 // rate GEMM work is compared with, measured in the same run.
 double tpr_cli_sgemm_gflops(void);

@@ -17,7 +17,7 @@
 #include "launch/commands.h"
 #include "launch/model_cli.h"
 #include "train/eval_windows.h"
-#include "train/npy.h"
+#include "train/tokens.h"
 
 // -log softmax(logits)[target] of one position, in double.
 static double token_ce(const float *logits, int64_t V, int32_t target) {
@@ -44,7 +44,7 @@ static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double 
   return TPR_OK;
 }
 
-static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_npy *data, int64_t T, int64_t nw,
+static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_tokens *data, int64_t T, int64_t nw,
                                tpr_eval_result *res) {
   const tpr_shard_plan *pl = tpr_session_plan(s);
   session_scorer c = {.s = s, .T = T, .V = tpr_session_config(s)->vocab_size};
@@ -58,7 +58,8 @@ static tpr_status eval_windows(tpr_world *w, tpr_session *s, const tpr_npy *data
 }
 
 int tpr_cmd_eval(int argc, char **argv) {
-  const char *model = NULL, *data = NULL;
+  const char *model = NULL;
+  tpr_arg_list data_list = {0};  // repeatable: joined into one comma list
   int64_t T = 256, max_windows = 0;
   bool json = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
@@ -66,7 +67,9 @@ int tpr_cmd_eval(int argc, char **argv) {
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory (Hugging Face or converted)"},
-      {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
+      {"data", TPR_ARG_STR_LIST, &data_list,
+       "tokens: .npy files of u16, u32, i32 or i64 ids, a glob (sorted), a token-shard index PREFIX.json[:train|:val] "
+       "(default its val split), or a comma-separated list of these; repeatable; all concatenated in order"},
       {"seq-len", TPR_ARG_SIZE, &T, "tokens per window, as `tpr train --seq-len` (default 256)"},
       {"windows", TPR_ARG_SIZE, &max_windows, "score only the first N windows (default: all whole windows)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
@@ -74,24 +77,30 @@ int tpr_cmd_eval(int argc, char **argv) {
       TPR_WORLD_ARGS(wo),
       TPR_MODEL_DEBUG_ARGS(dbg),
   };
-  const char *usage = "usage: [mpirun -np N] tpr eval --model DIR --data TOKENS.npy [--seq-len T] [--windows N]\n"
+  const char *usage = "usage: [mpirun -np N] tpr eval --model DIR --data DATA [--seq-len T] [--windows N]\n"
                       "       [--tp T --dp D --ep E --etp F] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
-  if (!model || !data || T < 1 || max_windows < 0) {
+  if (!model || !data_list.n || T < 1 || max_windows < 0) {
     fprintf(stderr, "tpr eval: --model and --data are required, --seq-len >= 1, --windows >= 0\n%s\n", usage);
     return 2;
   }
+  char *data = tpr_cli_join_data(&data_list);
+  if (!data) {
+    fprintf(stderr, "tpr eval: out of memory\n");
+    return 1;
+  }
   tpr_world w;
   tpr_session *s = NULL;
-  tpr_npy *tokens = NULL;
+  tpr_tokens *tokens = NULL;
+  tpr_tokens_opts to = {.split = "val"};
   tpr_eval_result res = {0};
   tpr_status rc = tpr_world_init(&argc, &argv, &wo, &w);
   int64_t nw = 0;
-  if (rc == TPR_OK) rc = tpr_npy_open(data, &tokens);
-  if (rc == TPR_OK) rc = tpr_eval_window_count(tokens, data, T, max_windows, &nw);
+  if (rc == TPR_OK) rc = tpr_tokens_open(data, &to, &tokens);
+  if (rc == TPR_OK) rc = tpr_eval_window_count(tokens, T, max_windows, &nw);
   if (rc == TPR_OK) rc = tpr_cli_open_model(&w, model, &mesh, T, &dbg, &s);
-  if (rc == TPR_OK) rc = tpr_npy_check_range(tokens, tpr_session_config(s)->vocab_size);
+  if (rc == TPR_OK) rc = tpr_tokens_check_range(tokens, tpr_session_config(s)->vocab_size);
   double t0 = tpr_cli_now();
   if (rc == TPR_OK) rc = eval_windows(&w, s, tokens, T, nw, &res);
   double seconds = tpr_cli_now() - t0;
@@ -109,7 +118,8 @@ int tpr_cmd_eval(int argc, char **argv) {
              pl->dp, pl->ep, seconds);
   }
   tpr_session_close(s);
-  tpr_npy_close(tokens);
+  tpr_tokens_close(tokens);
+  free(data);
   if (rc != TPR_OK) return tpr_world_fail(&w, "eval");
   tpr_world_finish(&w);
   return 0;

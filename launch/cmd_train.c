@@ -19,11 +19,14 @@
 #include "train/trainer.h"
 
 static const char *usage =
-    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data TOKENS.npy\n"
+    "usage: mpirun -np N tpr train (--model DIR | --config F --random-init | --resume DIR) --data DATA [--sft]\n"
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
-    "         [--resume DIR] [--positions-3d FILE] [--eval-data TOKENS.npy [--eval-every N]] [--json]";
+    "         [--resume DIR] [--positions-3d FILE] [--eval-data DATA [--eval-every N]] [--json]\n"
+    "DATA: X.npy, a glob pattern ('dir/*.npy', sorted; .mask.npy/.docs.npy skipped), PREFIX.json (a tpr data\n"
+    "prepare index: its train split, for --eval-data its val split; PREFIX.json:train / :val to choose), or a\n"
+    "comma-separated list of these (or --data repeated), concatenated in order";
 
 // The run's summary on rank 0: timed steps, phases, peak RSS of every rank;
 // with --profile also where the program's time went by op kind and the
@@ -96,7 +99,8 @@ static tpr_status random_model(tpr_world *w, const char *config, uint64_t seed, 
 }
 
 int tpr_cmd_train(int argc, char **argv) {
-  const char *model = NULL, *config = NULL, *data = NULL, *order = NULL, *dump = NULL;
+  const char *model = NULL, *config = NULL, *order = NULL, *dump = NULL;
+  tpr_arg_list data_list = {0}, eval_list = {0};  // repeatable: joined into one comma list
   bool random_init = false, profile = false;
   tpr_train_opts o = {.seq_len = 256, .micro_batch = 1, .grad_accum = 1, .steps = 10, .lr = 3e-4, .min_lr = -1,
                       .weight_decay = 0.1, .clip = 1.0, .warmup = 0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
@@ -111,7 +115,14 @@ int tpr_cmd_train(int argc, char **argv) {
       {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
       {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
       {"random-init", TPR_ARG_FLAG, &random_init, "start from random weights (N(0, 0.02^2); norms near 1)"},
-      {"data", TPR_ARG_STR, &data, "token file: a 1-D numpy .npy array of u16, u32, i32 or i64 ids"},
+      {"data", TPR_ARG_STR_LIST, &data_list,
+       "training tokens (DATA below): .npy files of u16, u32, i32 or i64 ids, a glob, a token-shard index "
+       "PREFIX.json[:train|:val] (default its train split), or a comma-separated list; repeatable; all "
+       "concatenated in order"},
+      {"sft", TPR_ARG_FLAG, &o.sft,
+       "supervised fine-tuning: learn only targets whose token has loss mask 1 (X.mask.npy beside X.npy, or the "
+       "index's mask_file), others -100; a step's loss is its learned tokens' summed loss / their count over all "
+       "micro-batches and replicas (transformers' Trainer)"},
       {"data-order", TPR_ARG_STR, &order,
        "random (a seeded permutation of windows per epoch, default) | sequential; --resume: the checkpoint's"},
       {"seq-len", TPR_ARG_SIZE, &o.seq_len, "tokens per sequence (default 256)"},
@@ -134,9 +145,10 @@ int tpr_cmd_train(int argc, char **argv) {
       {"save-every", TPR_ARG_INT, &o.save_every, "also save every N steps (default: only at the end)"},
       {"resume", TPR_ARG_STR, &o.resume_dir, "continue from a --save directory (same tp, ep, etp; dp may change)"},
       {"stop-after", TPR_ARG_INT, &o.stop_after, "stop (and save) after this many steps of the --steps schedule"},
-      {"eval-data", TPR_ARG_STR, &o.eval_data,
-       "validation tokens (.npy): the mean cross-entropy over their --seq-len windows, as tpr eval scores them, "
-       "after the last step and every --eval-every steps"},
+      {"eval-data", TPR_ARG_STR_LIST, &eval_list,
+       "validation tokens (DATA; an index's val split by default): the mean cross-entropy over their --seq-len "
+       "windows, every token (no loss mask), as tpr eval scores them, after the last step and every --eval-every "
+       "steps"},
       {"eval-every", TPR_ARG_INT, &o.eval_every, "with --eval-data: also validate after every N steps (default 0: "
        "only after the last)"},
       {"eval-windows", TPR_ARG_SIZE, &o.eval_windows, "with --eval-data: at most N windows (default: all)"},
@@ -171,7 +183,8 @@ int tpr_cmd_train(int argc, char **argv) {
   int sources = (model != NULL) + (config != NULL) + (o.resume_dir != NULL);
   if (sources != 1 || (config && !random_init) || (random_init && !config))
     return usage_error("give exactly one of --model DIR, --config F --random-init, or --resume DIR");
-  if (!data) return usage_error("--data is required");
+  if (!data_list.n) return usage_error("--data is required");
+  o.eval_data = eval_list.n ? eval_list.items[0] : NULL;  // joined below, once the options are checked
   if (order && strcmp(order, "random") && strcmp(order, "sequential"))
     return usage_error("--data-order must be random or sequential");
   if (seed < -1) return usage_error("--seed must be >= 0");
@@ -229,7 +242,14 @@ int tpr_cmd_train(int argc, char **argv) {
   if (debug_fsdp && !strcmp(debug_fsdp, "sum-grads")) fo.debug_sum_grads = true;
   else if (debug_fsdp && !strcmp(debug_fsdp, "wrong-shard")) fo.debug_wrong_shard = true;
   else if (debug_fsdp) return usage_error("--debug-fsdp must be sum-grads or wrong-shard");
+  char *data = tpr_cli_join_data(&data_list), *eval_data = tpr_cli_join_data(&eval_list);
+  if (!data || (eval_list.n && !eval_data)) {
+    free(data), free(eval_data);
+    fprintf(stderr, "tpr train: out of memory\n");
+    return 1;
+  }
   o.data = data;
+  o.eval_data = eval_data;
   o.data_sequential = sequential;
   o.seed = (uint64_t)seed;
   o.dump_grads = dump;
@@ -284,6 +304,7 @@ int tpr_cmd_train(int argc, char **argv) {
   if (rc == TPR_OK && w.rank == 0) print_summary(t, &sum, rss, w.size, profile, sgemm, o.json);
   free(rss);
   free(pos3);
+  free(data), free(eval_data);
   tpr_train_state_free(t);  // before the session it trains
   tpr_session_close(s);
   if (random_init && w.rank == 0 && init_dir[0]) tpr_dir_remove_flat(init_dir, NULL);  // only a starting point

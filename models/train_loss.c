@@ -55,8 +55,9 @@ tpr_status tpr_train_build_loss(tpr_program *p, const tpr_shard_plan *plan, cons
                                 const tpr_value_id *router_logits, int n_router) {
   const tpr_model_config *cfg = &plan->config;
   int tp = plan->tp;
-  tpr_value_id targets, logits, ce, aux, scaled, loss;
+  tpr_value_id targets, loss_scale, logits, ce, aux, scaled, loss, seed;
   TPR_CHECK(tpr_program_input(p, "targets", TPR_I32, 1, (const int64_t[]){o->tokens}, &targets));
+  TPR_CHECK(tpr_program_input(p, "loss_scale", TPR_F32, 1, (const int64_t[]){1}, &loss_scale));
   if (tp > 1 && !o->skip_head_mark)  // the vocab-parallel head is rank-local
     TPR_CHECK(tpr_pb_grad_all_reduce(p, x, TPR_AXIS_TP, tp, &x));
   TPR_CHECK(tpr_pb_matmul(p, x, head, false, true, &logits));  // (T, V'/tp)
@@ -74,7 +75,10 @@ tpr_status tpr_train_build_loss(tpr_program *p, const tpr_shard_plan *plan, cons
   TPR_CHECK(tpr_program_output(p, loss, "loss"));
   TPR_CHECK(tpr_program_output(p, ce, "ce"));
   TPR_CHECK(tpr_program_output(p, aux, "aux"));
-  return backward(p, o->family ? o->family : "train", rank, rank_tp, loss);
+  // The backward starts from loss * loss_scale: a per-rank weight applied
+  // before any gradient reduction (FSDP reduce-scatters inside the program).
+  TPR_CHECK(tpr_pb_mul(p, loss, loss_scale, &seed));
+  return backward(p, o->family ? o->family : "train", rank, rank_tp, seed);
 }
 
 tpr_status tpr__m2_build_loss(tpr_program *p, const tpr_shard_plan *plan, const tpr_m2_build_opts *o,

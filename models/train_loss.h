@@ -23,8 +23,9 @@ typedef struct tpr_train_loss_opts {
 
 // x (T, H) final-normed, replicated over tp; head (V'/tp, H) this rank's
 // vocab shard; router_logits (n_router) each (T, E), the MoE layers' raw
-// gate outputs in layer order. Adds input "targets" (T) i32 (-100 ignored),
-// outputs "loss" (1) = ce + aux_coef * aux, "ce", "aux", then the backward:
+// gate outputs in layer order. Adds inputs "targets" (T) i32 (-100 ignored)
+// and "loss_scale" (1) f32, outputs "loss" (1) = ce + aux_coef * aux, "ce",
+// "aux", then the backward of loss * loss_scale:
 // every f32 (or bf16 FSDP chunk) param but the routing bias (which only
 // selects) is trained and gets "grad:<name>"; a trained param the loss does
 // not reach is an error naming it.

@@ -15,6 +15,7 @@
 #include "test_util.h"
 #include "train/data.h"
 #include "train/npy.h"
+#include "train/tokens.h"
 
 // ---- .npy token files ---------------------------------------------------
 
@@ -70,8 +71,10 @@ static void test_npy_round_trip(void **state) {
   uint16_t u2[N];
   uint32_t u4[N];
   int32_t i4[N];
-  int64_t i8[N], want[4][N];
+  int64_t i8[N], want[5][N];
+  uint8_t u1[N];
   for (int i = 0; i < N; i++) {
+    want[4][i] = u1[i] = (uint8_t)tt_randint(0, 255);
     want[0][i] = u2[i] = (uint16_t)tt_randint(0, 65535);
     want[1][i] = u4[i] = (uint32_t)tt_randint(0, 4294967295LL);
     want[2][i] = i4[i] = (int32_t)tt_randint(0, INT32_MAX);
@@ -79,11 +82,11 @@ static void test_npy_round_trip(void **state) {
   }
   u2[7] = 65535, want[0][7] = 65535;  // the top of each unsigned range
   u4[7] = 4294967295u, want[1][7] = 4294967295LL;
-  const char *descr[4] = {"<u2", "<u4", "<i4", "<i8"};
-  const void *data[4] = {u2, u4, i4, i8};
-  size_t size[4] = {2, 4, 4, 8};
+  const char *descr[5] = {"<u2", "<u4", "<i4", "<i8", "|u1"};  // |u1: loss masks
+  const void *data[5] = {u2, u4, i4, i8, u1};
+  size_t size[5] = {2, 4, 4, 8, 1};
   for (int major = 1; major <= 3; major++) {
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
       put_npy(major, descr[k], N, data[k], size[k]);
       tpr_npy *t;
       TT_OK(tpr_npy_open(path, &t));
@@ -196,8 +199,8 @@ static void test_npy_malformed(void **state) {
   expect_bad("<f4", "'<f4' not supported");
   put_raw(1, "{'descr': '>u2', 'fortran_order': False, 'shape': (8,), }", true, -1, d, 16);
   expect_bad(">u2", "'>u2' not supported");
-  put_raw(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (16,), }", true, -1, d, 16);
-  expect_bad("|u1", "'|u1' not supported");
+  put_raw(1, "{'descr': '|i1', 'fortran_order': False, 'shape': (16,), }", true, -1, d, 16);
+  expect_bad("|i1", "'|i1' not supported");
   put_raw(1, "{'descr': '<u2', 'fortran_order': True, 'shape': (8,), }", true, -1, d, 16);
   expect_bad("fortran", "fortran_order True");
   put_raw(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 4), }", true, -1, d, 16);
@@ -281,13 +284,13 @@ enum { T = 8, W = 37 };  // 37 windows: not a multiple of the 8 rows per step
 
 // A token file whose token at position p is p (plus a tail shorter than a
 // window), so a window is recognised by its first input: w = inputs[0] / T.
-static void data_open(tpr_data_order order, uint64_t seed, tpr_npy **t, tpr_data **d) {
+static void data_open(tpr_data_order order, uint64_t seed, tpr_tokens **t, tpr_data **d) {
   int64_t n = (int64_t)W * T + 1 + 5;
   int32_t *v = malloc(n * sizeof *v);
   for (int64_t i = 0; i < n; i++) v[i] = (int32_t)i;
   TT_OK(tpr_npy_write_i32(path, v, n));
   free(v);
-  TT_OK(tpr_npy_open(path, t));
+  TT_OK(tpr_tokens_open(path, NULL, t));
   tpr_data_config c = {.seq_len = T, .micro_batch = 2, .accum = 2, .dp = 2, .order = order, .seed = seed};
   TT_OK(tpr_data_create(*t, &c, n, d));
   assert_int_equal(tpr_data_windows(*d), W);
@@ -310,7 +313,7 @@ static void step_windows(tpr_data *d, int64_t step, int64_t out[8]) {
 }
 
 static void test_data_sequential(void **state) {
-  tpr_npy *t;
+  tpr_tokens *t;
   tpr_data *d;
   data_open(TPR_DATA_SEQUENTIAL, 0, &t, &d);
   for (int64_t s = 0; s < 20; s++) {
@@ -326,13 +329,13 @@ static void test_data_sequential(void **state) {
   assert_int_equal(tpr_data_window(d, 0, 0, 2, 0, in, tg), TPR_ERR_INVALID_ARG);
   assert_int_equal(tpr_data_window(d, -1, 0, 0, 0, in, tg), TPR_ERR_INVALID_ARG);
   tpr_data_free(d);
-  tpr_npy_close(t);
+  tpr_tokens_close(t);
   printf("data sequential: 20 steps x 8 rows map to window ((s*accum+m)*dp+d)*mb+b mod %d exactly\n", W);
 }
 
 // Windows of global rows [0, 3W) (three epochs) for a seed.
 static void random_rows(uint64_t seed, int64_t *w) {
-  tpr_npy *t;
+  tpr_tokens *t;
   tpr_data *d;
   data_open(TPR_DATA_RANDOM, seed, &t, &d);
   int64_t steps = (3 * W + 7) / 8, buf[8];
@@ -341,7 +344,7 @@ static void random_rows(uint64_t seed, int64_t *w) {
     for (int k = 0; k < 8 && s * 8 + k < 3 * W; k++) w[s * 8 + k] = buf[k];
   }
   tpr_data_free(d);
-  tpr_npy_close(t);
+  tpr_tokens_close(t);
 }
 
 static void test_data_random(void **state) {
@@ -371,16 +374,16 @@ static void test_data_short(void **state) {
   int32_t v[T + 1];
   for (int i = 0; i <= T; i++) v[i] = i;
   tpr_data_config c = {.seq_len = T, .micro_batch = 1, .accum = 1, .dp = 1};
-  tpr_npy *t;
+  tpr_tokens *t;
   tpr_data *d;
   TT_OK(tpr_npy_write_i32(path, v, T));  // T tokens: one short
-  TT_OK(tpr_npy_open(path, &t));
+  TT_OK(tpr_tokens_open(path, NULL, &t));
   assert_int_equal(tpr_data_create(t, &c, 100, &d), TPR_ERR_INVALID_ARG);
   assert_non_null(strstr(tpr_last_error(), "has 8 tokens, shorter than one sequence of T+1 = 9"));
   printf("data short file: %s\n", tpr_last_error());
-  tpr_npy_close(t);
+  tpr_tokens_close(t);
   TT_OK(tpr_npy_write_i32(path, v, T + 1));  // exactly one window
-  TT_OK(tpr_npy_open(path, &t));
+  TT_OK(tpr_tokens_open(path, NULL, &t));
   TT_OK(tpr_data_create(t, &c, 100, &d));
   assert_int_equal(tpr_data_windows(d), 1);
   int32_t in[T], tg[T];
@@ -388,7 +391,7 @@ static void test_data_short(void **state) {
   assert_true(in[0] == 0 && tg[T - 1] == T);
   tpr_data_free(d);
   assert_int_equal(tpr_data_create(t, &c, T, &d), TPR_ERR_INVALID_ARG);  // id T >= vocab T
-  tpr_npy_close(t);
+  tpr_tokens_close(t);
   tpr_data_order o;
   TT_OK(tpr_data_order_parse("random", &o));
   assert_int_equal(o, TPR_DATA_RANDOM);

@@ -119,6 +119,7 @@ static tpr_status write_state(const char *tmp, const tpr_session *s, int64_t ste
   cJSON_AddNumberToObject(j, "seed", (double)o->seed);
   cJSON_AddStringToObject(j, "data", o->data ? o->data : "");
   cJSON_AddStringToObject(j, "data_order", o->data_sequential ? "sequential" : "random");
+  cJSON_AddBoolToObject(j, "sft", o->sft);
   char *text = cJSON_Print(j), *path = tpr_path_join(tmp, "trainer_state.json");
   cJSON_Delete(j);
   tpr_status rc = text && path ? tpr_file_create_synced(path, text, strlen(text)) : TPR_FAIL(TPR_ERR_OOM, "state");

@@ -15,7 +15,8 @@ typedef struct perm_cache {
 } perm_cache;
 
 struct tpr_data {
-  const tpr_npy *tokens;
+  const tpr_tokens *tokens;
+  int32_t *mask;  // (T) scratch of the masked order
   tpr_data_config cfg;
   int64_t windows;
   perm_cache *cache;  // behind a pointer: filled through a const tpr_data *
@@ -28,24 +29,28 @@ tpr_status tpr_data_order_parse(const char *s, tpr_data_order *order) {
   return TPR_OK;
 }
 
-tpr_status tpr_data_create(const tpr_npy *tokens, const tpr_data_config *cfg, int64_t vocab, tpr_data **out) {
+tpr_status tpr_data_create(const tpr_tokens *tokens, const tpr_data_config *cfg, int64_t vocab, tpr_data **out) {
   *out = NULL;
-  const char *path = tpr_npy_path(tokens);
+  const char *path = tpr_tokens_spec(tokens);
   if (cfg->seq_len < 1 || cfg->micro_batch < 1 || cfg->accum < 1 || cfg->dp < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: seq_len %lld, micro_batch %d, accum %d, dp %d must all be >= 1", path,
                     (long long)cfg->seq_len, cfg->micro_batch, cfg->accum, cfg->dp);
   if (cfg->order != TPR_DATA_SEQUENTIAL && cfg->order != TPR_DATA_RANDOM)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: unknown data order %d", path, (int)cfg->order);
-  int64_t n = tpr_npy_len(tokens);
+  if (cfg->masked && !tpr_tokens_has_masks(tokens))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "data %s: the loss mask is asked for, but it was opened without masks", path);
+  int64_t n = tpr_tokens_len(tokens);
   if (n < 1 || (n - 1) / cfg->seq_len < 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "data file %s has %lld tokens, shorter than one sequence of T+1 = %lld",
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "data %s has %lld tokens, shorter than one sequence of T+1 = %lld",
                     path, (long long)n, (long long)cfg->seq_len + 1);
-  if (vocab > 0) TPR_CHECK(tpr_npy_check_range(tokens, vocab));
+  if (vocab > 0) TPR_CHECK(tpr_tokens_check_range(tokens, vocab));
   tpr_data *d = calloc(1, sizeof *d);
   perm_cache *c = calloc(1, sizeof *c);
-  if (!d || !c) {
+  int32_t *mask = cfg->masked ? malloc((size_t)cfg->seq_len * sizeof *mask) : NULL;
+  if (!d || !c || (cfg->masked && !mask)) {
     free(d);
     free(c);
+    free(mask);
     return TPR_FAIL(TPR_ERR_OOM, "%s: out of memory", path);
   }
   c->epoch[0] = c->epoch[1] = -1;
@@ -53,6 +58,7 @@ tpr_status tpr_data_create(const tpr_npy *tokens, const tpr_data_config *cfg, in
   d->cfg = *cfg;
   d->windows = (n - 1) / cfg->seq_len;
   d->cache = c;
+  d->mask = mask;
   *out = d;
   return TPR_OK;
 }
@@ -62,6 +68,7 @@ void tpr_data_free(tpr_data *d) {
   free(d->cache->perm[0]);
   free(d->cache->perm[1]);
   free(d->cache);
+  free(d->mask);
   free(d);
 }
 
@@ -116,9 +123,14 @@ tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int 
   if (w < 0)
     return TPR_FAIL(TPR_ERR_OOM, "data: cannot allocate the shuffle of %lld windows", (long long)d->windows);
   int64_t T = c->seq_len;
-  TPR_CHECK(tpr_npy_read_i32(d->tokens, w * T, T, inputs));
+  TPR_CHECK(tpr_tokens_read_i32(d->tokens, w * T, T, inputs));
   // The targets are the inputs shifted by one plus the window's last token.
   memcpy(targets, inputs + 1, (size_t)(T - 1) * sizeof(int32_t));
-  TPR_CHECK(tpr_npy_read_i32(d->tokens, w * T + T, 1, targets + T - 1));
+  TPR_CHECK(tpr_tokens_read_i32(d->tokens, w * T + T, 1, targets + T - 1));
+  if (c->masked) {  // target t predicts token w*T + t + 1: kept iff its mask is 1
+    TPR_CHECK(tpr_tokens_read_mask(d->tokens, w * T + 1, T, d->mask));
+    for (int64_t t = 0; t < T; t++)
+      if (!d->mask[t]) targets[t] = -100;
+  }
   return TPR_OK;
 }

@@ -1,4 +1,6 @@
-// Deterministic training batches from a token file (train/npy.h).
+// Deterministic training batches from a token stream (train/tokens.h: one
+// file or several shards concatenated in order; windows may straddle the
+// boundary of two shards, exactly as they would in the concatenated file).
 //
 // Window w is tokens [w*T, w*T + T + 1): inputs its first T, targets its
 // last T (the next-token shift); consecutive windows share one token, so
@@ -13,13 +15,16 @@
 //   sequential: w = i mod windows;
 //   random:     epoch e = i / windows, w = perm_e[i mod windows], perm_e a
 //               Fisher-Yates shuffle driven by tpr_rng seeded from (seed, e).
+// With the loss mask on (--sft), the target at window position t, which
+// predicts stream token w*T + t + 1, is -100 (ignored) unless that token's
+// mask value is 1.
 #ifndef TPR_TRAIN_DATA_H
 #define TPR_TRAIN_DATA_H
 
 #include <stdint.h>
 
 #include "runtime/status.h"
-#include "train/npy.h"
+#include "train/tokens.h"
 
 typedef enum tpr_data_order { TPR_DATA_SEQUENTIAL, TPR_DATA_RANDOM } tpr_data_order;
 
@@ -33,14 +38,15 @@ typedef struct tpr_data_config {
   int dp;           // data-parallel replicas
   tpr_data_order order;
   uint64_t seed;    // random order only
+  bool masked;      // apply the stream's loss mask to the targets (it must have masks)
 } tpr_data_config;
 
 typedef struct tpr_data tpr_data;
 
-// Wraps an open token file (borrowed: it must outlive the tpr_data). When
-// vocab > 0 every id is checked to lie in [0, vocab) first. A file with
+// Wraps an open token stream (borrowed: it must outlive the tpr_data). When
+// vocab > 0 every id is checked to lie in [0, vocab) first. A stream with
 // fewer than T + 1 tokens is TPR_ERR_INVALID_ARG.
-tpr_status tpr_data_create(const tpr_npy *tokens, const tpr_data_config *cfg, int64_t vocab, tpr_data **out);
+tpr_status tpr_data_create(const tpr_tokens *tokens, const tpr_data_config *cfg, int64_t vocab, tpr_data **out);
 void tpr_data_free(tpr_data *d);
 
 int64_t tpr_data_windows(const tpr_data *d);
@@ -48,7 +54,7 @@ int64_t tpr_data_windows(const tpr_data *d);
 // The window index of global row i (see above); i >= 0.
 int64_t tpr_data_window_of(const tpr_data *d, int64_t i);
 
-// Fills inputs (T,) and targets (T,) for row b of micro-step m of dp replica
+// Fills inputs (T,) and targets (T,) (masked: -100 where not learned) for row b of micro-step m of dp replica
 // dpr at 0-based optimizer step `step`. Arguments outside their ranges are
 // TPR_ERR_INVALID_ARG. Not thread-safe: the random order caches the current
 // epochs' permutations inside d.

@@ -3,17 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-tpr_status tpr_eval_window_count(const tpr_npy *data, const char *path, int64_t T, int64_t max_windows,
-                                 int64_t *nw) {
-  *nw = T >= 1 ? (tpr_npy_len(data) - 1) / T : 0;
+tpr_status tpr_eval_window_count(const tpr_tokens *data, int64_t T, int64_t max_windows, int64_t *nw) {
+  const char *path = tpr_tokens_spec(data);
+  *nw = T >= 1 ? (tpr_tokens_len(data) - 1) / T : 0;
   if (max_windows > 0 && max_windows < *nw) *nw = max_windows;
   if (*nw < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "eval: %s holds %lld tokens, fewer than one window of %lld + 1", path,
-                    (long long)tpr_npy_len(data), (long long)T);
+                    (long long)tpr_tokens_len(data), (long long)T);
   return TPR_OK;
 }
 
-tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const tpr_npy *data, int64_t T,
+tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const tpr_tokens *data, int64_t T,
                             int64_t nw, tpr_window_score_fn fn, void *ctx, tpr_eval_result *out) {
   *out = (tpr_eval_result){0};
   int32_t *ids = malloc((size_t)(T + 1) * sizeof *ids);  // (T + 1)
@@ -23,7 +23,7 @@ tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const
     int64_t win = round * dp + replica;
     bool mine = win < nw;
     double ce = 0;
-    rc = tpr_npy_read_i32(data, (mine ? win : 0) * T, T + 1, ids);
+    rc = tpr_tokens_read_i32(data, (mine ? win : 0) * T, T + 1, ids);
     if (rc == TPR_OK) rc = fn(ctx, ids, mine, &ce);
     if (rc == TPR_OK && mine) sums[0] += ce, sums[1] += 1;
   }

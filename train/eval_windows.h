@@ -1,6 +1,6 @@
 // Validation windows, shared by `tpr eval` (an inference session) and
 // `tpr train --eval-data` (the training program): the mean next-token
-// cross-entropy over a token file cut into the windows `tpr train` reads
+// cross-entropy over a token stream (train/tokens.h) cut into the windows `tpr train` reads
 // (window w: inputs [w*T, w*T + T), targets shifted by one), every window
 // starting a fresh sequence.
 //
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "collectives/tpr_comm.h"
-#include "train/npy.h"
+#include "train/tokens.h"
 
 // Scores one window: ids (T + 1) -- inputs ids[0..T), targets ids[1..T] --
 // into *ce_sum, the sum over its T positions of -log p(target). Called on
@@ -31,13 +31,13 @@ typedef struct tpr_eval_result {
 } tpr_eval_result;
 
 // The number of whole windows of T + 1 ids in data, at most max_windows
-// (0: all); TPR_ERR_INVALID_ARG naming the file when there is none.
-tpr_status tpr_eval_window_count(const tpr_npy *data, const char *path, int64_t T, int64_t max_windows,
-                                 int64_t *nw);
+// (0: all); TPR_ERR_INVALID_ARG naming the data when there is none. Every
+// token counts: validation ignores loss masks.
+tpr_status tpr_eval_window_count(const tpr_tokens *data, int64_t T, int64_t max_windows, int64_t *nw);
 
 // Collective over world (tp ranks per replica, dp replicas, this rank's
 // replica): windows 0 .. nw-1 scored by fn.
-tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const tpr_npy *data, int64_t T,
+tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const tpr_tokens *data, int64_t T,
                             int64_t nw, tpr_window_score_fn fn, void *ctx, tpr_eval_result *out);
 
 #endif

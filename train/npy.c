@@ -17,7 +17,7 @@
 
 #include "runtime/tensor.h"
 
-enum npy_kind { NPY_U2, NPY_U4, NPY_I4, NPY_I8 };
+enum npy_kind { NPY_U1, NPY_U2, NPY_U4, NPY_I4, NPY_I8 };
 
 struct tpr_npy {
   char *path;
@@ -183,12 +183,13 @@ static tpr_status check_layout(tpr_npy *t, const uint8_t *b, size_t len) {
   int64_t dims[8];
   int ndim = 0;
   TPR_CHECK(parse_header(&h, descr, &fortran, dims, &ndim));
-  if (!strcmp(descr, "<u2")) t->kind = NPY_U2, t->itemsize = 2;
+  if (!strcmp(descr, "|u1")) t->kind = NPY_U1, t->itemsize = 1;
+  else if (!strcmp(descr, "<u2")) t->kind = NPY_U2, t->itemsize = 2;
   else if (!strcmp(descr, "<u4")) t->kind = NPY_U4, t->itemsize = 4;
   else if (!strcmp(descr, "<i4")) t->kind = NPY_I4, t->itemsize = 4;
   else if (!strcmp(descr, "<i8")) t->kind = NPY_I8, t->itemsize = 8;
   else
-    return TPR_FAIL(TPR_ERR_FORMAT, "%s: token dtype '%s' not supported (want '<u2', '<u4', '<i4' or '<i8')", path,
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: dtype '%s' not supported (want '<u2', '<u4', '<i4', '<i8' or '|u1')", path,
                     descr);
   memcpy(t->descr, descr, 4);
   if (fortran) return TPR_FAIL(TPR_ERR_FORMAT, "%s: fortran_order True not supported", path);
@@ -262,6 +263,7 @@ const char *tpr_npy_path(const tpr_npy *t) { return t->path; }
 static inline int64_t at(const tpr_npy *t, int64_t i) {
   const uint8_t *p = t->data + (size_t)i * (size_t)t->itemsize;
   switch (t->kind) {
+    case NPY_U1: return p[0];
     case NPY_U2: { uint16_t v; memcpy(&v, p, 2); return v; }
     case NPY_U4: { uint32_t v; memcpy(&v, p, 4); return v; }
     case NPY_I4: { int32_t v; memcpy(&v, p, 4); return v; }
@@ -317,11 +319,21 @@ static bool write_all(int fd, const void *buf, size_t len) {
 }
 
 tpr_status tpr_npy_write_i32(const char *path, const int32_t *v, int64_t n) {
+  return tpr_npy_write(path, "<i4", v, n);
+}
+
+tpr_status tpr_npy_write(const char *path, const char *descr, const void *v, int64_t n) {
   if (n < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: negative token count %lld", path, (long long)n);
+  size_t itemsize;
+  if (!strcmp(descr, "|u1")) itemsize = 1;
+  else if (!strcmp(descr, "<u2")) itemsize = 2;
+  else if (!strcmp(descr, "<u4") || !strcmp(descr, "<i4")) itemsize = 4;
+  else if (!strcmp(descr, "<i8")) itemsize = 8;
+  else return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: cannot write dtype '%s'", path, descr);
   // Header as np.save writes it: dict, spaces, '\n', total padded to 64.
   char head[128];
-  int dl = snprintf(head + 10, sizeof head - 10, "{'descr': '<i4', 'fortran_order': False, 'shape': (%lld,), }",
-                    (long long)n);
+  int dl = snprintf(head + 10, sizeof head - 10, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }",
+                    descr, (long long)n);
   size_t hlen = (size_t)dl + 1;
   while ((10 + hlen) % 64) hlen++;
   memset(head + 10 + dl, ' ', hlen - (size_t)dl - 1);
@@ -340,7 +352,7 @@ tpr_status tpr_npy_write_i32(const char *path, const int32_t *v, int64_t n) {
     free(tmp);
     return rc;
   }
-  bool ok = write_all(fd, head, 10 + hlen) && write_all(fd, v, (size_t)n * sizeof(int32_t)) && fsync(fd) == 0;
+  bool ok = write_all(fd, head, 10 + hlen) && write_all(fd, v, (size_t)n * itemsize) && fsync(fd) == 0;
   int err = errno;
   ok = (close(fd) == 0) && ok;
   if (ok && rename(tmp, path) != 0) ok = false, err = errno;

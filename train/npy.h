@@ -2,8 +2,8 @@
 // vector, as nanoGPT's and Megatron's data preparation scripts write them),
 // memory-mapped read-only.
 //
-// Accepted: format versions 1.0, 2.0 and 3.0; descr '<u2', '<u4', '<i4' or
-// '<i8'; fortran_order False; shape (n,). The header dict is parsed
+// Accepted: format versions 1.0, 2.0 and 3.0; descr '<u2', '<u4', '<i4',
+// '<i8' or '|u1' (the loss masks of token shards, train/tokens.h); fortran_order False; shape (n,). The header dict is parsed
 // strictly (what np.save writes: a Python dict literal with exactly those
 // three keys, any order, optional trailing comma, space padding and a final
 // newline), and the file size must equal header + n * itemsize. Anything
@@ -39,5 +39,7 @@ tpr_status tpr_npy_check_range(const tpr_npy *t, int64_t vocab);
 // Writes v (n,) as a version-1.0 '<i4' .npy, atomically: a temporary file in
 // the same directory, fsync, then rename over path.
 tpr_status tpr_npy_write_i32(const char *path, const int32_t *v, int64_t n);
+// The same for any descr the reader accepts; v holds n items of that type.
+tpr_status tpr_npy_write(const char *path, const char *descr, const void *v, int64_t n);
 
 #endif

@@ -22,6 +22,7 @@ void tpr_train_state_free(tpr_train_state *t) {
   tpr_exec_free(t->exec);
   tpr_program_free(t->program);
   tpr_tensor_free(t->tokens), tpr_tensor_free(t->targets), tpr_tensor_free(t->positions), tpr_tensor_free(t->start);
+  tpr_tensor_free(t->loss_scale);
   tpr_tensor_free(t->pos3);
   for (int i = 0; i < t->n_params; i++) {
     train_param *p = &t->params[i];
@@ -257,6 +258,8 @@ static tpr_status build(tpr_train_state *t) {
   }
   TPR_CHECK(tpr_tensor_new(t->be, TPR_I32, 1, (const int64_t[]){1}, &t->start));
   TPR_CHECK(tpr_exec_bind(t->exec, "start", t->start));
+  TPR_CHECK(tpr_tensor_new(t->be, TPR_F32, 1, (const int64_t[]){1}, &t->loss_scale));
+  TPR_CHECK(tpr_exec_bind(t->exec, "loss_scale", t->loss_scale));
   TPR_CHECK(bind_positions_3d(t));
   int32_t zero = 0, *pos = t->host_i32;
   for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;

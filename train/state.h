@@ -95,6 +95,13 @@ void tpr_train_params_updated(tpr_train_state *t);
 // Token ids outside the vocabulary: TPR_ERR_INVALID_ARG naming the position.
 tpr_status tpr_train_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets, double weight,
                               tpr_losses *out);
+// The same with the backward seeded by loss_scale on this rank alone:
+// grad += weight * reduce(loss_scale * d loss / d param), where reduce is
+// the FSDP reduce-scatter inside the program (the identity without FSDP).
+// A weight that differs between dp ranks must go here, not in weight (under
+// FSDP the program has already mixed the ranks' gradients). *out unscaled.
+tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
+                                     double loss_scale, double weight, tpr_losses *out);
 // The losses of one sequence with the trained params as they are, leaving
 // the gradients and the expert-load counts alone: validation (the program
 // still runs its backward, whose outputs are dropped). Collective like

@@ -39,6 +39,7 @@ struct tpr_train_state {
   tpr_program *program;
   tpr_exec *exec;
   tpr_tensor *tokens, *targets, *positions, *start;  // (T) (T) (T) (1) i32
+  tpr_tensor *loss_scale;                            // (1) f32: the backward's seed
   tpr_tensor *pos3;  // (3, T) i32 "positions_3d", MRoPE families only
   train_param *params;
   int n_params, n_trained;  // trained params first

@@ -70,12 +70,14 @@ static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targe
 }
 
 // One run of the program on a sequence, its losses read out.
-static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets, tpr_losses *out) {
+static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets, float loss_scale,
+                               tpr_losses *out) {
   int64_t T = t->o.seq_len;
   TPR_CHECK(check_ids(inputs, T, t->cfg->vocab_size, false));
   TPR_CHECK(check_ids(targets, T, t->cfg->vocab_size, true));
   TPR_CHECK(tpr_tensor_from_host(t->tokens, inputs, (size_t)T * sizeof *inputs));
   TPR_CHECK(tpr_tensor_from_host(t->targets, targets, (size_t)T * sizeof *targets));
+  TPR_CHECK(tpr_tensor_from_host(t->loss_scale, &loss_scale, sizeof loss_scale));
   TPR_CHECK(tpr_exec_run(t->exec));
   t->runs++;
   if (out) {
@@ -88,12 +90,17 @@ static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const 
 
 tpr_status tpr_train_eval_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
                                    tpr_losses *out) {
-  return run_sequence(t, inputs, targets, out);
+  return run_sequence(t, inputs, targets, 1.0f, out);
 }
 
 tpr_status tpr_train_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets, double weight,
                               tpr_losses *out) {
-  TPR_CHECK(run_sequence(t, inputs, targets, out));
+  return tpr_train_sequence_scaled(t, inputs, targets, 1.0, weight, out);
+}
+
+tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
+                                     double loss_scale, double weight, tpr_losses *out) {
+  TPR_CHECK(run_sequence(t, inputs, targets, (float)loss_scale, out));
   int64_t E = t->cfg->num_experts;
   for (int64_t L = 0; L < t->cfg->num_layers; L++) {
     if (!tpr_model_config_layer_is_moe(t->cfg, L)) continue;  // dense layers route nothing

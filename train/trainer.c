@@ -28,9 +28,9 @@ typedef struct loop {
   const tpr_session *s;
   tpr_comm_t world;
   const tpr_train_opts *o;
-  tpr_npy *tokens;
+  tpr_tokens *tokens;
   tpr_data *data;
-  tpr_npy *eval;      // --eval-data (NULL: none)
+  tpr_tokens *eval;   // --eval-data (NULL: none)
   int64_t eval_nw;    // its windows
   tpr_adamw_state *adam;  // (params)
   int n_params;
@@ -39,17 +39,64 @@ typedef struct loop {
   tpr_progress bar;   // rank 0's progress line (drawn only on a terminal)
 } loop;
 
+// Learned (not -100) targets of a sequence.
+static int64_t kept(const int32_t *targets, int64_t T) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; t++) n += targets[t] != -100;
+  return n;
+}
+
+// N: the learned targets of the whole step, every micro-step of every dp
+// replica. The data order is a pure function of (step, micro, replica, row)
+// (train/data.h), so each rank counts the other replicas' rows itself and
+// no collective is needed.
+static tpr_status step_kept(loop *l, int64_t step, int64_t *n) {
+  const tpr_train_opts *o = l->o;
+  *n = 0;
+  for (int64_t m = 0; m < o->grad_accum; m++)
+    for (int r = 0; r < l->mesh->dp; r++)
+      for (int64_t b = 0; b < o->micro_batch; b++) {
+        TPR_CHECK(tpr_data_window(l->data, step, (int)m, r, (int)b, l->inputs, l->targets));
+        *n += kept(l->targets, o->seq_len);
+      }
+  return TPR_OK;
+}
+
 // The rank's sequences of one step: micro-steps x rows, each a forward +
-// backward whose gradient counts 1 / (sequences of the replica).
+// backward of its mean loss over its learned targets, accumulated; the
+// gradient then becomes the mean over the dp replicas
+// (tpr_train_reduce_grads, or FSDP's reduce-scatter inside the program).
+//   Without --sft every target is learned: each sequence's gradient is
+//   accumulated with weight 1 / (accum * micro_batch), the mean over the
+//   step's sequences.
+//   With --sft, transformers' Trainer (with num_items_in_batch, and
+//   average_tokens_across_devices across replicas): the step's loss is the
+//   sum of the token losses of all its sequences on all replicas divided by
+//   N, the step's learned targets (step_kept). A sequence with n learned
+//   targets scales its loss by s = dp * n / N (dp: undoing the replica
+//   mean), so micro-batches and replicas with fewer learned tokens weigh
+//   less and a sequence with none weighs 0 (its mean loss is 0, never NaN);
+//   a step with N = 0 has a zero gradient (transformers would divide 0 by
+//   0). s differs between replicas, so it seeds the backward
+//   (tpr_train_sequence_scaled), before FSDP mixes the replicas' gradients.
+//   It scales the sequence's whole loss, the MoE aux term included.
+// The reported losses are weighted alike (s, or 1 / (accum * micro_batch)).
 static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
   const tpr_train_opts *o = l->o;
   double w = 1.0 / (double)(o->grad_accum * o->micro_batch);
+  int64_t n_step = 0;
   *sum = (tpr_losses){0};
+  if (o->sft) TPR_CHECK(step_kept(l, step, &n_step));
   for (int64_t m = 0; m < o->grad_accum; m++)
     for (int64_t b = 0; b < o->micro_batch; b++) {
       tpr_losses one;
       TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
-      TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
+      if (o->sft) {
+        w = n_step ? (double)l->mesh->dp * (double)kept(l->targets, o->seq_len) / (double)n_step : 0.0;
+        TPR_CHECK(tpr_train_sequence_scaled(l->t, l->inputs, l->targets, w, 1.0, &one));
+      } else {
+        TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
+      }
       sum->loss += w * one.loss, sum->ce += w * one.ce, sum->aux += w * one.aux;
     }
   return TPR_OK;
@@ -252,12 +299,14 @@ tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_o
                         .accum = (int)o->grad_accum,
                         .dp = tpr_session_plan(s)->dp,
                         .order = o->data_sequential ? TPR_DATA_SEQUENTIAL : TPR_DATA_RANDOM,
-                        .seed = o->seed};
-  if (rc == TPR_OK) rc = tpr_npy_open(o->data, &l.tokens);
+                        .seed = o->seed,
+                        .masked = o->sft};
+  tpr_tokens_opts to = {.split = "train", .masks = o->sft}, eo = {.split = "val"};
+  if (rc == TPR_OK) rc = tpr_tokens_open(o->data, &to, &l.tokens);
   if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_session_config(s)->vocab_size, &l.data);
-  if (rc == TPR_OK && o->eval_data) rc = tpr_npy_open(o->eval_data, &l.eval);
-  if (rc == TPR_OK && l.eval) rc = tpr_eval_window_count(l.eval, o->eval_data, o->seq_len, o->eval_windows, &l.eval_nw);
-  if (rc == TPR_OK && l.eval) rc = tpr_npy_check_range(l.eval, tpr_session_config(s)->vocab_size);
+  if (rc == TPR_OK && o->eval_data) rc = tpr_tokens_open(o->eval_data, &eo, &l.eval);
+  if (rc == TPR_OK && l.eval) rc = tpr_eval_window_count(l.eval, o->seq_len, o->eval_windows, &l.eval_nw);
+  if (rc == TPR_OK && l.eval) rc = tpr_tokens_check_range(l.eval, tpr_session_config(s)->vocab_size);
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(t, o->resume_dir, l.adam, &first));
   if (rc == TPR_OK) rc = report_memory(&l, out);
@@ -286,7 +335,7 @@ tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_o
   for (int i = 0; l.adam && i < l.n_params; i++) tpr_adamw_state_free(&l.adam[i]);
   free(l.adam), free(l.inputs), free(l.targets);
   tpr_data_free(l.data);
-  tpr_npy_close(l.tokens);
-  tpr_npy_close(l.eval);
+  tpr_tokens_close(l.tokens);
+  tpr_tokens_close(l.eval);
   return rc;
 }

@@ -13,7 +13,8 @@
 #include "train/state.h"
 
 typedef struct tpr_train_opts {
-  const char *data;         // .npy token file
+  const char *data;         // token stream spec (train/tokens.h; an index's train split by default)
+  bool sft;                 // loss masks: unlearned targets -100, steps averaged per learned token (trainer.c)
   bool data_sequential;     // windows in file order (else a seeded permutation per epoch)
   int64_t seq_len, micro_batch, grad_accum, steps;
   double lr, min_lr, weight_decay, clip;  // clip <= 0: off
@@ -30,7 +31,7 @@ typedef struct tpr_train_opts {
   // Validation (train/eval_windows.h): the mean cross-entropy over eval_data's
   // windows of seq_len after every eval_every steps and after the last
   // (eval_every 0: only after the last); at most eval_windows (0: all).
-  const char *eval_data;
+  const char *eval_data;    // token stream spec (an index's val split by default)
   int64_t eval_every, eval_windows;
   bool json;                // one JSON line per step on rank 0
 } tpr_train_opts;
