@@ -36,10 +36,10 @@ typedef struct session_scorer {
   float *logits;  // (T, V)
 } session_scorer;
 
-static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum) {
+static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum, int64_t *scored) {
   session_scorer *c = ctx;
   TPR_CHECK(tpr_session_forward(c->s, ids, c->T, 0, c->logits));  // (T, V)
-  *ce_sum = 0;
+  *ce_sum = 0, *scored = c->T;
   for (int64_t t = 0; keep && t < c->T; t++) *ce_sum += token_ce(c->logits + t * c->V, c->V, ids[t + 1]);
   return TPR_OK;
 }

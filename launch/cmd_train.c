@@ -14,6 +14,7 @@
 #include "models/minimax_m2.h"
 #include "models/qk_head_decoder.h"
 #include "shard/checkpoint_gen.h"
+#include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/state.h"
 #include "train/trainer.h"
@@ -23,7 +24,7 @@ static const char *usage =
     "         [--seq-len T] [--micro-batch B] [--grad-accum A] [--steps S] [--lr LR] [--warmup W]\n"
     "         [--min-lr LR] [--weight-decay WD] [--clip C] [--seed S] [--data-order random|sequential]\n"
     "         [--tp --dp --ep --etp] [--fsdp | --no-fsdp] [--param-dtype f32|bf16] [--save DIR [--save-every N]]\n"
-    "         [--resume DIR] [--positions-3d FILE] [--eval-data DATA [--eval-every N]] [--json]\n"
+    "         [--resume DIR] [--positions-3d FILE] [--pack [--eos-id N]] [--eval-data DATA [--eval-every N]] [--json]\n"
     "DATA: X.npy, a glob pattern ('dir/*.npy', sorted; .mask.npy/.docs.npy skipped), PREFIX.json (a tpr data\n"
     "prepare index: its train split, for --eval-data its val split; PREFIX.json:train / :val to choose), or a\n"
     "comma-separated list of these (or --data repeated), concatenated in order";
@@ -78,6 +79,24 @@ static void print_summary(const tpr_train_state *t, const tpr_train_summary *sum
            100 * (1 - sum->ms_exposed / comm));
 }
 
+// --pack's EOS: --eos-id, else the checkpoint tokenizer's eos_token.
+static tpr_status pack_eos(const char *dir, int64_t given, int32_t *eos) {
+  if (given >= 0) {
+    if (given > INT32_MAX) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --eos-id %lld is not a token id", (long long)given);
+    *eos = (int32_t)given;
+    return TPR_OK;
+  }
+  tpr_tokenizer *tok = NULL;
+  tpr_status rc = tpr_tokenizer_load(dir, &tok);
+  *eos = rc == TPR_OK ? tpr_tokenizer_eos_id(tok) : -1;
+  tpr_tokenizer_free(tok);
+  if (*eos < 0)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --pack needs the EOS token that separates documents, and %s has "
+                    "%s; give it with --eos-id N", dir,
+                    rc != TPR_OK ? "no tokenizer tpr can load" : "a tokenizer without an eos_token");
+  return TPR_OK;
+}
+
 static int usage_error(const char *msg) {
   fprintf(stderr, "tpr train: %s\n%s\n", msg, usage);
   return 2;
@@ -109,8 +128,9 @@ int tpr_cmd_train(int argc, char **argv) {
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_debug dbg = TPR_MODEL_DEBUG_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
-  const char *skip_marks = NULL, *param_dtype = "f32", *debug_fsdp = NULL, *pos3_path = NULL;
-  bool fsdp = false, no_fsdp = false, no_prefetch = false, no_reshard = false;
+  const char *skip_marks = NULL, *param_dtype = "f32", *debug_fsdp = NULL, *pos3_path = NULL, *debug_pack = NULL;
+  bool fsdp = false, no_fsdp = false, no_prefetch = false, no_reshard = false, pack = false;
+  int64_t eos_id = -1;
   const tpr_arg args[] = {
       {"model", TPR_ARG_STR, &model, "checkpoint directory to start from (Hugging Face)"},
       {"config", TPR_ARG_STR, &config, "model config.json, with --random-init"},
@@ -170,6 +190,14 @@ int tpr_cmd_train(int argc, char **argv) {
       {"positions-3d", TPR_ARG_STR, &pos3_path,
        "MRoPE families (qwen3_vl_moe, qwen2_vl): the rope positions (3, seq-len) of every sequence, .npy or .safetensors "
        "(default: the text rule, every axis the position)"},
+      {"pack", TPR_ARG_FLAG, &pack,
+       "packed documents: the token stream's documents are separated by EOS (tpr data prepare --append-eos); in "
+       "each window positions restart after every EOS, attention never crosses one, and the loss skips the EOS "
+       "positions (Megatron-LM's reset_position_ids, reset_attention_mask, eod_mask_loss)"},
+      {"eos-id", TPR_ARG_INT, &eos_id, "with --pack: the EOS token id (default: the checkpoint tokenizer's eos_token)"},
+      {"debug-pack", TPR_ARG_STR, &debug_pack,
+       "test only: no-mask | no-positions | no-mask-no-positions: --pack without its attention mask, without "
+       "restarting the positions, or without both (negative controls)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
        "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces; bias-wrong: add one "
@@ -235,6 +263,17 @@ int tpr_cmd_train(int argc, char **argv) {
     else return usage_error("--debug-skip-grad-marks must be column, qk-norm, shared-mlp, bias-wrong or all");
   }
   if (fsdp && no_fsdp) return usage_error("give --fsdp or --no-fsdp, not both");
+  if (!pack && (eos_id != -1 || debug_pack)) return usage_error("--eos-id and --debug-pack go with --pack");
+  if (eos_id < -1) return usage_error("--eos-id must be >= 0");
+  if (pack && pos3_path)
+    return usage_error("--positions-3d gives every sequence the same positions, --pack restarts them at each "
+                       "document: give one or the other");
+  int pack_debug = 0;
+  if (debug_pack && !strcmp(debug_pack, "no-mask")) pack_debug = TPR_PACK_DEBUG_NO_MASK;
+  else if (debug_pack && !strcmp(debug_pack, "no-positions")) pack_debug = TPR_PACK_DEBUG_NO_POSITIONS;
+  else if (debug_pack && !strcmp(debug_pack, "no-mask-no-positions"))
+    pack_debug = TPR_PACK_DEBUG_NO_MASK | TPR_PACK_DEBUG_NO_POSITIONS;
+  else if (debug_pack) return usage_error("--debug-pack must be no-mask, no-positions or no-mask-no-positions");
   tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
   if (!strcmp(param_dtype, "f32")) fo.param_dtype = TPR_F32;
   else if (!strcmp(param_dtype, "bf16")) fo.param_dtype = TPR_BF16;
@@ -268,6 +307,8 @@ int tpr_cmd_train(int argc, char **argv) {
       !tpr_train_supported(mc.family))
     rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: model family %s runs inference only (forward, run, bench model); "
                   "training supports %s", tpr_model_family_name(mc.family), tpr_train_supported_list());
+  int32_t eos = -1;
+  if (rc == TPR_OK && pack) rc = pack_eos(dir, eos_id, &eos);
   int32_t *pos3 = NULL;
   if (rc == TPR_OK && pos3_path) rc = tpr_positions_3d_read(pos3_path, o.seq_len, &pos3);
   tpr_session_opts so;
@@ -287,7 +328,7 @@ int tpr_cmd_train(int argc, char **argv) {
   if (rc == TPR_OK && !fo.on && (strcmp(param_dtype, "f32") || debug_fsdp))
     rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --param-dtype bf16 and --debug-fsdp need FSDP (--fsdp, or dp > 1)");
   tpr_train_state_opts to = {.seq_len = o.seq_len, .aux_coef = o.aux_coef, .profile = profile, .fsdp = fo,
-                             .positions_3d = pos3};
+                             .positions_3d = pos3, .pack = pack, .eos_id = eos, .pack_debug = pack_debug};
   double sgemm = rc == TPR_OK && profile && w.rank == 0 ? tpr_cli_sgemm_gflops() : 0;
   tpr_train_summary sum = {0};
   if (rc == TPR_OK) rc = tpr_train_state_open(s, &to, &t);

@@ -20,6 +20,7 @@ typedef struct m2_ctx {
   tpr_value_id rank_tp;    // (1) i32: this rank's tp coordinate, from the rank tensor
   tpr_value_id positions;  // (T) i32
   tpr_value_id start;      // (1) i32, training: the first position (0)
+  tpr_value_id attn_lo;    // (T) i32, packed training: each token's document start
   tpr_value_id slots;      // (T) i32, inference: each token's pool row (-1 padded)
   tpr_value_id seq;        // (T) i32, inference: each token's block-table row (-1 padded)
   tpr_value_id blocks;     // (B, MB) i32, inference: the block tables
@@ -148,7 +149,10 @@ static tpr_status attention(m2_ctx *c, int64_t L, tpr_value_id x, tpr_value_id *
   TPR_CHECK(tpr_pb_rope(c->p, k3, c->positions, cfg->rotary_dim, theta, &kr3));
   float scale = (float)(1.0 / sqrt((double)D));
   if (c->o->training) {  // one whole sequence per run: attention reads this run's k and v (start 0)
-    TPR_CHECK(tpr_pb_attention(c->p, qr3, kr3, v3, c->start, scale, &att));  // (T, qr, D)
+    if (c->o->pack)  // packed documents: a block-diagonal causal mask
+      TPR_CHECK(tpr_pb_attention_docs(c->p, qr3, kr3, v3, c->start, c->attn_lo, scale, &att));  // (T, qr, D)
+    else
+      TPR_CHECK(tpr_pb_attention(c->p, qr3, kr3, v3, c->start, scale, &att));  // (T, qr, D)
   } else {
     // The writes come first: a token attends its own sequence's rows up to
     // its position, this step's included.
@@ -252,6 +256,7 @@ static tpr_status build(m2_ctx *c) {
   TPR_CHECK(tpr_program_input(c->p, "positions", TPR_I32, 1, (const int64_t[]){T}, &c->positions));
   if (c->o->training) {
     TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &c->start));
+    if (c->o->pack) TPR_CHECK(tpr_program_input(c->p, "attn_lo", TPR_I32, 1, (const int64_t[]){T}, &c->attn_lo));
   } else {
     const tpr_step_shape *st = &c->o->step;
     TPR_CHECK(tpr_program_input(c->p, "slot_mapping", TPR_I32, 1, (const int64_t[]){T}, &c->slots));

@@ -51,6 +51,11 @@ typedef struct tpr_m2_build_opts {
   // "moe_load.L" (E) i32, the tokens the router sent to each expert.
   bool training;
   double aux_coef;
+  // Training on packed sequences (docs/training.md "Packed sequences"): one
+  // more input "attn_lo" (T) i32, the first position of each token's
+  // document; attention never crosses a document's start (attention's
+  // document form, ops.h). The trainer gives positions restarting per document.
+  bool pack;
   // Negative control only: training without some grad_all_reduce marks (the
   // forward is unchanged, those tp gradients come out partial): a mask of
   // TPR_M2_MARKS_COLUMN (column-parallel and expert inputs, the lm head's

@@ -16,6 +16,7 @@ typedef struct qkhd {
   const tpr_qkhd_opts *o;
   tpr_qk_control control;
   tpr_value_id start;           // training: (1) i32 the first position (0)
+  tpr_value_id attn_lo;         // packed training: (T) i32 each token's document start
   tpr_value_id *router_logits;  // training: the MoE layers' (T, E) router logits, for the aux loss
   int n_router;
 } qkhd;
@@ -34,6 +35,7 @@ static tpr_status begin_training(qkhd *b) {
   int64_t T = b->o->tokens;
   if (T < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %lld tokens per training run", c->family->name, (long long)T);
   TPR_CHECK(tpr_fstep_begin_tokens(c, T));
+  if (b->o->pack) TPR_CHECK(tpr_program_input(c->p, "attn_lo", TPR_I32, 1, (const int64_t[]){T}, &b->attn_lo));
   return tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start);
 }
 
@@ -45,7 +47,10 @@ static tpr_status attend_training(qkhd *b, tpr_value_id q, tpr_value_id k, tpr_v
   int64_t D = c->plan->config.head_dim, qr = c->plan->attn.q_per_rank;
   tpr_value_id att, o;
   float scale = (float)(1.0 / sqrt((double)D));
-  TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, scale, &att));  // (T, qr, D)
+  if (b->o->pack)  // packed documents: a block-diagonal causal mask
+    TPR_CHECK(tpr_pb_attention_docs(c->p, q, k, v, b->start, b->attn_lo, scale, &att));  // (T, qr, D)
+  else
+    TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, scale, &att));  // (T, qr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){c->T, qr * D}, &att));
   TPR_CHECK(tpr_fstep_linear(c->p, att, wo, &o));  // (T, H) partial over tp
   TPR_CHECK(tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &o));

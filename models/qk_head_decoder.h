@@ -86,6 +86,10 @@ typedef struct tpr_qkhd_opts {
   int64_t tokens;       // T, training
   double aux_coef;      // weight of the load-balancing loss, training
   int skip_grad_marks;  // TPR_QKHD_MARKS_* negative controls, training
+  // Training on packed sequences (docs/training.md "Packed sequences"): one
+  // more input "attn_lo" (T) i32, each token's document start; attention
+  // never crosses a document's start (attention's document form, ops.h).
+  bool pack;
   // Training: params sharded over dp, experts over edp (shard/fsdp.h): each
   // is declared as this rank's chunk "<name>" and gathered before its layer
   // part (prefetch group 0 the embedding, 1 + 2L layer L's attention,

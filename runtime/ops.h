@@ -41,7 +41,9 @@ typedef enum tpr_op_kind {
   TPR_OP_EMBEDDING_SHARD = 18,  // in (table (Vl, H), ids (...) i32/i64, shard (1) i32/i64); out (..., H)
   TPR_OP_ROPE = 19,             // in (x (T, heads, D), pos (T) i32/i64); i[0] rotary_dim; f[0] theta;
                                 // variants (pairing, MRoPE pos (3, T)): i[1..5], ops/rope/rope.h
-  TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale
+  TPR_OP_ATTENTION = 20,        // in (q (T, Hq, D), k (S, Hkv, D), v (S, Hkv, D), start (1) i32/i64); f[0] scale;
+                                // document form (i[0] = 1, packed training sequences): + lo (T) i32 last,
+                                // query t sees keys [lo[t], start + t] (0 <= lo[t] <= start + t)
   TPR_OP_CACHE_WRITE = 21,      // in (cache (S, Hkv, D), new (T, Hkv, D), start (1)); writes cache IN PLACE; out (1) i32
   TPR_OP_ROUTER_SIGMOID_TOPK = 22,  // in (logits (T, E), bias (E)); i[0] k; out (T, E) dense weights
   TPR_OP_MOE_EXPERTS = 23,      // in (x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F)); out (T, H);
@@ -76,7 +78,8 @@ typedef enum tpr_op_kind {
   TPR_OP_SLICE_BWD = 41,        // in (dy); i[0] dim, i[1] start, i[2] full len; out: zeros, dy placed
   TPR_OP_RMS_SCALE_BWD = 42,    // in (x, sumsq, w, dy); f[0] divisor, f[1] eps; out packed (dx | dsumsq | dw)
   TPR_OP_ROPE_BWD = 43,         // in (dy (T, heads, D), pos (T)); rope's attrs; out dx (inverse rotation)
-  TPR_OP_ATTENTION_BWD = 44,    // in (q, k, v, start, dout); f[0] scale; out packed (dq | dk | dv)
+  TPR_OP_ATTENTION_BWD = 44,    // in (q, k, v, start, dout); f[0] scale; out packed (dq | dk | dv);
+                                // document form as attention's: i[0] = 1, + lo (T) i32 after dout
   TPR_OP_ROUTER_SIGMOID_TOPK_BWD = 45,  // in (logits, bias, dy); i[0] k; out dlogits (T, E)
   TPR_OP_MOE_EXPERTS_BWD = 46,  // in (x, gates, w13, w2, dy); out packed (dx | dgates | dw13 | dw2)
   TPR_OP_MOE_GROUPED_FFN_BWD = 47,  // in (x, counts, w13, w2, dy); out packed (dx | dw13 | dw2)
@@ -225,6 +228,12 @@ tpr_status tpr_rope(tpr_backend *be, const tpr_tensor *x, const tpr_tensor *posi
 // program order, and nothing else orders the two.
 tpr_status tpr_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k_cache,
                          const tpr_tensor *v_cache, const tpr_tensor *start, float scale, tpr_tensor *out);
+// The document form (packed training sequences): query t attends rows
+// [lo[t], start + t] only; lo (T) i32, each 0 <= lo[t] <= start + t, else
+// TPR_ERR_INVALID_ARG at run time.
+tpr_status tpr_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k_cache,
+                              const tpr_tensor *v_cache, const tpr_tensor *start, const tpr_tensor *lo, float scale,
+                              tpr_tensor *out);
 // Writes new_rows (T, Hkv, D) into cache (S, Hkv, D) rows [start, start+T)
 // IN PLACE -- the one op that writes an input; same dtype for both, any
 // dtype. start (1) i32/i64. out (1) i32 = start + T, a token nothing needs to

@@ -484,6 +484,29 @@ static void test_attention(void **state) {
     }
 }
 
+// Attention's document form (ops.h: + lo (T) i32, contiguous as the CUDA
+// kernel needs it): random document starts, one always inside the keys.
+static void test_attention_docs(void **state) {
+  static const struct { int64_t T, S, start, Hq, Hkv, D; } cs[] = {
+      {6, 6, 0, 2, 2, 16}, {16, 16, 0, 4, 2, 8}, {5, 12, 7, 6, 2, 33}, {130, 140, 0, 2, 1, 16}};
+  for (int c = 0; c < 4; c++) {
+    const int64_t T = cs[c].T, start = cs[c].start, qs[3] = {T, cs[c].Hq, cs[c].D}, ks[3] = {cs[c].S, cs[c].Hkv, cs[c].D};
+    int32_t *lo = hold_host(malloc((size_t)T * sizeof *lo));
+    int64_t doc = 0, cut = 1 + tt_randint(0, start + T - 2);  // one document start in [1, start + T)
+    for (int64_t t = 0; t < T; t++) {
+      if (start + t == cut || (start + t > cut && tt_randint(0, 5) == 0)) doc = start + t;
+      lo[t] = (int32_t)doc;
+    }
+    tpr_op_attrs at = {.n_i = 1, .i = {1}, .n_f = 1, .f = {1.0f / sqrtf((float)cs[c].D)}};
+    pair in[5] = {rand_pair(3, qs, c % 2 ? L_PERM : 0), rand_pair(3, ks, 0), rand_pair(3, ks, c % 2 ? L_SLICE : 0),
+                  scalar_pair(TPR_I32, start), pair_from(TPR_I32, 1, &T, 0, lo)};
+    op_case *k = check(TPR_OP_ATTENTION, &at, 5, in, "documents T=%lld S=%lld start=%lld Hq=%lld Hkv=%lld D=%lld",
+                       (long long)T, (long long)cs[c].S, (long long)start, (long long)cs[c].Hq, (long long)cs[c].Hkv,
+                       (long long)cs[c].D);
+    if (c == 1) negative(k, 4, T - 1, 0.0);  // the last query sees the earlier documents too
+  }
+}
+
 static void test_cache_write(void **state) {
   const int64_t S = 10, Hkv = 2, D = 4, cs[3] = {S, Hkv, D};
   static const int64_t Ts[] = {3, 1, 0};
@@ -660,7 +683,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_matmul),       T(test_add_mul),          T(test_rms_norm_swiglu),  T(test_softmax),
       T(test_sum_squares_rms_scale), T(test_embedding), T(test_index_select),   T(test_cast),
-      T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_cache_write),
+      T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_attention_docs),   T(test_cache_write),
       T(test_router),       T(test_moe),              T(test_bad_indices),      T(test_missing_kernel),
       T(test_allocator_reuse),
   };

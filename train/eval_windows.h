@@ -20,14 +20,17 @@
 #include "train/tokens.h"
 
 // Scores one window: ids (T + 1) -- inputs ids[0..T), targets ids[1..T] --
-// into *ce_sum, the sum over its T positions of -log p(target). Called on
-// every rank of the replica; keep false: the window is a filler whose score
-// is dropped (the call must still run the same collectives).
-typedef tpr_status (*tpr_window_score_fn)(void *ctx, const int32_t *ids, bool keep, double *ce_sum);
+// into *ce_sum, the sum over its scored positions of -log p(target), and
+// *scored, how many there are (T, or fewer where the scorer ignores some:
+// tpr train --pack skips EOS inputs). Called on every rank of the replica;
+// keep false: the window is a filler whose score is dropped (the call must
+// still run the same collectives).
+typedef tpr_status (*tpr_window_score_fn)(void *ctx, const int32_t *ids, bool keep, double *ce_sum,
+                                          int64_t *scored);
 
 typedef struct tpr_eval_result {
-  int64_t windows, tokens;
-  double ce_sum;  // over every window's tokens: loss = ce_sum / tokens
+  int64_t windows, tokens;  // tokens: the scored positions
+  double ce_sum;  // over every window's scored positions: loss = ce_sum / tokens
 } tpr_eval_result;
 
 // The number of whole windows of T + 1 ids in data, at most max_windows

@@ -23,7 +23,8 @@ void tpr_train_state_free(tpr_train_state *t) {
   tpr_program_free(t->program);
   tpr_tensor_free(t->tokens), tpr_tensor_free(t->targets), tpr_tensor_free(t->positions), tpr_tensor_free(t->start);
   tpr_tensor_free(t->loss_scale);
-  tpr_tensor_free(t->pos3);
+  tpr_tensor_free(t->pos3), tpr_tensor_free(t->attn_lo);
+  free(t->pack_host);
   for (int i = 0; i < t->n_params; i++) {
     train_param *p = &t->params[i];
     free(p->pub.grad);
@@ -166,6 +167,12 @@ const char *tpr_train_supported_list(void) {
   return list;
 }
 
+// Whether the program's attention stops at document starts (packed
+// sequences, unless a test's control leaves the mask out).
+static bool packed_attention(const tpr_train_state *t) {
+  return t->o.pack && !(t->o.pack_debug & TPR_PACK_DEBUG_NO_MASK);
+}
+
 // The family's training program: MiniMax-M2's builder, or the per-head
 // QK-norm builder's training mode from the family's descriptor.
 static tpr_status make_program(tpr_train_state *t) {
@@ -180,6 +187,7 @@ static tpr_status make_program(tpr_train_state *t) {
                             .moe = so->moe,
                             .training = true,
                             .aux_coef = coef,
+                            .pack = packed_attention(t),
                             .skip_grad_marks = so->skip_grad_marks,
                             .fsdp = t->o.fsdp};
     return tpr__session_make_program(t->s, build_m2, &bo, &t->program);
@@ -211,6 +219,7 @@ static tpr_status make_program(tpr_train_state *t) {
                         .training = true,
                         .tokens = T,
                         .aux_coef = coef,
+                        .pack = packed_attention(t),
                         .skip_grad_marks = so->skip_grad_marks,
                         .fsdp = t->o.fsdp};
   return tpr__session_make_program(t->s, build_qkhd, &j, &t->program);
@@ -261,6 +270,10 @@ static tpr_status build(tpr_train_state *t) {
   TPR_CHECK(tpr_tensor_new(t->be, TPR_F32, 1, (const int64_t[]){1}, &t->loss_scale));
   TPR_CHECK(tpr_exec_bind(t->exec, "loss_scale", t->loss_scale));
   TPR_CHECK(bind_positions_3d(t));
+  if (packed_attention(t)) {  // each sequence's document starts (state_pack.c)
+    TPR_CHECK(tpr_tensor_new(t->be, TPR_I32, 1, (const int64_t[]){T}, &t->attn_lo));
+    TPR_CHECK(tpr_exec_bind(t->exec, "attn_lo", t->attn_lo));
+  }
   int32_t zero = 0, *pos = t->host_i32;
   for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
   TPR_CHECK(tpr_tensor_from_host(t->positions, pos, (size_t)T * sizeof *pos));
@@ -275,6 +288,13 @@ static tpr_status open_state(tpr_session *s, const tpr_train_state_opts *o, tpr_
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: runs on the CPU backend (backend %s has no backward kernels yet)",
                     tpr_backend_name(be));
   if (o->seq_len < 1) return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --seq-len %lld", (long long)o->seq_len);
+  const int64_t V = tpr_session_config(s)->vocab_size;
+  if (o->pack && (o->eos_id < 0 || o->eos_id >= V))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --pack: the EOS id %d is outside the vocabulary [0, %lld)",
+                    o->eos_id, (long long)V);
+  if (o->pack && o->positions_3d)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --positions-3d gives every sequence the same positions, --pack "
+                    "restarts them at each document: give one or the other");
   tpr_train_state *t = calloc(1, sizeof *t);
   if (!t) return TPR_FAIL(TPR_ERR_OOM, "train");
   *out = t;  // the caller's to free, built or not

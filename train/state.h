@@ -28,7 +28,20 @@ typedef struct tpr_train_state_opts {
   // temporal, height, width, the same for every sequence; NULL: the text
   // rule (transformers' get_rope_index without images: every row 0..T-1).
   const int32_t *positions_3d;
+  // Packed sequences (docs/training.md "Packed sequences", Megatron-LM's
+  // reset_position_ids + reset_attention_mask + eod_mask_loss): a sequence
+  // holds documents each ended by eos_id; a new one starts after every EOS.
+  // Positions restart at 0 at each document start (every MRoPE row alike),
+  // attention never crosses a document start, and the loss skips positions
+  // whose input is EOS. eos_id in [0, vocab); positions_3d must be NULL.
+  bool pack;
+  int32_t eos_id;
+  int pack_debug;  // negative controls only: TPR_PACK_DEBUG_* bits, a piece of packing left out
 } tpr_train_state_opts;
+
+// Tests' negative controls of packing: attention left plain causal across
+// documents, or positions left 0..T-1 (the rest of packing kept).
+enum { TPR_PACK_DEBUG_NO_MASK = 1, TPR_PACK_DEBUG_NO_POSITIONS = 2 };
 
 // One trained tensor of this rank, in the rank's layout (host f32).
 typedef struct tpr_train_param {
@@ -108,6 +121,9 @@ tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, 
 // tpr_train_sequence.
 tpr_status tpr_train_eval_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
                                    tpr_losses *out);
+// The positions of a sequence its cross-entropy averages over: targets other
+// than -100 and, packed (o.pack), inputs other than EOS.
+int64_t tpr_train_scored(const tpr_train_state *t, const int32_t *inputs, const int32_t *targets);
 
 // Collective. Folds copies of replicated heads (sum) and zeroes padding,
 // then averages over the dp replicas (experts: sums over edp, divided by dp).

@@ -41,6 +41,8 @@ struct tpr_train_state {
   tpr_tensor *tokens, *targets, *positions, *start;  // (T) (T) (T) (1) i32
   tpr_tensor *loss_scale;                            // (1) f32: the backward's seed
   tpr_tensor *pos3;  // (3, T) i32 "positions_3d", MRoPE families only
+  tpr_tensor *attn_lo;  // (T) i32 "attn_lo", packed sequences only: each token's document start
+  int32_t *pack_host;   // packed sequences: (T) lo, (T) targets, (3T) positions staging
   train_param *params;
   int n_params, n_trained;  // trained params first
   int32_t *host_i32;        // (T) staging
@@ -55,6 +57,11 @@ struct tpr_train_state {
 static inline int64_t tpr__kind_numel(const tpr_shard_tensor *k) {
   return k->ndim == 2 ? k->rank_shape[0] * k->rank_shape[1] : k->rank_shape[0];
 }
+
+// Packed sequences (o.pack): the positions, document starts and masked
+// targets of a sequence's inputs, into the program's inputs (state.c).
+tpr_status tpr__train_bind_pack(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
+                                const int32_t **targets_out);
 
 // Folds param i's gradient laid out in `g` (its whole rank-layout tensor):
 // copies of replicated heads summed, padding zeroed (state_step.c).

@@ -75,6 +75,7 @@ static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const 
   int64_t T = t->o.seq_len;
   TPR_CHECK(check_ids(inputs, T, t->cfg->vocab_size, false));
   TPR_CHECK(check_ids(targets, T, t->cfg->vocab_size, true));
+  if (t->o.pack) TPR_CHECK(tpr__train_bind_pack(t, inputs, targets, &targets));  // EOS inputs' targets -100
   TPR_CHECK(tpr_tensor_from_host(t->tokens, inputs, (size_t)T * sizeof *inputs));
   TPR_CHECK(tpr_tensor_from_host(t->targets, targets, (size_t)T * sizeof *targets));
   TPR_CHECK(tpr_tensor_from_host(t->loss_scale, &loss_scale, sizeof loss_scale));

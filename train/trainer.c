@@ -39,13 +39,6 @@ typedef struct loop {
   tpr_progress bar;   // rank 0's progress line (drawn only on a terminal)
 } loop;
 
-// Learned (not -100) targets of a sequence.
-static int64_t kept(const int32_t *targets, int64_t T) {
-  int64_t n = 0;
-  for (int64_t t = 0; t < T; t++) n += targets[t] != -100;
-  return n;
-}
-
 // N: the learned targets of the whole step, every micro-step of every dp
 // replica. The data order is a pure function of (step, micro, replica, row)
 // (train/data.h), so each rank counts the other replicas' rows itself and
@@ -57,7 +50,7 @@ static tpr_status step_kept(loop *l, int64_t step, int64_t *n) {
     for (int r = 0; r < l->mesh->dp; r++)
       for (int64_t b = 0; b < o->micro_batch; b++) {
         TPR_CHECK(tpr_data_window(l->data, step, (int)m, r, (int)b, l->inputs, l->targets));
-        *n += kept(l->targets, o->seq_len);
+        *n += tpr_train_scored(l->t, l->inputs, l->targets);  // learned: not -100, not after an EOS under --pack
       }
   return TPR_OK;
 }
@@ -92,7 +85,7 @@ static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
       tpr_losses one;
       TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
       if (o->sft) {
-        w = n_step ? (double)l->mesh->dp * (double)kept(l->targets, o->seq_len) / (double)n_step : 0.0;
+        w = n_step ? (double)l->mesh->dp * (double)tpr_train_scored(l->t, l->inputs, l->targets) / (double)n_step : 0.0;
         TPR_CHECK(tpr_train_sequence_scaled(l->t, l->inputs, l->targets, w, 1.0, &one));
       } else {
         TPR_CHECK(tpr_train_sequence(l->t, l->inputs, l->targets, w, &one));
@@ -233,11 +226,12 @@ static tpr_status report_memory(loop *l, FILE *out) {
   return rc;
 }
 
-static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum) {
+static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum, int64_t *scored) {
   loop *l = ctx;
   tpr_losses v;
   TPR_CHECK(tpr_train_eval_sequence(l->t, ids, ids + 1, &v));  // targets: the inputs shifted by one
-  *ce_sum = keep ? v.ce * (double)l->o->seq_len : 0;               // ce: the mean over the window's tokens
+  *scored = tpr_train_scored(l->t, ids, ids + 1);
+  *ce_sum = keep ? v.ce * (double)*scored : 0;  // ce: the mean over the window's scored positions
   return TPR_OK;
 }
 

@@ -76,6 +76,13 @@ tpr_status tpr_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor 
   return RUN4(TPR_OP_ATTENTION, q, k_cache, v_cache, start, &at);
 }
 
+tpr_status tpr_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k_cache,
+                              const tpr_tensor *v_cache, const tpr_tensor *start, const tpr_tensor *lo, float scale,
+                              tpr_tensor *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {1}, .n_f = 1, .f = {scale}};
+  return tpr_op_run(be, TPR_OP_ATTENTION, (const tpr_tensor *const[]){q, k_cache, v_cache, start, lo}, 5, &at, out);
+}
+
 tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor *new_rows, const tpr_tensor *start,
                            tpr_tensor *out) {
   return RUN3(TPR_OP_CACHE_WRITE, cache, new_rows, start, NULL);

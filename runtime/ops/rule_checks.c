@@ -91,6 +91,10 @@ int tpr__fp8_extra_inputs(tpr_op_kind op) {
   return op == TPR_OP_MATMUL ? 1 : (op == TPR_OP_MOE_EXPERTS || op == TPR_OP_MOE_GROUPED_FFN) ? 2 : 0;
 }
 
+bool tpr__attention_docs_attr(tpr_op_kind op, const tpr_op_attrs *at) {
+  return at && (op == TPR_OP_ATTENTION || op == TPR_OP_ATTENTION_BWD) && at->n_i > 0 && at->i[0] != 0;
+}
+
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,
                                 const char *which) {
   if (block < 1 || block > 128)

@@ -293,6 +293,11 @@ tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache
   tpr_op_attrs at = {.n_f = 1, .f = {scale}};
   return OP4(TPR_OP_ATTENTION, q, k_cache, v_cache, start, &at);
 }
+tpr_status tpr_pb_attention_docs(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
+                                 tpr_value_id start, tpr_value_id lo, float scale, tpr_value_id *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {1}, .n_f = 1, .f = {scale}};
+  return tpr_program_op(p, TPR_OP_ATTENTION, (const tpr_value_id[]){q, k_cache, v_cache, start, lo}, 5, &at, out);
+}
 tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id new_rows, tpr_value_id start,
                               tpr_value_id *out) {
   return OP3(TPR_OP_CACHE_WRITE, cache, new_rows, start, NULL);

@@ -109,6 +109,12 @@ tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions
                           tpr_value_id *out);
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out);
+// Attention's document form (packed training sequences): as tpr_pb_attention,
+// but query t sees keys [lo[t], start + t] only, lo (T) i32 with
+// 0 <= lo[t] <= start + t (checked at run time): a block-diagonal causal mask
+// when lo[t] is the first position of t's document.
+tpr_status tpr_pb_attention_docs(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
+                                 tpr_value_id start, tpr_value_id lo, float scale, tpr_value_id *out);
 tpr_status tpr_pb_cache_write(tpr_program *p, tpr_value_id cache, tpr_value_id new_rows, tpr_value_id start,
                               tpr_value_id *out);
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,

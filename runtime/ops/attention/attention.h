@@ -38,11 +38,13 @@ typedef struct tpr__kv_src {
 
 // n >= 1 queries of one sequence at positions start .. start + n - 1: token
 // t, head h at q + t * q_ld + h * q_hs; its output at o + (t * Hq + h) * D.
-// Token t, head h attends key positions [0, start + t] of KV head
-// h / (Hq / Hkv). blk_off: the run's block table in the job's blocks.
+// Token t, head h attends key positions [lo[t], start + t] of KV head
+// h / (Hq / Hkv) (lo NULL: from 0; else 0 <= lo[t] <= start + t, the
+// document form of ops.h). blk_off: the run's block table in the job's blocks.
 typedef struct tpr__attn_run {
   const float *q;
   float *o;
+  const int64_t *lo;  // (n) or NULL
   int64_t n, start, blk_off;
   int64_t part_off;  // set by tpr__attention_fwd
 } tpr__attn_run;

@@ -12,6 +12,11 @@
 // scale), softmax with the row max subtracted and the sum's reciprocal
 // multiplied in (torch's CPU softmax), masked probabilities exactly 0, then
 // the gradient sgemms; OpenBLAS threads each GEMM.
+//
+// Both also take the document form (ops.h: + lo (T) i32, packed training
+// sequences): query t sees keys [lo[t], start + t]. The forward skips the keys
+// before lo[t] as it skips those past start + t; the backward gives them
+// probability exactly 0, so they get no gradient from t.
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -33,6 +38,36 @@ static tpr_status check_start(const char *op, const char *what, int64_t start, i
   if (start > S - T)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: start %lld + T %lld %s exceeds the cache's S = %lld rows", op,
                     (long long)start, (long long)T, what, (long long)S);
+  return TPR_OK;
+}
+
+// The document form's lo (T) i32 (ops.h), read into (T) int64 the kernels
+// index directly; NULL in *out without it. Each bound must lie in
+// [0, start + t]: a query always sees its own key.
+static tpr_status read_docs_lo(const char *op, const tpr_tensor *const *in, int n_in, int at,
+                               const tpr_op_attrs *attrs, int64_t start, int64_t T, int64_t **out) {
+  *out = NULL;
+  const bool docs = attrs->n_i > 0 && attrs->i[0] != 0;
+  if (n_in != at + docs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected %d inputs%s, got %d", op, at + docs,
+                    docs ? " (document form)" : "", n_in);
+  if (!docs) return TPR_OK;
+  const tpr_tensor *lo = in[at];
+  if (lo->dtype != TPR_I32 || lo->ndim != 1 || lo->shape[0] != T)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): lo must be (T = %lld) i32", op, (long long)T);
+  int64_t *v = malloc((size_t)(T > 0 ? T : 1) * sizeof *v);
+  if (!v) return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): lo", op);
+  for (int64_t t = 0; t < T; t++) {
+    v[t] = tpr__index_at(lo, t * lo->stride[0]);
+    if (v[t] < 0 || v[t] > start + t) {
+      tpr_status rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: lo[%lld] = %lld outside [0, start + %lld = %lld]: a query "
+                               "must see its own key", op, (long long)t, (long long)v[t], (long long)t,
+                               (long long)(start + t));
+      free(v);
+      return rc;
+    }
+  }
+  *out = v;
   return TPR_OK;
 }
 
@@ -61,20 +96,22 @@ tpr_status tpr__heads_view_init(const char *what, const tpr_tensor *t, int64_t r
   return TPR_OK;
 }
 
-// p (L): softmax over the n >= 1 visible scores, zeros after them.
-static void causal_softmax_row(float *p, int64_t n, int64_t L) {
-  float m = p[0];
-  for (int64_t i = 1; i < n; i++) m = p[i] > m ? p[i] : m;
-  for (int64_t i = 0; i < n; i++) p[i] = expf(p[i] - m);
-  const float inv = 1.0f / tpr__sum8_f32(p, n);  // sum >= 1: the max gives exp(0)
-  for (int64_t i = 0; i < n; i++) p[i] *= inv;
+// p (L): softmax over the visible scores [a, n) (a < n), zeros elsewhere.
+static void causal_softmax_row(float *p, int64_t a, int64_t n, int64_t L) {
+  float m = p[a];
+  for (int64_t i = a + 1; i < n; i++) m = p[i] > m ? p[i] : m;
+  for (int64_t i = a; i < n; i++) p[i] = expf(p[i] - m);
+  const float inv = 1.0f / tpr__sum8_f32(p + a, n - a);  // sum >= 1: the max gives exp(0)
+  for (int64_t i = a; i < n; i++) p[i] *= inv;
+  for (int64_t i = 0; i < a; i++) p[i] = 0.0f;
   for (int64_t i = n; i < L; i++) p[i] = 0.0f;
 }
 
-// q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1); out (T, Hq, D)
-// contiguous. attrs->f[0] = scale.
+// q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1) (document form: +
+// lo (T)); out (T, Hq, D) contiguous. attrs->f[0] = scale.
 TPR_CPU_KERNEL(attention) {
-  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cpu): expected 4 inputs, got %d", n_in);
+  if (n_in != 4 && n_in != 5)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cpu): expected 4 or 5 inputs, got %d", n_in);
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3];
   if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || out->dtype != TPR_F32 ||
       (st->dtype != TPR_I32 && st->dtype != TPR_I64))
@@ -88,25 +125,27 @@ TPR_CPU_KERNEL(attention) {
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
   const int64_t start = tpr__index_at(st, 0);
   TPR_CHECK(check_start("attention", "queries", start, T, S));
+  int64_t *lo = NULL;
+  TPR_CHECK(read_docs_lo("attention", in, n_in, 4, attrs, start, T, &lo));
   float *o = tpr_tensor_data(out);
-  if (T == 0 || Hq == 0) return TPR_OK;
   const int64_t L = start + T;  // keys read: rows [0, L)
-  if (D == 0) return TPR_OK;
   const float scale = attrs->f[0];
 
   tpr__heads_view qv, kv, vv;
   tpr_status rc = TPR_OK;
-  memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv);
-  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  memset(&qv, 0, sizeof qv), memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv);
+  if (T == 0 || Hq == 0 || D == 0) goto done;
+  TPR_CHECK_GOTO(tpr__heads_view_init("q", q, T, &qv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("k_cache", k, L, &kv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("v_cache", v, L, &vv), rc, done);
   const tpr__kv_src ks = {.base = kv.base, .ld = kv.ld, .hs = kv.hstride};
   const tpr__kv_src vs = {.base = vv.base, .ld = vv.ld, .hs = vv.hstride};
-  tpr__attn_run run = {.q = qv.base, .o = o, .n = T, .start = start};
+  tpr__attn_run run = {.q = qv.base, .o = o, .lo = lo, .n = T, .start = start};
   const int n_threads = ctx ? ((const tpr_cpu_ctx *)ctx)->n_threads : 1;
   rc = tpr__attention_fwd(n_threads, "attention (cpu)", &run, 1, qv.ld, qv.hstride, &ks, &vs, NULL, 0, Hq, Hkv, D,
                           scale);
 done:
+  free(lo);
   free(qv.scratch), free(kv.scratch), free(vv.scratch);
   return rc;
 }
@@ -122,21 +161,24 @@ done:
 // nothing from it. dK/dV of a KV head sum its query heads in ascending order,
 // then the query blocks in ascending order: a fixed order.
 
-// dp (L) := p * (dp - sum(p * dp)) over the n visible entries, the dot
-// accumulated in double in index order; entries past n (masked keys, which
+// dp (L) := p * (dp - sum(p * dp)) over the visible entries [a, n), the dot
+// accumulated in double in index order; entries outside (masked keys, which
 // the next sgemms still read) are set to exactly 0.
-static void softmax_bwd_row(const float *p, float *dp, int64_t n, int64_t L) {
+static void softmax_bwd_row(const float *p, float *dp, int64_t a, int64_t n, int64_t L) {
   double dot = 0;
-  for (int64_t i = 0; i < n; i++) dot += (double)p[i] * (double)dp[i];
+  for (int64_t i = a; i < n; i++) dot += (double)p[i] * (double)dp[i];
   const float c = (float)dot;
-  for (int64_t i = 0; i < n; i++) dp[i] = p[i] * (dp[i] - c);
+  for (int64_t i = a; i < n; i++) dp[i] = p[i] * (dp[i] - c);
+  for (int64_t i = 0; i < a; i++) dp[i] = 0.0f;
   for (int64_t i = n; i < L; i++) dp[i] = 0.0f;
 }
 
-// q (T, Hq, D), k/v (S, Hkv, D), start (1), dout (T, Hq, D); out packed
-// (dq (T*Hq*D) | dk (S*Hkv*D) | dv (S*Hkv*D)) contiguous. attrs->f[0] = scale.
+// q (T, Hq, D), k/v (S, Hkv, D), start (1), dout (T, Hq, D) (document
+// form: + lo (T)); out packed (dq (T*Hq*D) | dk (S*Hkv*D) | dv (S*Hkv*D))
+// contiguous. attrs->f[0] = scale.
 TPR_CPU_KERNEL(attention_bwd) {
-  if (n_in != 5) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): expected 5 inputs, got %d", n_in);
+  if (n_in != 5 && n_in != 6)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention_bwd (cpu): expected 5 or 6 inputs, got %d", n_in);
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3], *dy = in[4];
   if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || dy->dtype != TPR_F32 ||
       out->dtype != TPR_F32 || (st->dtype != TPR_I32 && st->dtype != TPR_I64))
@@ -149,21 +191,25 @@ TPR_CPU_KERNEL(attention_bwd) {
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], S = k->shape[0], Hkv = k->shape[1];
   const int64_t start = tpr__index_at(st, 0);
   TPR_CHECK(check_start("attention_bwd", "queries", start, T, S));
+  int64_t *lo = NULL;
+  TPR_CHECK(read_docs_lo("attention_bwd", in, n_in, 5, attrs, start, T, &lo));
   float *dq = tpr_tensor_data(out), *dk = dq + T * Hq * D, *dv = dk + S * Hkv * D;
   // Rows of k/v past start + T - 1 are never read: their gradient is zero.
   memset(dq, 0, (size_t)tpr_tensor_numel(out) * sizeof *dq);
-  if (T == 0 || Hq == 0 || D == 0) return TPR_OK;
   const int64_t L = start + T, group = Hq / Hkv;
-  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D) || !tpr__fits_blasint(Hkv * D))
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention_bwd (cpu): sizes exceed the BLAS integer range");
   const float scale = attrs->f[0];
   const blasint ldq = (blasint)(Hq * D), ldk = (blasint)(Hkv * D);
 
   tpr__heads_view qv, kv, vv, dyv;
   tpr_status rc = TPR_OK;
   float *p = NULL;
-  memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv), memset(&dyv, 0, sizeof dyv);
-  TPR_CHECK(tpr__heads_view_init("q", q, T, &qv));
+  memset(&qv, 0, sizeof qv), memset(&kv, 0, sizeof kv), memset(&vv, 0, sizeof vv), memset(&dyv, 0, sizeof dyv);
+  if (T == 0 || Hq == 0 || D == 0) goto done;
+  if (!tpr__fits_blasint(L) || !tpr__fits_blasint(Hq * D) || !tpr__fits_blasint(Hkv * D)) {
+    rc = TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention_bwd (cpu): sizes exceed the BLAS integer range");
+    goto done;
+  }
+  TPR_CHECK_GOTO(tpr__heads_view_init("q", q, T, &qv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("k", k, L, &kv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("v", v, L, &vv), rc, done);
   TPR_CHECK_GOTO(tpr__heads_view_init("dout", dy, T, &dyv), rc, done);
@@ -186,14 +232,15 @@ TPR_CPU_KERNEL(attention_bwd) {
       // P: the forward's scores and softmax.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, scale, qb,
                   (blasint)qv.ld, kg, (blasint)kv.ld, 0.0f, p, (blasint)Lb);
-      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, start + t0 + i + 1, Lb);
+      for (int64_t i = 0; i < tb; i++) causal_softmax_row(p + i * Lb, lo ? lo[t0 + i] : 0, start + t0 + i + 1, Lb);
       // dV_g[0, Lb) += P^T dO (Lb, D)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)Lb, (blasint)D, (blasint)tb, 1.0f, p,
                   (blasint)Lb, dyb, (blasint)dyv.ld, 1.0f, dvg, ldk);
       // dP = dO V_g^T (tb, Lb), then dS in place
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)tb, (blasint)Lb, (blasint)D, 1.0f, dyb,
                   (blasint)dyv.ld, vg, (blasint)vv.ld, 0.0f, ds, (blasint)Lb);
-      for (int64_t i = 0; i < tb; i++) softmax_bwd_row(p + i * Lb, ds + i * Lb, start + t0 + i + 1, Lb);
+      for (int64_t i = 0; i < tb; i++)
+        softmax_bwd_row(p + i * Lb, ds + i * Lb, lo ? lo[t0 + i] : 0, start + t0 + i + 1, Lb);
       // dQ (tb, D) = scale * dS K_g; every query row is written by exactly one block
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)tb, (blasint)D, (blasint)Lb, scale, ds,
                   (blasint)Lb, kg, (blasint)kv.ld, 0.0f, dq + (t0 * Hq + h) * D, ldq);
@@ -203,7 +250,7 @@ TPR_CPU_KERNEL(attention_bwd) {
     }
   }
 done:
-  free(p);
+  free(p), free(lo);
   free(qv.scratch), free(kv.scratch), free(vv.scratch), free(dyv.scratch);
   return rc;
 }

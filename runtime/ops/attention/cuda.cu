@@ -14,8 +14,11 @@
 // end of its block of queries).
 //
 // start is range-checked on the host first (one small read back), with the
-// CPU's message: start < 0 or start + T > S is TPR_ERR_INVALID_ARG.
+// CPU's message: start < 0 or start + T > S is TPR_ERR_INVALID_ARG. The
+// document form (ops.h: + lo (T) i32, query t sees keys [lo[t], start + t])
+// reads lo back too, for the same check as the CPU's.
 #include <math.h>
+#include <stdlib.h>
 
 #include "runtime/ops/cuda_kernels.h"
 
@@ -30,6 +33,7 @@ struct attn_args {
   const float *q, *k, *v;
   int64_t qs[3], ks[3], vs[3];  // strides of q (T, Hq, D), k and v (S, Hkv, D)
   const void *start;            // (1) i32/i64
+  const int32_t *lo;            // (T) contiguous, the document form; NULL: every query from key 0
   bool start64;
   int64_t T, Hq, group, D;      // group = Hq / Hkv
   float scale;
@@ -52,23 +56,23 @@ static __global__ void attention_kernel(float *o, attn_args a) {
   const int64_t start = tpr__cuda_load_index(a.start, a.start64, 0);
   for (int64_t b = blockIdx.x; b < a.T * a.Hq; b += gridDim.x) {
     const int64_t t = b / a.Hq, h = b % a.Hq, g = h / a.group;
-    const int64_t L = start + t + 1;  // visible keys [0, L)
+    const int64_t L = start + t + 1, j_lo = a.lo ? a.lo[t] : 0;  // visible keys [j_lo, L)
     const float *kg = a.k + g * a.ks[1], *vg = a.v + g * a.vs[1];
     const float *qr = a.q + t * a.qs[0] + h * a.qs[1];
     __syncthreads();  // the previous (t, h) is done with qsh and tile
     for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) qsh[d] = qr[d * a.qs[2]];
     __syncthreads();
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+    for (int64_t j = j_lo + threadIdx.x; j < L; j += blockDim.x) {
       const float s = score(a, qsh, kg, j);
       m = s > m ? s : m;
     }
     m = tpr__cuda_block_reduce(m, max_op(), red);
     float acc = 0.0f;
-    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) acc += expf(score(a, qsh, kg, j) - m);
+    for (int64_t j = j_lo + threadIdx.x; j < L; j += blockDim.x) acc += expf(score(a, qsh, kg, j) - m);
     const float inv = 1.0f / tpr__cuda_block_reduce(acc, sum_op(), red);  // sum >= 1: the max gives exp(0)
     float out = 0.0f;  // thread d's output dim
-    for (int64_t j0 = 0; j0 < L; j0 += blockDim.x) {
+    for (int64_t j0 = j_lo; j0 < L; j0 += blockDim.x) {
       const int64_t j = j0 + threadIdx.x;
       tile[threadIdx.x] = j < L ? expf(score(a, qsh, kg, j) - m) * inv : 0.0f;
       __syncthreads();
@@ -92,11 +96,35 @@ static tpr_status check_start(tpr_cuda_ctx *c, const char *op, const char *what,
   return TPR_OK;
 }
 
-// q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1); out (T, Hq, D)
-// contiguous. attrs->f[0] = scale.
+// The document form's lo (T) i32, read back and checked as the CPU does
+// (0 <= lo[t] <= start + t); *docs false without it.
+static tpr_status check_lo(tpr_cuda_ctx *c, const tpr_tensor *const *in, int n_in, const tpr_op_attrs *attrs,
+                           int64_t start, int64_t T, bool *docs) {
+  *docs = attrs->n_i > 0 && attrs->i[0] != 0;
+  if (n_in != 4 + (int)*docs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cuda): expected %d inputs%s, got %d", 4 + (int)*docs,
+                    *docs ? " (document form)" : "", n_in);
+  if (!*docs || T == 0) return TPR_OK;
+  const tpr_tensor *lo = in[4];
+  if (lo->dtype != TPR_I32 || lo->ndim != 1 || lo->shape[0] != T || (T > 1 && lo->stride[0] != 1))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cuda): lo must be a contiguous (T = %lld) i32", (long long)T);
+  int32_t *h = (int32_t *)malloc((size_t)T * sizeof *h);
+  if (!h) return TPR_FAIL(TPR_ERR_OOM, "attention (cuda): lo");
+  tpr_status rc = tpr__cuda_read(c, "attention", h, tpr_tensor_data(lo), (size_t)T * sizeof *h);
+  for (int64_t t = 0; rc == TPR_OK && t < T; t++)
+    if (h[t] < 0 || h[t] > start + t)
+      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "attention: lo[%lld] = %d outside [0, start + %lld = %lld]: a query must "
+                    "see its own key", (long long)t, h[t], (long long)t, (long long)(start + t));
+  free(h);
+  return rc;
+}
+
+// q (T, Hq, D), k_cache/v_cache (S, Hkv, D), start (1) (document form: + lo
+// (T)); out (T, Hq, D) contiguous. attrs->f[0] = scale.
 TPR_CUDA_KERNEL(attention) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
-  if (n_in != 4) return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cuda): expected 4 inputs, got %d", n_in);
+  if (n_in != 4 && n_in != 5)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention (cuda): expected 4 or 5 inputs, got %d", n_in);
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *st = in[3];
   if (q->dtype != TPR_F32 || k->dtype != TPR_F32 || v->dtype != TPR_F32 || out->dtype != TPR_F32 ||
       (st->dtype != TPR_I32 && st->dtype != TPR_I64))
@@ -111,6 +139,8 @@ TPR_CUDA_KERNEL(attention) {
   TPR_CUDA_TRY(cudaSetDevice(c->device), "attention", "set device");
   int64_t start;
   TPR_CHECK(check_start(c, "attention", "queries", st, T, S, &start));
+  bool docs;
+  TPR_CHECK(check_lo(c, in, n_in, attrs, start, T, &docs));
   if (T == 0 || Hq == 0 || D == 0) return TPR_OK;
   if (D > 1024)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "attention (cuda): head dim D = %lld > 1024 (one thread per dim)",
@@ -121,6 +151,7 @@ TPR_CUDA_KERNEL(attention) {
   for (int i = 0; i < 3; i++) a.qs[i] = q->stride[i], a.ks[i] = k->stride[i], a.vs[i] = v->stride[i];
   a.start = tpr_tensor_data(st);
   a.start64 = st->dtype == TPR_I64;
+  a.lo = docs ? (const int32_t *)tpr_tensor_data(in[4]) : NULL;
   a.T = T, a.Hq = Hq, a.group = Hq / Hkv, a.D = D;
   a.scale = attrs->f[0];
   const int th = D <= 128 ? 128 : (int)((D + 31) / 32 * 32);  // a multiple of 32, >= D

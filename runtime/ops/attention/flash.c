@@ -7,7 +7,8 @@
 // s = scale * (q . k) (one product chain per score, d ascending), then the
 // online softmax in f32: m' = max(m, max s), acc := acc * exp(m - m') +
 // sum_j exp(s_j - m') v_j, l likewise. Keys past a row's position never enter
-// (not even as 0 * v), so unwritten cache rows (NaN) are harmless. No buffer
+// (not even as 0 * v), so unwritten cache rows (NaN) are harmless; nor do keys
+// before a run's lo[t] (the document form, packed training sequences). No buffer
 // grows with the sequence beyond one (D, KB) key tile per thread.
 //
 // Tiles are grouped into chunks of CHUNK positions on a fixed grid: a row's

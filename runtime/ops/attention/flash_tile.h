@@ -181,11 +181,13 @@ static void ATT_FN(item)(const attn_job *J, const attn_item *it, float *ws, cons
       }
       for (int64_t i = 0; i < nrow; i++) {
         const int64_t t = it->t0 + i / group, h = g * group + i % group;
-        const int64_t nv = r->start + t + 1 - j0 < n ? r->start + t + 1 - j0 : n;  // causal, by position
+        const int64_t hi = r->start + t + 1 - j0 < n ? r->start + t + 1 - j0 : n;  // causal, by position
+        // The document form: keys before lo[t] belong to an earlier document.
+        const int64_t first = r->lo && r->lo[t] > j0 ? r->lo[t] - j0 : 0, nv = hi - first;
         if (nv <= 0) continue;
         float *st = split ? part_row(J, r, t, h) + c * W : P + i * W;
-        ATT_FN(scores)(r->q + t * J->q_ld + h * J->q_hs, krow, nv, D, J->scale, s);
-        ATT_FN(tile_row)(s, nv, vrow, D, st, p);
+        ATT_FN(scores)(r->q + t * J->q_ld + h * J->q_hs, krow + first, nv, D, J->scale, s);
+        ATT_FN(tile_row)(s, nv, vrow + first, D, st, p);
       }
     }
     for (int64_t i = 0; i < nrow && !split; i++) ATT_FN(merge)(R + i * W, P + i * W, D);

@@ -16,6 +16,23 @@ static tpr_status need_heads(const char *op, const tpr_tensor *t, const char *wh
   return TPR_OK;
 }
 
+// The document form's lo (T) i32 (ops.h), when i[0] asks for it. Its values
+// (0 <= lo[t] <= start + t) are data: the kernels check them at run time.
+static tpr_status need_docs_lo(const char *op, const tpr_tensor *const *in, int at, const tpr_op_attrs *attrs,
+                               int64_t T) {
+  if (attrs->n_i > 0 && attrs->i[0] != 0 && attrs->i[0] != 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[0] = %lld; the document flag is 0 or 1", op, (long long)attrs->i[0]);
+  if (attrs->n_i < 1 || attrs->i[0] == 0) return TPR_OK;
+  const tpr_tensor *lo = in[at];
+  TPR_CHECK(tpr__need_dtype(op, lo, TPR_I32, "lo"));
+  if (lo->ndim != 1 || lo->shape[0] != T) {
+    char got[128];
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: lo must be (T = %lld) i32, got %s", op, (long long)T,
+                    tpr_tensor_describe(lo, got, sizeof got));
+  }
+  return TPR_OK;
+}
+
 static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attrs *at, tpr_tensor *out) {
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2];
   TPR_CHECK(tpr__need_dtype("attention", q, TPR_F32, "q"));
@@ -38,6 +55,7 @@ static tpr_status infer_attention(const tpr_tensor *const *in, const tpr_op_attr
                     (long long)q->shape[0], (long long)k->shape[0]);
   if (at->n_f < 1 || !isfinite(at->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "attention: needs a finite f[0] scale");
+  TPR_CHECK(need_docs_lo("attention", in, 4, at, q->shape[0]));
   tpr__set_contiguous(out, TPR_F32, 3, q->shape);
   return TPR_OK;
 }
@@ -57,8 +75,8 @@ static tpr_status infer_cache_write(const tpr_tensor *const *in, const tpr_op_at
   return TPR_OK;
 }
 
-// q (T, Hq, D), k/v (S, Hkv, D) f32, start (1) i32/i64, dout (T, Hq, D) f32;
-// f[0] scale -> packed (T*Hq*D + 2*S*Hkv*D) f32.
+// q (T, Hq, D), k/v (S, Hkv, D) f32, start (1) i32/i64, dout (T, Hq, D) f32
+// (document form: + lo (T) i32); f[0] scale -> packed (T*Hq*D + 2*S*Hkv*D) f32.
 TPR__OP_RULE(attention_bwd) {
   const char *op = "attention_bwd";
   const tpr_tensor *q = in[0], *k = in[1], *v = in[2], *dy = in[4];
@@ -88,6 +106,7 @@ TPR__OP_RULE(attention_bwd) {
   }
   if (attrs->n_f < 1 || !isfinite(attrs->f[0]))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs a finite f[0] scale", op);
+  TPR_CHECK(need_docs_lo(op, in, 5, attrs, T));
   const int64_t n = T * hq * D + 2 * S * hkv * D;  // dq | dk | dv
   tpr__set_contiguous(out, TPR_F32, 1, &n);
   return TPR_OK;
