@@ -36,7 +36,9 @@ typedef struct session_scorer {
   float *logits;  // (T, V)
 } session_scorer;
 
-static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum, int64_t *scored) {
+static tpr_status score_window(void *ctx, const int32_t *ids, int64_t offset, bool keep, double *ce_sum,
+                               int64_t *scored) {
+  (void)offset;  // every position is scored: no document rule
   session_scorer *c = ctx;
   TPR_CHECK(tpr_session_forward(c->s, ids, c->T, 0, c->logits));  // (T, V)
   *ce_sum = 0, *scored = c->T;

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/npy.h"
+
 typedef struct family {
   const char *name, *fix, *model;
   int min_tensors;  // tensors a gradient comparison must cover (more than this)
@@ -123,6 +125,74 @@ static void test_eval(void **state) {
   assert_true(rel(loss, want) <= TH_LOSS_BOUND);
 }
 
+// Step 0's loss of a run at tp 1 on `data` with --pack and EOS id `eos`.
+static double loss_on(const char *data, int eos) {
+  char e[16];
+  snprintf(e, sizeof e, "%d", eos);
+  const char *args[64] = {"train", "--model", F->model, "--data", data, "--data-order", "sequential", "--seq-len",
+                          "16", "--grad-accum", "2", "--json", "--pack", "--eos-id", e};
+  int n = 15;
+  th_add_hparams(args, &n, 1, aux());
+  args[n] = NULL;
+  run_result r = tt_run(th.tpr, th.tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 120});
+  if (r.code != 0) fail_msg("tpr train --pack on %s: exit %d\n%s", data, r.code, r.err);
+  double loss = NAN;
+  for (char *l = strtok(r.out, "\n"); l && isnan(loss); l = strtok(NULL, "\n")) {
+    cJSON *j = cJSON_Parse(l);
+    if (cJSON_GetObjectItemCaseSensitive(j, "step")) loss = tt_json_num(j, "loss");
+    cJSON_Delete(j);
+  }
+  tt_run_done(&r);
+  return loss;
+}
+
+// Data that records its documents (X.docs.npy beside X.npy, as tpr data
+// prepare writes) is packed by those starts, not by EOS: the fixture's
+// tokens with the documents the EOS rule would find, and an EOS id that
+// never occurs, give PyTorch's loss; one document start moved must not
+// (nor must the same data without the offsets, which the EOS rule then
+// leaves unpacked).
+static void test_document_offsets(void **state) {
+  (void)state;
+  char src[600], data[700], docs[700];
+  snprintf(src, sizeof src, "%s/tokens.npy", F->fix);
+  snprintf(data, sizeof data, "%s/stream.npy", th.tmp_dir);
+  snprintf(docs, sizeof docs, "%s/stream.docs.npy", th.tmp_dir);
+  tpr_npy *in = NULL;
+  assert_int_equal(tpr_npy_open(src, &in), TPR_OK);
+  const int64_t n = tpr_npy_len(in);
+  int32_t ids[256];
+  int64_t off[258], n_off = 0;
+  assert_true(n <= 256);
+  assert_int_equal(tpr_npy_read_i32(in, 0, n, ids), TPR_OK);
+  tpr_npy_close(in);
+  const int eos = (int)th_meta_at("data.eos_id", -1);
+  int unused = 0;  // an id the data never holds, as the EOS the rule would look for
+  for (bool seen = true; seen; unused++) {
+    seen = false;
+    for (int64_t i = 0; i < n; i++) seen |= ids[i] == unused;
+    if (!seen) break;
+  }
+  off[n_off++] = 0;
+  for (int64_t i = 0; i + 1 < n; i++)
+    if (ids[i] == eos) off[n_off++] = i + 1;  // where the EOS rule starts a document
+  off[n_off++] = n;
+  assert_true(n_off > 3);
+  assert_int_equal(tpr_npy_write_i32(data, ids, n), TPR_OK);
+  assert_int_equal(tpr_npy_write(docs, "<i8", off, n_off), TPR_OK);
+  const double want = th_meta_at("records.loss", 0);
+  const double by_offsets = loss_on(data, unused);
+  off[1] += 1;  // the first document one token longer
+  assert_int_equal(tpr_npy_write(docs, "<i8", off, n_off), TPR_OK);
+  const double moved = loss_on(data, unused);
+  assert_int_equal(remove(docs), 0);
+  const double none = loss_on(data, unused);
+  printf("  document offsets: loss rel err %.2e; a start moved %.2e, no offsets %.2e (must exceed 1e-3)\n",
+         rel(by_offsets, want), rel(moved, want), rel(none, want));
+  assert_true(rel(by_offsets, want) <= TH_LOSS_BOUND);
+  assert_true(rel(moved, want) > 1e-3 && rel(none, want) > 1e-3);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   char data[600];
@@ -161,6 +231,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_controls),
       cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_document_offsets),
       cmocka_unit_test(test_refusals),
   };
   return _cmocka_run_group_tests(test_name, tests, sizeof tests / sizeof *tests, setup, th_teardown);

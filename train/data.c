@@ -109,8 +109,8 @@ int64_t tpr_data_window_of(const tpr_data *d, int64_t i) {
   return perm ? perm[i % d->windows] : -1;
 }
 
-tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int b, int32_t *inputs,
-                           int32_t *targets) {
+// The window of row b of micro-step m of replica dpr at `step` (data.h).
+static tpr_status window_index(const tpr_data *d, int64_t step, int m, int dpr, int b, int64_t *out) {
   const tpr_data_config *c = &d->cfg;
   if (m < 0 || m >= c->accum || dpr < 0 || dpr >= c->dp || b < 0 || b >= c->micro_batch)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "data: micro-step %d, dp rank %d, row %d outside accum %d, dp %d, micro_batch %d",
@@ -119,10 +119,17 @@ tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int 
   if (step < 0 || step > (INT64_MAX - per_step) / per_step)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "data: step %lld out of range", (long long)step);
   int64_t i = (((step * c->accum + m) * c->dp + dpr) * c->micro_batch) + b;
-  int64_t w = tpr_data_window_of(d, i);
-  if (w < 0)
+  *out = tpr_data_window_of(d, i);
+  if (*out < 0)
     return TPR_FAIL(TPR_ERR_OOM, "data: cannot allocate the shuffle of %lld windows", (long long)d->windows);
-  int64_t T = c->seq_len;
+  return TPR_OK;
+}
+
+tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int b, int32_t *inputs,
+                           int32_t *targets) {
+  const tpr_data_config *c = &d->cfg;
+  int64_t w = 0, T = c->seq_len;
+  TPR_CHECK(window_index(d, step, m, dpr, b, &w));
   TPR_CHECK(tpr_tokens_read_i32(d->tokens, w * T, T, inputs));
   // The targets are the inputs shifted by one plus the window's last token.
   memcpy(targets, inputs + 1, (size_t)(T - 1) * sizeof(int32_t));
@@ -133,4 +140,10 @@ tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int 
       if (!d->mask[t]) targets[t] = -100;
   }
   return TPR_OK;
+}
+
+tpr_status tpr_data_window_starts(const tpr_data *d, int64_t step, int m, int dpr, int b, uint8_t *starts) {
+  int64_t w = 0, T = d->cfg.seq_len;
+  TPR_CHECK(window_index(d, step, m, dpr, b, &w));
+  return tpr_tokens_doc_starts(d->tokens, w * T, T + 1, starts);
 }

@@ -61,4 +61,10 @@ int64_t tpr_data_window_of(const tpr_data *d, int64_t i);
 tpr_status tpr_data_window(const tpr_data *d, int64_t step, int m, int dpr, int b, int32_t *inputs,
                            int32_t *targets);
 
+// The document starts of the same window: starts[i] (T + 1 entries) = 1
+// where a document begins at the window's position i (position T: the token
+// its last target predicts). The stream must have document offsets
+// (tpr_tokens_has_docs).
+tpr_status tpr_data_window_starts(const tpr_data *d, int64_t step, int m, int dpr, int b, uint8_t *starts);
+
 #endif

@@ -25,7 +25,7 @@ tpr_status tpr_eval_windows(tpr_comm_t world, int tp, int dp, int replica, const
     double ce = 0;
     int64_t scored = 0;
     rc = tpr_tokens_read_i32(data, (mine ? win : 0) * T, T + 1, ids);
-    if (rc == TPR_OK) rc = fn(ctx, ids, mine, &ce, &scored);
+    if (rc == TPR_OK) rc = fn(ctx, ids, (mine ? win : 0) * T, mine, &ce, &scored);
     if (rc == TPR_OK && mine) sums[0] += ce, sums[1] += 1, sums[2] += (double)scored;
   }
   free(ids);

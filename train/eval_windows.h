@@ -19,14 +19,15 @@
 #include "collectives/tpr_comm.h"
 #include "train/tokens.h"
 
-// Scores one window: ids (T + 1) -- inputs ids[0..T), targets ids[1..T] --
+// Scores one window: ids (T + 1) -- inputs ids[0..T), targets ids[1..T]; the
+// stream's tokens from `offset` --
 // into *ce_sum, the sum over its scored positions of -log p(target), and
 // *scored, how many there are (T, or fewer where the scorer ignores some:
 // tpr train --pack skips EOS inputs). Called on every rank of the replica;
 // keep false: the window is a filler whose score is dropped (the call must
 // still run the same collectives).
-typedef tpr_status (*tpr_window_score_fn)(void *ctx, const int32_t *ids, bool keep, double *ce_sum,
-                                          int64_t *scored);
+typedef tpr_status (*tpr_window_score_fn)(void *ctx, const int32_t *ids, int64_t offset, bool keep,
+                                          double *ce_sum, int64_t *scored);
 
 typedef struct tpr_eval_result {
   int64_t windows, tokens;  // tokens: the scored positions

@@ -122,8 +122,16 @@ tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, 
 tpr_status tpr_train_eval_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
                                    tpr_losses *out);
 // The positions of a sequence its cross-entropy averages over: targets other
-// than -100 and, packed (o.pack), inputs other than EOS.
+// than -100 and, packed (o.pack), those not predicting the next document's
+// first token.
 int64_t tpr_train_scored(const tpr_train_state *t, const int32_t *inputs, const int32_t *targets);
+// Packed sequences: where the next sequences' documents start, when the data
+// records it (tpr data prepare's document offsets; train/data.h
+// tpr_data_window_starts): starts (T + 1), 1 where a document begins at that
+// position (position T: the token the last target predicts). Borrowed until
+// the next call; NULL (the default) returns to the EOS rule.
+void tpr_train_set_doc_starts(tpr_train_state *t, const uint8_t *starts);
+bool tpr_train_packed(const tpr_train_state *t);  // opened with o.pack
 
 // Collective. Folds copies of replicated heads (sum) and zeroes padding,
 // then averages over the dp replicas (experts: sums over edp, divided by dp).

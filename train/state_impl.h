@@ -43,6 +43,7 @@ struct tpr_train_state {
   tpr_tensor *pos3;  // (3, T) i32 "positions_3d", MRoPE families only
   tpr_tensor *attn_lo;  // (T) i32 "attn_lo", packed sequences only: each token's document start
   int32_t *pack_host;   // packed sequences: (T) lo, (T) targets, (3T) positions staging
+  const uint8_t *doc_starts;  // (T + 1) borrowed, tpr_train_set_doc_starts; NULL: the EOS rule
   train_param *params;
   int n_params, n_trained;  // trained params first
   int32_t *host_i32;        // (T) staging

@@ -7,14 +7,30 @@
 // tokens of its own document up to itself (the program's attention in its
 // document form, lower bound "attn_lo"); the loss skips every position whose
 // input token is EOS, which would predict the next document's first token.
+// When the data records where its documents start (tpr data prepare's
+// document offsets), those starts replace the EOS rule: needed where the
+// EOS token also ends every turn inside a document (ChatML's <|im_end|>).
 #include <stdlib.h>
 #include <string.h>
 
 #include "train/state_impl.h"
 
+// A document begins at position i (> 0): recorded, or the input before it is EOS.
+static bool begins(const tpr_train_state *t, const int32_t *inputs, int64_t i) {
+  return t->doc_starts ? t->doc_starts[i] != 0 : inputs[i - 1] == t->o.eos_id;
+}
+
+// The target at i predicts the next document's first token: ignored.
+static bool crosses(const tpr_train_state *t, const int32_t *inputs, int64_t i) {
+  return t->doc_starts ? t->doc_starts[i + 1] != 0 : inputs[i] == t->o.eos_id;
+}
+
+void tpr_train_set_doc_starts(tpr_train_state *t, const uint8_t *starts) { t->doc_starts = starts; }
+bool tpr_train_packed(const tpr_train_state *t) { return t->o.pack; }
+
 int64_t tpr_train_scored(const tpr_train_state *t, const int32_t *inputs, const int32_t *targets) {
   int64_t n = 0;
-  for (int64_t i = 0; i < t->o.seq_len; i++) n += targets[i] != -100 && !(t->o.pack && inputs[i] == t->o.eos_id);
+  for (int64_t i = 0; i < t->o.seq_len; i++) n += targets[i] != -100 && !(t->o.pack && crosses(t, inputs, i));
   return n;
 }
 
@@ -26,11 +42,10 @@ tpr_status tpr__train_bind_pack(tpr_train_state *t, const int32_t *inputs, const
   int32_t *lo = t->pack_host, *tg = lo + T, *pos = tg + T;  // (T), (T), (3, T)
   int64_t doc = 0;  // the current document's first position
   for (int64_t i = 0; i < T; i++) {
+    if (i > 0 && begins(t, inputs, i)) doc = i;
     lo[i] = (int32_t)doc;
     pos[i] = (int32_t)(t->o.pack_debug & TPR_PACK_DEBUG_NO_POSITIONS ? i : i - doc);
-    const bool eos = inputs[i] == t->o.eos_id;
-    tg[i] = eos ? -100 : targets[i];
-    if (eos) doc = i + 1;
+    tg[i] = crosses(t, inputs, i) ? -100 : targets[i];
   }
   TPR_CHECK(tpr_tensor_from_host(t->positions, pos, (size_t)T * sizeof *pos));
   if (t->attn_lo) TPR_CHECK(tpr_tensor_from_host(t->attn_lo, lo, (size_t)T * sizeof *lo));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/file_io.h"
 #include "train/npy.h"
@@ -24,6 +25,9 @@ struct tpr_tokens {
   int n, cap;
   int64_t len;
   bool masks;
+  bool docs_wanted, docs;  // docs: every file's document offsets were found
+  int64_t *starts;         // (n_starts) stream positions where a document starts, ascending
+  int64_t n_starts, cap_starts;
 };
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -59,10 +63,47 @@ static tpr_status open_mask(const char *path, const tpr_npy *tokens, tpr_npy **o
   return TPR_OK;
 }
 
+// A file's document offsets ('<i8', shape (documents + 1,): 0, the starts,
+// its token count; non-decreasing), appended to t->starts as stream
+// positions (empty documents start nowhere).
+static tpr_status add_docs(tpr_tokens *t, const char *path, int64_t file_start, int64_t file_len) {
+  tpr_npy *d = NULL;
+  TPR_CHECK(tpr_npy_open(path, &d));
+  int64_t n = tpr_npy_len(d), prev = 0, v = 0;
+  tpr_status rc = strcmp(tpr_npy_descr(d), "<i8")
+                      ? TPR_FAIL(TPR_ERR_FORMAT, "%s: document offsets must be '<i8', this is '%s'", path,
+                                 tpr_npy_descr(d))
+                  : n < 1 ? TPR_FAIL(TPR_ERR_FORMAT, "%s: no document offsets", path)
+                          : TPR_OK;
+  for (int64_t k = 0; rc == TPR_OK && k < n; k++) {
+    if ((rc = tpr_npy_get(d, k, &v)) != TPR_OK) break;
+    if ((k == 0 && v != 0) || v < prev || v > file_len || (k == n - 1 && v != file_len)) {
+      rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: offset %lld at %lld (want 0 first, non-decreasing, %lld last: the tokens "
+                    "of its shard)", path, (long long)v, (long long)k, (long long)file_len);
+      break;
+    }
+    if (k < n - 1 && (k == 0 || v > prev)) {  // a document starts here (the first always)
+      if (t->n_starts == t->cap_starts) {
+        int64_t cap = t->cap_starts ? 2 * t->cap_starts : 1024;
+        int64_t *s = realloc(t->starts, (size_t)cap * sizeof *s);
+        if (!s) {
+          rc = TPR_FAIL(TPR_ERR_OOM, "%s: out of memory", path);
+          break;
+        }
+        t->starts = s, t->cap_starts = cap;
+      }
+      if (t->n_starts == 0 || t->starts[t->n_starts - 1] < file_start + v) t->starts[t->n_starts++] = file_start + v;
+    }
+    prev = v;
+  }
+  tpr_npy_close(d);
+  return rc;
+}
+
 // Opens one token file (and its mask) and appends it. want_descr: the
 // index's dtype, or NULL; want_len: the index's token count, or -1.
-static tpr_status add_file(tpr_tokens *t, const char *path, const char *mask_path, const char *want_descr,
-                           int64_t want_len) {
+static tpr_status add_file(tpr_tokens *t, const char *path, const char *mask_path, const char *docs_path,
+                           const char *want_descr, int64_t want_len) {
   if (t->n == t->cap) {
     int cap = t->cap ? 2 * t->cap : 8;
     shard *s = realloc(t->s, (size_t)cap * sizeof *s);
@@ -82,6 +123,10 @@ static tpr_status add_file(tpr_tokens *t, const char *path, const char *mask_pat
     rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: shape (%lld,), but its index says %lld tokens", path,
                   (long long)tpr_npy_len(sh->tokens), (long long)want_len);
   if (rc == TPR_OK && t->masks) rc = open_mask(mask_path, sh->tokens, &sh->mask);
+  if (rc == TPR_OK && t->docs_wanted && t->docs) {
+    if (docs_path && access(docs_path, F_OK) == 0) rc = add_docs(t, docs_path, t->len, tpr_npy_len(sh->tokens));
+    else t->docs = false;  // one file without offsets: the stream has none
+  }
   if (rc != TPR_OK) {
     tpr_npy_close(sh->tokens);
     tpr_npy_close(sh->mask);
@@ -93,14 +138,18 @@ static tpr_status add_file(tpr_tokens *t, const char *path, const char *mask_pat
   return TPR_OK;
 }
 
-// X.npy's mask: X.mask.npy (a name without .npy gets .mask.npy appended).
+// X.npy's mask: X.mask.npy, its document offsets X.docs.npy (a name
+// without .npy gets .mask.npy / .docs.npy appended).
 static tpr_status add_npy(tpr_tokens *t, const char *path) {
   size_t n = strlen(path) - (ends_with(path, ".npy") ? 4 : 0);
-  char *mask = malloc(n + 10);
-  if (!mask) return TPR_FAIL(TPR_ERR_OOM, "%s: out of memory", path);
-  snprintf(mask, n + 10, "%.*s.mask.npy", (int)n, path);
-  tpr_status rc = add_file(t, path, mask, NULL, -1);
-  free(mask);
+  char *mask = malloc(n + 10), *docs = malloc(n + 10);
+  tpr_status rc = mask && docs ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "%s: out of memory", path);
+  if (rc == TPR_OK) {
+    snprintf(mask, n + 10, "%.*s.mask.npy", (int)n, path);
+    snprintf(docs, n + 10, "%.*s.docs.npy", (int)n, path);
+    rc = add_file(t, path, mask, docs, NULL, -1);
+  }
+  free(mask), free(docs);
   return rc;
 }
 
@@ -171,18 +220,19 @@ static tpr_status add_split(tpr_tokens *t, const char *index, const cJSON *root,
     const cJSON *n = key(e, "tokens");
     if (!cJSON_IsNumber(n) || n->valuedouble < 0)
       return TPR_FAIL(TPR_ERR_FORMAT, "%s: shard %d of split \"%s\" has no \"tokens\" count", index, i, split);
-    char *tok = NULL, *mask = NULL;
+    char *tok = NULL, *mask = NULL, *docs = NULL;
     tpr_status rc = index_file(index, key(e, "tokens_file"), "tokens_file", i, &tok);
+    if (rc == TPR_OK && t->docs_wanted && key(e, "docs_file")) rc = index_file(index, key(e, "docs_file"), "docs_file", i, &docs);
     if (rc == TPR_OK && t->masks && !key(e, "mask_file"))
       rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: shard %d has no \"mask_file\" (an index without \"chat\" has no loss "
                     "masks), and --sft needs them", index, i);
     if (rc == TPR_OK && t->masks) rc = index_file(index, key(e, "mask_file"), "mask_file", i, &mask);
-    if (rc == TPR_OK && (rc = add_file(t, tok, mask, descr, (int64_t)n->valuedouble)) != TPR_OK) {
+    if (rc == TPR_OK && (rc = add_file(t, tok, mask, docs, descr, (int64_t)n->valuedouble)) != TPR_OK) {
       char why[512];
       snprintf(why, sizeof why, "%s", tpr_last_error());
       rc = TPR_FAIL(rc, "%s (shard %d of split \"%s\" of %s)", why, i, split, index);
     }
-    free(tok), free(mask);
+    free(tok), free(mask), free(docs);
     TPR_CHECK(rc);
   }
   if (cJSON_IsNumber(total) && (int64_t)total->valuedouble != t->len - before)
@@ -239,6 +289,7 @@ tpr_status tpr_tokens_open(const char *spec, const tpr_tokens_opts *o, tpr_token
     return TPR_FAIL(TPR_ERR_OOM, "data %s: out of memory", spec);
   }
   t->masks = o && o->masks;
+  t->docs_wanted = t->docs = o && o->docs;
   tpr_status rc = TPR_OK;
   for (char *item = items, *next; rc == TPR_OK && item; item = next) {
     next = strchr(item, ',');
@@ -259,6 +310,7 @@ void tpr_tokens_close(tpr_tokens *t) {
   for (int i = 0; i < t->n; i++) tpr_npy_close(t->s[i].tokens), tpr_npy_close(t->s[i].mask);
   free(t->s);
   free(t->spec);
+  free(t->starts);
   free(t);
 }
 
@@ -267,6 +319,21 @@ const char *tpr_tokens_spec(const tpr_tokens *t) { return t->spec; }
 int tpr_tokens_files(const tpr_tokens *t) { return t->n; }
 const char *tpr_tokens_file(const tpr_tokens *t, int i) { return tpr_npy_path(t->s[i].tokens); }
 bool tpr_tokens_has_masks(const tpr_tokens *t) { return t->masks; }
+bool tpr_tokens_has_docs(const tpr_tokens *t) { return t->docs_wanted && t->docs; }
+
+tpr_status tpr_tokens_doc_starts(const tpr_tokens *t, int64_t start, int64_t count, uint8_t *out) {
+  if (!tpr_tokens_has_docs(t)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: no document offsets", t->spec);
+  if (start < 0 || count < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: document starts of a negative range", t->spec);
+  memset(out, 0, (size_t)count);
+  int64_t lo = 0, hi = t->n_starts;  // the first start >= start
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (t->starts[mid] < start) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int64_t k = lo; k < t->n_starts && t->starts[k] < start + count; k++) out[t->starts[k] - start] = 1;
+  return TPR_OK;
+}
 
 // The file holding stream position pos (< len): the last one starting at or
 // before it (empty files start where the next one does and are passed over).

@@ -34,6 +34,10 @@ typedef struct tpr_tokens tpr_tokens;
 typedef struct tpr_tokens_opts {
   const char *split;  // an index's split when the item names none: "train" or "val"
   bool masks;         // open every file's loss mask (its absence is an error)
+  // Open every file's document offsets (an index's "docs_file", X.docs.npy
+  // beside X.npy) when all have them; a file without them leaves the stream
+  // without (tpr_tokens_has_docs false). Malformed offsets are an error.
+  bool docs;
 } tpr_tokens_opts;
 
 tpr_status tpr_tokens_open(const char *spec, const tpr_tokens_opts *o, tpr_tokens **out);
@@ -44,6 +48,10 @@ const char *tpr_tokens_spec(const tpr_tokens *t);
 int tpr_tokens_files(const tpr_tokens *t);     // token files in the stream
 const char *tpr_tokens_file(const tpr_tokens *t, int i);
 bool tpr_tokens_has_masks(const tpr_tokens *t);
+bool tpr_tokens_has_docs(const tpr_tokens *t);
+// out[i] = 1 where a document starts at stream position start + i, else 0
+// (count entries; positions past the end are 0). The stream must have docs.
+tpr_status tpr_tokens_doc_starts(const tpr_tokens *t, int64_t start, int64_t count, uint8_t *out);
 
 // Tokens [start, start + count) of the stream as int32, across file
 // boundaries; a range past the end is TPR_ERR_INVALID_ARG.

@@ -35,9 +35,20 @@ typedef struct loop {
   tpr_adamw_state *adam;  // (params)
   int n_params;
   int32_t *inputs, *targets;  // (seq_len)
+  // Packed data with document offsets: the current window's document starts
+  // (seq_len + 1), for training and for validation; NULL: the EOS rule.
+  uint8_t *starts, *eval_starts;
   const tpr_mesh *mesh;
   tpr_progress bar;   // rank 0's progress line (drawn only on a terminal)
 } loop;
+
+// The document starts of the window just read, handed to the state (packed
+// data with offsets only).
+static tpr_status window_starts(loop *l, int64_t step, int m, int dpr, int b) {
+  if (l->starts) TPR_CHECK(tpr_data_window_starts(l->data, step, m, dpr, b, l->starts));
+  tpr_train_set_doc_starts(l->t, l->starts);
+  return TPR_OK;
+}
 
 // N: the learned targets of the whole step, every micro-step of every dp
 // replica. The data order is a pure function of (step, micro, replica, row)
@@ -50,6 +61,7 @@ static tpr_status step_kept(loop *l, int64_t step, int64_t *n) {
     for (int r = 0; r < l->mesh->dp; r++)
       for (int64_t b = 0; b < o->micro_batch; b++) {
         TPR_CHECK(tpr_data_window(l->data, step, (int)m, r, (int)b, l->inputs, l->targets));
+        TPR_CHECK(window_starts(l, step, (int)m, r, (int)b));
         *n += tpr_train_scored(l->t, l->inputs, l->targets);  // learned: not -100, not after an EOS under --pack
       }
   return TPR_OK;
@@ -84,6 +96,7 @@ static tpr_status forward_backward(loop *l, int64_t step, tpr_losses *sum) {
     for (int64_t b = 0; b < o->micro_batch; b++) {
       tpr_losses one;
       TPR_CHECK(tpr_data_window(l->data, step, (int)m, l->mesh->dp_rank, (int)b, l->inputs, l->targets));
+      TPR_CHECK(window_starts(l, step, (int)m, l->mesh->dp_rank, (int)b));
       if (o->sft) {
         w = n_step ? (double)l->mesh->dp * (double)tpr_train_scored(l->t, l->inputs, l->targets) / (double)n_step : 0.0;
         TPR_CHECK(tpr_train_sequence_scaled(l->t, l->inputs, l->targets, w, 1.0, &one));
@@ -226,9 +239,12 @@ static tpr_status report_memory(loop *l, FILE *out) {
   return rc;
 }
 
-static tpr_status score_window(void *ctx, const int32_t *ids, bool keep, double *ce_sum, int64_t *scored) {
+static tpr_status score_window(void *ctx, const int32_t *ids, int64_t offset, bool keep, double *ce_sum,
+                               int64_t *scored) {
   loop *l = ctx;
   tpr_losses v;
+  if (l->eval_starts) TPR_CHECK(tpr_tokens_doc_starts(l->eval, offset, l->o->seq_len + 1, l->eval_starts));
+  tpr_train_set_doc_starts(l->t, l->eval_starts);
   TPR_CHECK(tpr_train_eval_sequence(l->t, ids, ids + 1, &v));  // targets: the inputs shifted by one
   *scored = tpr_train_scored(l->t, ids, ids + 1);
   *ce_sum = keep ? v.ce * (double)*scored : 0;  // ce: the mean over the window's scored positions
@@ -295,12 +311,22 @@ tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_o
                         .order = o->data_sequential ? TPR_DATA_SEQUENTIAL : TPR_DATA_RANDOM,
                         .seed = o->seed,
                         .masked = o->sft};
-  tpr_tokens_opts to = {.split = "train", .masks = o->sft}, eo = {.split = "val"};
+  const bool packed = tpr_train_packed(t);
+  tpr_tokens_opts to = {.split = "train", .masks = o->sft, .docs = packed}, eo = {.split = "val", .docs = packed};
   if (rc == TPR_OK) rc = tpr_tokens_open(o->data, &to, &l.tokens);
   if (rc == TPR_OK) rc = tpr_data_create(l.tokens, &dc, tpr_session_config(s)->vocab_size, &l.data);
   if (rc == TPR_OK && o->eval_data) rc = tpr_tokens_open(o->eval_data, &eo, &l.eval);
   if (rc == TPR_OK && l.eval) rc = tpr_eval_window_count(l.eval, o->seq_len, o->eval_windows, &l.eval_nw);
   if (rc == TPR_OK && l.eval) rc = tpr_tokens_check_range(l.eval, tpr_session_config(s)->vocab_size);
+  // Packed data that records its documents packs by them; else by EOS.
+  if (rc == TPR_OK && packed && tpr_tokens_has_docs(l.tokens) && !(l.starts = malloc((size_t)o->seq_len + 1)))
+    rc = TPR_FAIL(TPR_ERR_OOM, "train: document starts");
+  if (rc == TPR_OK && packed && l.eval && tpr_tokens_has_docs(l.eval) &&
+      !(l.eval_starts = malloc((size_t)o->seq_len + 1)))
+    rc = TPR_FAIL(TPR_ERR_OOM, "train: document starts");
+  if (rc == TPR_OK && packed && l.mesh->world_rank == 0)
+    TPR_LOG_INF("train --pack: documents %s", l.starts ? "where the data's document offsets start them"
+                                                        : "after each EOS token");
   rc = tpr_comm_agree(world, rc);
   if (rc == TPR_OK && o->resume_dir) rc = tpr_comm_agree(world, tpr_train_checkpoint_load(t, o->resume_dir, l.adam, &first));
   if (rc == TPR_OK) rc = report_memory(&l, out);
@@ -327,7 +353,8 @@ tpr_status tpr_train_run(tpr_train_state *t, tpr_comm_t world, const tpr_train_o
   }
   tpr_progress_end(&l.bar);
   for (int i = 0; l.adam && i < l.n_params; i++) tpr_adamw_state_free(&l.adam[i]);
-  free(l.adam), free(l.inputs), free(l.targets);
+  tpr_train_set_doc_starts(t, NULL);  // the state outlives l.starts
+  free(l.adam), free(l.inputs), free(l.targets), free(l.starts), free(l.eval_starts);
   tpr_data_free(l.data);
   tpr_tokens_close(l.tokens);
   tpr_tokens_close(l.eval);
