@@ -274,12 +274,62 @@ static void test_index(void **state) {
   printf("index: train/val splits and suffixes, masked windows, refusals named\n");
 }
 
+// Document offsets (X.docs.npy beside X.npy): the starts of two files read
+// back as stream positions at every (start, count), empty documents starting
+// nowhere; a file without offsets leaves the stream without; malformed
+// offsets are refused naming the file.
+static void test_doc_starts(void **state) {
+  put_tokens("p.npy", "<u2", 30, NULL);
+  put_tokens("q.npy", "<i4", 25, NULL);
+  const int64_t p_off[] = {0, 7, 7, 19, 30}, q_off[] = {0, 1, 25};  // p: an empty document at 7
+  TT_OK(tpr_npy_write(at("p.docs.npy"), "<i8", p_off, 5));
+  TT_OK(tpr_npy_write(at("q.docs.npy"), "<i8", q_off, 3));
+  char spec[600];
+  snprintf(spec, sizeof spec, "%s,%s", at("p.npy"), at("q.npy"));
+  tpr_tokens *t;
+  TT_OK(tpr_tokens_open(spec, &(tpr_tokens_opts){.split = "train", .docs = true}, &t));
+  assert_true(tpr_tokens_has_docs(t));
+  uint8_t want[56] = {0}, got[56];
+  want[0] = want[7] = want[19] = want[30] = want[31] = 1;  // q's starts at 30 + 0, 30 + 1
+  for (int64_t a = 0; a <= 55; a++)
+    for (int64_t n = 0; a + n <= 56; n++) {  // position 55 is past the end: never a start
+      memset(got, 7, sizeof got);
+      TT_OK(tpr_tokens_doc_starts(t, a, n, got));
+      assert_memory_equal(got, want + a, (size_t)n);
+    }
+  tpr_tokens_close(t);
+  // Not asked for, or one file without offsets: none.
+  TT_OK(tpr_tokens_open(spec, &(tpr_tokens_opts){.split = "train"}, &t));
+  assert_false(tpr_tokens_has_docs(t));
+  tpr_tokens_close(t);
+  put_tokens("r.npy", "<u2", 5, NULL);
+  snprintf(spec, sizeof spec, "%s,%s", at("p.npy"), at("r.npy"));
+  TT_OK(tpr_tokens_open(spec, &(tpr_tokens_opts){.split = "train", .docs = true}, &t));
+  assert_false(tpr_tokens_has_docs(t));
+  assert_int_not_equal(tpr_tokens_doc_starts(t, 0, 1, got), TPR_OK);
+  tpr_tokens_close(t);
+  // Malformed: not starting at 0, decreasing, not ending at the token count, not '<i8'.
+  const int64_t bad[][4] = {{1, 7, 19, 30}, {0, 19, 7, 30}, {0, 7, 19, 29}};
+  for (int k = 0; k < 3; k++) {
+    TT_OK(tpr_npy_write(at("p.docs.npy"), "<i8", bad[k], 4));
+    tpr_status rc = tpr_tokens_open(at("p.npy"), &(tpr_tokens_opts){.split = "train", .docs = true}, &t);
+    assert_int_equal(rc, TPR_ERR_FORMAT);
+    assert_non_null(strstr(tpr_last_error(), "p.docs.npy"));
+  }
+  const int32_t narrow[] = {0, 7, 19, 30};
+  TT_OK(tpr_npy_write(at("p.docs.npy"), "<i4", narrow, 4));
+  assert_int_equal(tpr_tokens_open(at("p.npy"), &(tpr_tokens_opts){.split = "train", .docs = true}, &t),
+                   TPR_ERR_FORMAT);
+  assert_non_null(strstr(tpr_last_error(), "'<i8'"));
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_concat, setup, teardown),
       cmocka_unit_test_setup_teardown(test_glob, setup, teardown),
       cmocka_unit_test_setup_teardown(test_index, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_doc_starts, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
