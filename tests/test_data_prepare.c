@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "cli_util.h"
+#include "data/data.h"
 #include "data/data_impl.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -680,6 +681,33 @@ static void test_npy_header(void **state) {
   free(np);
 }
 
+// UTF-8 validity: every well-formed sequence of each length is accepted;
+// overlongs, surrogates, > U+10FFFF, stray continuations and truncations are
+// refused at the right offset.
+static void test_utf8(void **state) {
+  char buf[8], *p;
+  for (uint32_t cp = 0; cp <= 0x10FFFF; cp += (cp < 0x1000 ? 1 : 97)) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    p = buf;
+    *p++ = 'x';
+    put_cp(&p, cp);
+    if (!tpr_data_utf8_valid(buf, (size_t)(p - buf), NULL)) fail_msg("U+%04X refused", cp);
+  }
+  static const struct {
+    const char *s;
+    size_t at;
+  } bad[] = {{"ab\x80", 2},         {"a\xC0\x80", 1},         {"\xC1\xBF", 0},     {"\xE0\x80\x80", 0},
+             {"\xED\xA0\x80", 0}, {"\xF0\x8F\xBF\xBF", 0}, {"\xF4\x90\x80\x80", 0},
+             {"\xF5\x80\x80\x80", 0}, {"ok\xE2\x82", 2},   {"\xF0\x9F\x98", 0}, {"\xC3\x28", 0},
+             {"\xFF", 0}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    size_t at = 99;
+    if (tpr_data_utf8_valid(bad[i].s, strlen(bad[i].s), &at)) fail_msg("case %zu accepted", i);
+    assert_int_equal(at, bad[i].at);
+  }
+  assert_true(tpr_data_utf8_valid("\xED\x9F\xBF\xF4\x8F\xBF\xBF", 7, NULL));  // U+D7FF, U+10FFFF
+}
+
 int main(void) {
   tt_seed_from_env();
   if (tt_tpr_path(tpr, sizeof tpr, "test_data_prepare") != 0) return 1;
@@ -691,7 +719,7 @@ int main(void) {
   }
   eos = tpr_tokenizer_eos_id(tok);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_npy_header),  cmocka_unit_test(test_text_and_jsonl), cmocka_unit_test(test_reference_fixture),
+      cmocka_unit_test(test_utf8),        cmocka_unit_test(test_npy_header),  cmocka_unit_test(test_text_and_jsonl), cmocka_unit_test(test_reference_fixture),
       cmocka_unit_test(test_chat_masks),  cmocka_unit_test(test_bad_records),   cmocka_unit_test(test_errors),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
