@@ -62,12 +62,15 @@ static void on_progress(const tpr_data_progress *p, bool final, void *ctx) {
   tpr_cli_bytes((uint64_t)p->bytes_read, read, sizeof read);
   tpr_cli_bytes((uint64_t)p->bytes_total, total, sizeof total);
   double rate = p->seconds > 0 ? (double)p->tokens / p->seconds : 0;
+  char where[96];  // "12 MiB / 20 MiB (60%)", or the bytes alone when the total is unknown (a pipe)
+  if (p->bytes_total > 0) snprintf(where, sizeof where, "%s / %s (%.0f%%)", read, total, 100 * frac);
+  else snprintf(where, sizeof where, "%s read", read);
   if (g->tty)
-    fprintf(stderr, "\r%s / %s (%.0f%%) | %lld documents | %lld tokens | %.0f tokens/s | ETA %s\x1b[K%s", read, total,
-            100 * frac, (long long)p->documents, (long long)p->tokens, rate, final ? "0s" : eta, final ? "\n" : "");
+    fprintf(stderr, "\r%s | %lld documents | %lld tokens | %.0f tokens/s | ETA %s\x1b[K%s", where,
+            (long long)p->documents, (long long)p->tokens, rate, final ? "0s" : eta, final ? "\n" : "");
   else if (!final)
-    fprintf(stderr, "tpr data prepare: %s / %s (%.0f%%), %lld documents, %lld tokens, %.0f tokens/s, ETA %s\n", read,
-            total, 100 * frac, (long long)p->documents, (long long)p->tokens, rate, eta);
+    fprintf(stderr, "tpr data prepare: %s, %lld documents, %lld tokens, %.0f tokens/s, ETA %s\n", where,
+            (long long)p->documents, (long long)p->tokens, rate, eta);
   g->shown = true;
   fflush(stderr);
 }
