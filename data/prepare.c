@@ -154,14 +154,14 @@ typedef struct ctx {
   int32_t eos;
 } ctx;
 
+static char oom_msg[] = "out of memory";  // the message when even it cannot be copied; never freed
+
 static void fail(result *out, const char *fmt, const char *a, size_t b) {
   char msg[200];
   snprintf(msg, sizeof msg, fmt, a, b);
   out->err = strdup(msg);
-  if (!out->err) out->err = (char *)"out of memory";  // never freed: see free_result
+  if (!out->err) out->err = oom_msg;
 }
-
-static bool is_static_err(const char *e) { return strcmp(e, "out of memory") == 0; }
 
 static void process(const ctx *c, const batch *b, size_t r) {
   const tpr_data_opts *o = c->o;
@@ -261,7 +261,7 @@ done:
 static void free_result(result *r) {
   free(r->ids);
   free(r->mask);
-  if (r->err && !is_static_err(r->err)) free(r->err);
+  if (r->err != oom_msg) free(r->err);
   memset(r, 0, sizeof *r);
 }
 
