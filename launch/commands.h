@@ -12,6 +12,7 @@ typedef struct tpr_command {
 int tpr_cmd_bench(int argc, char **argv);
 int tpr_cmd_compare(int argc, char **argv);
 int tpr_cmd_convert(int argc, char **argv);
+int tpr_cmd_data(int argc, char **argv);
 int tpr_cmd_forward(int argc, char **argv);
 int tpr_cmd_run(int argc, char **argv);
 int tpr_cmd_train(int argc, char **argv);

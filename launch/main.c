@@ -8,6 +8,7 @@ static const tpr_command commands[] = {
     {"bench", "benchmarks that print a table or --json ('tpr bench --help' lists them)", tpr_cmd_bench},
     {"compare", "max relative difference of two safetensors tensors (logits vs a reference)", tpr_cmd_compare},
     {"convert", "shard a checkpoint for a mesh: per-rank files + manifest.pb with checksums", tpr_cmd_convert},
+    {"data", "prepare training data: text, JSONL or chat conversations to token shards ('tpr data --help')", tpr_cmd_data},
     {"forward", "the logits of every position of a token sequence, as safetensors (golden tests)", tpr_cmd_forward},
     {"load", "load every tensor a rank holds; report bytes, time and peak RSS", tpr_cmd_load},
     {"make-checkpoint", "write a random Hugging Face checkpoint for a config", tpr_cmd_make_checkpoint},

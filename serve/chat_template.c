@@ -169,6 +169,11 @@ tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, siz
 }
 
 char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen) {
+  return tpr_chat_render_prefix(t, messages, cJSON_GetArraySize(messages), true, err, errlen);
+}
+
+char *tpr_chat_render_prefix(tpr_chat_template t, const cJSON *messages, int n_messages, bool add_generation_prompt,
+                             char *err, size_t errlen) {
   if (t < 0 || t >= TPR_CHAT_TEMPLATE_COUNT) {
     snprintf(err, errlen,
              "this model's chat template is not one tpr has built in (chatml, minimax_m2, hunyuan_moe): start the "
@@ -181,11 +186,13 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
     return NULL;
   }
   sbuf b = {0};
+  put(&b, "");  // an empty rendering (no messages, no generation prompt) is "", not NULL
   put(&b, d->begin);
   int i = 0;
   bool prev_system = false;
   const cJSON *m;
   cJSON_ArrayForEach(m, messages) {
+    if (i == n_messages) break;
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (!cJSON_IsString(role) || !role->valuestring[0]) {
@@ -218,7 +225,7 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
     put(&b, close);
     i++;
   }
-  put(&b, d->generation);
+  if (add_generation_prompt) put(&b, d->generation);
   if (b.oom) {
     snprintf(err, errlen, "out of memory rendering the chat template");
     goto fail;

@@ -85,6 +85,15 @@ tpr_chat_template tpr_chat_template_detect(const char *model_dir, char *why, siz
 // with err set: a bad message list, a role the template cannot render, or
 // TPR_CHAT_NONE.
 char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, size_t errlen);
+// The same for the first n_messages messages (0 <= n_messages <= the list's
+// length; the whole list is still checked to be a non-empty array), the
+// generation prompt (the assistant turn's opening) appended only when
+// add_generation_prompt, as the Jinja templates' flag of that name does.
+// tpr_chat_render is this with every message and the prompt. tpr data
+// prepare --chat renders prefixes of a conversation to find which bytes are
+// the assistant's replies.
+char *tpr_chat_render_prefix(tpr_chat_template t, const cJSON *messages, int n_messages, bool add_generation_prompt,
+                             char *err, size_t errlen);
 
 // --- openai_request.c: the request bodies -----------------------------------
 #define TPR_SERVE_MAX_STOP 4

@@ -176,15 +176,16 @@ tpr_status tpr_tokenizer_encode(const tpr_tokenizer *t, const char *text, size_t
   if (ok != len)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_tokenizer_encode: text is not valid UTF-8 at byte %zu of %zu", ok, len);
   enc e = {.t = t};
-  tpr_status rc = tok_run_init(&e.run);
-  if (rc != TPR_OK) return rc;
+  tok_run *run = tok_run_thread();
+  if (!run) return TPR_ERR_OOM;
+  e.run = *run;  // borrowed: the thread keeps it
+  tpr_status rc = TPR_OK;
   if (add_special)
     for (int i = 0; i < t->n_post_pre && rc == TPR_OK; i++) rc = tok_ids_push(&e.ids, t->post_pre[i]);
   if (rc == TPR_OK) rc = split_added(&e, text ? text : "", len, false, true);
   if (add_special)
     for (int i = 0; i < t->n_post_post && rc == TPR_OK; i++) rc = tok_ids_push(&e.ids, t->post_post[i]);
   if (rc == TPR_OK && !e.ids.p) rc = tok_ids_push(&e.ids, 0), e.ids.n = 0;  // a non-NULL array for 0 ids
-  tok_run_free(&e.run);
   tok_bpe_scratch_free(&e.bpe);
   free(e.norm.p);
   tok_words_free(&e.words);

@@ -3,6 +3,7 @@
 // these patterns with Oniguruma; PCRE2 with UTF + UCP gives \p{L}, \p{N}, \s
 // and lookahead the same Unicode meaning.
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,39 @@ void tok_run_free(tok_run *r) {
   if (r->mc) pcre2_match_context_free(r->mc);
   if (r->js) pcre2_jit_stack_free(r->js);
   memset(r, 0, sizeof *r);
+}
+
+// The calling thread's state: made on first use, freed when the thread exits
+// (the key's destructor; the main thread's lives until the process ends).
+static pthread_key_t run_key;
+static pthread_once_t run_once = PTHREAD_ONCE_INIT;
+static bool run_key_ok;
+static _Thread_local tok_run *thread_run;
+
+static void run_destroy(void *p) {
+  tok_run_free(p);
+  free(p);
+  thread_run = NULL;
+}
+
+static void run_key_create(void) { run_key_ok = pthread_key_create(&run_key, run_destroy) == 0; }
+
+tok_run *tok_run_thread(void) {
+  if (thread_run) return thread_run;
+  pthread_once(&run_once, run_key_create);
+  tok_run *r = malloc(sizeof *r);
+  if (!r || !run_key_ok || tok_run_init(r) != TPR_OK) {
+    free(r);
+    TPR_FAIL(TPR_ERR_OOM, "tokenizer: PCRE2 match state");
+    return NULL;
+  }
+  if (pthread_setspecific(run_key, r) != 0) {
+    run_destroy(r);
+    TPR_FAIL(TPR_ERR_OOM, "tokenizer: PCRE2 match state");
+    return NULL;
+  }
+  thread_run = r;
+  return r;
 }
 
 tpr_status tok_regex_each(const tok_regex *re, tok_run *run, const char *s, size_t n, tok_match_fn fn, void *ctx) {
