@@ -14,6 +14,7 @@
 #include "launch/cli_util.h"
 #include "launch/commands.h"
 #include "runtime/file_io.h"
+#include "runtime/progress.h"
 #include "tokenizer/tokenizer.h"
 
 static const char *prepare_usage =
@@ -37,8 +38,10 @@ static const char *prepare_usage =
     "exit status: 0 done, 1 failure or bad records (without --allow-bad), 2 usage error";
 
 typedef struct progress_state {
-  bool tty, shown;
+  bool tty;          // the progress line of runtime/progress.h; else a plain line every 5 s
+  bool begun;
   double last;
+  tpr_progress bar;  // bytes read of the inputs
   const tpr_data_opts *o;
 } progress_state;
 
@@ -49,29 +52,32 @@ static void fmt_eta(double s, char *buf, size_t n) {
   else snprintf(buf, n, "%ds", (int)(s + 0.5));
 }
 
-// On a terminal one line rewritten in place (at most 5 times a second);
-// otherwise a plain line every 5 seconds. The summary follows the last.
+// On a terminal the progress line (bytes read, documents, tokens, tokens/s,
+// ETA), erased at the end; otherwise a plain line every 5 seconds.
 static void on_progress(const tpr_data_progress *p, bool final, void *ctx) {
   progress_state *g = ctx;
-  if (!final && p->seconds - g->last < (g->tty ? 0.2 : 5.0)) return;
-  if (final && !g->shown) return;
+  double rate = p->seconds > 0 ? (double)p->tokens / p->seconds : 0;
+  if (g->tty) {
+    if (!g->begun) tpr_progress_begin(&g->bar, "preparing", (uint64_t)p->bytes_total, NULL), g->begun = true;
+    char note[128];
+    snprintf(note, sizeof note, "%lld documents  %lld tokens  %.0f tokens/s", (long long)p->documents,
+             (long long)p->tokens, rate);
+    if (final) tpr_progress_end(&g->bar);
+    else tpr_progress_update(&g->bar, (uint64_t)p->bytes_read, note);
+    return;
+  }
+  if (final || p->seconds - g->last < 5.0) return;
   g->last = p->seconds;
   char read[32], total[32], eta[16];
   double frac = p->bytes_total > 0 ? (double)p->bytes_read / (double)p->bytes_total : 0;
   fmt_eta(frac > 0 ? p->seconds * (1 - frac) / frac : -1, eta, sizeof eta);
   tpr_cli_bytes((uint64_t)p->bytes_read, read, sizeof read);
   tpr_cli_bytes((uint64_t)p->bytes_total, total, sizeof total);
-  double rate = p->seconds > 0 ? (double)p->tokens / p->seconds : 0;
   char where[96];  // "12 MiB / 20 MiB (60%)", or the bytes alone when the total is unknown (a pipe)
   if (p->bytes_total > 0) snprintf(where, sizeof where, "%s / %s (%.0f%%)", read, total, 100 * frac);
   else snprintf(where, sizeof where, "%s read", read);
-  if (g->tty)
-    fprintf(stderr, "\r%s | %lld documents | %lld tokens | %.0f tokens/s | ETA %s\x1b[K%s", where,
-            (long long)p->documents, (long long)p->tokens, rate, final ? "0s" : eta, final ? "\n" : "");
-  else if (!final)
-    fprintf(stderr, "tpr data prepare: %s, %lld documents, %lld tokens, %.0f tokens/s, ETA %s\n", where,
-            (long long)p->documents, (long long)p->tokens, rate, eta);
-  g->shown = true;
+  fprintf(stderr, "tpr data prepare: %s, %lld documents, %lld tokens, %.0f tokens/s, ETA %s\n", where,
+          (long long)p->documents, (long long)p->tokens, rate, eta);
   fflush(stderr);
 }
 
@@ -79,8 +85,9 @@ static void on_bad(const tpr_data_bad *b, void *ctx) {
   progress_state *g = ctx;
   static int64_t n;  // one run per process
   if (++n > TPR_DATA_BAD_LISTED) return;
-  fprintf(stderr, "%stpr data prepare: %s:%lld: bad record: %s\n", g->tty && g->shown ? "\r\x1b[K" : "",
-          g->o->inputs[b->input], (long long)b->line, b->reason);
+  if (g->begun) tpr_progress_clear(&g->bar);  // the line is drawn again by the next update
+  fprintf(stderr, "tpr data prepare: %s:%lld: bad record: %s\n", g->o->inputs[b->input], (long long)b->line,
+          b->reason);
 }
 
 static void print_summary(const tpr_data_summary *s, bool json, const tpr_data_opts *o) {
@@ -269,7 +276,8 @@ static int prepare(int argc, char **argv) {
         fprintf(stderr, "%s: chat template %s (%s)\n", cmd, tpr_chat_template_name(o.chat_template), why);
     }
   }
-  progress_state g = {.tty = isatty(2), .o = &o};
+  tpr_cli_progress(0);
+  progress_state g = {.tty = tpr_progress_enabled(), .o = &o};
   o.progress = on_progress;
   o.progress_ctx = &g;
   o.on_bad = on_bad;
@@ -278,8 +286,9 @@ static int prepare(int argc, char **argv) {
   if (!s) code = 1;
   if (code == 0) {
     tpr_status rc = tpr_data_prepare(&o, s);
+    if (g.begun) tpr_progress_end(&g.bar);  // an error stops the run before its final report
     if (rc != TPR_OK) {
-      fprintf(stderr, "%s%s: error: %s\n", g.tty && g.shown ? "\n" : "", cmd, tpr_last_error());
+      fprintf(stderr, "%s: error: %s\n", cmd, tpr_last_error());
       code = rc == TPR_ERR_INVALID_ARG ? 2 : 1;
     } else {
       if (s->bad > TPR_DATA_BAD_LISTED)

@@ -137,6 +137,33 @@ static void test_make_checkpoint_terminal(void **state) {
   }
 }
 
+// tpr data prepare: the line on a terminal (bytes read, documents, tokens),
+// plain lines every 5 s elsewhere (a run this short prints none).
+static void test_data_prepare_terminal(void **state) {
+  char text[4300], cmd[20000];
+  snprintf(text, sizeof text, "%s/corpus.txt", tmp_dir);
+  FILE *f = fopen(text, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 2000; i++) fprintf(f, "document %d: %d %d %d\n\n", i, rand(), rand(), rand());
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "'%s' data prepare --model '%s/../tests/fixtures/demo_model' --input '%s' --output '%s/dp/a'",
+           tpr_path, configs, text, tmp_dir);
+  run_result r = on_terminal(cmd);
+  expect_ok(&r);
+  assert_non_null(strstr(r.out, "\r\033[Kpreparing  ["));
+  assert_non_null(strstr(r.out, " documents  "));
+  tt_run_done(&r);
+  char model[4300], out[4300];
+  snprintf(model, sizeof model, "%s/../tests/fixtures/demo_model", configs);
+  snprintf(out, sizeof out, "%s/dp/b", tmp_dir);
+  r = tt_run_tpr(tpr_path, tmp_dir,
+                 (const char *const[]){"data", "prepare", "--model", model, "--input", text, "--output", out, NULL});
+  expect_ok(&r);
+  assert_null(strchr(r.err, '\033'));
+  assert_null(strchr(r.err, '\r'));
+  tt_run_done(&r);
+}
+
 static void test_json_stdout_clean(void **state) {
   char out[4300];
   snprintf(out, sizeof out, "%s/d", tmp_dir);
@@ -237,6 +264,7 @@ int main(void) {
       cmocka_unit_test(test_format_counts),       cmocka_unit_test(test_format_bytes),
       cmocka_unit_test(test_drawing),             cmocka_unit_test(test_make_checkpoint_terminal),
       cmocka_unit_test(test_json_stdout_clean),   cmocka_unit_test(test_load_and_train_terminal),
+      cmocka_unit_test(test_data_prepare_terminal),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
