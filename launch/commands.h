@@ -10,6 +10,7 @@ typedef struct tpr_command {
 } tpr_command;
 
 int tpr_cmd_bench(int argc, char **argv);
+int tpr_cmd_chat_template(int argc, char **argv);
 int tpr_cmd_compare(int argc, char **argv);
 int tpr_cmd_convert(int argc, char **argv);
 int tpr_cmd_data(int argc, char **argv);

@@ -6,6 +6,8 @@
 
 static const tpr_command commands[] = {
     {"bench", "benchmarks that print a table or --json ('tpr bench --help' lists them)", tpr_cmd_bench},
+    {"chat-template", "render a checkpoint's Jinja chat template over messages and print the prompt (and ids)",
+     tpr_cmd_chat_template},
     {"compare", "max relative difference of two safetensors tensors (logits vs a reference)", tpr_cmd_compare},
     {"convert", "shard a checkpoint for a mesh: per-rank files + manifest.pb with checksums", tpr_cmd_convert},
     {"data", "prepare training data: text, JSONL or chat conversations to token shards ('tpr data --help')", tpr_cmd_data},
