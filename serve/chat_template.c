@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jinja/chat.h"
 #include "runtime/file_io.h"
 #include "serve/serve.h"
 
@@ -106,6 +107,11 @@ static const template_def templates[TPR_CHAT_TEMPLATE_COUNT] = {
 
 const char *tpr_chat_template_name(tpr_chat_template t) {
   return t >= 0 && t < TPR_CHAT_TEMPLATE_COUNT ? templates[t].name : "none";
+}
+
+void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t cap) {
+  if (r->jinja) snprintf(buf, cap, "jinja (%s)", r->jinja->source);
+  else snprintf(buf, cap, "%s (built in)", tpr_chat_template_name(r->builtin));
 }
 
 bool tpr_chat_template_parse(const char *s, tpr_chat_template *out) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jinja/chat.h"
 #include "serve/serve.h"
 
 enum { COMPL = 1, CHAT = 2, BOTH = 3 };
@@ -31,7 +32,7 @@ static const struct field {
     {"echo", COMPL},          {"suffix", COMPL},           {"logprobs", BOTH},
     {"top_logprobs", CHAT},   {"frequency_penalty", BOTH}, {"presence_penalty", BOTH},
     {"repetition_penalty", BOTH}, {"min_tokens", BOTH},    {"logit_bias", BOTH},
-    {"ignore_eos", BOTH},     {"user", BOTH},              {"tools", CHAT},
+    {"ignore_eos", BOTH},     {"user", BOTH},  {"chat_template_kwargs", CHAT},              {"tools", CHAT},
     {"tool_choice", CHAT},    {"parallel_tool_calls", CHAT}, {"functions", CHAT},
     {"function_call", CHAT},  {"response_format", CHAT},   {"audio", CHAT},
     {"modalities", CHAT},     {"prediction", CHAT},        {"reasoning_effort", CHAT},
@@ -161,12 +162,40 @@ static bool prompt_ids(const cJSON *p, tpr_oai_request *out, tpr_oai_error *e) {
   return true;
 }
 
-static bool parse_prompt(const cJSON *j, bool chat, tpr_chat_template tmpl, tpr_oai_request *out, tpr_oai_error *e) {
+// The checkpoint's Jinja template over the request body's own text (its
+// messages and chat_template_kwargs; numbers keep their int/float form), with
+// the generation prompt. A template's raise_exception is the client's error.
+static bool render_jinja(const tpr_chat_jinja *c, const char *body, size_t body_len, tpr_oai_request *out,
+                         tpr_oai_error *e) {
+  tpr_jinja_error err = {0};
+  size_t len = 0;
+  char *text = strndup(body, body_len);  // the renderer reads a C string
+  if (!text) return fail(e, 500, "messages", "out of memory for the chat template");
+  tpr_chat_inputs in = {.request_json = text, .add_generation_prompt = true};
+  tpr_status rc = tpr_chat_jinja_render(c, &in, NULL, &out->prompt, &len, &err);
+  free(text);
+  if (rc == TPR_OK) return true;
+  out->prompt = NULL;
+  return fail(e, 400, "messages", "the chat template %s: %s", err.raised ? "refused the messages" : "failed",
+              err.message);
+}
+
+static bool parse_prompt(const cJSON *j, const char *body, size_t body_len, bool chat, const tpr_chat_renderer *tmpl,
+                         tpr_oai_request *out, tpr_oai_error *e) {
   if (chat) {
     const cJSON *m = get(j, "messages");
     if (!m) return fail(e, 400, "messages", "'messages' is required");
+    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
+      return fail(e, 400, "messages", "'messages' must be a non-empty list of messages");
+    const cJSON *kw = get(j, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw)) return fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (tmpl->jinja) return render_jinja(tmpl->jinja, body, body_len, out, e);
+    if (kw && kw->child)
+      return fail(e, 400, "chat_template_kwargs",
+                  "'chat_template_kwargs' needs the checkpoint's own Jinja template; this server renders the built-in "
+                  "%s template", tpr_chat_template_name(tmpl->builtin));
     char why[sizeof e->message] = "";
-    out->prompt = tpr_chat_render(tmpl, m, why, sizeof why);
+    out->prompt = tpr_chat_render(tmpl->builtin, m, why, sizeof why);
     if (!out->prompt) return fail(e, 400, "messages", "%s", why[0] ? why : "the messages cannot be rendered");
     return true;
   }
@@ -298,7 +327,7 @@ static bool parse_stream(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oa
   return true;
 }
 
-bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
+bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_renderer *tmpl, const char *model_id,
                    tpr_oai_request *out, tpr_oai_error *e) {
   memset(out, 0, sizeof *out);
   memset(e, 0, sizeof *e);
@@ -320,7 +349,7 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tm
          model_id);
     goto done;
   }
-  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && parse_prompt(j, chat, tmpl, out, e) &&
+  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && parse_prompt(j, body, len, chat, tmpl, out, e) &&
        parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
        parse_stop(j, out, e) && parse_logit_bias(j, out, e);
 done:

@@ -95,6 +95,17 @@ char *tpr_chat_render(tpr_chat_template t, const cJSON *messages, char *err, siz
 char *tpr_chat_render_prefix(tpr_chat_template t, const cJSON *messages, int n_messages, bool add_generation_prompt,
                              char *err, size_t errlen);
 
+// How /v1/chat/completions makes its prompt: the checkpoint's own Jinja
+// template rendered as transformers renders it (jinja/chat.h) when `jinja`
+// is set, else the built-in `builtin`.
+struct tpr_chat_jinja;
+typedef struct tpr_chat_renderer {
+  const struct tpr_chat_jinja *jinja;
+  tpr_chat_template builtin;
+} tpr_chat_renderer;
+// "jinja (tokenizer_config.json)" or the built-in's name, for start-up lines.
+void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t cap);
+
 // --- openai_request.c: the request bodies -----------------------------------
 #define TPR_SERVE_MAX_STOP 4
 #define TPR_SERVE_MAX_N 64            // choices per request ("n")
@@ -137,7 +148,7 @@ typedef struct tpr_oai_request {
 // Parses a body (every parameter OpenAI or vLLM defines for the endpoint
 // is either honoured or refused; unknown ones are refused, as OpenAI does).
 // chat: messages rendered with `tmpl` (tpr_chat_render). false: *e says why.
-bool tpr_oai_parse(const char *body, size_t len, bool chat, tpr_chat_template tmpl, const char *model_id,
+bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_renderer *tmpl, const char *model_id,
                    tpr_oai_request *out, tpr_oai_error *e);
 void tpr_oai_request_free(tpr_oai_request *r);
 
@@ -191,7 +202,7 @@ typedef struct tpr_serve_opts {
   int max_connections;     // open connections; past it a new one gets 503 (0: no limit)
   int32_t eos;             // -1: none
   int64_t max_seq;
-  tpr_chat_template chat_template;
+  tpr_chat_renderer chat_template;
   double request_timeout;  // seconds for a request to arrive whole (408 after)
   double drain_timeout;    // seconds SIGTERM waits for in-flight requests; then they are cut off (503)
 } tpr_serve_opts;

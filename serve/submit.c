@@ -121,7 +121,7 @@ void serve_generate(serve_state *st, tpr_http_conn *c, const tpr_http_request *h
   tpr_oai_error e;
   serve_req *r = calloc(1, sizeof *r);
   if (!r) return serve_respond_error(st, c, 500, "out of memory", NULL);
-  if (!tpr_oai_parse(hr->body, hr->body_len, chat, st->o->chat_template, st->o->model_id, &r->r, &e)) {
+  if (!tpr_oai_parse(hr->body, hr->body_len, chat, &st->o->chat_template, st->o->model_id, &r->r, &e)) {
     free(r);
     return serve_respond_error(st, c, e.status, e.message, e.param);
   }

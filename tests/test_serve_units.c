@@ -307,7 +307,7 @@ static void test_request_params(void **state) {
   const char *ok = "{\"prompt\": [5, 6], \"n\": 3, \"logprobs\": 4, \"logit_bias\": {\"7\": -2.5}, "
                    "\"frequency_penalty\": 0.5, \"presence_penalty\": -1, \"repetition_penalty\": 1.2, "
                    "\"min_tokens\": 2, \"echo\": false, \"user\": \"u\", \"seed\": 9, \"best_of\": 3}";
-  assert_true(tpr_oai_parse(ok, strlen(ok), false, TPR_CHAT_CHATML, "m", &r, &e));
+  assert_true(tpr_oai_parse(ok, strlen(ok), false, &(tpr_chat_renderer){.builtin = TPR_CHAT_CHATML}, "m", &r, &e));
   assert_int_equal(r.n_prompt_ids, 2);
   assert_int_equal(r.n, 3);
   assert_true(r.logprobs && r.top_logprobs == 4);
@@ -317,7 +317,7 @@ static void test_request_params(void **state) {
   assert_true(r.min_tokens == 2 && r.has_seed && r.seed == 9 && r.max_tokens == 0);
   tpr_oai_request_free(&r);
   const char *unseeded = "{\"prompt\": \"a\"}";
-  assert_true(tpr_oai_parse(unseeded, strlen(unseeded), false, TPR_CHAT_CHATML, "m", &r, &e));
+  assert_true(tpr_oai_parse(unseeded, strlen(unseeded), false, &(tpr_chat_renderer){.builtin = TPR_CHAT_CHATML}, "m", &r, &e));
   assert_false(r.has_seed);
   assert_false(r.logprobs);
   tpr_oai_request_free(&r);
@@ -342,7 +342,7 @@ static void test_request_params(void **state) {
       {true, "{\"messages\": [], \"echo\": true}", "echo"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), bad[i].chat, TPR_CHAT_CHATML, "m", &r, &e);
+    bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), bad[i].chat, &(tpr_chat_renderer){.builtin = TPR_CHAT_CHATML}, "m", &r, &e);
     if (parsed) tpr_oai_request_free(&r);
     assert_false(parsed);
     assert_int_equal(e.status, 400);
@@ -351,7 +351,7 @@ static void test_request_params(void **state) {
   // Accepted as asking for nothing: tools [], tool_choice "none", a text format.
   const char *trivial = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [], "
                         "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}, \"store\": false}";
-  assert_true(tpr_oai_parse(trivial, strlen(trivial), true, TPR_CHAT_CHATML, "m", &r, &e));
+  assert_true(tpr_oai_parse(trivial, strlen(trivial), true, &(tpr_chat_renderer){.builtin = TPR_CHAT_CHATML}, "m", &r, &e));
   tpr_oai_request_free(&r);
   printf("%zu refusals name their parameter\n", sizeof bad / sizeof bad[0]);
 }

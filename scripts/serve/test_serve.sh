@@ -406,23 +406,29 @@ if kill -0 "$SERVER" 2>/dev/null; then fail "still running 10 s after SIGTERM"; 
 fi
 SERVER=""
 
-# -- a second server: context 4096, a MiniMax-M2 chat template declared by
-# the checkpoint (recognised by --chat-template auto), --drain-timeout 0.2
+# -- a second server: context 4096, a MiniMax-M2-style chat template declared
+# by the checkpoint (rendered by --chat-template auto as transformers renders
+# it: jinja2 drops the source's one trailing newline; a raise_exception is
+# the client's 400), --drain-timeout 0.2
 cp -r "$W/m" "$W/m2"
 python3 - "$W/m2" <<'PY'
 import json, sys
 d = sys.argv[1]
 c = json.load(open(d + "/config.json")); c["max_position_embeddings"] = 4096; json.dump(c, open(d + "/config.json", "w"))
 t = json.load(open(d + "/tokenizer_config.json"))
-t["chat_template"] = "{{ ']~!b[' }}{% for m in messages %}]~b]{{ m.role }}\n{{ m.content }}[e~[\n{% endfor %}]~b]ai\n<think>\n"
+t["chat_template"] = ("{{ ']~!b[' }}{% for m in messages %}{% if m.role == 'critic' %}"
+                      "{{ raise_exception('no critics here') }}{% endif %}]~b]{{ m.role }}\n{{ m.content }}[e~[\n"
+                      "{% endfor %}]~b]ai\n<think>\n")
 json.dump(t, open(d + "/tokenizer_config.json", "w"))
 PY
 launch "$W/m2" --drain-timeout 0.2
-grep -q "chat template minimax_m2" "$W/server.log" && pass "auto: the checkpoint's template is minimax_m2" || fail "template not detected: $(head -3 "$W/server.log")"
+grep -q "chat template jinja (tokenizer_config.json" "$W/server.log" && pass "auto: the checkpoint's own Jinja template" || fail "template not used: $(head -3 "$W/server.log")"
 MCHAT=$(curl -s "$URL/v1/chat/completions" -d '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0}' | json 'd["choices"][0]["message"]["content"]')
-MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>\n' 8)
-[ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the MiniMax-M2 rendering" || fail "minimax chat '$MCHAT' != '$MEXP'"
-check_status 400 "a role minimax_m2 has no place for" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
+MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>' 8)
+[ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the template's rendering" || fail "jinja chat '$MCHAT' != '$MEXP'"
+check_status 400 "the template's raise_exception" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
+curl -s "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}' | grep -q "no critics here" &&
+  pass "the 400 carries the template's message" || fail "the template's raise_exception message is not in the 400"
 # SIGTERM during a long stream (ignore_eos: no EOS may end it first): cut off
 # after 0.2 s with an error event; exit 0.
 curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4000, "n": 8, "temperature": 0, "stream": true, "ignore_eos": true}' >"$W/long" &

@@ -12,8 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool chat = t < TPR_CHAT_TEMPLATE_COUNT;
     tpr_oai_request r;
     tpr_oai_error e;
-    if (tpr_oai_parse((const char *)data, size, chat, chat ? (tpr_chat_template)t : TPR_CHAT_CHATML, "tpr-model", &r,
-                      &e)) {
+    tpr_chat_renderer with = {.builtin = chat ? (tpr_chat_template)t : TPR_CHAT_CHATML};
+    if (tpr_oai_parse((const char *)data, size, chat, &with, "tpr-model", &r, &e)) {
       fz_require((r.prompt != NULL) != (r.prompt_ids != NULL) && r.n_stop >= 0 && r.n_stop <= TPR_SERVE_MAX_STOP &&
                      r.n >= 1 && r.n <= TPR_SERVE_MAX_N && r.top_logprobs >= 0 &&
                      r.top_logprobs <= TPR_SERVE_MAX_TOP_LOGPROBS && (r.n_bias == 0 || (r.bias_ids && r.bias)),
