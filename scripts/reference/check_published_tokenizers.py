@@ -263,6 +263,11 @@ def best_of(n, fn):
 def check(name, path, tpr, nstrings, nrandom, mb):
     hf = Tokenizer.from_file(path)
     j = json.load(open(path, encoding="utf-8"))
+    # tpr leaves the file's padding and truncation alone, as transformers'
+    # tokenizers do unless asked (they call no_padding / no_truncation)
+    pad_trunc = bool(j.get("padding") or j.get("truncation"))
+    hf.no_padding()
+    hf.no_truncation()
     specials = [t["content"] for t in j.get("added_tokens", [])]
     r = random.Random(5)
     specials = specials if len(specials) <= 60 else specials[:20] + r.sample(specials[20:], 40)
@@ -271,7 +276,8 @@ def check(name, path, tpr, nstrings, nrandom, mb):
     texts = texts + rnd
     res = {"tokenizer": name, "strings": nt, "random_strings": len(rnd), "id_mismatches": 0, "random_id_mismatches": 0,
            "decode_mismatches": 0,
-           "big_text_ok": None, "speed_ratio": None, "refused": None, "examples": []}
+           "big_text_ok": None, "speed_ratio": None, "refused": None, "examples": [],
+           "padding_truncation_ignored": pad_trunc}
     # ids, with and without the post-processor
     for add in (True, False):
         got, err = run_tpr(tpr, ["tokenize", "--model", path, "--jsonl", "-"] + ([] if add else ["--no-special"]), texts)
@@ -344,6 +350,9 @@ def main():
         res = check(name, path, a.tpr, a.strings, a.random, a.mb)
         res.update({"package": req, "path": inner, "what": what, "sha256": digest[:16]})
         rows.append(res)
+        log(f"  {name}: " + json.dumps({k: v for k, v in res.items() if k != "examples"}, ensure_ascii=False))
+        for e in res["examples"][:3]:
+            log("    " + json.dumps(e, ensure_ascii=False)[:400])
     if a.list:
         return
     bad = any(x["refused"] or x["id_mismatches"] or x["decode_mismatches"] or not x["big_text_ok"] for x in rows)
@@ -359,7 +368,8 @@ def main():
             if x["refused"]:
                 print(f"| {x['tokenizer']} | {x['package']} | - | refused: {x['refused']} | - | - | - | - |")
                 continue
-            print(f"| {x['tokenizer']} | {x['package']} | {x['strings']} | {x['id_mismatches']} | "
+            star = "*" if x["padding_truncation_ignored"] else ""
+            print(f"| {x['tokenizer']}{star} | {x['package']} | {x['strings']} | {x['id_mismatches']} | "
                   f"{x['random_id_mismatches']} of {x['random_strings']} | {x['decode_mismatches']} | "
                   f"{'same ids' if x['big_text_ok'] else 'DIFFERENT'} | {x['speed_ratio']}x |")
         for x in rows:

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The code points whose normalization the `tokenizers` library does not know.
+
+The library's NFC/NFD/NFKC/NFKD come from a Unicode table older than
+utf8proc's (it knows U+1E944, Unicode 9, and not U+1E133, Unicode 12): a
+combining mark or a decomposition assigned since is, to it, a plain starter
+with no decomposition. tpr normalizes with utf8proc, so on text holding such a
+code point the two differ (found on real tokenizers, e.g. Claude's NFKC, by
+scripts/reference/check_published_tokenizers.py).
+
+This script finds them by differential testing, the library against utf8proc
+(through ctypes, the same library tpr links): for every code point that
+utf8proc gives a combining class, a decomposition or a composition, a few
+probe strings are normalized in the four forms by both. A code point where
+they differ goes in the table when treating it as inert (the text is
+normalized in pieces around it, the code point copied as is) gives exactly the
+library's output on every probe; the script checks that and prints the
+ranges as C for tokenizer/tok_unicode_compat.c. It also prints the code
+points whose being a mark (StripAccents) or a nonspacing mark
+(BertNormalizer's strip_accents) the library decides otherwise than
+utf8proc's category, checked on "a" + the code point.
+
+Usage: make_hf_unicode_norm_table.py > /tmp/table.c  (a venv with `tokenizers`)
+"""
+import ctypes
+import ctypes.util
+import sys
+import unicodedata
+
+from tokenizers import normalizers
+
+lib = ctypes.CDLL(ctypes.util.find_library("utf8proc") or "libutf8proc.so.2")
+lib.utf8proc_map.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+lib.utf8proc_map.restype = ctypes.c_ssize_t
+lib.utf8proc_category.argtypes = [ctypes.c_int32]
+lib.utf8proc_category.restype = ctypes.c_int
+lib.utf8proc_version.restype = ctypes.c_char_p
+libc = ctypes.CDLL(None)
+STABLE, COMPAT, COMPOSE, DECOMPOSE = 1 << 1, 1 << 2, 1 << 3, 1 << 4
+FORMS = {"NFC": STABLE | COMPOSE, "NFD": STABLE | DECOMPOSE, "NFKC": STABLE | COMPOSE | COMPAT,
+         "NFKD": STABLE | DECOMPOSE | COMPAT}
+HF = {"NFC": normalizers.NFC(), "NFD": normalizers.NFD(), "NFKC": normalizers.NFKC(), "NFKD": normalizers.NFKD()}
+
+
+def u8p(s, form):
+    b = s.encode()
+    out = ctypes.c_void_p()
+    n = lib.utf8proc_map(b, len(b), ctypes.byref(out), FORMS[form])
+    assert n >= 0, s
+    r = ctypes.string_at(out, n).decode()
+    libc.free(out)
+    return r
+
+
+def probes(c):
+    return [c, "a" + c + "\u0316", "a\u0316" + c, "a" + c + "\u0334", c + "\u0301", "e" + c, c + c, "\u1100" + c,
+            "a" + c + "\u05b0" + "\u0301"]
+
+
+def emulate(s, form, inert):
+    """utf8proc on the pieces between inert code points, which are copied."""
+    out, piece = [], []
+    for ch in s:
+        if ord(ch) in inert:
+            out.append(u8p("".join(piece), form) if piece else "")
+            out.append(ch)
+            piece = []
+        else:
+            piece.append(ch)
+    if piece:
+        out.append(u8p("".join(piece), form))
+    return "".join(out)
+
+
+def ranges_of(cps):
+    ranges = []
+    for cp in sorted(cps):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return ranges
+
+
+def print_table(name, cps, comment):
+    print(f"// {comment}")
+    print(f"static const uint32_t {name}[][2] = {{")
+    line = " "
+    for a, b in ranges_of(cps):
+        item = f" {{0x{a:X}, 0x{b:X}}},"
+        if len(line) + len(item) > 110:
+            print(line)
+            line = " "
+        line += item
+    print(line)
+    print("};")
+
+
+def mark_flips():
+    """Where the library's idea of a mark differs from utf8proc's category:
+    StripAccents drops what it calls a combining mark (utf8proc: Mn, Mc, Me),
+    BertNormalizer's strip_accents drops what it calls Mn (utf8proc: Mn), each
+    from a table older than utf8proc's, and not the same one."""
+    sa_n, bert_n = normalizers.StripAccents(), normalizers.BertNormalizer(
+        clean_text=False, handle_chinese_chars=False, strip_accents=True, lowercase=False)
+    sa, bert = set(), set()
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        k, c = lib.utf8proc_category(cp), chr(cp)
+        if (6 <= k <= 8) != (sa_n.normalize_str("a" + c) == "a"):
+            sa.add(cp)
+        if u8p(c, "NFD") == c and (k == 6) != (bert_n.normalize_str("a" + c) == "a"):
+            bert.add(cp)
+    return sa, bert
+
+
+def main():
+    cands = []
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp < 0xE000 or lib.utf8proc_category(cp) == 0:  # surrogates, unassigned to utf8proc
+            continue
+        c = chr(cp)
+        if any(u8p(c, f) != c for f in ("NFKD",)) or unicodedata.category(c) == "Cn" or \
+                unicodedata.combining(c) or unicodedata.decomposition(c) or u8p("a" + c + "\u0316", "NFD") != "a" + c + "\u0316":
+            cands.append(cp)
+    differ = []
+    for cp in cands:
+        c = chr(cp)
+        if any(HF[f].normalize_str(p) != u8p(p, f) for p in probes(c) for f in FORMS):
+            differ.append(cp)
+    inert = set(differ)
+    bad = [cp for cp in differ
+           if any(HF[f].normalize_str(p) != emulate(p, f, inert) for p in probes(chr(cp)) for f in FORMS)]
+    inert -= set(bad)
+    # the emulation must not break what already matched
+    worse = [cp for cp in cands if cp not in inert and
+             any(HF[f].normalize_str(p) != emulate(p, f, inert) for p in probes(chr(cp)) for f in FORMS)
+             and cp not in bad]
+    print(f"// {len(inert)} code points; utf8proc {lib.utf8proc_version().decode()}, "
+          f"tokenizers {__import__('tokenizers').__version__}; {len(cands)} candidates tested, {len(differ)} "
+          f"differed, {len(bad)} not fixed by this ({', '.join(f'U+{x:04X}' for x in bad[:12])})", file=sys.stderr)
+    if worse:
+        print(f"// made worse: {', '.join(f'U+{x:04X}' for x in worse[:20])}", file=sys.stderr)
+    print_table("HF_NORM_INERT", inert, f"{len(inert)} code points the library's normal forms leave alone")
+    sa, bert = mark_flips()
+    print(f"// StripAccents flips: {len(sa)}, BertNormalizer strip_accents flips: {len(bert)}", file=sys.stderr)
+    print_table("HF_MARK_FLIP", sa, f"{len(sa)} code points whose mark-ness (StripAccents) the library sees otherwise")
+    print_table("HF_MN_FLIP", bert, f"{len(bert)} code points whose Mn-ness (BertNormalizer) the library sees otherwise")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Parity fixtures for the normal forms on code points newer than the
+reference library's Unicode tables (tokenizer/tok_unicode_compat.c,
+tests/test_tokenizer_components.c).
+
+Each tokenizer is a normalizer in front of a byte-level BPE with the 256 byte
+tokens and no merges, so its ids are the bytes of the normalized text, as the
+library computes it: NFC, NFD, NFKC, NFKD and BertNormalizer with
+strip_accents (an NFD inside, then no Mn), and StripAccents. The strings mix the code points of
+make_hf_unicode_norm_table.py's table (combining marks and decompositions the
+library does not know) with older combining marks, composable letters and
+compatibility characters, so the reordering, composition and decomposition
+around them all show, and with the code points the library does not call
+(nonspacing) marks while utf8proc's category does, or the other way round. The script checks that utf8proc alone (what tpr did
+before) differs from the library on a third of the strings or more, so the fixture can fail.
+
+Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip}.json / .jsonl
+({"t": text, "ids": encode(t), "d": decode(ids)}).
+
+Usage: make_tokenizer_unicode_compat_fixture.py [--out DIR] [--cases 50]
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers as pt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_hf_unicode_norm_table as tab  # noqa: E402  (utf8proc through ctypes)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NEW = [0x7FD, 0x898, 0x89F, 0x8CA, 0x8D3, 0x9FE, 0xC3C, 0xD3B, 0xEBA, 0x1715, 0x1ABF, 0x1ACE, 0x1DF6, 0x32FF, 0xA7F2,
+       0xA82C, 0xAB69, 0x10781, 0x107B0, 0x10D24, 0x10EFD, 0x10F46, 0x10F82, 0x11070, 0x1133B, 0x1145E, 0x11839,
+       0x11938, 0x1193D, 0x119E0, 0x11A34, 0x11D42, 0x11F41, 0x16FF0, 0x1E030, 0x1E08F, 0x1E130, 0x1E2AE, 0x1E2EC,
+       0x1E4EC, 0x1F16C, 0x1FBF0, 0x1FBF9]
+OLD = ["\u0301", "\u0316", "\u0334", "\u05b0", "\u0308", "\u0327", "\u093c", "\u0e38", "\u302a"]
+BASE = ["a", "e", "o", "A", "\u1100", "\u1161", "\u304b", "\u3099", "\ufb01", "\u2460", "\u00bd", "\uff21", " ", "x",
+        "\u0915", "\u0f40", "\u1e9b", "\u212b"]
+FORMS = {"nfc": normalizers.NFC(), "nfd": normalizers.NFD(), "nfkc": normalizers.NFKC(), "nfkd": normalizers.NFKD(),
+         "bert": normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False, strip_accents=True,
+                                            lowercase=False),
+         "strip": normalizers.StripAccents()}
+
+
+def texts(r, n, differs, new):
+    out = [chr(c) for c in new[::max(1, len(new) // 6)]]
+    while len(out) < n * 2 // 3:  # a mark the library does not know between two it does, where it shows
+        s = r.choice(BASE) + r.choice(OLD) + chr(r.choice(new)) + r.choice(OLD) + r.choice(BASE + [""])
+        if differs(s):
+            out.append(s)
+    while len(out) < n:
+        s = []
+        for _ in range(r.randrange(2, 9)):
+            k = r.random()
+            s.append(chr(r.choice(new)) if k < 0.4 else r.choice(OLD) if k < 0.75 else r.choice(BASE))
+        out.append("".join(s))
+    return out
+
+
+def tokenizer(norm):
+    bl = pt.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {ch: i for i, ch in enumerate(sorted(pt.ByteLevel.alphabet()))}
+    t = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    t.normalizer = norm
+    t.pre_tokenizer = bl
+    t.decoder = decoders.ByteLevel()
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(HERE, "../../tests/fixtures/tokenizer_components"))
+    ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=17)
+    a = ap.parse_args()
+    r = random.Random(a.seed)
+    sa, bert = tab.mark_flips()  # what the library does not call a mark
+    for name, norm in FORMS.items():
+        t = tokenizer(norm)
+        form = {"bert": "NFD", "strip": None}.get(name, name.upper())
+
+        def plain_norm(s):  # utf8proc alone, as tpr did before
+            if name == "strip":
+                return "".join(ch for ch in s if not 6 <= tab.lib.utf8proc_category(ord(ch)) <= 8)
+            u = tab.u8p(s, form)
+            return "".join(ch for ch in u if tab.lib.utf8proc_category(ord(ch)) != 6) if name == "bert" else u
+
+        new = NEW + (sorted(bert)[::7] if name == "bert" else sorted(sa)[::6] if name == "strip" else [])
+        cases = texts(r, a.cases, lambda s: plain_norm(s) != norm.normalize_str(s), new)
+        plain = 0
+        with open(os.path.join(a.out, f"unicode_{name}.jsonl"), "w", encoding="utf-8") as f:
+            for s in cases:
+                want = norm.normalize_str(s)
+                plain += plain_norm(s) != want
+                ids = t.encode(s).ids
+                f.write(json.dumps({"t": s, "ids": ids, "d": t.decode(ids)}, ensure_ascii=False) + "\n")
+        t.save(os.path.join(a.out, f"unicode_{name}.json"))
+        print(f"unicode_{name}: {len(cases)} strings, utf8proc alone differs on {plain}")
+        if plain < len(cases) // 3:
+            sys.exit(f"unicode_{name}: the fixture would not catch plain utf8proc")
+
+
+if __name__ == "__main__":
+    main()
