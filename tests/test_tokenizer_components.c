@@ -36,7 +36,8 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled",
                                 "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt",
                                 "wordlevel",        "unicode_nfc",    "unicode_nfd",     "unicode_nfkc",
-                                "unicode_nfkd",     "unicode_bert",   "unicode_strip"};
+                                "unicode_nfkd",     "unicode_bert",   "unicode_strip",   "unicode_clean",
+                                "unicode_punct"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;

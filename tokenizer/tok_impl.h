@@ -48,6 +48,8 @@ tpr_status tok_utf8_lossy(tok_buf *b, const unsigned char *s, size_t n);
 tpr_status tok_nf_map(const char *in, size_t n, int opts, tok_buf *out);
 bool tok_hf_is_mark(int32_t cp);  // a combining mark to the reference (StripAccents)
 bool tok_hf_is_mn(int32_t cp);    // a nonspacing mark to the reference (BertNormalizer)
+bool tok_hf_punct_flip(int32_t cp);  // punctuation to utf8proc and not to the reference, or the reverse
+bool tok_hf_other_flip(int32_t cp);  // the same for clean_text's Cc/Cf/Co/Cs
 bool tok_is_whitespace(int32_t cp);    // Unicode White_Space (Rust char::is_whitespace)
 bool tok_is_word_char(int32_t cp);     // regex \w (Unicode)
 bool tok_is_numeric(int32_t cp);       // Rust char::is_numeric: Nd, Nl, No

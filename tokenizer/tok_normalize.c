@@ -47,6 +47,7 @@ static tpr_status bert(const tok_norm *nm, const char *in, size_t n, tok_buf *ou
       utf8proc_category_t k = utf8proc_category(cp);
       bool other = k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CO ||
                    k == UTF8PROC_CATEGORY_CS;
+      other = other != tok_hf_other_flip(cp);  // the reference's older tables
       if (cp == 0 || cp == 0xFFFD || (other && cp != '\t' && cp != '\n' && cp != '\r')) continue;
       if (tok_is_whitespace(cp)) cp = ' ';
     }

@@ -7,7 +7,10 @@
 // its own, which is exactly what the reference does: a starter without
 // decomposition or composition ends every reordering and composition run.
 // Likewise its tables of (nonspacing) marks, which StripAccents and
-// BertNormalizer's strip_accents drop, are older (and not the same one).
+// BertNormalizer's strip_accents drop, of punctuation (BertPreTokenizer,
+// Punctuation) and of the "other" characters clean_text drops are older (and
+// not all the same one): the code points where they differ from utf8proc flip
+// tpr's answer.
 #include <stdlib.h>
 #include <utf8proc.h>
 
@@ -68,6 +71,20 @@ static const uint32_t HF_MN_FLIP[][2] = {
   {0x1E01B, 0x1E021}, {0x1E023, 0x1E024}, {0x1E026, 0x1E02A}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136},
   {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}, {0x1E944, 0x1E94A},
 };
+// 129 code points the library calls punctuation otherwise than utf8proc
+static const uint32_t HF_PUNCT_FLIP[][2] = {
+  {0x61D, 0x61D}, {0x9FD, 0x9FD}, {0xA76, 0xA76}, {0xC77, 0xC77}, {0xC84, 0xC84}, {0x166D, 0x166D},
+  {0x1B7D, 0x1B7E}, {0x2E43, 0x2E4F}, {0x2E52, 0x2E5D}, {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59},
+  {0x10F86, 0x10F89}, {0x111C9, 0x111C9}, {0x1144B, 0x1144F}, {0x1145A, 0x1145B}, {0x1145D, 0x1145D},
+  {0x11660, 0x1166C}, {0x116B9, 0x116B9}, {0x1183B, 0x1183B}, {0x11944, 0x11946}, {0x119E2, 0x119E2},
+  {0x11A3F, 0x11A46}, {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11B00, 0x11B09}, {0x11C41, 0x11C45},
+  {0x11C70, 0x11C71}, {0x11EF7, 0x11EF8}, {0x11F43, 0x11F4F}, {0x11FFF, 0x11FFF}, {0x12FF1, 0x12FF2},
+  {0x16E97, 0x16E9A}, {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F},
+};
+// 20 code points BertNormalizer's clean_text drops otherwise than utf8proc
+static const uint32_t HF_OTHER_FLIP[][2] = {
+  {0x890, 0x891}, {0x8E2, 0x8E2}, {0x110CD, 0x110CD}, {0x13430, 0x1343F},
+};
 
 static bool in_table(const uint32_t (*t)[2], size_t n, int32_t cp) {
   size_t lo = 0, hi = n;
@@ -87,6 +104,9 @@ bool tok_hf_is_mark(int32_t cp) {
   utf8proc_category_t k = utf8proc_category(cp);
   return (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) != (cp >= 0x80 && IN(HF_MARK_FLIP, cp));
 }
+
+bool tok_hf_punct_flip(int32_t cp) { return cp >= 0x80 && IN(HF_PUNCT_FLIP, cp); }
+bool tok_hf_other_flip(int32_t cp) { return cp >= 0x80 && IN(HF_OTHER_FLIP, cp); }
 
 bool tok_hf_is_mn(int32_t cp) {
   return (utf8proc_category(cp) == UTF8PROC_CATEGORY_MN) != (cp >= 0x80 && IN(HF_MN_FLIP, cp));

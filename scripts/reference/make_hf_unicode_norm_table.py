@@ -18,7 +18,8 @@ library's output on every probe; the script checks that and prints the
 ranges as C for tokenizer/tok_unicode_compat.c. It also prints the code
 points whose being a mark (StripAccents) or a nonspacing mark
 (BertNormalizer's strip_accents) the library decides otherwise than
-utf8proc's category, checked on "a" + the code point.
+utf8proc's category, checked on "a" + the code point, and the same for
+punctuation (BertPreTokenizer, Punctuation) and BertNormalizer's clean_text.
 
 Usage: make_hf_unicode_norm_table.py > /tmp/table.c  (a venv with `tokenizers`)
 """
@@ -27,7 +28,7 @@ import ctypes.util
 import sys
 import unicodedata
 
-from tokenizers import normalizers
+from tokenizers import normalizers, pre_tokenizers
 
 lib = ctypes.CDLL(ctypes.util.find_library("utf8proc") or "libutf8proc.so.2")
 lib.utf8proc_map.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
@@ -115,6 +116,31 @@ def mark_flips():
     return sa, bert
 
 
+WS = set(range(9, 14)) | {0x20, 0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000} | set(range(0x2000, 0x200B))
+
+
+def class_flips():
+    """Where the library's punctuation (BertPreTokenizer and Punctuation: ASCII
+    punctuation or P*) and BertNormalizer's clean_text "other" characters
+    (Cc, Cf, Co, Cs) differ from tpr's reading of utf8proc's categories,
+    checked on "a" + the code point + "a"."""
+    bert, punc = pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Punctuation("isolated")
+    clean = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, strip_accents=False,
+                                       lowercase=False)
+    pf, of = set(), set()
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp < 0xE000 or cp in WS or cp == 0xFFFD:  # whitespace, U+FFFD: fixed sets in tpr
+            continue
+        c, k = chr(cp), lib.utf8proc_category(cp)
+        hb = len(bert.pre_tokenize_str("a" + c + "a")) == 3
+        assert hb == (len(punc.pre_tokenize_str("a" + c + "a")) == 3), hex(cp)  # one table for both
+        if hb != (12 <= k <= 18):
+            pf.add(cp)
+        if (clean.normalize_str("a" + c + "a") == "aa") != (26 <= k <= 29):
+            of.add(cp)
+    return pf, of
+
+
 def main():
     cands = []
     for cp in range(0x80, 0x110000):
@@ -147,6 +173,10 @@ def main():
     print(f"// StripAccents flips: {len(sa)}, BertNormalizer strip_accents flips: {len(bert)}", file=sys.stderr)
     print_table("HF_MARK_FLIP", sa, f"{len(sa)} code points whose mark-ness (StripAccents) the library sees otherwise")
     print_table("HF_MN_FLIP", bert, f"{len(bert)} code points whose Mn-ness (BertNormalizer) the library sees otherwise")
+    pf, of = class_flips()
+    print(f"// punctuation flips: {len(pf)}, clean_text flips: {len(of)}", file=sys.stderr)
+    print_table("HF_PUNCT_FLIP", pf, f"{len(pf)} code points the library calls punctuation otherwise than utf8proc")
+    print_table("HF_OTHER_FLIP", of, f"{len(of)} code points BertNormalizer's clean_text drops otherwise than utf8proc")
 
 
 if __name__ == "__main__":

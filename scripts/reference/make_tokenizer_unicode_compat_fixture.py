@@ -11,10 +11,12 @@ make_hf_unicode_norm_table.py's table (combining marks and decompositions the
 library does not know) with older combining marks, composable letters and
 compatibility characters, so the reordering, composition and decomposition
 around them all show, and with the code points the library does not call
-(nonspacing) marks while utf8proc's category does, or the other way round. The script checks that utf8proc alone (what tpr did
+(nonspacing) marks, punctuation (unicode_punct: BertPreTokenizer) or
+characters for clean_text to drop while utf8proc's category does, or the
+other way round. The script checks that utf8proc alone (what tpr did
 before) differs from the library on a third of the strings or more, so the fixture can fail.
 
-Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip}.json / .jsonl
+Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip,clean,punct}.json / .jsonl
 ({"t": text, "ids": encode(t), "d": decode(ids)}).
 
 Usage: make_tokenizer_unicode_compat_fixture.py [--out DIR] [--cases 50]
@@ -25,7 +27,7 @@ import os
 import random
 import sys
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers as pt
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers as pt, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_hf_unicode_norm_table as tab  # noqa: E402  (utf8proc through ctypes)
@@ -41,7 +43,9 @@ BASE = ["a", "e", "o", "A", "\u1100", "\u1161", "\u304b", "\u3099", "\ufb01", "\
 FORMS = {"nfc": normalizers.NFC(), "nfd": normalizers.NFD(), "nfkc": normalizers.NFKC(), "nfkd": normalizers.NFKD(),
          "bert": normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False, strip_accents=True,
                                             lowercase=False),
-         "strip": normalizers.StripAccents()}
+         "strip": normalizers.StripAccents(),
+         "clean": normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, strip_accents=False,
+                                             lowercase=False)}
 
 
 def texts(r, n, differs, new):
@@ -69,6 +73,40 @@ def tokenizer(norm):
     return t
 
 
+def punctuation(r, a, punct):
+    """BertPreTokenizer in front of a byte-level BPE trained on the unsplit
+    strings, so that where the text is cut shows in the ids: letters around
+    the code points whose being punctuation the library decides otherwise
+    than utf8proc."""
+    letters = ["a", "b", "x", "\u00e9", "\u4e00", "\u0915", "1"]
+    cases = [r.choice(letters) + chr(c) + r.choice(letters) for c in punct[::3]]
+    while len(cases) < a.cases:
+        cases.append("".join(r.choice(letters) + chr(r.choice(punct)) for _ in range(r.randrange(1, 5))) + "a")
+    bl = pt.ByteLevel(add_prefix_space=False, use_regex=False)
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = bl
+    t.train_from_iterator(cases * 5, trainers.BpeTrainer(vocab_size=500, initial_alphabet=pt.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    # what tpr did before: these code points cut as utf8proc's category says
+    # (nearly all are punctuation to utf8proc and not to the library)
+    from tokenizers import Regex
+    cls = "".join(f"\\x{{{c:X}}}" for c in punct)
+    t.pre_tokenizer = pt.Sequence([pt.Split(Regex(f"[{cls}]"), "isolated"), pt.BertPreTokenizer(), bl])
+    whole = [t.encode(s).ids for s in cases]
+    t.pre_tokenizer = pt.Sequence([pt.BertPreTokenizer(), bl])
+    t.decoder = decoders.ByteLevel()
+    cut = 0
+    with open(os.path.join(a.out, "unicode_punct.jsonl"), "w", encoding="utf-8") as f:
+        for s, w in zip(cases, whole):
+            ids = t.encode(s).ids
+            cut += ids != w
+            f.write(json.dumps({"t": s, "ids": ids, "d": t.decode(ids)}, ensure_ascii=False) + "\n")
+    t.save(os.path.join(a.out, "unicode_punct.json"))
+    print(f"unicode_punct: {len(cases)} strings, the cuts change the ids of {cut}")
+    if cut < len(cases) // 3:
+        sys.exit("unicode_punct: the fixture would not catch a wrong cut")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "../../tests/fixtures/tokenizer_components"))
@@ -77,17 +115,22 @@ def main():
     a = ap.parse_args()
     r = random.Random(a.seed)
     sa, bert = tab.mark_flips()  # what the library does not call a mark
+    punct, other = tab.class_flips()  # nor punctuation, nor a character clean_text drops
+    punctuation(r, a, sorted(punct))
     for name, norm in FORMS.items():
         t = tokenizer(norm)
-        form = {"bert": "NFD", "strip": None}.get(name, name.upper())
+        form = {"bert": "NFD", "strip": None, "clean": None}.get(name, name.upper())
 
         def plain_norm(s):  # utf8proc alone, as tpr did before
             if name == "strip":
                 return "".join(ch for ch in s if not 6 <= tab.lib.utf8proc_category(ord(ch)) <= 8)
+            if name == "clean":  # no Cc, Cf, Cs, Co (whitespace as the library: BASE has only " ")
+                return "".join(ch for ch in s if not 26 <= tab.lib.utf8proc_category(ord(ch)) <= 29)
             u = tab.u8p(s, form)
             return "".join(ch for ch in u if tab.lib.utf8proc_category(ord(ch)) != 6) if name == "bert" else u
 
-        new = NEW + (sorted(bert)[::7] if name == "bert" else sorted(sa)[::6] if name == "strip" else [])
+        new = NEW + (sorted(bert)[::7] if name == "bert" else sorted(sa)[::6] if name == "strip" else
+                     sorted(other) if name == "clean" else [])
         cases = texts(r, a.cases, lambda s: plain_norm(s) != norm.normalize_str(s), new)
         plain = 0
         with open(os.path.join(a.out, f"unicode_{name}.jsonl"), "w", encoding="utf-8") as f:
