@@ -28,21 +28,28 @@ static int run_jsonl(const char *cmd, const char *model, const char *path, bool 
   tpr_status rc = tpr_tokenizer_load(model, &t);
   char *line = NULL;
   size_t cap = 0;
-  long no = 0;
+  long no = 0, bad = 0;  // bad: the line an error is about
   ssize_t got;
   while (rc == TPR_OK && (got = getline(&line, &cap, f)) >= 0) {
     no++;
     if (got == 0 || (got == 1 && line[0] == '\n')) continue;
     cJSON *in = cJSON_ParseWithLength(line, (size_t)got);
+    if (in && (strstr(line, "\\u0000") || strstr(line, "\\U0000"))) {  // cJSON strings end at a NUL
+      cJSON_Delete(in);
+      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "a NUL (\\u0000) in a --jsonl line is not supported");
+      bad = no;
+      break;
+    }
     if (!in) {
-      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "%s line %ld: not JSON", path, no);
+      rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "not JSON");
+      bad = no;
       break;
     }
     cJSON *out = fn(t, in, flag, &rc);
     cJSON_Delete(in);
     if (rc != TPR_OK) {
       cJSON_Delete(out);
-      fprintf(stderr, "tpr %s: %s line %ld:\n", cmd, path, no);
+      bad = no;
       break;
     }
     if (!out || !tpr_cli_print_json(out)) rc = TPR_FAIL(TPR_ERR_OOM, "%s: JSON output", cmd);
@@ -51,7 +58,8 @@ static int run_jsonl(const char *cmd, const char *model, const char *path, bool 
   if (f != stdin) fclose(f);
   tpr_tokenizer_free(t);
   if (rc != TPR_OK) {
-    fprintf(stderr, "tpr %s: error: %s\n", cmd, tpr_last_error());
+    if (bad) fprintf(stderr, "tpr %s: error: %s line %ld: %s\n", cmd, path, bad, tpr_last_error());
+    else fprintf(stderr, "tpr %s: error: %s\n", cmd, tpr_last_error());
     return rc == TPR_ERR_INVALID_ARG ? 2 : 1;
   }
   return 0;
@@ -179,6 +187,8 @@ static cJSON *decode_one(const tpr_tokenizer *t, const cJSON *in, bool skip, tpr
   size_t len = 0;
   *rc = tpr_tokenizer_decode(t, ids, (size_t)k, skip, &text, &len);
   free(ids);
+  if (*rc == TPR_OK && strlen(text) != len)  // a NUL inside: a JSON string here would end there
+    *rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "the decoded text holds a NUL, which --jsonl cannot print");
   cJSON *s = *rc == TPR_OK ? cJSON_CreateString(text) : NULL;
   free(text);
   return s;
