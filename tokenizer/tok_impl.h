@@ -50,6 +50,10 @@ bool tok_hf_is_mark(int32_t cp);  // a combining mark to the reference (StripAcc
 bool tok_hf_is_mn(int32_t cp);    // a nonspacing mark to the reference (BertNormalizer)
 bool tok_hf_punct_flip(int32_t cp);  // punctuation to utf8proc and not to the reference, or the reverse
 bool tok_hf_other_flip(int32_t cp);  // the same for clean_text's Cc/Cf/Co/Cs
+// The pattern with each \p{X} (general category) widened to the code points
+// the reference's regex engine puts in X and PCRE2 does not know; *out
+// malloc'ed.
+tpr_status tok_regex_widen(const char *pattern, char **out);
 bool tok_is_whitespace(int32_t cp);    // Unicode White_Space (Rust char::is_whitespace)
 bool tok_is_word_char(int32_t cp);     // regex \w (Unicode)
 bool tok_is_numeric(int32_t cp);       // Rust char::is_numeric: Nd, Nl, No

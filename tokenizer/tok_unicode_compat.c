@@ -10,8 +10,12 @@
 // BertNormalizer's strip_accents drop, of punctuation (BertPreTokenizer,
 // Punctuation) and of the "other" characters clean_text drops are older (and
 // not all the same one): the code points where they differ from utf8proc flip
-// tpr's answer.
+// tpr's answer. The library's regex engine, on the other hand, knows newer
+// code points than PCRE2 10.42 (Unicode 14): each \\p{X} of a pattern is widened
+// with the ranges that engine puts in X.
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <utf8proc.h>
 
 #include "tokenizer/tok_impl.h"
@@ -20,6 +24,12 @@
 // tokenizers 0.23.3; each code point checked on probe strings against the
 // library): the code points utf8proc normalizes and the library leaves alone,
 // and those whose being a (nonspacing) mark the library decides otherwise.
+typedef struct re_prop {
+  const char *name;  // a general category as \\p{name} names it
+  const uint32_t (*r)[2];
+  size_t n;
+} re_prop;
+
 // 243 code points the library's normal forms leave alone
 static const uint32_t HF_NORM_INERT[][2] = {
   {0x7FD, 0x7FD}, {0x898, 0x89F}, {0x8CA, 0x8D3}, {0x9FE, 0x9FE}, {0xC3C, 0xC3C}, {0xD3B, 0xD3C},
@@ -85,6 +95,127 @@ static const uint32_t HF_PUNCT_FLIP[][2] = {
 static const uint32_t HF_OTHER_FLIP[][2] = {
   {0x890, 0x891}, {0x8E2, 0x8E2}, {0x110CD, 0x110CD}, {0x13430, 0x1343F},
 };
+// \p{L} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_L[][2] = {
+  {0x1C89, 0x1C8A}, {0xA7CB, 0xA7CD}, {0xA7DA, 0xA7DC}, {0x105C0, 0x105F3}, {0x10D4A, 0x10D65},
+  {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240}, {0x11380, 0x11389}, {0x1138B, 0x1138B},
+  {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113B7}, {0x113D1, 0x113D1}, {0x113D3, 0x113D3},
+  {0x11BC0, 0x11BE0}, {0x11F02, 0x11F02}, {0x11F04, 0x11F10}, {0x11F12, 0x11F33}, {0x1342F, 0x1342F},
+  {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D}, {0x16D40, 0x16D6C}, {0x18CFF, 0x18CFF},
+  {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1DF25, 0x1DF2A}, {0x1E030, 0x1E06D}, {0x1E4D0, 0x1E4EB},
+  {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0}, {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF},
+};
+// \p{Lu} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Lu[][2] = {
+  {0x1C89, 0x1C89}, {0xA7CB, 0xA7CC}, {0xA7DA, 0xA7DA}, {0xA7DC, 0xA7DC}, {0x10D50, 0x10D65},
+};
+// \p{Ll} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Ll[][2] = {
+  {0x1C8A, 0x1C8A}, {0xA7CD, 0xA7CD}, {0xA7DB, 0xA7DB}, {0x10D70, 0x10D85}, {0x1DF25, 0x1DF2A},
+};
+// \p{Lm} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Lm[][2] = {
+  {0x10D4E, 0x10D4E}, {0x10D6F, 0x10D6F}, {0x16D40, 0x16D42}, {0x16D6B, 0x16D6C}, {0x1E030, 0x1E06D},
+  {0x1E4EB, 0x1E4EB},
+};
+// \p{Lo} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Lo[][2] = {
+  {0x105C0, 0x105F3}, {0x10D4A, 0x10D4D}, {0x10D4F, 0x10D4F}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240},
+  {0x11380, 0x11389}, {0x1138B, 0x1138B}, {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113B7},
+  {0x113D1, 0x113D1}, {0x113D3, 0x113D3}, {0x11BC0, 0x11BE0}, {0x11F02, 0x11F02}, {0x11F04, 0x11F10},
+  {0x11F12, 0x11F33}, {0x1342F, 0x1342F}, {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D},
+  {0x16D43, 0x16D6A}, {0x18CFF, 0x18CFF}, {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1E4D0, 0x1E4EA},
+  {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0}, {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF},
+};
+// \p{M} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_M[][2] = {
+  {0x897, 0x897}, {0xCF3, 0xCF3}, {0xECE, 0xECE}, {0x10D69, 0x10D6D}, {0x10EFC, 0x10EFF}, {0x11241, 0x11241},
+  {0x113B8, 0x113C0}, {0x113C2, 0x113C2}, {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D0},
+  {0x113D2, 0x113D2}, {0x113E1, 0x113E2}, {0x11F00, 0x11F01}, {0x11F03, 0x11F03}, {0x11F34, 0x11F3A},
+  {0x11F3E, 0x11F42}, {0x11F5A, 0x11F5A}, {0x13440, 0x13440}, {0x13447, 0x13455}, {0x1611E, 0x1612F},
+  {0x1E08F, 0x1E08F}, {0x1E4EC, 0x1E4EF}, {0x1E5EE, 0x1E5EF},
+};
+// \p{Mn} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Mn[][2] = {
+  {0x897, 0x897}, {0xECE, 0xECE}, {0x10D69, 0x10D6D}, {0x10EFC, 0x10EFF}, {0x11241, 0x11241},
+  {0x113BB, 0x113C0}, {0x113CE, 0x113CE}, {0x113D0, 0x113D0}, {0x113D2, 0x113D2}, {0x113E1, 0x113E2},
+  {0x11F00, 0x11F01}, {0x11F36, 0x11F3A}, {0x11F40, 0x11F40}, {0x11F42, 0x11F42}, {0x11F5A, 0x11F5A},
+  {0x13440, 0x13440}, {0x13447, 0x13455}, {0x1611E, 0x16129}, {0x1612D, 0x1612F}, {0x1E08F, 0x1E08F},
+  {0x1E4EC, 0x1E4EF}, {0x1E5EE, 0x1E5EF},
+};
+// \p{Mc} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Mc[][2] = {
+  {0xCF3, 0xCF3}, {0x113B8, 0x113BA}, {0x113C2, 0x113C2}, {0x113C5, 0x113C5}, {0x113C7, 0x113CA},
+  {0x113CC, 0x113CD}, {0x113CF, 0x113CF}, {0x11F03, 0x11F03}, {0x11F34, 0x11F35}, {0x11F3E, 0x11F3F},
+  {0x11F41, 0x11F41}, {0x1612A, 0x1612C},
+};
+// \p{N} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_N[][2] = {
+  {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59}, {0x16130, 0x16139},
+  {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
+};
+// \p{Nd} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Nd[][2] = {
+  {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59}, {0x16130, 0x16139},
+  {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
+};
+// \p{No} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_No[][2] = {
+  {0x1D2C0, 0x1D2D3},
+};
+// \p{P} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_P[][2] = {
+  {0x1B4E, 0x1B4F}, {0x1B7F, 0x1B7F}, {0x10D6E, 0x10D6E}, {0x113D4, 0x113D5}, {0x113D7, 0x113D8},
+  {0x11B00, 0x11B09}, {0x11BE1, 0x11BE1}, {0x11F43, 0x11F4F}, {0x16D6D, 0x16D6F}, {0x1E5FF, 0x1E5FF},
+};
+// \p{Pd} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Pd[][2] = {
+  {0x10D6E, 0x10D6E},
+};
+// \p{Po} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Po[][2] = {
+  {0x1B4E, 0x1B4F}, {0x1B7F, 0x1B7F}, {0x113D4, 0x113D5}, {0x113D7, 0x113D8}, {0x11B00, 0x11B09},
+  {0x11BE1, 0x11BE1}, {0x11F43, 0x11F4F}, {0x16D6D, 0x16D6F}, {0x1E5FF, 0x1E5FF},
+};
+// \p{S} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_S[][2] = {
+  {0x2427, 0x2429}, {0x2FFC, 0x2FFF}, {0x31E4, 0x31E5}, {0x31EF, 0x31EF}, {0x10D8E, 0x10D8F},
+  {0x1CC00, 0x1CCEF}, {0x1CD00, 0x1CEB3}, {0x1F6DC, 0x1F6DC}, {0x1F774, 0x1F776}, {0x1F77B, 0x1F77F},
+  {0x1F7D9, 0x1F7D9}, {0x1F8B2, 0x1F8BB}, {0x1F8C0, 0x1F8C1}, {0x1FA75, 0x1FA77}, {0x1FA87, 0x1FA89},
+  {0x1FA8F, 0x1FA8F}, {0x1FAAD, 0x1FAAF}, {0x1FABB, 0x1FABF}, {0x1FAC6, 0x1FAC6}, {0x1FACE, 0x1FACF},
+  {0x1FADA, 0x1FADC}, {0x1FADF, 0x1FADF}, {0x1FAE8, 0x1FAE9}, {0x1FAF7, 0x1FAF8}, {0x1FBCB, 0x1FBEF},
+};
+// \p{Sm} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_Sm[][2] = {
+  {0x10D8E, 0x10D8F},
+};
+// \p{So} to the library's regex engine, unassigned to PCRE2 10.42
+static const uint32_t HF_RE_So[][2] = {
+  {0x2427, 0x2429}, {0x2FFC, 0x2FFF}, {0x31E4, 0x31E5}, {0x31EF, 0x31EF}, {0x1CC00, 0x1CCEF},
+  {0x1CD00, 0x1CEB3}, {0x1F6DC, 0x1F6DC}, {0x1F774, 0x1F776}, {0x1F77B, 0x1F77F}, {0x1F7D9, 0x1F7D9},
+  {0x1F8B2, 0x1F8BB}, {0x1F8C0, 0x1F8C1}, {0x1FA75, 0x1FA77}, {0x1FA87, 0x1FA89}, {0x1FA8F, 0x1FA8F},
+  {0x1FAAD, 0x1FAAF}, {0x1FABB, 0x1FABF}, {0x1FAC6, 0x1FAC6}, {0x1FACE, 0x1FACF}, {0x1FADA, 0x1FADC},
+  {0x1FADF, 0x1FADF}, {0x1FAE8, 0x1FAE9}, {0x1FAF7, 0x1FAF8}, {0x1FBCB, 0x1FBEF},
+};
+static const re_prop RE_PROPS[] = {
+    {"L", HF_RE_L, sizeof HF_RE_L / sizeof HF_RE_L[0]},
+    {"Lu", HF_RE_Lu, sizeof HF_RE_Lu / sizeof HF_RE_Lu[0]},
+    {"Ll", HF_RE_Ll, sizeof HF_RE_Ll / sizeof HF_RE_Ll[0]},
+    {"Lm", HF_RE_Lm, sizeof HF_RE_Lm / sizeof HF_RE_Lm[0]},
+    {"Lo", HF_RE_Lo, sizeof HF_RE_Lo / sizeof HF_RE_Lo[0]},
+    {"M", HF_RE_M, sizeof HF_RE_M / sizeof HF_RE_M[0]},
+    {"Mn", HF_RE_Mn, sizeof HF_RE_Mn / sizeof HF_RE_Mn[0]},
+    {"Mc", HF_RE_Mc, sizeof HF_RE_Mc / sizeof HF_RE_Mc[0]},
+    {"N", HF_RE_N, sizeof HF_RE_N / sizeof HF_RE_N[0]},
+    {"Nd", HF_RE_Nd, sizeof HF_RE_Nd / sizeof HF_RE_Nd[0]},
+    {"No", HF_RE_No, sizeof HF_RE_No / sizeof HF_RE_No[0]},
+    {"P", HF_RE_P, sizeof HF_RE_P / sizeof HF_RE_P[0]},
+    {"Pd", HF_RE_Pd, sizeof HF_RE_Pd / sizeof HF_RE_Pd[0]},
+    {"Po", HF_RE_Po, sizeof HF_RE_Po / sizeof HF_RE_Po[0]},
+    {"S", HF_RE_S, sizeof HF_RE_S / sizeof HF_RE_S[0]},
+    {"Sm", HF_RE_Sm, sizeof HF_RE_Sm / sizeof HF_RE_Sm[0]},
+    {"So", HF_RE_So, sizeof HF_RE_So / sizeof HF_RE_So[0]},
+};
 
 static bool in_table(const uint32_t (*t)[2], size_t n, int32_t cp) {
   size_t lo = 0, hi = n;
@@ -135,4 +266,69 @@ tpr_status tok_nf_map(const char *in, size_t n, int opts, tok_buf *out) {
     i += (size_t)l;
   }
   return map_piece(in + start, n - start, opts, out);
+}
+
+// ---- regex: \p{X} widened to what the library's engine calls X
+
+static const re_prop *find_prop(const char *name, size_t n) {
+  for (size_t i = 0; i < sizeof RE_PROPS / sizeof RE_PROPS[0]; i++)
+    if (strlen(RE_PROPS[i].name) == n && !memcmp(RE_PROPS[i].name, name, n)) return &RE_PROPS[i];
+  return NULL;
+}
+
+static tpr_status put_ranges(tok_buf *b, const re_prop *pr) {
+  char x[40];
+  for (size_t k = 0; k < pr->n; k++) {
+    int l = pr->r[k][0] == pr->r[k][1] ? snprintf(x, sizeof x, "\\x{%X}", pr->r[k][0])
+                                       : snprintf(x, sizeof x, "\\x{%X}-\\x{%X}", pr->r[k][0], pr->r[k][1]);
+    TPR_CHECK(tok_buf_put(b, x, (size_t)l));
+  }
+  return TPR_OK;
+}
+
+tpr_status tok_regex_widen(const char *p, char **out) {
+  tok_buf b = {0};
+  tpr_status rc = TPR_OK;
+  bool in_class = false;
+  size_t i = 0;
+  while (p[i] && rc == TPR_OK) {
+    if (p[i] == '\\' && p[i + 1]) {
+      char e = p[i + 1];
+      const char *name = NULL, *end;
+      size_t nl = 0, len = 2;
+      if ((e == 'p' || e == 'P') && p[i + 2] == '{' && (end = strchr(p + i + 3, '}')))
+        name = p + i + 3, nl = (size_t)(end - name), len = (size_t)(end - (p + i)) + 1;
+      else if ((e == 'p' || e == 'P') && p[i + 2] && p[i + 2] != '{')
+        name = p + i + 2, nl = 1, len = 3;
+      const re_prop *pr = name ? find_prop(name, nl) : NULL;
+      if (pr && (e == 'p' || !in_class)) {  // \P inside a class stays as it is (rare; no negated union there)
+        if (!in_class) rc = tok_buf_put(&b, e == 'p' ? "[" : "[^", e == 'p' ? 1 : 2);
+        if (rc == TPR_OK) rc = tok_buf_put(&b, "\\p{", 3);
+        if (rc == TPR_OK) rc = tok_buf_put(&b, name, nl);
+        if (rc == TPR_OK) rc = tok_buf_put(&b, "}", 1);
+        if (rc == TPR_OK) rc = put_ranges(&b, pr);
+        if (rc == TPR_OK && !in_class) rc = tok_buf_put(&b, "]", 1);
+      } else rc = tok_buf_put(&b, p + i, len);  // any other escape, copied whole
+      i += len;
+      continue;
+    }
+    size_t len = 1;
+    if (!in_class && p[i] == '[') {  // a class opens; a ']' right after '[' or '[^' is a literal
+      in_class = true;
+      if (p[i + len] == '^') len++;
+      if (p[i + len] == ']') len++;
+    } else if (in_class && p[i] == '[' && p[i + 1] == ':') {  // [:alpha:] inside a class
+      const char *end = strstr(p + i + 2, ":]");
+      if (end) len = (size_t)(end - (p + i)) + 2;
+    } else if (in_class && p[i] == ']') in_class = false;
+    rc = tok_buf_put(&b, p + i, len);
+    i += len;
+  }
+  if (rc == TPR_OK) rc = tok_buf_put(&b, "", 1);  // the NUL
+  if (rc != TPR_OK) {
+    free(b.p);
+    return rc;
+  }
+  *out = b.p;
+  return TPR_OK;
 }

@@ -19,7 +19,9 @@ ranges as C for tokenizer/tok_unicode_compat.c. It also prints the code
 points whose being a mark (StripAccents) or a nonspacing mark
 (BertNormalizer's strip_accents) the library decides otherwise than
 utf8proc's category, checked on "a" + the code point, and the same for
-punctuation (BertPreTokenizer, Punctuation) and BertNormalizer's clean_text.
+punctuation (BertPreTokenizer, Punctuation) and BertNormalizer's clean_text;
+and, per general category, the code points the library's regex engine
+(Oniguruma, newer Unicode) matches with \p{X} that PCRE2 10.42 does not know.
 
 Usage: make_hf_unicode_norm_table.py > /tmp/table.c  (a venv with `tokenizers`)
 """
@@ -141,6 +143,26 @@ def class_flips():
     return pf, of
 
 
+RE_PROPS = ["L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Ps",
+            "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So"]
+
+
+def regex_props():
+    """The code points the library's regex engine gives a general category
+    and PCRE2 10.42 (Debian 12; Unicode 14, as this Python's unicodedata,
+    which stands in for it) does not know: {property: [code points]}."""
+    from tokenizers import Regex
+
+    def matcher(prop):
+        sp = pre_tokenizers.Split(Regex(prop), "removed")
+        return lambda c: sp.pre_tokenize_str(c) == []
+
+    known = matcher(r"\P{Cn}")
+    new = [cp for cp in range(0x80, 0x110000) if not 0xD800 <= cp < 0xE000 and
+           unicodedata.category(chr(cp)) == "Cn" and known(chr(cp))]
+    return {p: [cp for cp in new if matcher(rf"\p{{{p}}}")(chr(cp))] for p in RE_PROPS}
+
+
 def main():
     cands = []
     for cp in range(0x80, 0x110000):
@@ -177,6 +199,16 @@ def main():
     print(f"// punctuation flips: {len(pf)}, clean_text flips: {len(of)}", file=sys.stderr)
     print_table("HF_PUNCT_FLIP", pf, f"{len(pf)} code points the library calls punctuation otherwise than utf8proc")
     print_table("HF_OTHER_FLIP", of, f"{len(of)} code points BertNormalizer's clean_text drops otherwise than utf8proc")
+    props = regex_props()
+    print(f"// regex: {', '.join(f'{k} {len(v)}' for k, v in props.items())}", file=sys.stderr)
+    for k, v in props.items():
+        if v:
+            print_table(f"HF_RE_{k}", v, f"\\p{{{k}}} to the library's regex engine, unassigned to PCRE2 10.42")
+    print("static const re_prop RE_PROPS[] = {")
+    for k, v in props.items():
+        if v:
+            print(f'    {{"{k}", HF_RE_{k}, sizeof HF_RE_{k} / sizeof HF_RE_{k}[0]}},')
+    print("};")
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ compatibility characters, so the reordering, composition and decomposition
 around them all show, and with the code points the library does not call
 (nonspacing) marks, punctuation (unicode_punct: BertPreTokenizer) or
 characters for clean_text to drop while utf8proc's category does, or the
-other way round. The script checks that utf8proc alone (what tpr did
+other way round; and (unicode_regex) with code points the library's regex
+engine knows and PCRE2 10.42 does not, under a Llama 3 kind of Split pattern. The script checks that utf8proc alone (what tpr did
 before) differs from the library on a third of the strings or more, so the fixture can fail.
 
-Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip,clean,punct}.json / .jsonl
+Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip,clean,punct,regex}.json / .jsonl
 ({"t": text, "ids": encode(t), "d": decode(ids)}).
 
 Usage: make_tokenizer_unicode_compat_fixture.py [--out DIR] [--cases 50]
@@ -107,6 +108,43 @@ def punctuation(r, a, punct):
         sys.exit("unicode_punct: the fixture would not catch a wrong cut")
 
 
+# Llama 3's / GPT-4o's kind of pattern: \p{L}, \p{N}, \p{Lu}, \p{Ll}, \p{M}... in and out of classes
+PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+|\p{So}+|\p{Po}")
+
+
+def regex_case(r, a, props):
+    """A Split with PATTERN in front of a byte-level BPE trained on the
+    unsplit strings; the strings hold code points the library's regex engine
+    puts in a category and PCRE2 10.42 does not know. Each string is checked
+    to split otherwise when they are replaced by an unassigned code point
+    (what PCRE2 10.42 sees), so the fixture can fail."""
+    from tokenizers import Regex
+    pool = sorted(set(c for v in props.values() for c in v))
+    sel = pool[::max(1, len(pool) // 300)]
+    parts = ["a", "B", "7", " ", "!", "\u00e9", "\u4e00", "\u0301", ".", "'s"]
+    bl = pt.ByteLevel(add_prefix_space=False, use_regex=False)
+    split = pt.Split(Regex(PATTERN), "isolated")
+    cases = []
+    while len(cases) < a.cases:
+        s = "".join(chr(r.choice(sel)) if r.random() < 0.4 else r.choice(parts) for _ in range(r.randrange(2, 9)))
+        old = "".join("\u0378" if ord(ch) in set(pool) else ch for ch in s)
+        if [o for _, o in split.pre_tokenize_str(s)] != [o for _, o in split.pre_tokenize_str(old)]:
+            cases.append(s)
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = bl
+    t.train_from_iterator(cases * 5, trainers.BpeTrainer(vocab_size=400, initial_alphabet=pt.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    t.pre_tokenizer = pt.Sequence([split, bl])
+    t.decoder = decoders.ByteLevel()
+    with open(os.path.join(a.out, "unicode_regex.jsonl"), "w", encoding="utf-8") as f:
+        for s in cases:
+            ids = t.encode(s).ids
+            f.write(json.dumps({"t": s, "ids": ids, "d": t.decode(ids)}, ensure_ascii=False) + "\n")
+    t.save(os.path.join(a.out, "unicode_regex.json"))
+    print(f"unicode_regex: {len(cases)} strings, each split otherwise by an engine without these code points")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "../../tests/fixtures/tokenizer_components"))
@@ -117,6 +155,7 @@ def main():
     sa, bert = tab.mark_flips()  # what the library does not call a mark
     punct, other = tab.class_flips()  # nor punctuation, nor a character clean_text drops
     punctuation(r, a, sorted(punct))
+    regex_case(r, a, tab.regex_props())
     for name, norm in FORMS.items():
         t = tokenizer(norm)
         form = {"bert": "NFD", "strip": None, "clean": None}.get(name, name.upper())
