@@ -37,7 +37,7 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt",
                                 "wordlevel",        "unicode_nfc",    "unicode_nfd",     "unicode_nfkc",
                                 "unicode_nfkd",     "unicode_bert",   "unicode_strip",   "unicode_clean",
-                                "unicode_punct",    "unicode_regex"};
+                                "unicode_punct",    "unicode_regex",  "unicode_grapheme"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;

@@ -50,6 +50,7 @@ bool tok_hf_is_mark(int32_t cp);  // a combining mark to the reference (StripAcc
 bool tok_hf_is_mn(int32_t cp);    // a nonspacing mark to the reference (BertNormalizer)
 bool tok_hf_punct_flip(int32_t cp);  // punctuation to utf8proc and not to the reference, or the reverse
 bool tok_hf_other_flip(int32_t cp);  // the same for clean_text's Cc/Cf/Co/Cs
+bool tok_hf_grapheme_join(int32_t cp);  // joins the cluster before it to the reference, not to utf8proc
 // The pattern with each \p{X} (general category) widened to the code points
 // the reference's regex engine puts in X and PCRE2 does not know; *out
 // malloc'ed.

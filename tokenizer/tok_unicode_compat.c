@@ -12,7 +12,8 @@
 // not all the same one): the code points where they differ from utf8proc flip
 // tpr's answer. The library's regex engine, on the other hand, knows newer
 // code points than PCRE2 10.42 (Unicode 14): each \\p{X} of a pattern is widened
-// with the ranges that engine puts in X.
+// with the ranges that engine puts in X, and its grapheme clusters
+// (Precompiled) take in marks utf8proc 2.8 does not know.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,13 @@ static const uint32_t HF_PUNCT_FLIP[][2] = {
 // 20 code points BertNormalizer's clean_text drops otherwise than utf8proc
 static const uint32_t HF_OTHER_FLIP[][2] = {
   {0x890, 0x891}, {0x8E2, 0x8E2}, {0x110CD, 0x110CD}, {0x13430, 0x1343F},
+};
+// 93 code points the library's grapheme clusters join to the one before where utf8proc breaks
+static const uint32_t HF_GRAPHEME_JOIN[][2] = {
+  {0x897, 0x897}, {0x1ACF, 0x1ADD}, {0x1AE0, 0x1AEB}, {0x10D69, 0x10D6D}, {0x10EFA, 0x10EFC},
+  {0x113B8, 0x113C0}, {0x113C2, 0x113C2}, {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D0},
+  {0x113D2, 0x113D2}, {0x113E1, 0x113E2}, {0x11B60, 0x11B67}, {0x11F5A, 0x11F5A}, {0x1611E, 0x1612F},
+  {0x1E5EE, 0x1E5EF}, {0x1E6E3, 0x1E6E3}, {0x1E6E6, 0x1E6E6}, {0x1E6EE, 0x1E6EF}, {0x1E6F5, 0x1E6F5},
 };
 // \p{L} to the library's regex engine, unassigned to PCRE2 10.42
 static const uint32_t HF_RE_L[][2] = {
@@ -238,6 +246,8 @@ bool tok_hf_is_mark(int32_t cp) {
 
 bool tok_hf_punct_flip(int32_t cp) { return cp >= 0x80 && IN(HF_PUNCT_FLIP, cp); }
 bool tok_hf_other_flip(int32_t cp) { return cp >= 0x80 && IN(HF_OTHER_FLIP, cp); }
+
+bool tok_hf_grapheme_join(int32_t cp) { return cp >= 0x80 && IN(HF_GRAPHEME_JOIN, cp); }
 
 bool tok_hf_is_mn(int32_t cp) {
   return (utf8proc_category(cp) == UTF8PROC_CATEGORY_MN) != (cp >= 0x80 && IN(HF_MN_FLIP, cp));

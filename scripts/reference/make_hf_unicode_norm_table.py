@@ -163,6 +163,39 @@ def regex_props():
     return {p: [cp for cp in new if matcher(rf"\p{{{p}}}")(chr(cp))] for p in RE_PROPS}
 
 
+def grapheme_flips():
+    """Where the library's grapheme clusters (Precompiled looks up a whole
+    cluster) join a code point to the one before it and utf8proc's break there,
+    or the reverse: seen through the Precompiled charsmap of
+    tests/fixtures/tokenizer_components/unigram_precompiled.json, whose rule
+    for "k" rewrites a whole cluster that starts with k, on "k" + the code point."""
+    import json
+    import os
+    fx = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                     "../../tests/fixtures/tokenizer_components/unigram_precompiled.json")))
+    n = fx["normalizer"]
+    pc = next(x for x in n["normalizers"] if x["type"] == "Precompiled") if n["type"] == "Sequence" else n
+    norm = normalizers.Precompiled(__import__("base64").b64decode(pc["precompiled_charsmap"]))
+    lib.utf8proc_grapheme_break.argtypes = [ctypes.c_int32, ctypes.c_int32]
+    lib.utf8proc_grapheme_break.restype = ctypes.c_bool
+    k = norm.normalize_str("k")
+    join, split = set(), set()
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        alone = norm.normalize_str(c)
+        if alone == "":
+            continue
+        hf_join = norm.normalize_str("k" + c) == k
+        u_join = not lib.utf8proc_grapheme_break(ord("k"), cp)
+        if hf_join and not u_join:
+            join.add(cp)
+        elif u_join and not hf_join:
+            split.add(cp)
+    return join, split
+
+
 def main():
     cands = []
     for cp in range(0x80, 0x110000):
@@ -199,6 +232,10 @@ def main():
     print(f"// punctuation flips: {len(pf)}, clean_text flips: {len(of)}", file=sys.stderr)
     print_table("HF_PUNCT_FLIP", pf, f"{len(pf)} code points the library calls punctuation otherwise than utf8proc")
     print_table("HF_OTHER_FLIP", of, f"{len(of)} code points BertNormalizer's clean_text drops otherwise than utf8proc")
+    join, split = grapheme_flips()
+    print(f"// grapheme: {len(join)} join in the library only, {len(split)} break in the library only", file=sys.stderr)
+    print_table("HF_GRAPHEME_JOIN", join, f"{len(join)} code points the library's grapheme clusters join to the one "
+                "before where utf8proc breaks")
     props = regex_props()
     print(f"// regex: {', '.join(f'{k} {len(v)}' for k, v in props.items())}", file=sys.stderr)
     for k, v in props.items():

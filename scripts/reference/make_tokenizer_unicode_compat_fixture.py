@@ -14,10 +14,12 @@ around them all show, and with the code points the library does not call
 (nonspacing) marks, punctuation (unicode_punct: BertPreTokenizer) or
 characters for clean_text to drop while utf8proc's category does, or the
 other way round; and (unicode_regex) with code points the library's regex
-engine knows and PCRE2 10.42 does not, under a Llama 3 kind of Split pattern. The script checks that utf8proc alone (what tpr did
+engine knows and PCRE2 10.42 does not, under a Llama 3 kind of Split pattern;
+and (unicode_grapheme) with marks its grapheme clusters take in and utf8proc's
+do not, behind a Precompiled charsmap. The script checks that utf8proc alone (what tpr did
 before) differs from the library on a third of the strings or more, so the fixture can fail.
 
-Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip,clean,punct,regex}.json / .jsonl
+Writes under tests/fixtures/tokenizer_components/: unicode_{nfc,nfd,nfkc,nfkd,bert,strip,clean,punct,regex,grapheme}.json / .jsonl
 ({"t": text, "ids": encode(t), "d": decode(ids)}).
 
 Usage: make_tokenizer_unicode_compat_fixture.py [--out DIR] [--cases 50]
@@ -145,6 +147,34 @@ def regex_case(r, a, props):
     print(f"unicode_regex: {len(cases)} strings, each split otherwise by an engine without these code points")
 
 
+def grapheme_case(r, a, join):
+    """The Precompiled charsmap of unigram_precompiled in front of byte
+    tokens; strings where a mark in `join` (which the library's grapheme
+    clusters take in and utf8proc 2.8's do not) follows a k, which the
+    charsmap rewrites with its whole cluster: the library drops the mark, a
+    cluster cut before it would keep it."""
+    import base64
+    fx = json.load(open(os.path.join(a.out, "unigram_precompiled.json")))
+    n = fx["normalizer"]
+    pc = next(x for x in n["normalizers"] if x["type"] == "Precompiled") if n["type"] == "Sequence" else n
+    norm = normalizers.Precompiled(base64.b64decode(pc["precompiled_charsmap"]))
+    t = tokenizer(norm)
+    cases = []
+    while len(cases) < a.cases:
+        s = "".join(r.choice(["k" + chr(r.choice(join)), "a", " ", "k", "\u0301", "x" + chr(r.choice(join))])
+                    for _ in range(r.randrange(1, 5)))
+        if "k" + s[-1] not in s:
+            s += "k" + chr(r.choice(join))
+        cases.append(s)
+    assert all(norm.normalize_str("k" + chr(c)) == norm.normalize_str("k") for c in join)
+    with open(os.path.join(a.out, "unicode_grapheme.jsonl"), "w", encoding="utf-8") as f:
+        for s in cases:
+            ids = t.encode(s).ids
+            f.write(json.dumps({"t": s, "ids": ids, "d": t.decode(ids)}, ensure_ascii=False) + "\n")
+    t.save(os.path.join(a.out, "unicode_grapheme.json"))
+    print(f"unicode_grapheme: {len(cases)} strings, each with k + a mark the charsmap's rule swallows")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "../../tests/fixtures/tokenizer_components"))
@@ -156,6 +186,7 @@ def main():
     punct, other = tab.class_flips()  # nor punctuation, nor a character clean_text drops
     punctuation(r, a, sorted(punct))
     regex_case(r, a, tab.regex_props())
+    grapheme_case(r, a, sorted(tab.grapheme_flips()[0]))
     for name, norm in FORMS.items():
         t = tokenizer(norm)
         form = {"bert": "NFD", "strip": None, "clean": None}.get(name, name.upper())
