@@ -38,8 +38,9 @@
 //                  special flags
 //
 // Unicode properties come from utf8proc, overridden where the reference's
-// older tables decide otherwise (normal forms, marks, punctuation, clean_text:
-// tok_unicode_compat.c); regex classes come from PCRE2.
+// tables decide otherwise (normal forms, marks, punctuation, clean_text,
+// grapheme clusters: tok_unicode_compat.c); regex classes come from PCRE2,
+// each \p{X} widened with the code points the reference's engine adds.
 // Text is UTF-8; invalid UTF-8 input to encode is TPR_ERR_INVALID_ARG (the
 // reference library takes only valid strings). Decoded text is valid UTF-8:
 // bytes that do not form characters become U+FFFD as the reference does.
