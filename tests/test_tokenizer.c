@@ -474,6 +474,69 @@ static void test_cli(void **s) {
   nftw(tmp, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
+// --jsonl: many texts under one load give, line for line, what the library
+// gave; the ids decode back line for line; a bad line is named.
+static void test_cli_jsonl(void **s) {
+  char tpr[1024], tmp[64] = "/tmp/tpr_tok_jsonl_XXXXXX", in[128], ids_in[128];
+  if (tt_tpr_path(tpr, sizeof tpr, "test_cli")) skip();
+  assert_non_null(mkdtemp(tmp));
+  cases cs = load_cases("metaspace");
+  enum { N = 40 };
+  size_t pick[N];
+  snprintf(in, sizeof in, "%s/texts.jsonl", tmp);
+  snprintf(ids_in, sizeof ids_in, "%s/ids.jsonl", tmp);
+  FILE *f = fopen(in, "w"), *g = fopen(ids_in, "w");
+  assert_true(f && g);
+  for (int i = 0; i < N; i++) {
+    do pick[i] = (size_t)tt_randint(0, (int64_t)cs.n - 1);  // an encode case (the last ones decode only)
+    while (!cJSON_GetObjectItemCaseSensitive(cs.c[pick[i]], "t"));
+    char *t = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cs.c[pick[i]], "t"));
+    char *w = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cs.c[pick[i]], "ids"));
+    fprintf(f, "%s\n", t), fprintf(g, "%s\n", w);
+    free(t), free(w);
+  }
+  fclose(f), fclose(g);
+  const char *a1[] = {"tokenize", "--model", FIX "/metaspace", "--jsonl", in, NULL};
+  run_result r = tt_run_tpr(tpr, tmp, a1);
+  assert_int_equal(r.code, 0);
+  char *save = NULL, *line = strtok_r(r.out, "\n", &save);
+  for (int i = 0; i < N; i++, line = strtok_r(NULL, "\n", &save)) {
+    assert_non_null(line);
+    cJSON *got = cJSON_Parse(line);
+    assert_true(cJSON_Compare(got, cJSON_GetObjectItemCaseSensitive(cs.c[pick[i]], "ids"), true));
+    cJSON_Delete(got);
+  }
+  assert_null(line);
+  tt_run_done(&r);
+  const char *a2[] = {"detokenize", "--model", FIX "/metaspace", "--jsonl", ids_in, "--skip-special", NULL};
+  r = tt_run_tpr(tpr, tmp, a2);
+  assert_int_equal(r.code, 0);
+  save = NULL, line = strtok_r(r.out, "\n", &save);
+  for (int i = 0; i < N; i++, line = strtok_r(NULL, "\n", &save)) {
+    assert_non_null(line);
+    cJSON *got = cJSON_Parse(line);
+    const cJSON *c = cs.c[pick[i]];
+    assert_string_equal(cJSON_GetStringValue(got), str(c, "ds", str(c, "d", str(c, "t", ""))));
+    cJSON_Delete(got);
+  }
+  tt_run_done(&r);
+  f = fopen(in, "w");
+  fprintf(f, "\"fine\"\n\n[1, 2]\n");  // an empty line is skipped; the third is not a string
+  fclose(f);
+  r = tt_run_tpr(tpr, tmp, a1);
+  print_message("--jsonl: %d texts and their decodes as the library; a bad line -> exit %d: %s", N, r.code, r.err);
+  assert_int_equal(r.code, 2);
+  assert_non_null(strstr(r.err, "line 3"));
+  assert_non_null(strstr(r.out, "["));  // the first line's ids came out before it
+  tt_run_done(&r);
+  const char *a3[] = {"tokenize", "--model", FIX "/metaspace", "--jsonl", in, "--json", NULL};
+  r = tt_run_tpr(tpr, tmp, a3);
+  assert_int_equal(r.code, 2);  // --json is for one text
+  tt_run_done(&r);
+  free_cases(&cs);
+  nftw(tmp, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -482,6 +545,7 @@ int main(void) {
       cmocka_unit_test(test_negative_regex),     cmocka_unit_test(test_random_concat),
       cmocka_unit_test(test_specials_and_lookups), cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_throughput),         cmocka_unit_test(test_cli),
+      cmocka_unit_test(test_cli_jsonl),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,9 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "char_delim",       "lower_bytelevel", "added_flags",      "wordpiece_bert",
                                 "wordpiece_cased",  "unigram_t5",     "unigram_bytes",   "unigram_precompiled",
                                 "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt",
-                                "wordlevel"};
+                                "wordlevel",        "unicode_nfc",    "unicode_nfd",     "unicode_nfkc",
+                                "unicode_nfkd",     "unicode_bert",   "unicode_strip",   "unicode_clean",
+                                "unicode_punct",    "unicode_regex",  "unicode_grapheme"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;

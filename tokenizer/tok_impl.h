@@ -42,6 +42,19 @@ int tok_utf8_put(int32_t cp, char *out);  // 1..4 bytes
 // Appends bytes to b as text, each maximal invalid subsequence -> U+FFFD
 // (Rust's String::from_utf8_lossy, which the reference decoders use).
 tpr_status tok_utf8_lossy(tok_buf *b, const unsigned char *s, size_t n);
+// utf8proc_map(in, n, opts) (a normal form) into out, as the reference
+// normalizes: code points newer than its tables are left alone
+// (tok_unicode_compat.c).
+tpr_status tok_nf_map(const char *in, size_t n, int opts, tok_buf *out);
+bool tok_hf_is_mark(int32_t cp);  // a combining mark to the reference (StripAccents)
+bool tok_hf_is_mn(int32_t cp);    // a nonspacing mark to the reference (BertNormalizer)
+bool tok_hf_punct_flip(int32_t cp);  // punctuation to utf8proc and not to the reference, or the reverse
+bool tok_hf_other_flip(int32_t cp);  // the same for clean_text's Cc/Cf/Co/Cs
+bool tok_hf_grapheme_join(int32_t cp);  // joins the cluster before it to the reference, not to utf8proc
+// The pattern with each \p{X} (general category) widened to the code points
+// the reference's regex engine puts in X and PCRE2 does not know; *out
+// malloc'ed.
+tpr_status tok_regex_widen(const char *pattern, char **out);
 bool tok_is_whitespace(int32_t cp);    // Unicode White_Space (Rust char::is_whitespace)
 bool tok_is_word_char(int32_t cp);     // regex \w (Unicode)
 bool tok_is_numeric(int32_t cp);       // Rust char::is_numeric: Nd, Nl, No

@@ -47,6 +47,7 @@ static tpr_status bert(const tok_norm *nm, const char *in, size_t n, tok_buf *ou
       utf8proc_category_t k = utf8proc_category(cp);
       bool other = k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CO ||
                    k == UTF8PROC_CATEGORY_CS;
+      other = other != tok_hf_other_flip(cp);  // the reference's older tables
       if (cp == 0 || cp == 0xFFFD || (other && cp != '\t' && cp != '\n' && cp != '\r')) continue;
       if (tok_is_whitespace(cp)) cp = ' ';
     }
@@ -57,17 +58,15 @@ static tpr_status bert(const tok_norm *nm, const char *in, size_t n, tok_buf *ou
   }
   const char *s = a.p ? a.p : "";
   size_t sn = a.n;
-  utf8proc_uint8_t *d = NULL;
+  tok_buf d = {0};
   if (rc == TPR_OK && nm->strip_accents) {
-    utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)sn, &d,
-                                      UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
-    if (l < 0) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "tokenizer: BertNormalizer: %s", utf8proc_errmsg(l));
-    else s = (const char *)d, sn = (size_t)l;
+    rc = tok_nf_map(s, sn, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, &d);
+    s = d.p ? d.p : "", sn = d.n;
   }
   for (size_t i = 0; i < sn && rc == TPR_OK;) {
     int32_t cp;
     i += (size_t)tok_utf8_next(s + i, sn - i, &cp);
-    if (nm->strip_accents && utf8proc_category(cp) == UTF8PROC_CATEGORY_MN) continue;
+    if (nm->strip_accents && tok_hf_is_mn(cp)) continue;
     char c[8];
     int cl;
     if (!nm->lowercase) cl = tok_utf8_put(cp, c);
@@ -75,7 +74,7 @@ static tpr_status bert(const tok_norm *nm, const char *in, size_t n, tok_buf *ou
     else cl = tok_utf8_put(utf8proc_tolower(cp), c);
     rc = tok_buf_put(out, c, (size_t)cl);
   }
-  free(d);
+  free(d.p);
   free(a.p);
   return rc;
 }
@@ -106,12 +105,7 @@ static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t
       int opts = UTF8PROC_STABLE | (nm->kind == TOK_NORM_NFC || nm->kind == TOK_NORM_NFKC ? UTF8PROC_COMPOSE
                                                                                           : UTF8PROC_DECOMPOSE);
       if (nm->kind == TOK_NORM_NFKC || nm->kind == TOK_NORM_NFKD) opts |= UTF8PROC_COMPAT;
-      utf8proc_uint8_t *r = NULL;
-      utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n, &r, opts);
-      if (l < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tokenizer: normalizer: %s", utf8proc_errmsg(l));
-      tpr_status rc = tok_buf_put(out, r, (size_t)l);
-      free(r);
-      return rc;
+      return tok_nf_map(in, n, opts, out);
     }
     case TOK_NORM_PREPEND:
       if (n) TPR_CHECK(tok_buf_put(out, nm->str, strlen(nm->str)));  // the reference skips empty text
@@ -146,9 +140,8 @@ static tpr_status apply(const tok_norm *nm, tok_run *run, const char *in, size_t
         char c[8];
         int cl = 0;
         if (nm->kind == TOK_NORM_STRIP_ACCENTS) {
-          // Drops every mark (Mn, Mc, Me), as the reference's filter does.
-          utf8proc_category_t k = utf8proc_category(cp);
-          if (k < UTF8PROC_CATEGORY_MN || k > UTF8PROC_CATEGORY_ME) cl = tok_utf8_put(cp, c);
+          // Drops every mark (Mn, Mc, Me), as the reference's filter does (with its tables).
+          if (!tok_hf_is_mark(cp)) cl = tok_utf8_put(cp, c);
         } else if (cp == 0x130) {  // the one full lowercase mapping longer than a character
           cl = tok_utf8_put('i', c);
           cl += tok_utf8_put(0x307, c + cl);

@@ -97,7 +97,8 @@ tpr_status tok_precompiled_apply(const tok_norm *nm, const char *in, size_t n, t
     size_t ge = gs + (size_t)tok_utf8_next(in + gs, n - gs, &cp);
     while (ge < n) {  // the end of this grapheme cluster
       int l = tok_utf8_next(in + ge, n - ge, &next);
-      if (utf8proc_grapheme_break_stateful(cp, next, &state)) break;
+      // a mark newer than utf8proc's tables extends the cluster, as the reference's do
+      if (utf8proc_grapheme_break_stateful(cp, next, &state) && !tok_hf_grapheme_join(next)) break;
       cp = next, ge += (size_t)l;
     }
     size_t rl;

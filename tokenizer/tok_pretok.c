@@ -17,7 +17,12 @@ tpr_status tok_regex_compile(const char *file, const char *what, const char *pat
   int err;
   PCRE2_SIZE at;
   uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // UCP is invalid with LITERAL
-  re->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
+  char *wide = NULL;  // \p{X} with the reference's newer code points (tok_unicode_compat.c)
+  if (!literal) TPR_CHECK(tok_regex_widen(pattern, &wide));
+  re->code = pcre2_compile((PCRE2_SPTR)(wide ? wide : pattern), PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
+  if (!re->code && wide)  // the error (and offset) of the file's own pattern
+    re->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
+  free(wide);
   if (!re->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);

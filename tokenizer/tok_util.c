@@ -280,7 +280,7 @@ bool tok_is_punct(int32_t c) {
   if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
                        (c >= 0x7B && c <= 0x7E);
   utf8proc_category_t k = utf8proc_category(c);
-  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
+  return (k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO) != tok_hf_punct_flip(c);  // the reference's tables
 }
 
 // bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other

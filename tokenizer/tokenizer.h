@@ -37,6 +37,10 @@
 //                  trie, with the lstrip / rstrip / single_word / normalized /
 //                  special flags
 //
+// Unicode properties come from utf8proc, overridden where the reference's
+// tables decide otherwise (normal forms, marks, punctuation, clean_text,
+// grapheme clusters: tok_unicode_compat.c); regex classes come from PCRE2,
+// each \p{X} widened with the code points the reference's engine adds.
 // Text is UTF-8; invalid UTF-8 input to encode is TPR_ERR_INVALID_ARG (the
 // reference library takes only valid strings). Decoded text is valid UTF-8:
 // bytes that do not form characters become U+FFFD as the reference does.
