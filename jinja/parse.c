@@ -853,6 +853,37 @@ static jnode *if_rest(parser *P, int line) {
   return n;
 }
 
+// A macro's or a call block's parameters, "(a, b=1, ...)", as jinja2's
+// parse_signature reads them: names into n->kw, each default (NULL: none)
+// into n->args; no trailing comma, no parameter without a default after one
+// with.
+static void signature(parser *P, jnode *n) {
+  expect_op(P, "(");
+  int cap = 0, np = 0;
+  bool defaults = false;
+  while (!is_op(cur(P), ")")) {
+    if (np) expect_op(P, ",");
+    const char *pn = expect_name(P);
+    if (np == cap) {
+      cap = cap ? cap * 2 : 4;
+      const char **nk = jalloc(P->c, (size_t)cap * sizeof *nk);
+      if (np) memcpy(nk, n->kw, (size_t)np * sizeof *nk);
+      n->kw = nk;
+    }
+    n->kw[np++] = pn;
+    jnode *def = NULL;
+    if (is_op(cur(P), "=")) {
+      P->i++;
+      def = expr(P);
+      defaults = true;
+    } else if (defaults) {
+      jfail(P->c, "non-default argument follows default argument");
+    }
+    jn_push(P->c, &n->args, def);
+  }
+  expect_op(P, ")");
+}
+
 static jnode *statement(parser *P) {
   tok *t = cur(P);
   P->c->line = t->line;
@@ -912,27 +943,7 @@ static jnode *statement(parser *P) {
     n = node(P, S_MACRO);
     n->line = t->line;
     n->name = expect_name(P);
-    expect_op(P, "(");
-    int cap = 0, np = 0;
-    while (!is_op(cur(P), ")")) {
-      if (np) expect_op(P, ",");
-      if (is_op(cur(P), ")")) break;
-      const char *pn = expect_name(P);
-      if (np == cap) {
-        cap = cap ? cap * 2 : 4;
-        const char **nk = jalloc(P->c, (size_t)cap * sizeof *nk);
-        if (np) memcpy(nk, n->kw, (size_t)np * sizeof *nk);
-        n->kw = nk;
-      }
-      n->kw[np++] = pn;
-      jnode *def = NULL;
-      if (is_op(cur(P), "=")) {
-        P->i++;
-        def = expr(P);
-      }
-      jn_push(P->c, &n->args, def);
-    }
-    expect_op(P, ")");
+    signature(P, n);
     expect_bend(P);
     static const char *const ends[] = {"endmacro", NULL};
     body(P, &n->body, ends);
@@ -942,28 +953,7 @@ static jnode *statement(parser *P) {
   if (!strcmp(nm, "call")) {
     n = node(P, S_CALLBLOCK);
     n->line = t->line;
-    if (is_op(cur(P), "(")) {  // the caller's parameters
-      expect_op(P, "(");
-      int cap = 0, np = 0;
-      while (!is_op(cur(P), ")")) {
-        if (np) expect_op(P, ",");
-        const char *pn = expect_name(P);
-        if (np == cap) {
-          cap = cap ? cap * 2 : 4;
-          const char **nk = jalloc(P->c, (size_t)cap * sizeof *nk);
-          if (np) memcpy(nk, n->kw, (size_t)np * sizeof *nk);
-          n->kw = nk;
-        }
-        n->kw[np++] = pn;
-        jnode *def = NULL;
-        if (is_op(cur(P), "=")) {
-          P->i++;
-          def = expr(P);
-        }
-        jn_push(P->c, &n->args, def);
-      }
-      expect_op(P, ")");
-    }
+    if (is_op(cur(P), "(")) signature(P, n);  // the caller's parameters
     n->call = expr(P);
     if (n->call->k != N_CALL) jfail(P->c, "expected a call in a call tag");
     expect_bend(P);
