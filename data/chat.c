@@ -57,7 +57,7 @@ static bool encode_piece(const tpr_tokenizer *tok, const char *s, size_t len, ui
   return ok;
 }
 
-bool tpr_data_chat_encode(const tpr_tokenizer *tok, tpr_chat_template t, const cJSON *conversation, int32_t **ids_out,
+bool tpr_data_chat_encode(const tpr_tokenizer *tok, const tpr_chat_renderer *t, const cJSON *conversation, int32_t **ids_out,
                           uint8_t **mask_out, size_t *n_out, char *err, size_t errlen) {
   const cJSON *messages = cJSON_GetObjectItemCaseSensitive(conversation, "messages");
   if (!cJSON_IsObject(conversation) || !cJSON_IsArray(messages)) {
@@ -65,7 +65,9 @@ bool tpr_data_chat_encode(const tpr_tokenizer *tok, tpr_chat_template t, const c
     return false;
   }
   int n_msg = cJSON_GetArraySize(messages);
-  char *whole = tpr_chat_render_prefix(t, messages, n_msg, false, err, errlen);
+  char name[320];
+  tpr_chat_renderer_describe(t, name, sizeof name);
+  char *whole = tpr_chat_renderer_render(t, messages, n_msg, false, err, errlen);
   if (!whole) return false;
   size_t whole_len = strlen(whole);
   // spans[2k], spans[2k+1]: the k-th reply's bytes [start, end) in whole.
@@ -77,8 +79,8 @@ bool tpr_data_chat_encode(const tpr_tokenizer *tok, tpr_chat_template t, const c
   for (int i = 0; ok && i < n_msg; i++, m = m->next) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
     if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant") != 0) continue;
-    char *before = tpr_chat_render_prefix(t, messages, i, true, err, errlen);
-    char *after = before ? tpr_chat_render_prefix(t, messages, i + 1, false, err, errlen) : NULL;
+    char *before = tpr_chat_renderer_render(t, messages, i, true, err, errlen);
+    char *after = before ? tpr_chat_renderer_render(t, messages, i + 1, false, err, errlen) : NULL;
     ok = after != NULL;
     if (ok) {
       size_t lb = strlen(before), la = strlen(after);
@@ -86,7 +88,7 @@ bool tpr_data_chat_encode(const tpr_tokenizer *tok, tpr_chat_template t, const c
         snprintf(err, errlen,
                  "messages[%d]: the %s template's rendering up to this reply, with the generation prompt, is not "
                  "a prefix of the rendering with the reply, so the reply's tokens cannot be delimited",
-                 i, tpr_chat_template_name(t));
+                 i, name);
         ok = false;
       } else if (la > whole_len || memcmp(after, whole, la) != 0) {
         snprintf(err, errlen, "messages[%d]: the rendering up to this reply is not a prefix of the whole rendering", i);

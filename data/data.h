@@ -56,7 +56,7 @@ typedef struct tpr_data_opts {
   tpr_data_txt_docs txt_docs;
   const char *text_key;  // JSONL: the text's key ("text")
   bool chat;             // JSONL {"messages": [...]}, rendered with chat_template, a loss mask beside the ids
-  tpr_chat_template chat_template;
+  tpr_chat_renderer chat_template;  // the checkpoint's Jinja template, or a built-in
   bool append_eos;       // the tokenizer's EOS after every document (it must have one)
   bool add_special;      // apply the tokenizer's post-processor (e.g. a BOS) to every text document
   int64_t shard_tokens;  // a shard closes once it holds >= this many tokens (> 0)
@@ -106,7 +106,7 @@ bool tpr_data_is_val(uint64_t seed, int64_t k, double val_fraction);
 // a message prefix rendered with the generation prompt is not a prefix of the
 // next one without it (the template cannot delimit the reply), or when the
 // rendering tokenizes differently cut at the reply boundaries than whole.
-bool tpr_data_chat_encode(const tpr_tokenizer *tok, tpr_chat_template t, const cJSON *conversation, int32_t **ids,
+bool tpr_data_chat_encode(const tpr_tokenizer *tok, const tpr_chat_renderer *t, const cJSON *conversation, int32_t **ids,
                           uint8_t **mask, size_t *n, char *err, size_t errlen);
 
 // --- utf8 -------------------------------------------------------------------

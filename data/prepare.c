@@ -195,7 +195,7 @@ static void process(const ctx *c, const batch *b, size_t r) {
       goto done;
     }
     if (o->chat) {
-      if (!tpr_data_chat_encode(o->tok, o->chat_template, j, &out->ids, &out->mask, &out->n, err, sizeof err)) {
+      if (!tpr_data_chat_encode(o->tok, &o->chat_template, j, &out->ids, &out->mask, &out->n, err, sizeof err)) {
         fail(out, "%s", err, 0);
         goto done;
       }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "data/data.h"
+#include "jinja/chat.h"
 #include "launch/args.h"
 #include "launch/cli_util.h"
 #include "launch/commands.h"
@@ -20,7 +21,7 @@
 static const char *prepare_usage =
     "usage: tpr data prepare (--model DIR | --tokenizer FILE) --input FILE... --output PREFIX\n"
     "                        [--format txt|jsonl] [--text-key KEY] [--txt-documents blank-lines|lines]\n"
-    "                        [--chat [--chat-template NAME]] [--append-eos] [--add-special]\n"
+    "                        [--chat [--chat-template auto|FILE|NAME]] [--append-eos] [--add-special]\n"
     "                        [--shard-tokens N] [--val-fraction F] [--seed S] [--workers N]\n"
     "                        [--allow-bad] [--json]\n"
     "tokenizes the inputs, in the order given, into token shards for tpr train (docs/data.md):\n"
@@ -150,7 +151,8 @@ static int prepare(int argc, char **argv) {
       {"txt-documents", TPR_ARG_STR, &txt_docs, "text: blank-lines (default) or lines (a document per line)"},
       {"chat", TPR_ARG_FLAG, &chat, "JSONL chat conversations with a loss mask on the assistant replies"},
       {"chat-template", TPR_ARG_STR, &chat_template,
-       "--chat: chatml, minimax_m2 or hunyuan_moe (default: the checkpoint's, recognised)"},
+       "--chat: the template: auto (default: the checkpoint's own Jinja template, rendered as transformers does), "
+       "a file of Jinja text, or a built-in: chatml, minimax_m2, hunyuan_moe"},
       {"append-eos", TPR_ARG_FLAG, &append_eos, "append the tokenizer's EOS to every document (error if none)"},
       {"add-special", TPR_ARG_FLAG, &add_special, "text documents: add the tokenizer's special tokens (e.g. BOS)"},
       {"shard-tokens", TPR_ARG_SIZE, &shard_tokens, "a shard closes once it holds >= N tokens (default 100000000)"},
@@ -252,28 +254,26 @@ static int prepare(int argc, char **argv) {
   }
   o.tok = tok;
   o.tokenizer_path = realpath(tok_file, resolved) ? resolved : tok_file;
-  if (chat) {
-    if (chat_template) {
-      if (!tpr_chat_template_parse(chat_template, &o.chat_template)) {
-        fprintf(stderr, "%s: --chat-template '%s': chatml, minimax_m2 or hunyuan_moe\n", cmd, chat_template);
-        code = 2;
-      }
+  tpr_chat_jinja jinja = {0};
+  if (chat && code == 0) {
+    // The checkpoint's template: the model directory's, or the tokenizer file's folder's.
+    char dir[PATH_MAX], warn[1200], what[320];
+    snprintf(dir, sizeof dir, "%s", model ? model : tokenizer);
+    if (!model) {
+      char *slash = strrchr(dir, '/');
+      if (slash) *slash = 0;
+      else snprintf(dir, sizeof dir, ".");
+    }
+    if (tpr_chat_renderer_pick(dir, chat_template ? chat_template : "auto", &jinja, &o.chat_template, warn,
+                               sizeof warn) != TPR_OK) {
+      fprintf(stderr, "%s: %s\n", cmd, tpr_last_error());
+      code = 2;
+    } else if (warn[0]) {
+      fprintf(stderr, "%s: %s\n", cmd, warn);
+      code = 2;
     } else {
-      // The checkpoint's template: the model directory's, or the tokenizer file's folder's.
-      char dir[PATH_MAX], why[256];
-      snprintf(dir, sizeof dir, "%s", model ? model : tokenizer);
-      if (!model) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-      }
-      o.chat_template = tpr_chat_template_detect(dir, why, sizeof why);
-      if (o.chat_template == TPR_CHAT_NONE) {
-        fprintf(stderr, "%s: %s declares a chat template tpr has not built in; name one with --chat-template\n",
-                cmd, why);
-        code = 2;
-      } else
-        fprintf(stderr, "%s: chat template %s (%s)\n", cmd, tpr_chat_template_name(o.chat_template), why);
+      tpr_chat_renderer_describe(&o.chat_template, what, sizeof what);
+      fprintf(stderr, "%s: chat template %s\n", cmd, what);
     }
   }
   tpr_cli_progress(0);
@@ -306,6 +306,7 @@ static int prepare(int argc, char **argv) {
   }
   free(s);
   tpr_tokenizer_free(tok);
+  tpr_chat_jinja_free(&jinja);
   free(tok_file);
   return code;
 }

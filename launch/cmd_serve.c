@@ -35,46 +35,6 @@ static void read_config(const char *model, int64_t *eos, int64_t *max_pos) {
   cJSON_Delete(j);
 }
 
-// --chat-template. auto: the checkpoint's Jinja template when it declares
-// one (a template tpr cannot parse leaves chat requests to a 400, the
-// warning naming the construct: never a prompt rendered otherwise), the
-// built-in ChatML when it declares none. A built-in's name. Anything else:
-// a file of Jinja text, with the checkpoint's special tokens. Returns 0, or 2
-// after printing a usage error.
-static int pick_template(const char *model, const char *arg, tpr_chat_jinja *j, tpr_chat_renderer *r, char *warn,
-                         size_t cap) {
-  *r = (tpr_chat_renderer){.builtin = TPR_CHAT_CHATML};
-  warn[0] = '\0';
-  tpr_jinja_error err = {0};
-  if (strcmp(arg, "auto") == 0) {
-    tpr_status rc = tpr_chat_jinja_load(model, j, &err);
-    if (rc == TPR_OK) r->jinja = j;
-    else if (rc != TPR_ERR_IO)
-      r->builtin = TPR_CHAT_NONE,
-      snprintf(warn, cap, "the checkpoint's chat template cannot be rendered (%s); chat requests get 400 until the "
-               "server is started with --chat-template FILE.jinja or a built-in name", err.message);
-    return 0;
-  }
-  if (tpr_chat_template_parse(arg, &r->builtin)) return 0;
-  uint8_t *text = NULL;
-  size_t len = 0;
-  if (tpr_file_read(arg, &text, &len) != TPR_OK) {
-    fprintf(stderr, "tpr serve: --chat-template '%s' is neither auto, a built-in (chatml, minimax_m2, hunyuan_moe) "
-            "nor a readable file: %s\n", arg, tpr_last_error());
-    return 2;
-  }
-  tpr_status rc = tpr_chat_jinja_from_text((const char *)text, len, j, &err);
-  free(text);
-  if (rc != TPR_OK) {
-    fprintf(stderr, "tpr serve: --chat-template %s: %s\n", arg, err.message);
-    return 2;
-  }
-  snprintf(j->source, sizeof j->source, "%s", arg);
-  tpr_chat_jinja_special_tokens(model, j);
-  r->jinja = j;
-  return 0;
-}
-
 int tpr_cmd_serve(int argc, char **argv) {
   const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL, *pid_file = NULL,
              *template_name = "auto";
@@ -140,7 +100,10 @@ int tpr_cmd_serve(int argc, char **argv) {
   tpr_chat_jinja jinja = {0};
   tpr_chat_renderer tmpl;
   char tmpl_warn[1200];
-  if (pick_template(model, template_name, &jinja, &tmpl, tmpl_warn, sizeof tmpl_warn)) return 2;
+  if (tpr_chat_renderer_pick(model, template_name, &jinja, &tmpl, tmpl_warn, sizeof tmpl_warn) != TPR_OK) {
+    fprintf(stderr, "tpr serve: %s\n", tpr_last_error());
+    return 2;
+  }
   int64_t eos = -1, max_pos = 0;
   read_config(model, &eos, &max_pos);
   if (max_seq == 0) max_seq = max_pos > 0 && max_pos < 4096 ? max_pos : 4096;
@@ -169,7 +132,8 @@ int tpr_cmd_serve(int argc, char **argv) {
                        .port_file = port_file, .pid_file = pid_file, .max_connections = (int)max_connections,
                        .eos = (int32_t)eos, .max_seq = s ? tpr_session_max_seq(s) : 0,
                        .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout};
-  if (rc == TPR_OK && w.rank == 0 && tmpl_warn[0]) fprintf(stderr, "tpr serve: warning: %s\n", tmpl_warn);
+  if (rc == TPR_OK && w.rank == 0 && tmpl_warn[0])
+    fprintf(stderr, "tpr serve: warning: %s; until then chat requests get 400\n", tmpl_warn);
   if (rc == TPR_OK && w.rank == 0) tpr_cli_print_kv_pool(s);
   if (rc == TPR_OK) rc = tpr_serve_run(w.host, w.rank, e, tok, &so);
   tpr_engine_free(e);

@@ -114,6 +114,62 @@ void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t ca
   else snprintf(buf, cap, "%s (built in)", tpr_chat_template_name(r->builtin));
 }
 
+tpr_status tpr_chat_renderer_pick(const char *model_dir, const char *arg, tpr_chat_jinja *j, tpr_chat_renderer *r,
+                                  char *warn, size_t cap) {
+  *r = (tpr_chat_renderer){.builtin = TPR_CHAT_CHATML};
+  warn[0] = '\0';
+  tpr_jinja_error err = {0};
+  if (strcmp(arg, "auto") == 0) {
+    tpr_status rc = tpr_chat_jinja_load(model_dir, j, &err);
+    if (rc == TPR_OK) r->jinja = j;
+    else if (rc != TPR_ERR_IO)
+      r->builtin = TPR_CHAT_NONE,
+      snprintf(warn, cap, "the checkpoint's chat template cannot be rendered (%s); give --chat-template FILE.jinja "
+               "or a built-in name", err.message);
+    return TPR_OK;
+  }
+  if (tpr_chat_template_parse(arg, &r->builtin)) return TPR_OK;
+  uint8_t *text = NULL;
+  size_t len = 0;
+  if (tpr_file_read(arg, &text, &len) != TPR_OK)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--chat-template '%s' is neither auto, a built-in (chatml, minimax_m2, "
+                    "hunyuan_moe) nor a readable file", arg);
+  tpr_status rc = tpr_chat_jinja_from_text((const char *)text, len, j, &err);
+  free(text);
+  if (rc != TPR_OK) return TPR_FAIL(TPR_ERR_INVALID_ARG, "--chat-template %s: %s", arg, err.message);
+  snprintf(j->source, sizeof j->source, "%s", arg);
+  tpr_chat_jinja_special_tokens(model_dir, j);
+  r->jinja = j;
+  return TPR_OK;
+}
+
+char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, bool add_generation_prompt,
+                               char *err, size_t errlen) {
+  if (!r->jinja) return tpr_chat_render_prefix(r->builtin, messages, n, add_generation_prompt, err, errlen);
+  if (!cJSON_IsArray(messages) || n < 0 || n > cJSON_GetArraySize(messages)) {
+    snprintf(err, errlen, "'messages' must be a list of messages");
+    return NULL;
+  }
+  cJSON *first = cJSON_CreateArray();  // messages[:n], borrowed
+  const cJSON *m = messages->child;
+  for (int i = 0; first && i < n; i++, m = m->next) cJSON_AddItemReferenceToArray(first, (cJSON *)m);
+  char *json = first ? cJSON_PrintUnformatted(first) : NULL;
+  cJSON_Delete(first);
+  if (!json) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  tpr_jinja_error e = {0};
+  char *out = NULL;
+  size_t len = 0;
+  tpr_chat_inputs in = {.messages_json = json, .add_generation_prompt = add_generation_prompt};
+  tpr_status rc = tpr_chat_jinja_render(r->jinja, &in, NULL, &out, &len, &e);
+  free(json);
+  if (rc == TPR_OK) return out;
+  snprintf(err, errlen, "the chat template %s: %s", e.raised ? "refused the messages" : "failed", e.message);
+  return NULL;
+}
+
 bool tpr_chat_template_parse(const char *s, tpr_chat_template *out) {
   for (int t = 0; t < TPR_CHAT_TEMPLATE_COUNT; t++)
     if (strcmp(s, templates[t].name) == 0) {

@@ -105,6 +105,19 @@ typedef struct tpr_chat_renderer {
 } tpr_chat_renderer;
 // "jinja (tokenizer_config.json)" or the built-in's name, for start-up lines.
 void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t cap);
+// --chat-template's choice, for tpr serve and tpr data prepare. arg "auto":
+// the checkpoint's Jinja template when it declares one (loaded into *j); one
+// tpr cannot parse leaves r->builtin TPR_CHAT_NONE and warn saying why
+// (never an approximation); ChatML built in when it declares none. A
+// built-in's name. Anything else: a file of Jinja text (into *j), with the
+// checkpoint's special tokens. TPR_ERR_INVALID_ARG: arg is none of these.
+tpr_status tpr_chat_renderer_pick(const char *model_dir, const char *arg, struct tpr_chat_jinja *j,
+                                  tpr_chat_renderer *r, char *warn, size_t cap);
+// messages[:n] (0 <= n <= the list's length) rendered, with the generation
+// prompt or not (malloc'ed), or NULL with err set (a template's raise
+// included).
+char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, bool add_generation_prompt,
+                               char *err, size_t errlen);
 
 // --- openai_request.c: the request bodies -----------------------------------
 #define TPR_SERVE_MAX_STOP 4

@@ -502,8 +502,12 @@ static void test_chat_masks(void **state) {
   fputs("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"\\nhello\"}]}\n",
         f);
   fclose(f);
+  // The built-in ChatML rendering, which joins text parts; the demo model's
+  // own Jinja template (the default) concatenates content as a string, so
+  // parts are its error, as in transformers (checked below).
   const char *args[] = {"data", "prepare", "--model", DEMO, "--input", tt_path(tmp, "chat.jsonl"), "--output",
-                        tt_path(tmp, "chat/d"), "--chat", "--append-eos", "--workers", "3", "--json", NULL};
+                        tt_path(tmp, "chat/d"), "--chat", "--chat-template", "chatml", "--append-eos", "--workers", "3",
+                        "--json", NULL};
   run_result r = run_tpr(args);
   assert_int_equal(r.code, 1);  // the refused record
   assert_non_null(strstr(r.err, "chat.jsonl:"));
@@ -568,6 +572,70 @@ static void test_chat_masks(void **state) {
   free(nrep);
   free(ends_with_reply);
   free(rendered);
+}
+
+// The default template is the checkpoint's own Jinja (the demo model's is
+// ChatML): on string contents its shards equal the built-in ChatML's byte
+// for byte; text parts are the template's error (it concatenates strings),
+// counted as a bad record naming it; a template file's raise_exception is a
+// bad record carrying its message.
+static void test_chat_jinja(void **state) {
+  FILE *f = fopen(tt_path(tmp, "jchat.jsonl"), "w");
+  char line[64 * 12];
+  for (int c = 0; c < 12; c++) {
+    cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
+    for (int t = 0; t < 2 * (int)tt_randint(1, 2); t++) {
+      cJSON *m = cJSON_CreateObject();
+      cJSON_AddStringToObject(m, "role", t % 2 ? "assistant" : "user");
+      cJSON_AddStringToObject(m, "content", rand_line(line, 8));
+      cJSON_AddItemToArray(msgs, m);
+    }
+    char *js = cJSON_PrintUnformatted(conv);
+    fprintf(f, "%s\n", js);
+    free(js);
+    cJSON_Delete(conv);
+  }
+  fclose(f);
+  char jin[256];  // tt_path's buffers are reused
+  snprintf(jin, sizeof jin, "%s", tt_path(tmp, "jchat.jsonl"));
+  run_result a = run_tpr((const char *[]){"data", "prepare", "--model", DEMO, "--input", jin, "--output",
+                                          tt_path(tmp, "jchat/a"), "--chat", NULL});
+  run_result b = run_tpr((const char *[]){"data", "prepare", "--model", DEMO, "--input", jin, "--output",
+                                          tt_path(tmp, "jchat/b"), "--chat", "--chat-template", "chatml", NULL});
+  assert_int_equal(a.code, 0);
+  assert_int_equal(b.code, 0);
+  assert_non_null(strstr(a.err, "chat template jinja (tokenizer_config.json"));
+  static const char *const files[] = {"train.00000.npy", "train.00000.mask.npy", "train.00000.docs.npy"};
+  for (int i = 0; i < 3; i++) {
+    char pa[256], pb[256];
+    snprintf(pa, sizeof pa, "jchat/a.%s", files[i]);
+    snprintf(pb, sizeof pb, "jchat/b.%s", files[i]);
+    size_t na, nb;
+    char *x = tt_slurp(tt_path(tmp, pa), &na), *y = tt_slurp(tt_path(tmp, pb), &nb);
+    assert_true(na == nb && memcmp(x, y, na) == 0);
+    free(x), free(y);
+  }
+  tt_run_done(&a), tt_run_done(&b);
+  f = fopen(jin, "w");
+  fputs("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"hello\"}]}\n", f);
+  fputs("{\"messages\":[{\"role\":\"critic\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\"}]}\n", f);
+  fclose(f);
+  a = run_tpr((const char *[]){"data", "prepare", "--model", DEMO, "--input", jin, "--output", tt_path(tmp, "jchat/c"),
+                               "--chat", "--allow-bad", NULL});
+  assert_int_equal(a.code, 0);
+  assert_non_null(strstr(a.err, "jchat.jsonl:1: bad record: the chat template failed"));
+  tt_run_done(&a);
+  const char *tmpl = "{% for m in messages %}{% if m.role == 'critic' %}{{ raise_exception('no critics') }}{% endif %}"
+                     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  tt_spit(tt_path(tmp, "t.jinja"), tmpl, strlen(tmpl));
+  a = run_tpr((const char *[]){"data", "prepare", "--model", DEMO, "--input", jin, "--output", tt_path(tmp, "jchat/d"),
+                               "--chat", "--chat-template", tt_path(tmp, "t.jinja"), NULL});
+  assert_int_equal(a.code, 1);  // one bad record: the critic
+  assert_non_null(strstr(a.err, "jchat.jsonl:2: bad record: the chat template refused the messages: no critics"));
+  assert_null(strstr(a.err, "jchat.jsonl:1:"));  // this template renders text parts as Python prints a list
+  tt_run_done(&a);
 }
 
 static void test_bad_records(void **state) {
@@ -720,7 +788,7 @@ int main(void) {
   eos = tpr_tokenizer_eos_id(tok);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_utf8),        cmocka_unit_test(test_npy_header),  cmocka_unit_test(test_text_and_jsonl), cmocka_unit_test(test_reference_fixture),
-      cmocka_unit_test(test_chat_masks),  cmocka_unit_test(test_bad_records),   cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_chat_masks), cmocka_unit_test(test_chat_jinja),  cmocka_unit_test(test_bad_records),   cmocka_unit_test(test_errors),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tpr_tokenizer_free(tok);
