@@ -14,7 +14,10 @@
 // TemplateProcessing; Unigram with Metaspace (make_tokenizer_unigram_fixture.py);
 // BPE with continuing_subword_prefix / end_of_word_suffix, the BPEDecoder and
 // RobertaProcessing (make_tokenizer_bpe_affix_fixture.py); all three sets
-// encoded with add_special_tokens as the library's default.
+// encoded with add_special_tokens as the library's default. UnicodeScripts
+// alone and in a Sequence with BPE, byte-level BPE, WordPiece and Unigram over
+// mixed-script text, and over every boundary of the library's script table
+// (make_tokenizer_scripts_fixture.py).
 #define _GNU_SOURCE  // mkdtemp
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -24,6 +27,7 @@
 
 #include "runtime/file_io.h"
 #include "test_util.h"
+#include "tokenizer/tok_impl.h"  // tok_scripts_ablate, for the UnicodeScripts negative controls
 #include "tokenizer/tokenizer.h"
 
 #define FIX TPR_FIXTURES "/tokenizer_components"
@@ -37,7 +41,8 @@ static const char *CONFIGS[] = {"starcoder",        "digits_group",   "falcon", 
                                 "bpe_prefix",       "bpe_suffix",     "bpe_suffix_bytelevel", "unigram_nmt",
                                 "wordlevel",        "unicode_nfc",    "unicode_nfd",     "unicode_nfkc",
                                 "unicode_nfkd",     "unicode_bert",   "unicode_strip",   "unicode_clean",
-                                "unicode_punct",    "unicode_regex",  "unicode_grapheme"};
+                                "unicode_punct",    "unicode_regex",  "unicode_grapheme", "scripts_bpe",
+                                "scripts_bytelevel", "scripts_wordpiece", "scripts_unigram", "scripts_table"};
 
 static cJSON *read_json(const char *path) {
   uint8_t *bytes;
@@ -231,6 +236,35 @@ static void test_negative_controls(void **s) {
   negative("bpe_suffix_bytelevel", no_suffix, "end_of_word_suffix dropped");
 }
 
+// UnicodeScripts without one of fixed_script()'s fixups: the fixtures must see it.
+static void scripts_negative(const char *name, int ablate, const char *what) {
+  char path[512];
+  snprintf(path, sizeof path, FIX "/%s.json", name);
+  tpr_tokenizer *t;
+  TT_OK(tpr_tokenizer_load(path, &t));
+  tok_scripts_ablate = ablate;
+  tally r = run_cases(t, name, true);
+  tok_scripts_ablate = 0;
+  print_message("negative control %s, %s: %zu of %zu strings mismatch, %zu decodes\n", name, what, r.id_bad, r.cases,
+                r.dec_bad);
+  if (r.id_bad + r.dec_bad == 0) fail_msg("%s with %s still matches: the test cannot see that fixup", name, what);
+  tpr_tokenizer_free(t);
+}
+
+static void test_scripts_negative_controls(void **s) {
+  for (size_t k = 0; k < 5; k++) {
+    const char *name = (const char *[]){"scripts_bpe", "scripts_bytelevel", "scripts_wordpiece", "scripts_unigram",
+                                        "scripts_table"}[k];
+    scripts_negative(name, TOK_SCRIPTS_NO_KANA_FIX, "Hiragana/Katakana/U+30FC not Han");
+    // Whitespace after it drops the spaces either way; the table's texts have few.
+    if (k != 2 && k != 4) scripts_negative(name, TOK_SCRIPTS_NO_SPACE_ANY, "' ' not Any");
+  }
+  scripts_negative("scripts_table", TOK_SCRIPTS_TABLE_OFF_BY_ONE, "the script table one code point off");
+  negative("scripts_bytelevel", drop_first, "UnicodeScripts dropped");
+  negative("scripts_wordpiece", drop_first, "UnicodeScripts dropped");
+  negative("scripts_unigram", drop_first, "UnicodeScripts dropped");
+}
+
 // ---- 10,000 added tokens against a naive leftmost-longest search
 static char rand_char(void) { return "ab<>_u1"[tt_randint(0, 6)]; }
 
@@ -312,7 +346,8 @@ static void test_many_added(void **s) {
 // Components still outside tpr fail by name.
 static void test_refused(void **s) {
   const char *cases[][3] = {
-      {"pre_tokenizer", "{\"type\":\"UnicodeScripts\"}", "pre_tokenizer type 'UnicodeScripts' is not supported"},
+      {"pre_tokenizer", "{\"type\":\"NoSuchPreTokenizer\"}",
+       "pre_tokenizer type 'NoSuchPreTokenizer' is not supported"},
       {"normalizer", "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":[]}]}",
        "a nested normalizer Sequence is not supported"},
       {"post_processor",
@@ -340,6 +375,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_negative_controls),
+      cmocka_unit_test(test_scripts_negative_controls),
       cmocka_unit_test(test_many_added),
       cmocka_unit_test(test_refused),
   };

@@ -63,6 +63,16 @@ bool tok_is_punct(int32_t cp);         // ASCII punctuation or a P* category
 int tok_byte_char(int b);  // the code point byte b maps to
 int tok_char_to_byte(int32_t cp);  // -1 when cp is not in the map
 
+// UnicodeScripts' scripts (tok_scripts.c): ids only compare equal or not.
+enum { TOK_SCRIPT_ANY = 0 };  // no script: never starts a piece
+int tok_script_raw(int32_t cp);  // the reference's get_script()
+int tok_script(int32_t cp);      // its fixed_script(): kana and U+30FC are Han, ' ' is Any
+// Test-only: turns off fixed_script()'s fixups or shifts the table by one code
+// point, so a test can show that its parity check sees them (negative
+// controls). 0 in normal use.
+enum { TOK_SCRIPTS_NO_KANA_FIX = 1, TOK_SCRIPTS_NO_SPACE_ANY = 2, TOK_SCRIPTS_TABLE_OFF_BY_ONE = 4 };
+extern int tok_scripts_ablate;
+
 // ---- compiled regex (tok_pretok.c)
 typedef struct tok_regex {
   pcre2_code *code;
@@ -114,7 +124,7 @@ tpr_status tok_precompiled_apply(const tok_norm *nm, const char *in, size_t n, t
 // Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit, Whitespace and
 // BertPreTokenizer are splits by a character class (tok_char_class).
 typedef enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE, TOK_PRE_CHARS, TOK_PRE_WHITESPACE,
-               TOK_PRE_BERT } tok_pre_kind;
+               TOK_PRE_BERT, TOK_PRE_SCRIPTS } tok_pre_kind;
 typedef enum { TOK_CC_DIGIT, TOK_CC_PUNCT, TOK_CC_SPACE, TOK_CC_DELIM } tok_char_class;
 typedef enum { TOK_SPLIT_ISOLATED, TOK_SPLIT_REMOVED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT,
                TOK_SPLIT_CONTIGUOUS } tok_split_behavior;

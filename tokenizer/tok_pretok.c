@@ -1,4 +1,4 @@
-// Pre-tokenizers (Split, ByteLevel, Metaspace, Sequence) and the PCRE2 regex
+// Pre-tokenizers (Split, ByteLevel, Metaspace, UnicodeScripts, Sequence) and the PCRE2 regex
 // wrapper they and the Replace normalizer share. The reference library runs
 // these patterns with Oniguruma; PCRE2 with UTF + UCP gives \p{L}, \p{N}, \s
 // and lookahead the same Unicode meaning.
@@ -291,6 +291,29 @@ static tpr_status split_words(bool bert, const char *buf, size_t off, size_t len
   return TPR_OK;
 }
 
+// UnicodeScripts: a new piece before each character with a script (not Any)
+// other than the last one seen; Any characters stay in the piece they are in,
+// and those before the first character with a script are dropped, as the
+// reference's split points start at that character.
+static tpr_status split_scripts(const char *buf, size_t off, size_t len, bool first, pieces *out) {
+  const char *s = buf + off;
+  size_t st = 0;
+  int last = TOK_SCRIPT_ANY;
+  bool open = false;
+  for (size_t i = 0; i < len;) {
+    int32_t cp;
+    size_t l = (size_t)tok_utf8_next(s + i, len - i, &cp);
+    int sc = tok_script(cp);
+    if (sc != TOK_SCRIPT_ANY && sc != last) {
+      if (open) TPR_CHECK(piece_push(out, off + st, i - st, first && st == 0));
+      st = i, open = true, last = sc;
+    }
+    i += l;
+  }
+  if (open) TPR_CHECK(piece_push(out, off + st, len - st, first && st == 0));
+  return TPR_OK;
+}
+
 // ByteLevel with steps after it: the pieces from index `from` rewritten in
 // its alphabet, as the reference hands them on.
 static tpr_status map_bytes(pieces *b, size_t from, size_t text_from) {
@@ -381,6 +404,8 @@ tpr_status tok_pretokenize(const tpr_tokenizer *t, tok_run *run, const char *s, 
         TPR_CHECK_GOTO(split_chars(p, a.w.text.p, a.w.off[i], pl, a.first[i], &sc, &b), rc, done);
       } else if (p->kind == TOK_PRE_WHITESPACE || p->kind == TOK_PRE_BERT) {
         TPR_CHECK_GOTO(split_words(p->kind == TOK_PRE_BERT, a.w.text.p, a.w.off[i], pl, a.first[i], &b), rc, done);
+      } else if (p->kind == TOK_PRE_SCRIPTS) {
+        TPR_CHECK_GOTO(split_scripts(a.w.text.p, a.w.off[i], pl, a.first[i], &b), rc, done);
       } else if (p->kind == TOK_PRE_BYTELEVEL) {
         same_buf = false;
         size_t off = b.w.text.n, from = b.w.n;
@@ -494,6 +519,10 @@ static tpr_status parse_one(tpr_tokenizer *t, const cJSON *j, tok_pre *p) {
   }
   if (!strcmp(ty, "Whitespace")) {
     p->kind = TOK_PRE_WHITESPACE;
+    return TPR_OK;
+  }
+  if (!strcmp(ty, "UnicodeScripts")) {
+    p->kind = TOK_PRE_SCRIPTS;
     return TPR_OK;
   }
   if (!strcmp(ty, "BertPreTokenizer")) {
