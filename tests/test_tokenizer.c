@@ -321,7 +321,7 @@ static void bad_model(cJSON *j) {
   cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "model"), "type", cJSON_CreateString("NoSuchModel"));
 }
 static void bad_merges(cJSON *j) { cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "model"), "merges"); }
-static void bad_pre(cJSON *j) { set_type(j, "pre_tokenizer", "UnicodeScripts"); }
+static void bad_pre(cJSON *j) { set_type(j, "pre_tokenizer", "NoSuchPreTokenizer"); }
 static void bad_norm(cJSON *j) { set_type(j, "normalizer", "NoSuchNormalizer"); }
 static void bad_dec(cJSON *j) { set_type(j, "decoder", "CTC"); }
 static void bad_post(cJSON *j) { set_type(j, "post_processor", "RobertaProcessing"); }
@@ -349,7 +349,7 @@ static void expect_bad(edit_fn edit, tpr_status want, const char *msg) {
 static void test_bad_files(void **s) {
   expect_bad(bad_model, TPR_ERR_UNSUPPORTED, "model type 'NoSuchModel' is not supported");
   expect_bad(bad_merges, TPR_ERR_FORMAT, "has no merges");
-  expect_bad(bad_pre, TPR_ERR_UNSUPPORTED, "pre_tokenizer type 'UnicodeScripts' is not supported");
+  expect_bad(bad_pre, TPR_ERR_UNSUPPORTED, "pre_tokenizer type 'NoSuchPreTokenizer' is not supported");
   expect_bad(bad_norm, TPR_ERR_UNSUPPORTED, "normalizer type 'NoSuchNormalizer' is not supported");
   expect_bad(bad_dec, TPR_ERR_UNSUPPORTED, "decoder type 'CTC' is not supported");
   expect_bad(bad_post, TPR_ERR_FORMAT, "RobertaProcessing needs cls and sep");
