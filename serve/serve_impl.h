@@ -51,6 +51,11 @@ typedef struct serve_choice {
   const char *finish;           // "stop" / "length", NULL while it runs
   bool role_sent;               // chat stream: the role delta went out
   bool final_sent;              // its finish_reason went out
+  // chat with tool-call or reasoning parsing (answer.c)
+  tpr_out_parser *parser;       // the text so far split (NULL: no parsing, or not started)
+  size_t parsed_upto;           // text bytes fed to it
+  size_t sent_content, sent_reasoning;  // its buffers' bytes streamed
+  int sent_calls;               // its calls streamed
 } serve_choice;
 
 typedef struct serve_req {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "jinja/chat.h"
 #include "serve/serve.h"
 #include "test_util.h"
 
@@ -356,6 +357,120 @@ static void test_request_params(void **state) {
   printf("%zu refusals name their parameter\n", sizeof bad / sizeof bad[0]);
 }
 
+// tools and tool_choice: validated, rendered by a Jinja template only, and
+// "required" / a named function refused (nothing here can force a call).
+static void test_request_tools(void **state) {
+  (void)state;
+  const char *tmpl_text = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tools>{% for t in tools %}"
+                          "{{ t.function.name }};{% endfor %}</tools>{% endif %}<think>\n";
+  tpr_chat_jinja j = {0};
+  tpr_jinja_error jerr = {0};
+  assert_int_equal(tpr_chat_jinja_from_text(tmpl_text, strlen(tmpl_text), &j, &jerr), TPR_OK);
+  tpr_chat_renderer jr = {.jinja = &j, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
+  tpr_chat_renderer builtin = {.builtin = TPR_CHAT_CHATML, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
+  tpr_chat_renderer no_parser = {.jinja = &j};
+  tpr_oai_request r;
+  tpr_oai_error e;
+#define MSG "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+#define TOOL "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}"
+  const char *ok = "{" MSG ", \"tools\": [" TOOL "], \"parallel_tool_calls\": false}";
+  assert_true(tpr_oai_parse(ok, strlen(ok), true, &jr, "m", &r, &e));
+  assert_string_equal(r.prompt, "hi<tools>get_weather;</tools><think>");  // jinja2 drops the trailing newline
+  assert_int_equal(r.tool_format, TPR_TOOL_FMT_HERMES);
+  assert_true(r.reasoning && r.starts_in_reasoning && !r.parallel_tool_calls);
+  assert_int_equal(cJSON_GetArraySize(r.tools), 1);
+  tpr_oai_request_free(&r);
+  const char *none = "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"none\"}";
+  assert_true(tpr_oai_parse(none, strlen(none), true, &jr, "m", &r, &e));
+  assert_int_equal(r.tool_format, TPR_TOOL_FMT_NONE);  // rendered, not parsed
+  assert_true(r.parallel_tool_calls);
+  tpr_oai_request_free(&r);
+  assert_true(tpr_oai_parse(none, strlen(none), true, &no_parser, "m", &r, &e));
+  assert_false(r.reasoning);
+  tpr_oai_request_free(&r);
+  const char *plain = "{" MSG "}";  // no tools: reasoning still separated
+  assert_true(tpr_oai_parse(plain, strlen(plain), true, &jr, "m", &r, &e));
+  assert_true(r.reasoning && r.starts_in_reasoning && !r.tools);
+  tpr_oai_request_free(&r);
+  static const struct {
+    int which;  // 0 jinja, 1 built-in, 2 jinja without a tool parser
+    const char *body, *param;
+  } bad[] = {
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+          "\"get_weather\"}}}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"sometimes\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": {\"a\": 1}}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"\"}}]}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"code\", \"function\": {\"name\": \"f\"}}]}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]}",
+       "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}",
+       "tools"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"parallel_tool_calls\": 1}", "parallel_tool_calls"},
+      {1, "{" MSG ", \"tools\": [" TOOL "]}", "tools"},
+      {2, "{" MSG ", \"tools\": [" TOOL "]}", "tool_choice"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const tpr_chat_renderer *t = bad[i].which == 0 ? &jr : bad[i].which == 1 ? &builtin : &no_parser;
+    bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), true, t, "m", &r, &e);
+    if (parsed) tpr_oai_request_free(&r);
+    assert_false(parsed);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, bad[i].param);
+  }
+#undef MSG
+#undef TOOL
+  tpr_chat_jinja_free(&j);
+}
+
+// The parsed answer in vLLM's shapes: message.content null beside tool
+// calls, reasoning_content, tool_calls with string arguments; a delta's
+// calls carry their index.
+static void test_answer_tool_calls(void **state) {
+  (void)state;
+  tpr_tool_call calls[2] = {{.name = "f", .arguments = "{\"x\":1}"}, {.name = "g", .arguments = "{}"}};
+  const char ids[2][32] = {"call_0123", "call_4567"};
+  tpr_oai_choice c = {.index = 0, .text = "\n", .text_len = 1, .finish = "tool_calls", .parsed = true,
+                      .content_null = true, .has_reasoning = true, .reasoning = "why", .reasoning_len = 3,
+                      .calls = calls, .n_calls = 2, .call_ids = ids};
+  char *s = tpr_oai_response_json(true, "chatcmpl-3", 7, "m", &c, 1, 3, 2);
+  cJSON *j = cJSON_Parse(s);
+  assert_non_null(j);
+  cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *m = cJSON_GetObjectItem(ch, "message");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(m, "content")));
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(m, "reasoning_content")), "why");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")), "tool_calls");
+  cJSON *t1 = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(t1, "id")), "call_4567");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(t1, "type")), "function");
+  cJSON *f0 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(f0, "arguments")), "{\"x\":1}");
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "index"));
+  cJSON_Delete(j);
+  free(s);
+  // No reasoning: reasoning_content null; content kept.
+  tpr_oai_choice d = {.index = 0, .text = "ok", .text_len = 2, .finish = "stop", .parsed = true,
+                      .has_reasoning = true};
+  s = tpr_oai_response_json(true, "chatcmpl-4", 7, "m", &d, 1, 3, 2);
+  assert_non_null(strstr(s, "\"content\":\"ok\",\"reasoning_content\":null"));
+  assert_null(strstr(s, "tool_calls"));
+  free(s);
+  // A delta: the second call alone, numbered 1; no content field; reasoning absent.
+  tpr_oai_choice e = {.index = 0, .parsed = true, .has_reasoning = true, .calls = calls + 1, .n_calls = 1,
+                      .call_index0 = 1, .call_ids = ids + 1};
+  s = tpr_oai_chunk_json(true, "chatcmpl-5", 7, "m", &e);
+  j = cJSON_Parse(s);
+  cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta");
+  assert_null(cJSON_GetObjectItem(delta, "content"));
+  assert_null(cJSON_GetObjectItem(delta, "reasoning_content"));
+  cJSON *dt = cJSON_GetArrayItem(cJSON_GetObjectItem(delta, "tool_calls"), 0);
+  assert_int_equal(cJSON_GetObjectItem(dt, "index")->valueint, 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(dt, "function"), "name")), "g");
+  cJSON_Delete(j);
+  free(s);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -367,6 +482,8 @@ int main(void) {
       cmocka_unit_test(test_answer_text_bytes),
       cmocka_unit_test(test_answer_logprobs),
       cmocka_unit_test(test_request_params),
+      cmocka_unit_test(test_request_tools),
+      cmocka_unit_test(test_answer_tool_calls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
