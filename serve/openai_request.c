@@ -220,6 +220,8 @@ static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_r
   if (!bool_field(j, "parallel_tool_calls", &out->parallel_tool_calls, e)) return false;
   if (!get(j, "parallel_tool_calls")) out->parallel_tool_calls = true;
   out->reasoning = tmpl->reasoning;
+  if (i == 0 && choice && !none)  // as OpenAI and vLLM answer
+    return fail(e, 400, "tool_choice", "'tool_choice' other than \"none\" needs 'tools'");
   if (i == 0) return true;  // no tools (an empty list is none)
   if (!tmpl->jinja)
     return fail(e, 400, "tools",

@@ -410,6 +410,8 @@ static void test_request_tools(void **state) {
       {0, "{" MSG ", \"tools\": [" TOOL "], \"parallel_tool_calls\": 1}", "parallel_tool_calls"},
       {1, "{" MSG ", \"tools\": [" TOOL "]}", "tools"},
       {2, "{" MSG ", \"tools\": [" TOOL "]}", "tool_choice"},
+      {0, "{" MSG ", \"tool_choice\": \"auto\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [], \"tool_choice\": \"auto\"}", "tool_choice"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const tpr_chat_renderer *t = bad[i].which == 0 ? &jr : bad[i].which == 1 ? &builtin : &no_parser;
