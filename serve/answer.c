@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "serve/serve_impl.h"
 
@@ -170,41 +169,17 @@ static void lp_view_free(lp_view *v) {
   free(v->lp);
 }
 
-// --- tool calls and reasoning (tool_parse.h) ---------------------------------------
+// --- tool calls and reasoning (parsed_answer.c) -------------------------------------
 
-// The choice's parser, made on first use; NULL when the request parses nothing.
-static tpr_out_parser *choice_parser(const serve_req *r, serve_choice *c) {
-  if (!r->r.chat || (r->r.tool_format == TPR_TOOL_FMT_NONE && !r->r.reasoning)) return NULL;
-  if (!c->parser && (c->parser = malloc(sizeof *c->parser)))
-    tpr_out_parser_init(c->parser, r->r.tool_format, r->r.reasoning, r->r.starts_in_reasoning, r->r.tools);
-  return c->parser;
+// The choice's parsed text, made on first use; NULL when the request parses
+// nothing (or out of memory: the caller answers 500).
+static tpr_parsed_choice *choice_parsed(const serve_req *r, serve_choice *c) {
+  if (!c->parsed && (c->parsed = malloc(sizeof *c->parsed))) tpr_parsed_init(c->parsed, &r->r);
+  return c->parsed;
 }
 
-// Feeds the answer's text up to `upto`; final: generation has ended.
-static void parser_feed(serve_choice *c, tpr_out_parser *p, size_t upto, bool final) {
-  if (upto > c->parsed_upto) tpr_out_parser_feed(p, c->dt.text + c->parsed_upto, upto - c->parsed_upto);
-  if (upto > c->parsed_upto) c->parsed_upto = upto;
-  if (final) tpr_out_parser_finish(p);
-}
-
-// The calls the answer shows: parallel_tool_calls false keeps the first.
-static int shown_calls(const serve_req *r, const tpr_out_parser *p) {
-  return !r->r.parallel_tool_calls && p->n_calls > 1 ? 1 : p->n_calls;
-}
-
-// "call_" and 24 random hex digits, as vLLM names calls.
-static void make_call_id(char id[32]) {
-  unsigned char b[12] = {0};
-  if (getrandom(b, sizeof b, GRND_NONBLOCK) != (ssize_t)sizeof b)
-    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)rand();
-  int o = snprintf(id, 32, "call_");
-  for (size_t i = 0; i < sizeof b; i++) o += snprintf(id + o, 32 - (size_t)o, "%02x", b[i]);
-}
-
-// finish_reason "tool_calls" when the answer ended (not cut by the length)
-// with calls in it.
-static const char *parsed_finish(const char *finish, int n_calls) {
-  return finish && n_calls > 0 && !strcmp(finish, "stop") ? "tool_calls" : finish;
+static bool parses(const serve_req *r) {
+  return r->r.chat && (r->r.tool_format != TPR_TOOL_FMT_NONE || r->r.reasoning);
 }
 
 // --- writing ----------------------------------------------------------------------
@@ -223,36 +198,26 @@ static void send_sse(tpr_http_conn *c, const char *json) {
 // A chunk of a parsed choice: the text up to `upto` goes through its
 // parser, and the chunk carries what that added: content, reasoning_content
 // and each call completed since (whole, its arguments in one piece).
-static void stream_parsed(serve_state *st, serve_req *r, int64_t index, tpr_out_parser *p, size_t upto,
-                          const char *finish, int64_t lp_to) {
+static void stream_parsed(serve_state *st, serve_req *r, int64_t index, size_t upto, const char *finish,
+                          int64_t lp_to) {
   serve_choice *c = &r->ch[index];
-  parser_feed(c, p, upto, finish != NULL);
-  size_t cl = p->content.len - c->sent_content, rl = p->reasoning_text.len - c->sent_reasoning;
-  int n_shown = shown_calls(r, p), nc = n_shown - c->sent_calls;
+  tpr_parsed_choice *pc = choice_parsed(r, c);
   c->sent = upto > c->sent ? upto : c->sent;
-  if (!cl && !rl && nc <= 0 && !finish && lp_to == c->lp_sent && c->role_sent) return;
-  char(*ids)[32] = nc > 0 ? calloc((size_t)nc, sizeof *ids) : NULL;
-  for (int i = 0; ids && i < nc; i++) make_call_id(ids[i]);
+  if (!pc || !tpr_parsed_feed(pc, c->dt.text, upto, finish != NULL)) return;  // out of memory: nothing sent
+  tpr_oai_choice oc = {.index = index, .role = !c->role_sent, .has_logprobs = r->r.logprobs};
+  bool any = tpr_parsed_delta(pc, finish, &oc);
+  if (!any && !finish && lp_to == c->lp_sent && c->role_sent) return;
   lp_view v = {0};
-  if ((nc > 0 && !ids) || (r->r.logprobs && !lp_view_make(st, r, c, c->lp_sent, lp_to, &v))) {
-    free(ids);
+  if (r->r.logprobs && !lp_view_make(st, r, c, c->lp_sent, lp_to, &v)) {
     lp_view_free(&v);
     return;
   }
-  tpr_oai_choice oc = {.index = index, .text = cl ? p->content.s + c->sent_content : NULL, .text_len = cl,
-                       .finish = parsed_finish(finish, n_shown), .role = !c->role_sent,
-                       .has_logprobs = r->r.logprobs, .lp = v.lp, .n_lp = v.n, .parsed = true,
-                       .reasoning = rl ? p->reasoning_text.s + c->sent_reasoning : NULL, .reasoning_len = rl,
-                       .calls = nc > 0 ? p->calls + c->sent_calls : NULL, .n_calls = nc > 0 ? nc : 0,
-                       .call_index0 = c->sent_calls, .call_ids = (const char(*)[32])ids};
+  oc.lp = v.lp, oc.n_lp = v.n;
   char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, &oc);
   if (j) send_sse(r->conn, j);
   free(j);
-  free(ids);
   lp_view_free(&v);
   c->role_sent = true;
-  c->sent_content = p->content.len, c->sent_reasoning = p->reasoning_text.len;
-  if (nc > 0) c->sent_calls = n_shown;
   c->lp_sent = lp_to;
 }
 
@@ -267,9 +232,8 @@ static void stream_piece(serve_state *st, serve_req *r, int64_t index, size_t up
     while (lp_to < limit && (finish || c->text_after[lp_to] <= upto)) lp_to++;
   }
   size_t tl = upto > c->sent ? upto - c->sent : 0;
-  tpr_out_parser *p = choice_parser(r, c);
-  if (p) {
-    stream_parsed(st, r, index, p, upto, finish, lp_to);
+  if (parses(r)) {
+    stream_parsed(st, r, index, upto, finish, lp_to);
     return;
   }
   if (!tl && !finish && lp_to == c->lp_sent && c->role_sent) return;
@@ -340,31 +304,11 @@ static void stream_end(serve_state *st, serve_req *r) {
   tpr_http_stream_end(r->conn);
 }
 
-// A non-streamed parsed choice: its whole text through the parser; content
-// null when the answer is only tool calls (or only reasoning).
-static bool full_parsed(const serve_req *r, serve_choice *c, tpr_out_parser *p, tpr_oai_choice *o,
-                        char (**ids)[32]) {
-  parser_feed(c, p, c->end, true);
-  int n = shown_calls(r, p);
-  if (p->oom || (n && !(*ids = calloc((size_t)n, sizeof **ids)))) return false;
-  for (int k = 0; k < n; k++) make_call_id((*ids)[k]);
-  o->parsed = true;
-  o->text = p->content.s, o->text_len = p->content.len;
-  o->content_null = (n > 0 && tpr_text_blank(p->content.s, p->content.len)) ||
-                    (!p->content.len && p->reasoning_text.len);
-  o->has_reasoning = r->r.reasoning;
-  o->reasoning = p->reasoning_text.len ? p->reasoning_text.s : NULL, o->reasoning_len = p->reasoning_text.len;
-  o->calls = p->calls, o->n_calls = n, o->call_ids = (const char(*)[32])(*ids);
-  o->finish = parsed_finish(c->finish, n);
-  return true;
-}
-
 static void respond_full(serve_state *st, serve_req *r) {
   tpr_oai_choice *oc = calloc((size_t)r->r.n, sizeof *oc);
   lp_view *v = calloc((size_t)r->r.n, sizeof *v);
   char **texts = calloc((size_t)r->r.n, sizeof *texts);
-  char(**ids)[32] = calloc((size_t)r->r.n, sizeof *ids);
-  bool ok = oc && v && texts && ids;
+  bool ok = oc && v && texts;
   for (int64_t i = 0; ok && i < r->r.n; i++) {
     serve_choice *c = &r->ch[i];
     size_t el = r->r.echo ? r->echo_len : 0;
@@ -376,9 +320,11 @@ static void respond_full(serve_state *st, serve_req *r) {
     if (r->r.logprobs) ok = lp_view_make(st, r, c, 0, c->n_counted, &v[i]);
     oc[i] = (tpr_oai_choice){.index = i, .text = texts[i], .text_len = el + c->end, .finish = c->finish,
                              .has_logprobs = r->r.logprobs, .lp = v[i].lp, .n_lp = v[i].n};
-    tpr_out_parser *p = choice_parser(r, c);
-    if (p) ok = full_parsed(r, c, p, &oc[i], &ids[i]);
-    else if (r->r.chat && (r->r.tool_format != TPR_TOOL_FMT_NONE || r->r.reasoning)) ok = false;
+    if (parses(r)) {  // the whole text through the parser: content, reasoning_content, tool_calls
+      tpr_parsed_choice *pc = choice_parsed(r, c);
+      ok = pc && tpr_parsed_feed(pc, c->dt.text, c->end, true);
+      if (ok) tpr_parsed_full(pc, c->finish, &oc[i]);
+    }
   }
   char *j = ok ? tpr_oai_response_json(r->r.chat, r->id, r->created, st->o->model_id, oc, r->r.n, r->prompt_len,
                                        completion_tokens(r))
@@ -391,8 +337,7 @@ static void respond_full(serve_state *st, serve_req *r) {
   }
   free(j);
   for (int64_t i = 0; v && texts && i < r->r.n; i++) lp_view_free(&v[i]), free(texts[i]);
-  for (int64_t i = 0; ids && i < r->r.n; i++) free(ids[i]);
-  free(oc), free(v), free(texts), free(ids);
+  free(oc), free(v), free(texts);
 }
 
 // The engine refused the request, failed, or the drain timeout cut it off.
@@ -485,8 +430,8 @@ void serve_req_free(serve_req *r) {
     serve_choice *c = &r->ch[i];
     free(c->out), free(c->out_lp), free(c->gen), free(c->gen_lp), free(c->text_after);
     serve_detok_free(&c->dt);
-    if (c->parser) tpr_out_parser_free(c->parser);
-    free(c->parser);
+    if (c->parsed) tpr_parsed_free(c->parsed);
+    free(c->parsed);
   }
   free(r->ch);
   free(r->prompt);

@@ -225,6 +225,32 @@ char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char 
 char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
                                int64_t completion_tokens);
 
+// --- parsed_answer.c: a chat choice's text split into the response's fields --
+// The request's tool_format / reasoning through tool_parse.h. Every call
+// gets a "call_<24 hex>" id once, the same in the full answer and in chunks.
+typedef struct tpr_parsed_choice {
+  tpr_out_parser p;
+  size_t fed;                            // text bytes fed
+  size_t sent_content, sent_reasoning;   // bytes of p's buffers already in deltas
+  int sent_calls;                        // calls already in deltas
+  bool parallel, has_reasoning;          // the request's parallel_tool_calls, reasoning
+  char (*ids)[32];                       // (n_ids) the shown calls' ids
+  int n_ids;
+} tpr_parsed_choice;
+
+void tpr_parsed_init(tpr_parsed_choice *pc, const tpr_oai_request *r);  // r->tools must outlive pc
+void tpr_parsed_free(tpr_parsed_choice *pc);
+// Feeds text[pc->fed, upto) (final: generation has ended). false: out of memory.
+bool tpr_parsed_feed(tpr_parsed_choice *pc, const char *text, size_t upto, bool final);
+// A chunk's fields: what was classified since the last delta (content,
+// reasoning_content, the calls completed since, each whole); the finish
+// given ("stop" becomes "tool_calls" when the answer has calls). Points into
+// pc. True: the delta carries something.
+bool tpr_parsed_delta(tpr_parsed_choice *pc, const char *finish, tpr_oai_choice *oc);
+// The whole answer's message fields (after the final feed): content null when
+// only whitespace is left beside calls or nothing beside reasoning.
+void tpr_parsed_full(const tpr_parsed_choice *pc, const char *finish, tpr_oai_choice *oc);
+
 // --- server.c ------------------------------------------------------------
 typedef struct tpr_serve_opts {
   const char *host;

@@ -52,10 +52,7 @@ typedef struct serve_choice {
   bool role_sent;               // chat stream: the role delta went out
   bool final_sent;              // its finish_reason went out
   // chat with tool-call or reasoning parsing (answer.c)
-  tpr_out_parser *parser;       // the text so far split (NULL: no parsing, or not started)
-  size_t parsed_upto;           // text bytes fed to it
-  size_t sent_content, sent_reasoning;  // its buffers' bytes streamed
-  int sent_calls;               // its calls streamed
+  tpr_parsed_choice *parsed;    // the text so far split (NULL: no parsing, or not started)
 } serve_choice;
 
 typedef struct serve_req {

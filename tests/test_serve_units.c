@@ -473,6 +473,121 @@ static void test_answer_tool_calls(void **state) {
   free(s);
 }
 
+// Streamed chunks of a parsed chat answer, from a scripted text arriving in
+// random pieces (as tokens detokenize), through the response code
+// (tpr_parsed_delta, tpr_oai_chunk_json) and accumulated as a client does:
+// the same reasoning, calls and (up to whitespace beside calls) content as
+// the non-streamed answer of the same text, each call once, whole, with its
+// index and an id; the last chunk's finish_reason "tool_calls".
+typedef struct streamed {
+  char content[1024], reasoning[1024], name[4][32], args[4][256], id[4][32];
+  int n_calls, chunks;
+  char finish[32];
+} streamed;
+
+static void accumulate(const char *chunk_json, streamed *a) {
+  cJSON *j = cJSON_Parse(chunk_json);
+  assert_non_null(j);
+  cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *d = cJSON_GetObjectItem(ch, "delta");
+  const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
+  if (t) strcat(a->content, t);
+  if ((t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "reasoning_content")))) strcat(a->reasoning, t);
+  cJSON *call;
+  cJSON_ArrayForEach(call, cJSON_GetObjectItem(d, "tool_calls")) {
+    int k = cJSON_GetObjectItem(call, "index")->valueint;
+    assert_int_equal(k, a->n_calls);  // each call once, in order
+    cJSON *f = cJSON_GetObjectItem(call, "function");
+    snprintf(a->name[k], sizeof a->name[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "name")));
+    snprintf(a->args[k], sizeof a->args[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "arguments")));
+    snprintf(a->id[k], sizeof a->id[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(call, "id")));
+    a->n_calls++;
+  }
+  if (cJSON_IsString(cJSON_GetObjectItem(ch, "finish_reason")))
+    snprintf(a->finish, sizeof a->finish, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
+  a->chunks++;
+  cJSON_Delete(j);
+}
+
+static void test_answer_parsed_stream(void **state) {
+  (void)state;
+  static const struct {
+    tpr_tool_format fmt;
+    bool starts_in, parallel;
+    const char *text;
+    int n_calls;
+  } cases[] = {
+      {TPR_TOOL_FMT_HERMES, false, true,
+       "<think>the user wants weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", 2},
+      {TPR_TOOL_FMT_HERMES, false, false,  // parallel_tool_calls false: the first call only
+       "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", 1},
+      {TPR_TOOL_FMT_MINIMAX_M2, true, true,
+       "plan it</think>Let me look.<minimax:tool_call><invoke name=\"get_weather\"><parameter name=\"city\">Oslo"
+       "</parameter></invoke></minimax:tool_call>", 1},
+      {TPR_TOOL_FMT_HERMES, true, true, "only thinking</think>The answer is 4.", 0},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    tpr_oai_request q = {.chat = true, .tool_format = cases[t].fmt, .reasoning = true,
+                         .starts_in_reasoning = cases[t].starts_in, .parallel_tool_calls = cases[t].parallel};
+    const char *text = cases[t].text;
+    size_t n = strlen(text);
+    tpr_parsed_choice full;
+    tpr_parsed_init(&full, &q);
+    assert_true(tpr_parsed_feed(&full, text, n, true));
+    tpr_oai_choice fo = {.index = 0};
+    tpr_parsed_full(&full, "stop", &fo);
+    char *fj = tpr_oai_response_json(true, "chatcmpl-9", 7, "m", &fo, 1, 3, 4);
+    cJSON *fr = cJSON_Parse(fj);
+    cJSON *fch = cJSON_GetArrayItem(cJSON_GetObjectItem(fr, "choices"), 0), *fm = cJSON_GetObjectItem(fch, "message");
+    const char *want_finish = cases[t].n_calls ? "tool_calls" : "stop";
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(fch, "finish_reason")), want_finish);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(fm, "tool_calls")), cases[t].n_calls);
+    for (int rep = 0; rep < 50; rep++) {
+      tpr_parsed_choice pc;
+      tpr_parsed_init(&pc, &q);
+      streamed a = {0};
+      for (size_t at = 0; at < n;) {  // pieces of 1-6 bytes, as tokens come
+        size_t upto = at + (size_t)tt_randint(1, 6);
+        if (upto > n) upto = n;
+        assert_true(tpr_parsed_feed(&pc, text, upto, false));
+        tpr_oai_choice oc = {.index = 0, .role = at == 0};
+        if (tpr_parsed_delta(&pc, NULL, &oc) || at == 0) {
+          char *j = tpr_oai_chunk_json(true, "chatcmpl-9", 7, "m", &oc);
+          accumulate(j, &a);
+          free(j);
+        }
+        at = upto;
+      }
+      assert_true(tpr_parsed_feed(&pc, text, n, true));
+      tpr_oai_choice last = {.index = 0};
+      tpr_parsed_delta(&pc, "stop", &last);
+      char *j = tpr_oai_chunk_json(true, "chatcmpl-9", 7, "m", &last);
+      accumulate(j, &a);
+      free(j);
+      assert_string_equal(a.finish, want_finish);
+      const char *fc = cJSON_GetStringValue(cJSON_GetObjectItem(fm, "content"));
+      if (fc) assert_string_equal(a.content, fc);
+      else assert_true(tpr_text_blank(a.content, strlen(a.content)));
+      const char *frs = cJSON_GetStringValue(cJSON_GetObjectItem(fm, "reasoning_content"));
+      assert_string_equal(a.reasoning, frs ? frs : "");
+      assert_int_equal(a.n_calls, cases[t].n_calls);
+      for (int k = 0; k < a.n_calls; k++) {
+        cJSON *fcall = cJSON_GetArrayItem(cJSON_GetObjectItem(fm, "tool_calls"), k);
+        cJSON *ff = cJSON_GetObjectItem(fcall, "function");
+        assert_string_equal(a.name[k], cJSON_GetStringValue(cJSON_GetObjectItem(ff, "name")));
+        assert_string_equal(a.args[k], cJSON_GetStringValue(cJSON_GetObjectItem(ff, "arguments")));
+        assert_int_equal(strlen(a.id[k]), 29);  // "call_" + 24 hex digits
+        assert_true(strncmp(a.id[k], "call_", 5) == 0 && strspn(a.id[k] + 5, "0123456789abcdef") == 24);
+        if (k) assert_string_not_equal(a.id[k], a.id[k - 1]);
+      }
+      tpr_parsed_free(&pc);
+    }
+    cJSON_Delete(fr);
+    free(fj);
+    tpr_parsed_free(&full);
+  }
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -486,6 +601,7 @@ int main(void) {
       cmocka_unit_test(test_request_params),
       cmocka_unit_test(test_request_tools),
       cmocka_unit_test(test_answer_tool_calls),
+      cmocka_unit_test(test_answer_parsed_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
