@@ -35,9 +35,33 @@ static void read_config(const char *model, int64_t *eos, int64_t *max_pos) {
   cJSON_Delete(j);
 }
 
+// --tool-call-parser and --reasoning-parser: "auto" reads the chat
+// template's text (the Jinja source, its tool_use variant included); a
+// built-in rendering has no tool syntax, and only minimax_m2's opens <think>.
+static bool pick_parsers(tpr_chat_renderer *t, const char *tools, const char *reasoning) {
+  const tpr_chat_jinja *j = t->jinja;
+  if (!strcmp(tools, "auto")) {
+    t->tool_format = j ? tpr_tool_format_detect(j->text) : TPR_TOOL_FMT_NONE;
+    if (j && !t->tool_format) t->tool_format = tpr_tool_format_detect(j->text_tools);
+  } else if (!tpr_tool_format_parse(tools, &t->tool_format)) {
+    fprintf(stderr, "tpr serve: --tool-call-parser must be auto, hermes, minimax_m2 or none (not '%s')\n", tools);
+    return false;
+  }
+  if (!strcmp(reasoning, "auto")) {
+    t->reasoning = j ? tpr_reasoning_detect(j->text) || tpr_reasoning_detect(j->text_tools)
+                     : t->builtin == TPR_CHAT_MINIMAX_M2;
+  } else if (!strcmp(reasoning, "think") || !strcmp(reasoning, "none")) {
+    t->reasoning = !strcmp(reasoning, "think");
+  } else {
+    fprintf(stderr, "tpr serve: --reasoning-parser must be auto, think or none (not '%s')\n", reasoning);
+    return false;
+  }
+  return true;
+}
+
 int tpr_cmd_serve(int argc, char **argv) {
   const char *model = NULL, *host = "127.0.0.1", *name = NULL, *port_file = NULL, *pid_file = NULL,
-             *template_name = "auto";
+             *template_name = "auto", *tool_parser = "auto", *reasoning_parser = "auto";
   double request_timeout = 30, drain_timeout = 60;
   int64_t port = 8000, max_seq = 0, max_body = 1 << 20, max_connections = 1024;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
@@ -56,6 +80,13 @@ int tpr_cmd_serve(int argc, char **argv) {
        "chat template of /v1/chat/completions: auto (the checkpoint's own Jinja template, rendered as transformers "
        "does; ChatML when it has none), a file of Jinja text, or a built-in rendering: chatml, minimax_m2, "
        "hunyuan_moe"},
+      {"tool-call-parser", TPR_ARG_STR, &tool_parser,
+       "how tool calls are read from chat answers: auto (from the chat template's text: <minimax:tool_call> is "
+       "minimax_m2, <tool_call> hermes, else none), hermes (Hermes/Qwen <tool_call> JSON), minimax_m2, or none "
+       "(requests with tools then need tool_choice \"none\")"},
+      {"reasoning-parser", TPR_ARG_STR, &reasoning_parser,
+       "auto (on when the chat template mentions <think>), think (<think>...</think> becomes reasoning_content), "
+       "or none"},
       {"request-timeout", TPR_ARG_FLOAT, &request_timeout,
        "seconds a client has to send a whole request, and an idle keep-alive connection stays open; 408 after "
        "(default 30; 0: none)"},
@@ -75,6 +106,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
                       "       [--chat-template auto|FILE.jinja|chatml|minimax_m2|hunyuan_moe] [--request-timeout S] [--drain-timeout S]\n"
+                      "       [--tool-call-parser auto|hermes|minimax_m2|none] [--reasoning-parser auto|think|none]\n"
                       "       [--max-connections N] [--port-file F] [--pid-file F]\n"
                       "       [--max-batch B (default 64 here)] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
@@ -102,6 +134,10 @@ int tpr_cmd_serve(int argc, char **argv) {
   char tmpl_warn[1200];
   if (tpr_chat_renderer_pick(model, template_name, &jinja, &tmpl, tmpl_warn, sizeof tmpl_warn) != TPR_OK) {
     fprintf(stderr, "tpr serve: %s\n", tpr_last_error());
+    return 2;
+  }
+  if (!pick_parsers(&tmpl, tool_parser, reasoning_parser)) {
+    tpr_chat_jinja_free(&jinja);
     return 2;
   }
   int64_t eos = -1, max_pos = 0;

@@ -169,6 +169,19 @@ static void lp_view_free(lp_view *v) {
   free(v->lp);
 }
 
+// --- tool calls and reasoning (parsed_answer.c) -------------------------------------
+
+// The choice's parsed text, made on first use; NULL when the request parses
+// nothing (or out of memory: the caller answers 500).
+static tpr_parsed_choice *choice_parsed(const serve_req *r, serve_choice *c) {
+  if (!c->parsed && (c->parsed = malloc(sizeof *c->parsed))) tpr_parsed_init(c->parsed, &r->r);
+  return c->parsed;
+}
+
+static bool parses(const serve_req *r) {
+  return r->r.chat && (r->r.tool_format != TPR_TOOL_FMT_NONE || r->r.reasoning);
+}
+
 // --- writing ----------------------------------------------------------------------
 
 static void send_sse(tpr_http_conn *c, const char *json) {
@@ -182,6 +195,32 @@ static void send_sse(tpr_http_conn *c, const char *json) {
   free(b);
 }
 
+// A chunk of a parsed choice: the text up to `upto` goes through its
+// parser, and the chunk carries what that added: content, reasoning_content
+// and each call completed since (whole, its arguments in one piece).
+static void stream_parsed(serve_state *st, serve_req *r, int64_t index, size_t upto, const char *finish,
+                          int64_t lp_to) {
+  serve_choice *c = &r->ch[index];
+  tpr_parsed_choice *pc = choice_parsed(r, c);
+  c->sent = upto > c->sent ? upto : c->sent;
+  if (!pc || !tpr_parsed_feed(pc, c->dt.text, upto, finish != NULL)) return;  // out of memory: nothing sent
+  tpr_oai_choice oc = {.index = index, .role = !c->role_sent, .has_logprobs = r->r.logprobs};
+  bool any = tpr_parsed_delta(pc, finish, &oc);
+  if (!any && !finish && lp_to == c->lp_sent && c->role_sent) return;
+  lp_view v = {0};
+  if (r->r.logprobs && !lp_view_make(st, r, c, c->lp_sent, lp_to, &v)) {
+    lp_view_free(&v);
+    return;
+  }
+  oc.lp = v.lp, oc.n_lp = v.n;
+  char *j = tpr_oai_chunk_json(r->r.chat, r->id, r->created, st->o->model_id, &oc);
+  if (j) send_sse(r->conn, j);
+  free(j);
+  lp_view_free(&v);
+  c->role_sent = true;
+  c->lp_sent = lp_to;
+}
+
 // One chunk of choice `index`: text [c->sent, upto) (after the echoed
 // prompt on its first chunk), the logprobs of the tokens whose text ends by
 // then, and the finish when given.
@@ -193,6 +232,10 @@ static void stream_piece(serve_state *st, serve_req *r, int64_t index, size_t up
     while (lp_to < limit && (finish || c->text_after[lp_to] <= upto)) lp_to++;
   }
   size_t tl = upto > c->sent ? upto - c->sent : 0;
+  if (parses(r)) {
+    stream_parsed(st, r, index, upto, finish, lp_to);
+    return;
+  }
   if (!tl && !finish && lp_to == c->lp_sent && c->role_sent) return;
   char *text = NULL;
   size_t len = 0;
@@ -277,6 +320,11 @@ static void respond_full(serve_state *st, serve_req *r) {
     if (r->r.logprobs) ok = lp_view_make(st, r, c, 0, c->n_counted, &v[i]);
     oc[i] = (tpr_oai_choice){.index = i, .text = texts[i], .text_len = el + c->end, .finish = c->finish,
                              .has_logprobs = r->r.logprobs, .lp = v[i].lp, .n_lp = v[i].n};
+    if (parses(r)) {  // the whole text through the parser: content, reasoning_content, tool_calls
+      tpr_parsed_choice *pc = choice_parsed(r, c);
+      ok = pc && tpr_parsed_feed(pc, c->dt.text, c->end, true);
+      if (ok) tpr_parsed_full(pc, c->finish, &oc[i]);
+    }
   }
   char *j = ok ? tpr_oai_response_json(r->r.chat, r->id, r->created, st->o->model_id, oc, r->r.n, r->prompt_len,
                                        completion_tokens(r))
@@ -382,6 +430,8 @@ void serve_req_free(serve_req *r) {
     serve_choice *c = &r->ch[i];
     free(c->out), free(c->out_lp), free(c->gen), free(c->gen_lp), free(c->text_after);
     serve_detok_free(&c->dt);
+    if (c->parsed) tpr_parsed_free(c->parsed);
+    free(c->parsed);
   }
   free(r->ch);
   free(r->prompt);

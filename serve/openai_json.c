@@ -140,13 +140,36 @@ static cJSON *completion_logprobs(const tpr_oai_choice *c) {
   return o;
 }
 
+// vLLM's shapes: message.reasoning_content (a string or null) and
+// message.tool_calls [{id, type, function: {name, arguments}}]; a delta has
+// reasoning_content only when it carries some, and tool_calls items with
+// their index, each call whole (its arguments in one piece).
+static void add_parsed(cJSON *m, bool chunk, const tpr_oai_choice *c) {
+  if (c->reasoning) add_text(m, "reasoning_content", c->reasoning, c->reasoning_len);
+  else if (!chunk && c->has_reasoning) cJSON_AddNullToObject(m, "reasoning_content");
+  if (!c->n_calls) return;
+  cJSON *a = cJSON_AddArrayToObject(m, "tool_calls");
+  for (int i = 0; i < c->n_calls; i++) {
+    cJSON *t = cJSON_CreateObject();
+    if (chunk) cJSON_AddNumberToObject(t, "index", c->call_index0 + i);
+    cJSON_AddStringToObject(t, "id", c->call_ids[i]);
+    cJSON_AddStringToObject(t, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(t, "function");
+    cJSON_AddStringToObject(f, "name", c->calls[i].name);
+    cJSON_AddStringToObject(f, "arguments", c->calls[i].arguments);
+    cJSON_AddItemToArray(a, t);
+  }
+}
+
 static cJSON *choice_json(bool chat, bool chunk, const tpr_oai_choice *c) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "index", (double)c->index);
   if (chat) {
     cJSON *m = cJSON_AddObjectToObject(o, chunk ? "delta" : "message");
     if (!chunk || c->role) cJSON_AddStringToObject(m, "role", "assistant");
-    if (c->text || !chunk) add_text(m, "content", c->text ? c->text : "", c->text ? c->text_len : 0);
+    if (!chunk && c->parsed && c->content_null) cJSON_AddNullToObject(m, "content");
+    else if (c->text || !chunk) add_text(m, "content", c->text ? c->text : "", c->text ? c->text_len : 0);
+    if (c->parsed) add_parsed(m, chunk, c);
   } else {
     add_text(o, "text", c->text ? c->text : "", c->text ? c->text_len : 0);
   }

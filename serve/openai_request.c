@@ -1,8 +1,8 @@
 // The request bodies of /v1/completions and /v1/chat/completions (cJSON).
 // Every parameter OpenAI's API reference lists for the endpoint, plus vLLM's
 // sampling extensions, is in `fields` below: honoured, or refused with a 400
-// naming it when its value asks for something tpr does not do (tools, a
-// response format, fill-in-the-middle, ...). A parameter not in the table is
+// naming it when its value asks for something tpr does not do (a tool_choice
+// that forces a call, a response format, fill-in-the-middle, ...). A parameter not in the table is
 // refused too, as OpenAI refuses one it does not know ("Unrecognized request
 // argument supplied"): a client never gets an answer that silently ignored
 // what it asked for.
@@ -47,6 +47,7 @@ void tpr_oai_request_free(tpr_oai_request *r) {
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
   free(r->bias_ids);
   free(r->bias);
+  cJSON_Delete(r->tools);
   memset(r, 0, sizeof *r);
 }
 
@@ -100,12 +101,6 @@ static bool refuse_nontrivial(const cJSON *j, bool chat, tpr_oai_error *e) {
   for (size_t i = 0; chat && i < sizeof never / sizeof never[0]; i++)
     if (get(j, never[i])) return fail(e, 400, never[i], "'%s' is not supported by this server", never[i]);
   const cJSON *v;
-  if (chat && (v = get(j, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-    return fail(e, 400, "tools", "'tools' (tool calling) is not supported by this server yet");
-  if (chat && (v = get(j, "tool_choice")) && !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0))
-    return fail(e, 400, "tool_choice", "'tool_choice' other than \"none\" needs tools, which this server does not support yet");
-  if (chat && (v = get(j, "parallel_tool_calls")) && !cJSON_IsBool(v))
-    return fail(e, 400, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
   if (chat && (v = get(j, "response_format"))) {
     const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
     if (!(cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0))
@@ -178,6 +173,67 @@ static bool render_jinja(const tpr_chat_jinja *c, const char *body, size_t body_
   out->prompt = NULL;
   return fail(e, 400, "messages", "the chat template %s: %s", err.raised ? "refused the messages" : "failed",
               err.message);
+}
+
+// tools: [{"type": "function", "function": {"name", "description"?,
+// "parameters"?, "strict"?}}]; tool_choice "none" | "auto" (the default
+// with tools). "required" and a named function are refused: without
+// constrained decoding nothing makes the model call a tool, and an answer
+// that pretends it did is worse than a 400. Tools are rendered by the
+// checkpoint's Jinja template only (the built-ins have no tool syntax).
+static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *tools = get(j, "tools"), *choice = get(j, "tool_choice"), *t;
+  if (tools && !cJSON_IsArray(tools)) return fail(e, 400, "tools", "'tools' must be a list of tools");
+  int i = 0;
+  cJSON_ArrayForEach(t, tools) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type"), *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name"), *params = get(f, "parameters");
+    const cJSON *desc = get(f, "description"), *strict = get(f, "strict");
+    if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(f))
+      return fail(e, 400, "tools", "'tools[%d]' must be {\"type\": \"function\", \"function\": {...}}", i);
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+      return fail(e, 400, "tools", "'tools[%d].function.name' must be a non-empty string", i);
+    if ((params && !cJSON_IsObject(params)) || (desc && !cJSON_IsString(desc)) || (strict && !cJSON_IsBool(strict)))
+      return fail(e, 400, "tools",
+                  "'tools[%d].function': parameters must be an object (a JSON schema), description a string, strict a "
+                  "boolean", i);
+    if (strict && cJSON_IsTrue(strict))
+      return fail(e, 400, "tools", "'tools[%d].function.strict': true needs constrained decoding, which this server "
+                  "does not do", i);
+    i++;
+  }
+  bool none = false;
+  if (choice) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) none = true;
+    else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) none = false;
+    else if ((cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) ||
+             (cJSON_IsObject(choice) && cJSON_IsObject(f)))
+      return fail(e, 400, "tool_choice",
+                  "'tool_choice' \"required\" or a named function cannot be enforced by this server (it has no "
+                  "constrained decoding); use \"auto\" or \"none\"");
+    else
+      return fail(e, 400, "tool_choice",
+                  "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}");
+  }
+  if (!bool_field(j, "parallel_tool_calls", &out->parallel_tool_calls, e)) return false;
+  if (!get(j, "parallel_tool_calls")) out->parallel_tool_calls = true;
+  out->reasoning = tmpl->reasoning;
+  if (i == 0 && choice && !none)  // as OpenAI and vLLM answer
+    return fail(e, 400, "tool_choice", "'tool_choice' other than \"none\" needs 'tools'");
+  if (i == 0) return true;  // no tools (an empty list is none)
+  if (!tmpl->jinja)
+    return fail(e, 400, "tools",
+                "'tools' needs the checkpoint's own Jinja template to be rendered; this server renders the built-in "
+                "%s template", tpr_chat_template_name(tmpl->builtin));
+  if (!none && tmpl->tool_format == TPR_TOOL_FMT_NONE)
+    return fail(e, 400, "tool_choice",
+                "this server parses no tool calls (--tool-call-parser none, or its chat template shows no tool call "
+                "syntax): only tool_choice \"none\" is possible with tools");
+  out->tool_format = none ? TPR_TOOL_FMT_NONE : tmpl->tool_format;
+  out->tools = cJSON_Duplicate(tools, true);
+  return out->tools || fail(e, 500, "tools", "out of memory for the tools");
 }
 
 static bool parse_prompt(const cJSON *j, const char *body, size_t body_len, bool chat, const tpr_chat_renderer *tmpl,
@@ -349,9 +405,11 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_rende
          model_id);
     goto done;
   }
-  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && parse_prompt(j, body, len, chat, tmpl, out, e) &&
+  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && (!chat || parse_tools(j, tmpl, out, e)) &&
+       parse_prompt(j, body, len, chat, tmpl, out, e) &&
        parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
        parse_stop(j, out, e) && parse_logit_bias(j, out, e);
+  if (ok && out->reasoning) out->starts_in_reasoning = tpr_prompt_opens_think(out->prompt);
 done:
   cJSON_Delete(j);
   if (!ok) tpr_oai_request_free(out);

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "runtime/status.h"
 #include "serve/http_reader.h"
+#include "serve/tool_parse.h"
 #include "tokenizer/tokenizer.h"
 
 // --- http.c -----------------------------------------------------------------
@@ -102,6 +103,11 @@ struct tpr_chat_jinja;
 typedef struct tpr_chat_renderer {
   const struct tpr_chat_jinja *jinja;
   tpr_chat_template builtin;
+  // How answers are read back (tpr serve's --tool-call-parser and
+  // --reasoning-parser; zero: neither): requests' tool calls in this format
+  // (tools need `jinja` to be rendered), <think> reasoning separated.
+  tpr_tool_format tool_format;
+  bool reasoning;
 } tpr_chat_renderer;
 // "jinja (tokenizer_config.json)" or the built-in's name, for start-up lines.
 void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t cap);
@@ -156,6 +162,12 @@ typedef struct tpr_oai_request {
   int32_t *bias_ids;       // logit_bias (n_bias entries)
   float *bias;
   int64_t n_bias;
+  // chat: tools and reasoning (docs/serve.md "Tool calls and reasoning")
+  cJSON *tools;            // the request's tools (a list, owned); NULL: none
+  tpr_tool_format tool_format;  // the calls parsed from the answer (NONE: tool_choice "none" or no parser)
+  bool reasoning;          // <think> reasoning separated from the content
+  bool starts_in_reasoning;  // the rendered prompt ends inside an open <think>
+  bool parallel_tool_calls;  // false: only the first call is kept
 } tpr_oai_request;
 
 // Parses a body (every parameter OpenAI or vLLM defines for the endpoint
@@ -193,6 +205,15 @@ typedef struct tpr_oai_choice {
   bool has_logprobs;       // logprobs asked for: an object (else null)
   const tpr_oai_logprob *lp;  // (n_lp)
   int64_t n_lp;
+  // chat with a tool-call or reasoning parser (request's tool_format or reasoning)
+  bool parsed;             // message: content null when content_null; reasoning_content; tool_calls
+  bool content_null;       // message.content null (only tool calls, or nothing besides reasoning)
+  bool has_reasoning;      // message: reasoning_content shown (null when reasoning is NULL)
+  const char *reasoning;   // reasoning_len bytes; NULL: null (message) / absent (delta)
+  size_t reasoning_len;
+  const tpr_tool_call *calls;  // (n_calls); a delta's calls are numbered from call_index0
+  int n_calls, call_index0;
+  const char (*call_ids)[32];  // (n_calls) "call_<24 hex>"
 } tpr_oai_choice;
 
 // A full (non-streamed) response with n choices (malloc'ed).
@@ -203,6 +224,32 @@ char *tpr_oai_chunk_json(bool chat, const char *id, int64_t created, const char 
 // The last streamed chunk of stream_options.include_usage: no choices, the usage.
 char *tpr_oai_usage_chunk_json(bool chat, const char *id, int64_t created, const char *model, int64_t prompt_tokens,
                                int64_t completion_tokens);
+
+// --- parsed_answer.c: a chat choice's text split into the response's fields --
+// The request's tool_format / reasoning through tool_parse.h. Every call
+// gets a "call_<24 hex>" id once, the same in the full answer and in chunks.
+typedef struct tpr_parsed_choice {
+  tpr_out_parser p;
+  size_t fed;                            // text bytes fed
+  size_t sent_content, sent_reasoning;   // bytes of p's buffers already in deltas
+  int sent_calls;                        // calls already in deltas
+  bool parallel, has_reasoning;          // the request's parallel_tool_calls, reasoning
+  char (*ids)[32];                       // (n_ids) the shown calls' ids
+  int n_ids;
+} tpr_parsed_choice;
+
+void tpr_parsed_init(tpr_parsed_choice *pc, const tpr_oai_request *r);  // r->tools must outlive pc
+void tpr_parsed_free(tpr_parsed_choice *pc);
+// Feeds text[pc->fed, upto) (final: generation has ended). false: out of memory.
+bool tpr_parsed_feed(tpr_parsed_choice *pc, const char *text, size_t upto, bool final);
+// A chunk's fields: what was classified since the last delta (content,
+// reasoning_content, the calls completed since, each whole); the finish
+// given ("stop" becomes "tool_calls" when the answer has calls). Points into
+// pc. True: the delta carries something.
+bool tpr_parsed_delta(tpr_parsed_choice *pc, const char *finish, tpr_oai_choice *oc);
+// The whole answer's message fields (after the final feed): content null when
+// only whitespace is left beside calls or nothing beside reasoning.
+void tpr_parsed_full(const tpr_parsed_choice *pc, const char *finish, tpr_oai_choice *oc);
 
 // --- server.c ------------------------------------------------------------
 typedef struct tpr_serve_opts {

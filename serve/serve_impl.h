@@ -51,6 +51,8 @@ typedef struct serve_choice {
   const char *finish;           // "stop" / "length", NULL while it runs
   bool role_sent;               // chat stream: the role delta went out
   bool final_sent;              // its finish_reason went out
+  // chat with tool-call or reasoning parsing (answer.c)
+  tpr_parsed_choice *parsed;    // the text so far split (NULL: no parsing, or not started)
 } serve_choice;
 
 typedef struct serve_req {

@@ -175,8 +175,9 @@ static tpr_status rank0_init(serve_state *st) {
   uv_signal_start(&st->sigint, on_signal, SIGINT);
   char tmpl[320];
   tpr_chat_renderer_describe(&st->o->chat_template, tmpl, sizeof tmpl);
-  printf("tpr serve: model '%s' on http://%s:%d (context %lld tokens, chat template %s)\n", st->o->model_id,
-         st->o->host, tpr_http_port(st->http), (long long)st->o->max_seq, tmpl);
+  printf("tpr serve: model '%s' on http://%s:%d (context %lld tokens, chat template %s, tool calls %s, reasoning "
+         "%s)\n", st->o->model_id, st->o->host, tpr_http_port(st->http), (long long)st->o->max_seq, tmpl,
+         tpr_tool_format_name(st->o->chat_template.tool_format), st->o->chat_template.reasoning ? "think" : "none");
   fflush(stdout);
   watch_mpirun_stop(st);
   // The pid file first: once the port file exists (what scripts wait for), so does it.

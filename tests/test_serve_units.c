@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "jinja/chat.h"
 #include "serve/serve.h"
 #include "test_util.h"
 
@@ -356,6 +357,237 @@ static void test_request_params(void **state) {
   printf("%zu refusals name their parameter\n", sizeof bad / sizeof bad[0]);
 }
 
+// tools and tool_choice: validated, rendered by a Jinja template only, and
+// "required" / a named function refused (nothing here can force a call).
+static void test_request_tools(void **state) {
+  (void)state;
+  const char *tmpl_text = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tools>{% for t in tools %}"
+                          "{{ t.function.name }};{% endfor %}</tools>{% endif %}<think>\n";
+  tpr_chat_jinja j = {0};
+  tpr_jinja_error jerr = {0};
+  assert_int_equal(tpr_chat_jinja_from_text(tmpl_text, strlen(tmpl_text), &j, &jerr), TPR_OK);
+  tpr_chat_renderer jr = {.jinja = &j, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
+  tpr_chat_renderer builtin = {.builtin = TPR_CHAT_CHATML, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
+  tpr_chat_renderer no_parser = {.jinja = &j};
+  tpr_oai_request r;
+  tpr_oai_error e;
+#define MSG "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+#define TOOL "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}"
+  const char *ok = "{" MSG ", \"tools\": [" TOOL "], \"parallel_tool_calls\": false}";
+  assert_true(tpr_oai_parse(ok, strlen(ok), true, &jr, "m", &r, &e));
+  assert_string_equal(r.prompt, "hi<tools>get_weather;</tools><think>");  // jinja2 drops the trailing newline
+  assert_int_equal(r.tool_format, TPR_TOOL_FMT_HERMES);
+  assert_true(r.reasoning && r.starts_in_reasoning && !r.parallel_tool_calls);
+  assert_int_equal(cJSON_GetArraySize(r.tools), 1);
+  tpr_oai_request_free(&r);
+  const char *none = "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"none\"}";
+  assert_true(tpr_oai_parse(none, strlen(none), true, &jr, "m", &r, &e));
+  assert_int_equal(r.tool_format, TPR_TOOL_FMT_NONE);  // rendered, not parsed
+  assert_true(r.parallel_tool_calls);
+  tpr_oai_request_free(&r);
+  assert_true(tpr_oai_parse(none, strlen(none), true, &no_parser, "m", &r, &e));
+  assert_false(r.reasoning);
+  tpr_oai_request_free(&r);
+  const char *plain = "{" MSG "}";  // no tools: reasoning still separated
+  assert_true(tpr_oai_parse(plain, strlen(plain), true, &jr, "m", &r, &e));
+  assert_true(r.reasoning && r.starts_in_reasoning && !r.tools);
+  tpr_oai_request_free(&r);
+  static const struct {
+    int which;  // 0 jinja, 1 built-in, 2 jinja without a tool parser
+    const char *body, *param;
+  } bad[] = {
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+          "\"get_weather\"}}}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"sometimes\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": {\"a\": 1}}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"\"}}]}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"code\", \"function\": {\"name\": \"f\"}}]}", "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]}",
+       "tools"},
+      {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}",
+       "tools"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"parallel_tool_calls\": 1}", "parallel_tool_calls"},
+      {1, "{" MSG ", \"tools\": [" TOOL "]}", "tools"},
+      {2, "{" MSG ", \"tools\": [" TOOL "]}", "tool_choice"},
+      {0, "{" MSG ", \"tool_choice\": \"auto\"}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [], \"tool_choice\": \"auto\"}", "tool_choice"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const tpr_chat_renderer *t = bad[i].which == 0 ? &jr : bad[i].which == 1 ? &builtin : &no_parser;
+    bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), true, t, "m", &r, &e);
+    if (parsed) tpr_oai_request_free(&r);
+    assert_false(parsed);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, bad[i].param);
+  }
+#undef MSG
+#undef TOOL
+  tpr_chat_jinja_free(&j);
+}
+
+// The parsed answer in vLLM's shapes: message.content null beside tool
+// calls, reasoning_content, tool_calls with string arguments; a delta's
+// calls carry their index.
+static void test_answer_tool_calls(void **state) {
+  (void)state;
+  tpr_tool_call calls[2] = {{.name = "f", .arguments = "{\"x\":1}"}, {.name = "g", .arguments = "{}"}};
+  const char ids[2][32] = {"call_0123", "call_4567"};
+  tpr_oai_choice c = {.index = 0, .text = "\n", .text_len = 1, .finish = "tool_calls", .parsed = true,
+                      .content_null = true, .has_reasoning = true, .reasoning = "why", .reasoning_len = 3,
+                      .calls = calls, .n_calls = 2, .call_ids = ids};
+  char *s = tpr_oai_response_json(true, "chatcmpl-3", 7, "m", &c, 1, 3, 2);
+  cJSON *j = cJSON_Parse(s);
+  assert_non_null(j);
+  cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *m = cJSON_GetObjectItem(ch, "message");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(m, "content")));
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(m, "reasoning_content")), "why");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")), "tool_calls");
+  cJSON *t1 = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(t1, "id")), "call_4567");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(t1, "type")), "function");
+  cJSON *f0 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function");
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(f0, "arguments")), "{\"x\":1}");
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "index"));
+  cJSON_Delete(j);
+  free(s);
+  // No reasoning: reasoning_content null; content kept.
+  tpr_oai_choice d = {.index = 0, .text = "ok", .text_len = 2, .finish = "stop", .parsed = true,
+                      .has_reasoning = true};
+  s = tpr_oai_response_json(true, "chatcmpl-4", 7, "m", &d, 1, 3, 2);
+  assert_non_null(strstr(s, "\"content\":\"ok\",\"reasoning_content\":null"));
+  assert_null(strstr(s, "tool_calls"));
+  free(s);
+  // A delta: the second call alone, numbered 1; no content field; reasoning absent.
+  tpr_oai_choice e = {.index = 0, .parsed = true, .has_reasoning = true, .calls = calls + 1, .n_calls = 1,
+                      .call_index0 = 1, .call_ids = ids + 1};
+  s = tpr_oai_chunk_json(true, "chatcmpl-5", 7, "m", &e);
+  j = cJSON_Parse(s);
+  cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta");
+  assert_null(cJSON_GetObjectItem(delta, "content"));
+  assert_null(cJSON_GetObjectItem(delta, "reasoning_content"));
+  cJSON *dt = cJSON_GetArrayItem(cJSON_GetObjectItem(delta, "tool_calls"), 0);
+  assert_int_equal(cJSON_GetObjectItem(dt, "index")->valueint, 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(dt, "function"), "name")), "g");
+  cJSON_Delete(j);
+  free(s);
+}
+
+// Streamed chunks of a parsed chat answer, from a scripted text arriving in
+// random pieces (as tokens detokenize), through the response code
+// (tpr_parsed_delta, tpr_oai_chunk_json) and accumulated as a client does:
+// the same reasoning, calls and (up to whitespace beside calls) content as
+// the non-streamed answer of the same text, each call once, whole, with its
+// index and an id; the last chunk's finish_reason "tool_calls".
+typedef struct streamed {
+  char content[1024], reasoning[1024], name[4][32], args[4][256], id[4][32];
+  int n_calls, chunks;
+  char finish[32];
+} streamed;
+
+static void accumulate(const char *chunk_json, streamed *a) {
+  cJSON *j = cJSON_Parse(chunk_json);
+  assert_non_null(j);
+  cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *d = cJSON_GetObjectItem(ch, "delta");
+  const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
+  if (t) strcat(a->content, t);
+  if ((t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "reasoning_content")))) strcat(a->reasoning, t);
+  cJSON *call;
+  cJSON_ArrayForEach(call, cJSON_GetObjectItem(d, "tool_calls")) {
+    int k = cJSON_GetObjectItem(call, "index")->valueint;
+    assert_int_equal(k, a->n_calls);  // each call once, in order
+    cJSON *f = cJSON_GetObjectItem(call, "function");
+    snprintf(a->name[k], sizeof a->name[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "name")));
+    snprintf(a->args[k], sizeof a->args[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "arguments")));
+    snprintf(a->id[k], sizeof a->id[k], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(call, "id")));
+    a->n_calls++;
+  }
+  if (cJSON_IsString(cJSON_GetObjectItem(ch, "finish_reason")))
+    snprintf(a->finish, sizeof a->finish, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(ch, "finish_reason")));
+  a->chunks++;
+  cJSON_Delete(j);
+}
+
+static void test_answer_parsed_stream(void **state) {
+  (void)state;
+  static const struct {
+    tpr_tool_format fmt;
+    bool starts_in, parallel;
+    const char *text;
+    int n_calls;
+  } cases[] = {
+      {TPR_TOOL_FMT_HERMES, false, true,
+       "<think>the user wants weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", 2},
+      {TPR_TOOL_FMT_HERMES, false, false,  // parallel_tool_calls false: the first call only
+       "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", 1},
+      {TPR_TOOL_FMT_MINIMAX_M2, true, true,
+       "plan it</think>Let me look.<minimax:tool_call><invoke name=\"get_weather\"><parameter name=\"city\">Oslo"
+       "</parameter></invoke></minimax:tool_call>", 1},
+      {TPR_TOOL_FMT_HERMES, true, true, "only thinking</think>The answer is 4.", 0},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    tpr_oai_request q = {.chat = true, .tool_format = cases[t].fmt, .reasoning = true,
+                         .starts_in_reasoning = cases[t].starts_in, .parallel_tool_calls = cases[t].parallel};
+    const char *text = cases[t].text;
+    size_t n = strlen(text);
+    tpr_parsed_choice full;
+    tpr_parsed_init(&full, &q);
+    assert_true(tpr_parsed_feed(&full, text, n, true));
+    tpr_oai_choice fo = {.index = 0};
+    tpr_parsed_full(&full, "stop", &fo);
+    char *fj = tpr_oai_response_json(true, "chatcmpl-9", 7, "m", &fo, 1, 3, 4);
+    cJSON *fr = cJSON_Parse(fj);
+    cJSON *fch = cJSON_GetArrayItem(cJSON_GetObjectItem(fr, "choices"), 0), *fm = cJSON_GetObjectItem(fch, "message");
+    const char *want_finish = cases[t].n_calls ? "tool_calls" : "stop";
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(fch, "finish_reason")), want_finish);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(fm, "tool_calls")), cases[t].n_calls);
+    for (int rep = 0; rep < 50; rep++) {
+      tpr_parsed_choice pc;
+      tpr_parsed_init(&pc, &q);
+      streamed a = {0};
+      for (size_t at = 0; at < n;) {  // pieces of 1-6 bytes, as tokens come
+        size_t upto = at + (size_t)tt_randint(1, 6);
+        if (upto > n) upto = n;
+        assert_true(tpr_parsed_feed(&pc, text, upto, false));
+        tpr_oai_choice oc = {.index = 0, .role = at == 0};
+        if (tpr_parsed_delta(&pc, NULL, &oc) || at == 0) {
+          char *j = tpr_oai_chunk_json(true, "chatcmpl-9", 7, "m", &oc);
+          accumulate(j, &a);
+          free(j);
+        }
+        at = upto;
+      }
+      assert_true(tpr_parsed_feed(&pc, text, n, true));
+      tpr_oai_choice last = {.index = 0};
+      tpr_parsed_delta(&pc, "stop", &last);
+      char *j = tpr_oai_chunk_json(true, "chatcmpl-9", 7, "m", &last);
+      accumulate(j, &a);
+      free(j);
+      assert_string_equal(a.finish, want_finish);
+      const char *fc = cJSON_GetStringValue(cJSON_GetObjectItem(fm, "content"));
+      if (fc) assert_string_equal(a.content, fc);
+      else assert_true(tpr_text_blank(a.content, strlen(a.content)));
+      const char *frs = cJSON_GetStringValue(cJSON_GetObjectItem(fm, "reasoning_content"));
+      assert_string_equal(a.reasoning, frs ? frs : "");
+      assert_int_equal(a.n_calls, cases[t].n_calls);
+      for (int k = 0; k < a.n_calls; k++) {
+        cJSON *fcall = cJSON_GetArrayItem(cJSON_GetObjectItem(fm, "tool_calls"), k);
+        cJSON *ff = cJSON_GetObjectItem(fcall, "function");
+        assert_string_equal(a.name[k], cJSON_GetStringValue(cJSON_GetObjectItem(ff, "name")));
+        assert_string_equal(a.args[k], cJSON_GetStringValue(cJSON_GetObjectItem(ff, "arguments")));
+        assert_int_equal(strlen(a.id[k]), 29);  // "call_" + 24 hex digits
+        assert_true(strncmp(a.id[k], "call_", 5) == 0 && strspn(a.id[k] + 5, "0123456789abcdef") == 24);
+        if (k) assert_string_not_equal(a.id[k], a.id[k - 1]);
+      }
+      tpr_parsed_free(&pc);
+    }
+    cJSON_Delete(fr);
+    free(fj);
+    tpr_parsed_free(&full);
+  }
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -367,6 +599,9 @@ int main(void) {
       cmocka_unit_test(test_answer_text_bytes),
       cmocka_unit_test(test_answer_logprobs),
       cmocka_unit_test(test_request_params),
+      cmocka_unit_test(test_request_tools),
+      cmocka_unit_test(test_answer_tool_calls),
+      cmocka_unit_test(test_answer_parsed_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,17 +7,90 @@ stream the application abandons halfway, and OpenAI-shaped errors (an
 unknown model, tools and response formats the server does not have, an
 unknown parameter) surfacing as the client's own exception types.
 
-    scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT
+    scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT [--tools]
+
+With --tools (a server whose chat template renders tools, with the hermes
+tool-call parser and the think reasoning parser on, as test_serve's second
+server): a request with tools, streamed and not, parsed into the client's
+types with reasoning_content; tool_choice "required" refused; and, because a
+tiny random model never emits a tool call, scripted responses in the exact
+shape tpr serve writes (test_serve_units checks tpr's side of that shape)
+read back by the client: message.tool_calls, and delta.tool_calls
+accumulated by the client's own stream state into the same calls.
 
 Prints one line per check; exits 1 if any fails.
 """
+import json
 import sys
 
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+
+def check_tools(client, check):
+    model = client.models.list().data[0].id
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "the weather",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    r = client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=8, temperature=0)
+    m = r.choices[0].message
+    reasoning = getattr(m, "reasoning_content", None)
+    check(isinstance(reasoning, str) and m.tool_calls is None and r.choices[0].finish_reason in ("stop", "length"),
+          f"tools: a chat answer with reasoning_content ({len(reasoning or '')} chars), no tool call")
+    parts = []
+    for ch in client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=8, temperature=0,
+                                             stream=True):
+        if ch.choices:
+            parts.append(getattr(ch.choices[0].delta, "reasoning_content", None) or "")
+    check("".join(parts) == reasoning, "tools, streamed: delta.reasoning_content concatenates to reasoning_content")
+    try:
+        client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required", max_tokens=2)
+        check(False, "tool_choice required raises")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "tool_choice" in str(e), "tool_choice required -> openai.BadRequestError")
+
+    # Scripted: what tpr serve writes for an answer "<think>plan</think>\n<tool_call>...</tool_call>" x2.
+    env = {"id": "chatcmpl-1", "created": 1, "model": model}
+    calls = [{"id": "call_0123456789abcdef01234567", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+             {"id": "call_89abcdef0123456789abcdef", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\":\"日本\"}"}}]
+    full = ChatCompletion.model_validate(dict(env, object="chat.completion", choices=[{
+        "index": 0, "message": {"role": "assistant", "content": None, "reasoning_content": "plan",
+                                "tool_calls": calls},
+        "logprobs": None, "finish_reason": "tool_calls"}],
+        usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}))
+    fm = full.choices[0].message
+    check(fm.content is None and fm.reasoning_content == "plan" and len(fm.tool_calls) == 2 and
+          json.loads(fm.tool_calls[1].function.arguments) == {"city": "日本"} and
+          full.choices[0].finish_reason == "tool_calls", "scripted: message.tool_calls and reasoning_content parsed")
+    chunks = [{"role": "assistant"}, {"reasoning_content": "pl"}, {"reasoning_content": "an"}, {"content": "\n"}]
+    chunks += [{"tool_calls": [dict(c, index=i)]} for i, c in enumerate(calls)]
+    state = ChatCompletionStreamState(input_tools=tools)
+    for k, d in enumerate(chunks + [{}]):
+        state.handle_chunk(ChatCompletionChunk.model_validate(dict(env, object="chat.completion.chunk", choices=[{
+            "index": 0, "delta": d, "logprobs": None, "finish_reason": "tool_calls" if k == len(chunks) else None}])))
+    sm = state.get_final_completion().choices[0].message
+    check([(c.id, c.function.name, c.function.arguments) for c in sm.tool_calls] ==
+          [(c.id, c.function.name, c.function.arguments) for c in fm.tool_calls] and sm.content == "\n",
+          "scripted stream: delta.tool_calls (whole calls with their index) accumulate to the same calls")
 
 
 def main():
     base = sys.argv[1].rstrip("/") + "/v1"
+    if "--tools" in sys.argv[2:]:
+        fails = 0
+
+        def check(ok, what):
+            nonlocal fails
+            print(("ok: " if ok else "FAIL: ") + what)
+            fails += not ok
+
+        check_tools(openai.OpenAI(base_url=base, api_key="unused"), check)
+        print(f"openai {openai.__version__}: {fails} failure(s)")
+        sys.exit(1 if fails else 0)
     client = openai.OpenAI(base_url=base, api_key="unused")
     fails = 0
 

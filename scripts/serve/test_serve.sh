@@ -12,8 +12,11 @@
 # client sending one byte every 0.3 s gets 408 while others are answered, and
 # /health still answers after; SIGTERM exits 0 on every rank within a few
 # seconds. A second server (context 4096, a MiniMax-M2 chat template in
-# tokenizer_config.json) renders chat with it, refuses a role it lacks, and
-# on SIGTERM cuts a long stream off at --drain-timeout, exiting 0.
+# tokenizer_config.json) renders chat with it, refuses a role it lacks,
+# parses the answer as reasoning (its generation prompt opens <think>),
+# renders tools into the prompt as tpr chat-template --tools does, refuses
+# tool_choice "required", and on SIGTERM cuts a long stream off at
+# --drain-timeout, exiting 0.
 set -u
 TPR=$1 FIX=$2 MPIEXEC=$3 NP=$4
 W=$(mktemp -d /tmp/tpr_serve_test.XXXXXX)
@@ -416,16 +419,57 @@ import json, sys
 d = sys.argv[1]
 c = json.load(open(d + "/config.json")); c["max_position_embeddings"] = 4096; json.dump(c, open(d + "/config.json", "w"))
 t = json.load(open(d + "/tokenizer_config.json"))
-t["chat_template"] = ("{{ ']~!b[' }}{% for m in messages %}{% if m.role == 'critic' %}"
+t["chat_template"] = ("{{ ']~!b[' }}{% if tools %}]~b]system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+                      "</tools> call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>[e~[\n{% endif %}"
+                      "{% for m in messages %}{% if m.role == 'critic' %}"
                       "{{ raise_exception('no critics here') }}{% endif %}]~b]{{ m.role }}\n{{ m.content }}[e~[\n"
                       "{% endfor %}]~b]ai\n<think>\n")
 json.dump(t, open(d + "/tokenizer_config.json", "w"))
 PY
 launch "$W/m2" --drain-timeout 0.2
 grep -q "chat template jinja (tokenizer_config.json" "$W/server.log" && pass "auto: the checkpoint's own Jinja template" || fail "template not used: $(head -3 "$W/server.log")"
-MCHAT=$(curl -s "$URL/v1/chat/completions" -d '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0}' | json 'd["choices"][0]["message"]["content"]')
+# The template mentions <tool_call> and <think>: hermes tool calls and
+# reasoning are on, and its generation prompt opens <think>, so the whole
+# answer of this random model (no </think> in it) is reasoning_content.
+grep -q "tool calls hermes, reasoning think" "$W/server.log" && pass "auto: tool calls hermes, reasoning think" ||
+  fail "parsers not detected: $(head -3 "$W/server.log")"
+CHATQ='{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0'
+MRESP=$(curl -s "$URL/v1/chat/completions" -d "$CHATQ}")
+MCHAT=$(echo "$MRESP" | json 'd["choices"][0]["message"]["reasoning_content"]')
 MEXP=$(expected $']~!b[]~b]system\nbe brief[e~[\n]~b]user\nhello world[e~[\n]~b]ai\n<think>' 8)
-[ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the template's rendering" || fail "jinja chat '$MCHAT' != '$MEXP'"
+[ "$MCHAT" = "$MEXP" ] && pass "chat = tpr run on the template's rendering (as reasoning_content)" || fail "jinja chat '$MCHAT' != '$MEXP'"
+[ "$(echo "$MRESP" | json 'd["choices"][0]["message"]["content"] is None and "tool_calls" not in d["choices"][0]["message"]')" = True ] &&
+  pass "reasoning only: content null, no tool_calls" || fail "reasoning-only answer: $MRESP"
+MSTREAM=$(curl -sN "$URL/v1/chat/completions" -d "$CHATQ, \"stream\": true}" | python3 -c '
+import json, sys
+r, c = [], []
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])["choices"][0]["delta"]
+        r.append(d.get("reasoning_content") or ""); c.append(d.get("content") or "")
+print("".join(r) + "|" + "".join(c))')
+[ "$MSTREAM" = "$MCHAT|" ] && pass "streamed delta.reasoning_content concatenates to reasoning_content" ||
+  fail "streamed reasoning '$MSTREAM' != '$MCHAT|'"
+# tools: rendered into the prompt as tpr chat-template --tools renders them
+printf '%s' '[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}]' >"$W/msgs.json"
+TOOLS='[{"type":"function","function":{"name":"get_weather","description":"the weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
+printf '%s' "$TOOLS" >"$W/tools.json"
+P0=$(echo "$MRESP" | json 'd["usage"]["prompt_tokens"]')
+TRESP=$(curl -s "$URL/v1/chat/completions" -d "$CHATQ, \"tools\": $TOOLS}")
+P1=$(echo "$TRESP" | json 'd["usage"]["prompt_tokens"]')
+W0=$("$TPR" chat-template --model "$W/m2" --messages "$W/msgs.json" --add-generation-prompt --ids --json | json 'd["count"]')
+W1=$("$TPR" chat-template --model "$W/m2" --messages "$W/msgs.json" --tools "$W/tools.json" --add-generation-prompt --ids --json | json 'd["count"]')
+[ "$P0" = "$W0" ] && [ "$P1" = "$W1" ] && [ "$P1" -gt "$P0" ] &&
+  pass "tools rendered: prompt_tokens $P0 -> $P1, as tpr chat-template --tools" || fail "tools prompt_tokens $P0/$P1, chat-template $W0/$W1: $TRESP"
+[ "$(echo "$TRESP" | json 'd["choices"][0]["message"]["reasoning_content"] is not None and d["choices"][0]["finish_reason"] in ("stop", "length")')" = True ] &&
+  pass "tools, tool_choice auto: an answer in shape" || fail "tools answer: $TRESP"
+check_status 200 "tool_choice none" "$URL/v1/chat/completions" -d "$CHATQ, \"tools\": $TOOLS, \"tool_choice\": \"none\"}"
+check_status 400 "tool_choice required (cannot be enforced)" "$URL/v1/chat/completions" -d "$CHATQ, \"tools\": $TOOLS, \"tool_choice\": \"required\"}"
+check_status 400 "a tool without a name" "$URL/v1/chat/completions" -d "$CHATQ, \"tools\": [{\"type\": \"function\", \"function\": {}}]}"
+if [ -n "$VENV_PY" ] && [ -x "$VENV_PY" ] && "$VENV_PY" -c "import openai" 2>/dev/null; then
+  "$VENV_PY" "$(dirname "$0")/../reference/check_openai_client.py" "$URL" --tools >"$W/openai_tools.log" 2>&1 &&
+    pass "openai client, tools and reasoning: $(tail -1 "$W/openai_tools.log")" || { fail "openai client, tools"; cat "$W/openai_tools.log"; }
+fi
 check_status 400 "the template's raise_exception" "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}'
 curl -s "$URL/v1/chat/completions" -d '{"messages": [{"role": "critic", "content": "x"}]}' | grep -q "no critics here" &&
   pass "the 400 carries the template's message" || fail "the template's raise_exception message is not in the 400"
