@@ -64,11 +64,19 @@ tpr_status run_text_update(run_text *r, const tpr_engine *e, int64_t id) {
   size_t len;  // ids in the model's padding past the tokenizer's vocabulary have no text
   TPR_CHECK(tpr_tokenizer_decode_known(r->tok, si.tokens + si.prompt_len, (size_t)(si.len - si.prompt_len), true,
                                        &text, &len));
+  // Stop strings are looked for in the settled text only: a trailing U+FFFD
+  // stands for a character whose bytes are still coming, and is not text
+  // yet (a stop string ending in U+FFFD's first byte would match it).
+  size_t settled = len;
+  while (!si.finished && settled >= 3 && !memcmp(text + settled - 3, "\xEF\xBF\xBD", 3)) settled -= 3;
+  char kept = text[settled];
+  text[settled] = '\0';
   size_t cut = len;
   for (int i = 0; i < r->n_stops; i++) {
     const char *at = strstr(text, r->stops[i]);
     if (at && (size_t)(at - text) < cut) cut = (size_t)(at - text);
   }
+  text[settled] = kept;
   bool done = si.finished || cut < len;
   text[cut] = '\0';
   r->stopped[id] = cut < len;
