@@ -26,7 +26,7 @@
 #include "shard/safetensors.h"
 
 #define BOUND 1e-5      // relative: losses, gradient norms, ||a - b|| / ||b|| of every parameter tensor
-#define DP_BOUND 1e-6   // losses and gradient norms, FSDP against plain data parallelism of the same layout
+#define DP_BOUND 3e-6   // losses and gradient norms, FSDP against plain data parallelism of the same layout
 #define BF16_BOUND 1e-4  // bf16 params: losses, gradient norms, parameters (see test_bf16)
 #define CONTROL 1e-3    // a negative control must differ by more than this
 #define MEMORY_BAR 0.3  // params + gradients + optimizer bytes per rank, dp 4 / dp 1
@@ -102,8 +102,10 @@ static const char *const *join(const char **buf, const char *const *args, const 
 // to BOUND, parameters to BOUND beyond plain data parallelism's own
 // distance from it. A rarely routed expert's AdamW update amplifies the
 // reduction order's rounding (measured over 10 seeds: up to 1.1e-5 for
-// plain DP against one rank, 1.4e-6 for FSDP against plain DP); a real bug
-// moves parameters by 1e-3 or more. A control (extra holds --debug-fsdp)
+// plain DP against one rank, 1.4e-6 for FSDP against plain DP; and
+// TPR_TEST_SEED=409464270582350 gives Hunyuan at np 4, dp 4 a gradient-norm
+// difference of 1.02e-6 from the reduction order alone, hence DP_BOUND
+// 3e-6); a real bug moves parameters by 1e-3 or more and the norms by 1e-1. A control (extra holds --debug-fsdp)
 // must differ from both.
 static void check(const family *f, int np, const char *const *layout, const char *const *extra, const run *ref,
                   const char *ref_dir, bool control) {
