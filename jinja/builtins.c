@@ -726,7 +726,7 @@ static jval sort_list(jctx *c, jlist *l, bool rev, bool case_sensitive, jstr *at
   return r;
 }
 
-static jval escape(jctx *c, jval v) {
+jval jescape(jctx *c, jval v) {
   if (v.t == JV_STR && v.s->markup) return v;
   jval s = jv_to_str(c, v);
   jbuf b = {0};
@@ -794,7 +794,7 @@ jval jfilter(jctx *c, jscope *s, const char *name, jval v, int n, const jval *ar
     r.s->markup = true;
     return r;
   }
-  if (!strcmp(name, "e") || !strcmp(name, "escape")) return escape(c, v);
+  if (!strcmp(name, "e") || !strcmp(name, "escape")) return jescape(c, v);
   if (!strcmp(name, "string")) return v.t == JV_UNDEF ? jv_str(c, "", 0) : jv_to_str(c, v);
   if (!strcmp(name, "list")) {
     jlist *l = jiterate(c, v);

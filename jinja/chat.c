@@ -122,6 +122,39 @@ tpr_status tpr_chat_jinja_load(const char *model_dir, tpr_chat_jinja *out, tpr_j
   return rc;
 }
 
+// An OpenAI request carries an assistant turn's tool-call arguments as JSON
+// text; templates read them as a mapping (`arguments|items`). As vLLM's
+// _postprocess_messages does: the text is parsed (empty or absent: {}), and
+// an empty tool_calls list is dropped.
+static jval openai_tool_calls(jctx *c, jval m) {
+  jval *role = jd_gets(m.d, "role"), *calls = jd_gets(m.d, "tool_calls");
+  if (!role || role->t != JV_STR || strcmp(role->s->s, "assistant") || !calls || calls->t != JV_LIST) return m;
+  jval d = jv_dict(c);
+  for (size_t k = 0; k < m.d->n; k++) {
+    jval v = m.d->v[k];
+    if (v.t == JV_LIST && v.l == calls->l) {
+      if (!calls->l->n) continue;
+      v = jv_list(c, JL_LIST);
+      for (size_t i = 0; i < calls->l->n; i++) {
+        jval call = calls->l->v[i], *f = call.t == JV_DICT ? jd_gets(call.d, "function") : NULL;
+        if (!f || f->t != JV_DICT) jfail(c, "tool_calls[%zu] has no function object", i);
+        jval *args = jd_gets(f->d, "arguments");
+        jval parsed = args ? *args : jv_none();
+        if (!args || !jtruthy(c, *args)) parsed = jv_dict(c);
+        else if (args->t == JV_STR) parsed = jjson_parse(c, args->s->s, args->s->len);
+        jval nf = jv_dict(c), nc = jv_dict(c);
+        for (size_t j = 0; j < f->d->n; j++) jd_set(c, nf.d, f->d->k[j], f->d->v[j]);
+        jd_set(c, nf.d, jv_cstr(c, "arguments"), parsed);
+        for (size_t j = 0; j < call.d->n; j++)
+          jd_set(c, nc.d, call.d->k[j], call.d->v[j].t == JV_DICT && call.d->v[j].d == f->d ? nf : call.d->v[j]);
+        jl_push(c, v.l, nc);
+      }
+    }
+    jd_set(c, d.d, m.d->k[k], v);
+  }
+  return d;
+}
+
 // The variables of render_jinja_template, in its order.
 static void build_chat(jctx *c, jdict *vars, const void *arg) {
   const void *const *a = arg;
@@ -151,8 +184,13 @@ static void build_chat(jctx *c, jdict *vars, const void *arg) {
     jval m = msgs.l->v[i];
     if (m.t != JV_DICT) jfail(c, "Chat messages should be dicts");
     jval d = jv_dict(c);  // apply_chat_template drops keys whose value is None
-    for (size_t k = 0; k < m.d->n; k++)
-      if (m.d->v[k].t != JV_NONE) jd_set(c, d.d, m.d->k[k], m.d->v[k]);
+    for (size_t k = 0; k < m.d->n; k++) {
+      jval key = m.d->k[k], v = m.d->v[k];
+      // vLLM gives a null content (an assistant turn of tool calls) to a
+      // template as "" (its string content format).
+      if (in->request_json && v.t == JV_NONE && key.t == JV_STR && !strcmp(key.s->s, "content")) v = jv_cstr(c, "");
+      if (v.t != JV_NONE) jd_set(c, d.d, key, v);
+    }
     const jval *r = NULL;
     for (int k = 0; k < 3 && !r; k++) {
       jval *v = jd_gets(d.d, reasoning[k]);
@@ -165,6 +203,7 @@ static void build_chat(jctx *c, jdict *vars, const void *arg) {
       jd_set(c, al.d, jv_cstr(c, "reasoning_content"), rv);
       d = al;
     }
+    if (in->request_json) d = openai_tool_calls(c, d);
     jl_push(c, clean.l, d);
   }
   jd_set(c, vars, jv_cstr(c, "messages"), clean);

@@ -49,7 +49,9 @@ typedef struct tpr_chat_inputs {
   // given, its "messages", "tools", "documents" and "chat_template_kwargs"
   // (vLLM's) members are used instead of the fields above: read from the
   // body's own text, so numbers keep Python's int/float distinction, which
-  // a cJSON round trip would lose (1.0 printed as 1).
+  // a cJSON round trip would lose (1.0 printed as 1). An assistant turn's
+  // tool-call arguments, JSON text in OpenAI's format, reach the template
+  // parsed into a mapping, and a null content as "", as vLLM passes them.
   const char *request_json;
 } tpr_chat_inputs;
 

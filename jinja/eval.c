@@ -316,12 +316,19 @@ static jval binop(jctx *c, int op, jval a, jval b) {
   }
   if (op == '+') {
     if (a.t == JV_STR && b.t == JV_STR) {
-      if (a.s->markup || b.s->markup) jfail(c, "'+' with a |safe or |e string (Markup escapes the other side) is not supported");
-      jval r = jv_str(c, "", 0);
+      // Markup + str and str + Markup escape the plain side (markupsafe's
+      // __add__/__radd__), and the sum is Markup.
+      bool markup = a.s->markup || b.s->markup;
+      if (markup) {
+        a = jescape(c, a);
+        b = jescape(c, b);
+      }
+      jval r;
       char *p = jalloc(c, a.s->len + b.s->len + 1);
       memcpy(p, a.s->s, a.s->len);
       memcpy(p + a.s->len, b.s->s, b.s->len);
       r = jv_str(c, p, a.s->len + b.s->len);
+      r.s->markup = markup;
       return r;
     }
     if (a.t == JV_LIST && b.t == JV_LIST && a.l->kind == b.l->kind && a.l->kind <= JL_TUPLE) {
@@ -528,6 +535,7 @@ jval jeval(jctx *c, jscope *s, const jnode *n) {
       jval *args;
       eval_args(c, s, n, &args);
       c->line = n->line;
+      if (!jfilter_known(n->name)) jfail(c, "no filter named '%s' (or tpr's Jinja does not support it)", n->name);
       return jfilter(c, s, n->name, v, n->args.n, args, n->kw);
     }
     case N_TEST: {
@@ -535,6 +543,7 @@ jval jeval(jctx *c, jscope *s, const jnode *n) {
       jval *args;
       eval_args(c, s, n, &args);
       c->line = n->line;
+      if (!jtest_known(n->name)) jfail(c, "no test named '%s' (or tpr's Jinja does not support it)", n->name);
       bool r = jtest(c, s, n->name, v, n->args.n, args);
       return jv_bool(n->negate ? !r : r);
     }

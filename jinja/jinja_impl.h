@@ -201,6 +201,9 @@ bool ju_isspace(uint32_t cp);
 // parse.c
 void jparse(jctx *c, const char *src, size_t len, jnlist *out);
 void jn_push(jctx *c, jnlist *l, jnode *n);
+// check.c: unknown filters and tests outside {% if %} and conditional
+// expressions are load-time errors, as jinja2 compiles them.
+void jcheck_names(jctx *c, const jnlist *body);
 
 // eval.c
 jval jeval(jctx *c, jscope *s, const jnode *n);
@@ -218,6 +221,9 @@ tpr_status jrender(const tpr_jinja_template *t, jbuild_fn build, const void *arg
 
 // builtins.c
 bool jfilter_known(const char *name);
+// markupsafe's escape(): & < > " ' as entities; the result is Markup (a
+// |safe or |e string), and Markup is returned unchanged.
+jval jescape(jctx *c, jval v);
 bool jtest_known(const char *name);
 jval jfilter(jctx *c, jscope *s, const char *name, jval v, int n, const jval *args, const char **kw);
 bool jtest(jctx *c, jscope *s, const char *name, jval v, int n, const jval *args);

@@ -453,7 +453,6 @@ static const char *dotted_name(parser *P) {
 static jnode *filter(parser *P, jnode *on) {
   jnode *n = node(P, N_FILTER);
   n->name = dotted_name(P);
-  if (!jfilter_known(n->name)) jfail(P->c, "no filter named '%s' (or tpr's Jinja does not support it)", n->name);
   n->a = on;
   if (is_op(cur(P), "(")) call_args(P, n);
   return n;
@@ -472,7 +471,6 @@ static jnode *filter_expr(parser *P, jnode *n) {
         t->negate = true;
       }
       t->name = dotted_name(P);
-      if (!jtest_known(t->name)) jfail(P->c, "no test named '%s' (or tpr's Jinja does not support it)", t->name);
       t->a = n;
       tok *c = cur(P);
       if (is_op(c, "(")) {
@@ -1089,4 +1087,5 @@ void jparse(jctx *c, const char *src, size_t len, jnlist *out) {
   lex(&L);
   parser P = {.c = c, .t = L.v};
   body(&P, out, NULL);
+  jcheck_names(c, out);
 }

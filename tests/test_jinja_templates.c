@@ -1,11 +1,14 @@
 // Parity of tpr's Jinja interpreter (jinja/) with transformers' rendering
 // (jinja2 as apply_chat_template drives it) on real published chat templates:
 // tests/fixtures/chat_templates/ (scripts/reference/make_chat_template_fixture.py)
-// holds 20 templates from llama.cpp's models/templates (Llama 3.x, Qwen2.5/3,
-// QwQ, DeepSeek R1, Mistral Nemo/Small 3.2, Devstral, Gemma 2, Phi-3.5,
-// Granite 3.3, Command-R+/R7B, Hermes 3, Kimi K2, gpt-oss, Functionary, RWKV)
-// and 490 renders of them over 8 conversations with and without tools and documents,
-// generation prompt and enable_thinking. Every render must be byte-identical,
+// holds 51 published templates (llama.cpp's models/templates and
+// scripts/reference/chat_templates: the families tpr runs — MiniMax-M1/M2/M3,
+// Qwen3 and Qwen3-MoE, Qwen2-VL/2.5-VL, Qwen3-VL, Hunyuan Hy3, MiniCPM — and
+// Llama 3.x, Qwen2.5/QwQ/Qwen3-Coder/Qwen3.5, DeepSeek R1/V3.1/V3.2/V4, GLM,
+// Mistral, Gemma, Phi, Granite, Command-R, Hermes, Kimi, gpt-oss, Functionary,
+// Nemotron, Seed-OSS, SmolLM3, LFM2, Solar, Ling, RWKV) and 1,641 renders of
+// them over 9 conversations with and without tools and documents, generation
+// prompt and enable_thinking. Every render must be byte-identical,
 // every raise_exception the same message, every other Python failure a
 // failure here too. The negative controls render the same cases with
 // trim_blocks-like and tojson-separator mistakes injected into the
@@ -358,12 +361,72 @@ static void test_request_body(void **state) {
   tpr_chat_jinja_free(&cj);
 }
 
+// Follow-up turns as OpenAI clients send them (tool-call arguments as JSON
+// text, null content beside the calls), through the request-body path that
+// tpr serve uses: equal to transformers' rendering after vLLM's clean-up
+// (the fixture's openai_cases). Negative control: the same bodies rendered
+// as plain messages (no clean-up) must not all match.
+static void test_openai_follow_up(void **state) {
+  (void)state;
+  const cJSON *cases = cJSON_GetObjectItem(fixture, "openai_cases"), *cs;
+  int n = 0, controls_differ = 0;
+  cJSON_ArrayForEach(cs, cases) {
+    const char *tn = cJSON_GetObjectItem(cs, "template")->valuestring;
+    char path[512];
+    snprintf(path, sizeof path, TPR_FIXTURES "/chat_templates/templates/%s.jinja", tn);
+    char *text = read_file(path);
+    tpr_chat_jinja cj;
+    tpr_jinja_error err = {0};
+    assert_int_equal(tpr_chat_jinja_from_text(text, strlen(text), &cj, &err), TPR_OK);
+    free(text);
+    const cJSON *sp = cJSON_GetObjectItem(cJSON_GetObjectItem(fixture, "special"), tn);
+    for (int i = 0; i < TPR_CHAT_SPECIAL_TOKENS; i++) {
+      const cJSON *v = cJSON_GetObjectItem(sp, tpr_chat_special_names[i]);
+      if (cJSON_IsString(v)) cj.special[i] = strdup(v->valuestring);
+    }
+    const char *body = cJSON_GetObjectItem(cs, "request")->valuestring;
+    const cJSON *exp = cJSON_GetObjectItem(cs, "expected");
+    tpr_chat_inputs in = {.request_json = body, .add_generation_prompt = true};
+    char *out = NULL;
+    size_t len = 0;
+    tpr_status rc = tpr_chat_jinja_render(&cj, &in, NULL, &out, &len, &err);
+    if (exp) {
+      if (rc != TPR_OK) fail_msg("%s: %s", tn, err.message);
+      if (strcmp(out, exp->valuestring)) fail_msg("%s: the follow-up turn renders differently", tn);
+    } else {
+      assert_int_not_equal(rc, TPR_OK);
+    }
+    free(out);
+    tpr_clear_error();
+    // The control: the body's messages as they are.
+    cJSON *b = cJSON_Parse(body);
+    char *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItem(b, "messages"));
+    char *tools = cJSON_PrintUnformatted(cJSON_GetObjectItem(b, "tools"));
+    tpr_chat_inputs plain = {.messages_json = msgs, .tools_json = tools, .add_generation_prompt = true};
+    out = NULL;
+    rc = tpr_chat_jinja_render(&cj, &plain, NULL, &out, &len, &err);
+    if (exp && (rc != TPR_OK || strcmp(out, exp->valuestring))) controls_differ++;
+    free(out);
+    tpr_clear_error();
+    free(msgs);
+    free(tools);
+    cJSON_Delete(b);
+    tpr_chat_jinja_free(&cj);
+    n++;
+  }
+  printf("%d templates render OpenAI follow-up turns as vLLM does; without the clean-up %d differ\n", n,
+         controls_differ);
+  assert_true(n >= 12);
+  assert_true(controls_differ >= n / 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_negative_controls),
       cmocka_unit_test(test_cli),
       cmocka_unit_test(test_request_body),
+      cmocka_unit_test(test_openai_follow_up),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

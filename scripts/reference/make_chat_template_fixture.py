@@ -15,11 +15,15 @@ over a set of conversations, and writes tests/fixtures/chat_templates/:
                                      "error": Python exception type}]}
 
 The templates come from llama.cpp's models/templates/ folder, vendored in the
-llama-cpp-python sdist on PyPI (the Hugging Face hub is not reachable here):
+llama-cpp-python sdist on PyPI (the Hugging Face hub is not reachable here),
+and from scripts/reference/chat_templates/ (the Qwen2-VL and Qwen3-VL
+templates, which llama.cpp's folder lacks; their sources are in SOURCES.md
+there):
 
-  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.16
-  tar xzf llama_cpp_python-0.3.16.tar.gz
-  make_chat_template_fixture.py --templates llama_cpp_python-0.3.16/vendor/llama.cpp/models/templates
+  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36
+  tar xzf llama_cpp_python-0.3.36.tar.gz
+  make_chat_template_fixture.py --templates llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates \
+      --templates scripts/reference/chat_templates
 
 strftime_now is pinned to SOURCE_DATE_EPOCH (UTC), as tpr pins it when that
 variable is set, so that the dates templates print do not change.
@@ -35,28 +39,66 @@ from transformers.utils import chat_template_utils as ctu
 
 EPOCH = 1721952000  # 2024-07-26 00:00:00 UTC
 
-# (file, bos, eos): the checkpoints' own special tokens. (Llama 3.3 has 3.1's
-# template, DeepSeek-R1-Distill-Qwen the Llama distill's, Hermes 2 Pro Hermes 3's.)
+# (file, bos, eos): the checkpoints' own special tokens where the template
+# uses them. (Llama 3.3 has 3.1's template, DeepSeek-R1-Distill-Qwen the Llama
+# distill's, Qwen3-30B-A3B (Qwen3-MoE) Qwen3-0.6B's, Qwen2.5-VL Qwen2-VL's.)
+LLAMA3 = ("<|begin_of_text|>", "<|eot_id|>")
+DEEPSEEK = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
+MISTRAL = ("<s>", "</s>")
+IM_END = (None, "<|im_end|>")
 TEMPLATES = [
-    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
-    ("meta-llama-Llama-3.2-3B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
-    ("Qwen-Qwen2.5-7B-Instruct.jinja", None, "<|im_end|>"),
-    ("Qwen-Qwen3-0.6B.jinja", None, "<|im_end|>"),
-    ("Qwen-QwQ-32B.jinja", None, "<|im_end|>"),
-    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
-    ("llama-cpp-deepseek-r1.jinja", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>"),
-    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "<s>", "</s>"),
-    ("unsloth-mistral-Devstral-Small-2507.jinja", "<s>", "</s>"),
+    # the families tpr runs
+    ("MiniMax-M2.jinja", "]~!b[", "[e~["),
+    ("MiniMax-M1.jinja", "<beginning_of_sentence>", "<end_of_sentence>"),
+    ("MiniMax-M3.jinja", "]~!b[", "[e~["),
+    ("Qwen-Qwen3-0.6B.jinja", *IM_END),
+    ("Qwen-Qwen2-VL-7B-Instruct.jinja", *IM_END),
+    ("Qwen-Qwen3-VL-30B-A3B-Instruct.jinja", *IM_END),
+    ("tencent-Hy3.jinja", "<｜hy_begin▁of▁sentence｜>", "<｜hy_eos｜>"),
+    ("openbmb-MiniCPM5-1B.jinja", "<s>", "<|im_end|>"),
+    # other published templates
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", *LLAMA3),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", *LLAMA3),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", *LLAMA3),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", *IM_END),
+    ("Qwen-QwQ-32B.jinja", *IM_END),
+    ("Qwen3-Coder.jinja", *IM_END),
+    ("Qwen3.5-4B.jinja", *IM_END),
+    ("MiMo-VL.jinja", *IM_END),
+    ("HuggingFaceTB-SmolLM3-3B.jinja", *IM_END),
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", *DEEPSEEK),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", *DEEPSEEK),
+    ("llama-cpp-deepseek-r1.jinja", *DEEPSEEK),
+    ("deepseek-ai-DeepSeek-V3.1.jinja", *DEEPSEEK),
+    ("deepseek-ai-DeepSeek-V3.2.jinja", *DEEPSEEK),
+    ("deepseek-ai-DeepSeek-V4.jinja", *DEEPSEEK),
+    ("GLM-4.6.jinja", None, "<|endoftext|>"),
+    ("GLM-4.7-Flash.jinja", None, "<|endoftext|>"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", *MISTRAL),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", *MISTRAL),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", *MISTRAL),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", *MISTRAL),
     ("google-gemma-2-2b-it.jinja", "<bos>", "<eos>"),
+    ("google-gemma-4-31B-it.jinja", "<bos>", "<eos>"),
     ("microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", "<|end_of_text|>", "<|end_of_text|>"),
+    ("ibm-granite-granite-4.0.jinja", "<|end_of_text|>", "<|end_of_text|>"),
     ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "<|begin_of_text|>", "<|im_end|>"),
     ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "<|begin_of_text|>", "<|im_end|>"),
     ("moonshotai-Kimi-K2.jinja", "[BOS]", "[EOS]"),
+    ("Kimi-K2-Thinking.jinja", "[BOS]", "[EOS]"),
     ("openai-gpt-oss-120b.jinja", "<|startoftext|>", "<|return|>"),
-    ("meetkai-functionary-medium-v3.2.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    ("meetkai-functionary-medium-v3.1.jinja", *LLAMA3),
+    ("meetkai-functionary-medium-v3.2.jinja", *LLAMA3),
+    ("fireworks-ai-llama-3-firefunction-v2.jinja", *LLAMA3),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", None, None),
+    ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", None, None),
+    ("ByteDance-Seed-OSS.jinja", "<seed:bos>", "<seed:eos>"),
+    ("LFM2-8B-A1B.jinja", "<|startoftext|>", "<|im_end|>"),
+    ("upstage-Solar-Open-100B.jinja", None, None),
+    ("inclusionai-ling-3.0-flash.jinja", None, None),
     ("llama-cpp-rwkv-world.jinja", None, None),
 ]
 
@@ -122,6 +164,12 @@ CONVERSATIONS = {
     ],
     "parts": [
         {"role": "user", "content": [{"type": "text", "text": "Part one. "}, {"type": "text", "text": "Part two."}]},
+    ],
+    # vision-language templates count and mark the images
+    "image": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": "A cat."},
+        {"role": "user", "content": [{"type": "text", "text": "And these?"}, {"type": "image"}, {"type": "image"}]},
     ],
 }
 
@@ -207,6 +255,16 @@ UNITS = [
     # Python's repr of strings
     ("{{ ['it\\'s', 'say \"hi\"', 'both \\' \"', 'tab\\there', 'nl\\n', 'é\\u00a0x', '\\x01'] }}", {}),
     ("{{ messages[0]['content'] }}{{ messages[0].content }}{{ messages|length }}", {"messages": [{"role": "user", "content": "Hi"}]}),
+    # Markup: + escapes the plain side (functionary v3.1, Ministral 3 use it); ~ gives a plain string
+    ("{{ '<a>'|safe + '<b>' }}|{{ '&' + ('\"'|e) }}|{{ ('x'|safe + '<') + '>' }}|{{ ('<'|safe ~ '<') + '>' }}|{{ ('q'|safe + t)|length }}", {"t": "'"}),
+    ("{{ 'a'|safe + 1 }}", {}),
+    # unknown filters and tests: compile-time errors, except under if and conditional expressions
+    ("{% if x %}{{ y|frob }}{{ y is frob }}{% endif %}ok{{ (y|frob) if x else 1 }}{% set a = y|frob if x %}", {}),
+    ("{% if x %}{% for i in y %}{{ i|frob }}{% endfor %}{% endif %}", {}),
+    ("{% if true %}{{ 1|frob }}{% endif %}", {}),
+    ("{% if x %}{% elif y|frob %}{% endif %}", {"y": 1}),
+    ("{% for i in [1] %}{{ i is frob }}{% endfor %}", {}),
+    ("{% macro m() %}{% if false %}{{ 1|frob }}{% endif %}{% endmacro %}{{ m() }}ok", {}),
 ]
 
 
@@ -247,9 +305,68 @@ def render(text, conv, tools, gen, bos, eos, kwargs, documents=None):
     return out[0]
 
 
+# Follow-up turns as an OpenAI client sends them (tool-call arguments as JSON
+# text, null content beside tool calls), rendered as vLLM renders them: its
+# _postprocess_messages parses the arguments into a mapping (empty: {}) and
+# drops an empty tool_calls list, a null content reaches the template as ""
+# (vLLM's "string" content format), then apply_chat_template drops the nulls.
+OPENAI_TEMPLATES = ["MiniMax-M2", "MiniMax-M1", "Qwen-Qwen3-0.6B", "Qwen-Qwen3-VL-30B-A3B-Instruct", "tencent-Hy3",
+                    "meta-llama-Llama-3.1-8B-Instruct", "Qwen3-Coder", "deepseek-ai-DeepSeek-V3.1",
+                    "deepseek-ai-DeepSeek-V3.2", "GLM-4.6", "moonshotai-Kimi-K2", "openai-gpt-oss-120b",
+                    "Mistral-Small-3.2-24B-Instruct-2506", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"]
+
+
+def openai_wire(conv):
+    out = []
+    for m in conv:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = None
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    out.append({"role": "assistant", "content": "One more.", "tool_calls": []})
+    out.append({"role": "user", "content": "And now?"})
+    return out
+
+
+def vllm_postprocess(conv):
+    conv = json.loads(json.dumps(conv))
+    for m in conv:
+        if "content" in m and m["content"] is None:
+            m["content"] = ""
+        if m["role"] == "assistant" and isinstance(m.get("tool_calls"), list):
+            if not m["tool_calls"]:
+                m.pop("tool_calls")
+                continue
+            for c in m["tool_calls"]:
+                args = c["function"].get("arguments")
+                c["function"]["arguments"] = json.loads(args) if args and not isinstance(args, (dict, list)) else (args or {})
+    return conv
+
+
+def openai_cases(texts, special):
+    out = []
+    wire = openai_wire(CONVERSATIONS["tool_calls"])
+    for name in OPENAI_TEMPLATES:
+        sp = special[name]
+        case = {"template": name,
+                "request": json.dumps({"model": "m", "messages": wire, "tools": TOOLS}, ensure_ascii=False)}
+        try:
+            case["expected"] = render(texts[name], vllm_postprocess(wire), TOOLS, True, sp.get("bos_token"),
+                                      sp.get("eos_token"), {})
+        except jinja2.exceptions.TemplateError as e:
+            case["raise" if type(e) is jinja2.exceptions.TemplateError else "error"] = str(e)
+        except Exception as e:  # noqa: BLE001
+            case["error"] = f"{type(e).__name__}: {e}"
+        out.append(case)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--templates", required=True, help="llama.cpp's models/templates folder")
+    ap.add_argument("--templates", required=True, action="append",
+                    help="a folder of templates (llama.cpp's models/templates; repeat to add more)")
     ap.add_argument("--out", default="tests/fixtures/chat_templates")
     a = ap.parse_args()
     # Pin strftime_now (transformers builds it from datetime.now).
@@ -265,11 +382,16 @@ def main():
     os.makedirs(os.path.join(a.out, "templates"), exist_ok=True)
     cases = []
     special = {}
+    texts = {}
     for fname, bos, eos in TEMPLATES:
         name = fname[:-len(".jinja")]
-        shutil.copyfile(os.path.join(a.templates, fname), os.path.join(a.out, "templates", fname))
-        with open(os.path.join(a.templates, fname), encoding="utf-8") as f:
+        src = next((os.path.join(d, fname) for d in a.templates if os.path.exists(os.path.join(d, fname))), None)
+        if src is None:
+            raise SystemExit(f"{fname}: in none of the --templates folders")
+        shutil.copyfile(src, os.path.join(a.out, "templates", fname))
+        with open(src, encoding="utf-8") as f:
             text = f.read()
+        texts[name] = text
         special[name] = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
         kw_sets = [{}]
         if "enable_thinking" in text:
@@ -303,7 +425,8 @@ def main():
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
     fixture = {
-        "source": "llama.cpp models/templates via llama-cpp-python 0.3.16 (PyPI sdist); transformers "
+        "source": "llama.cpp models/templates via llama-cpp-python 0.3.36 (PyPI sdist) and "
+                  "scripts/reference/chat_templates; transformers "
                   + __import__("transformers").__version__ + ", jinja2 " + jinja2.__version__,
         "source_date_epoch": EPOCH,
         "conversations": {k: json.dumps(v, ensure_ascii=False) for k, v in CONVERSATIONS.items()},
@@ -311,6 +434,7 @@ def main():
         "documents": json.dumps(DOCUMENTS),
         "special": special,
         "cases": cases,
+        "openai_cases": openai_cases(texts, special),
     }
     with open(os.path.join(a.out, "units.json"), "w", encoding="utf-8") as f:
         json.dump({"source_date_epoch": EPOCH, "units": units()}, f, ensure_ascii=False, indent=1)
