@@ -44,12 +44,13 @@ static bool pick_parsers(tpr_chat_renderer *t, const char *tools, const char *re
     t->tool_format = j ? tpr_tool_format_detect(j->text) : TPR_TOOL_FMT_NONE;
     if (j && !t->tool_format) t->tool_format = tpr_tool_format_detect(j->text_tools);
   } else if (!tpr_tool_format_parse(tools, &t->tool_format)) {
-    fprintf(stderr, "tpr serve: --tool-call-parser must be auto, hermes, minimax_m2 or none (not '%s')\n", tools);
+    fprintf(stderr, "tpr serve: --tool-call-parser must be auto, %s (not '%s')\n", tpr_tool_format_names(), tools);
     return false;
   }
   if (!strcmp(reasoning, "auto")) {
-    t->reasoning = j ? tpr_reasoning_detect(j->text) || tpr_reasoning_detect(j->text_tools)
-                     : t->builtin == TPR_CHAT_MINIMAX_M2;
+    t->think_open = j ? tpr_reasoning_detect(j->text) : NULL;
+    if (j && !t->think_open) t->think_open = tpr_reasoning_detect(j->text_tools);
+    t->reasoning = j ? t->think_open != NULL : t->builtin == TPR_CHAT_MINIMAX_M2;
   } else if (!strcmp(reasoning, "think") || !strcmp(reasoning, "none")) {
     t->reasoning = !strcmp(reasoning, "think");
   } else {
@@ -81,12 +82,13 @@ int tpr_cmd_serve(int argc, char **argv) {
        "does; ChatML when it has none), a file of Jinja text, or a built-in rendering: chatml, minimax_m2, "
        "hunyuan_moe"},
       {"tool-call-parser", TPR_ARG_STR, &tool_parser,
-       "how tool calls are read from chat answers: auto (from the chat template's text: <minimax:tool_call> is "
-       "minimax_m2, <tool_call> hermes, else none), hermes (Hermes/Qwen <tool_call> JSON), minimax_m2, or none "
-       "(requests with tools then need tool_choice \"none\")"},
+       "how tool calls are read from chat answers: auto (the format whose tags the chat template's text shows, "
+       "else none), hermes (Hermes, Qwen2.5, Qwen3: <tool_call> JSON), minimax_m2, qwen3_coder (Qwen3-Coder, "
+       "Qwen3.5), glm45 (GLM-4.5 and later), hunyuan (Hy3), hunyuan_preview, kimi_k2, deepseek_v3 (V3, R1, V3.1), mistral, "
+       "llama3_json (Llama 3.1-3.3), or none (requests with tools then need tool_choice \"none\"); docs/serve.md"},
       {"reasoning-parser", TPR_ARG_STR, &reasoning_parser,
-       "auto (on when the chat template mentions <think>), think (<think>...</think> becomes reasoning_content), "
-       "or none"},
+       "auto (on when the chat template mentions <think>, or Hy3's <think:opensource>), think (<think>...</think> "
+       "becomes reasoning_content), or none"},
       {"request-timeout", TPR_ARG_FLOAT, &request_timeout,
        "seconds a client has to send a whole request, and an idle keep-alive connection stays open; 408 after "
        "(default 30; 0: none)"},
@@ -106,7 +108,8 @@ int tpr_cmd_serve(int argc, char **argv) {
   const char *usage = "usage: [mpirun -np N] tpr serve --model DIR [--host 127.0.0.1] [--port 8000] "
                       "[--served-model-name NAME] [--max-seq N] [--max-body-bytes N]\n"
                       "       [--chat-template auto|FILE.jinja|chatml|minimax_m2|hunyuan_moe] [--request-timeout S] [--drain-timeout S]\n"
-                      "       [--tool-call-parser auto|hermes|minimax_m2|none] [--reasoning-parser auto|think|none]\n"
+                      "       [--tool-call-parser auto|hermes|minimax_m2|qwen3_coder|glm45|hunyuan|hunyuan_preview|kimi_k2|deepseek_v3|mistral|llama3_json|none]\n"
+                      "       [--reasoning-parser auto|think|none]\n"
                       "       [--max-connections N] [--port-file F] [--pid-file F]\n"
                       "       [--max-batch B (default 64 here)] [--max-tokens-per-step N] [--kv-cache-bytes N] [--tp T --dp D ...]\n"
                       "endpoints: GET /health, GET /v1/models, GET /metrics, POST /v1/completions, "
@@ -171,6 +174,11 @@ int tpr_cmd_serve(int argc, char **argv) {
   if (rc == TPR_OK && w.rank == 0 && tmpl_warn[0])
     fprintf(stderr, "tpr serve: warning: %s; until then chat requests get 400\n", tmpl_warn);
   if (rc == TPR_OK && w.rank == 0) tpr_cli_print_kv_pool(s);
+  if (rc == TPR_OK && tok) {  // a tool format whose start tag is a special token: answers keep special tokens
+    const char *start = tpr_tool_format_start(so.chat_template.tool_format);
+    int32_t start_id = start ? tpr_tokenizer_token_to_id(tok, start) : -1;
+    so.chat_template.keep_special = start_id >= 0 && tpr_tokenizer_is_special(tok, start_id);
+  }
   if (rc == TPR_OK) rc = tpr_serve_run(w.host, w.rank, e, tok, &so);
   tpr_engine_free(e);
   tpr_tokenizer_free(tok);

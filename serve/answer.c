@@ -32,12 +32,18 @@ static int detok_append(serve_detok *d, const char *s, size_t n) {
 
 // Takes the tokens up to gen[n - 1] into the text once they add complete
 // characters (final: whatever they add, an incomplete character included).
-static void detok_step(const tpr_tokenizer *tok, serve_detok *d, const int32_t *gen, int64_t n, bool final) {
+// keep_special: special tokens are text too, except the end-of-sequence
+// token that stopped the answer (vLLM leaves it out of the text).
+static void detok_step(const tpr_tokenizer *tok, serve_detok *d, const int32_t *gen, int64_t n, bool final,
+                       bool keep_special, int32_t eos) {
   char *prefix = NULL, *full = NULL;
   size_t pl = 0, fl = 0;
-  if (tpr_tokenizer_decode_known(tok, gen + d->prefix, (size_t)(d->read - d->prefix), true, &prefix, &pl) ==
+  bool skip = !keep_special;
+  if (keep_special && n > d->read && eos >= 0 && gen[n - 1] == eos) n--;
+  if (n <= d->read) return;
+  if (tpr_tokenizer_decode_known(tok, gen + d->prefix, (size_t)(d->read - d->prefix), skip, &prefix, &pl) ==
           TPR_OK &&
-      tpr_tokenizer_decode_known(tok, gen + d->prefix, (size_t)(n - d->prefix), true, &full, &fl) == TPR_OK &&
+      tpr_tokenizer_decode_known(tok, gen + d->prefix, (size_t)(n - d->prefix), skip, &full, &fl) == TPR_OK &&
       fl > pl && (final || !ends_incomplete(full, fl)) && detok_append(d, full + pl, fl - pl) == 0) {
     d->prefix = d->read;
     d->read = n;
@@ -78,7 +84,7 @@ static int64_t find_stop(const tpr_oai_request *q, const char *text, size_t from
 static bool take_text(serve_state *st, serve_req *r, int64_t index, int64_t n, bool final) {
   serve_choice *c = &r->ch[index];
   size_t before = c->dt.text_len, L = longest_stop(&r->r);
-  detok_step(st->tok, &c->dt, c->gen, n, final);
+  detok_step(st->tok, &c->dt, c->gen, n, final, r->r.keep_special, r->r.ignore_eos ? -1 : st->o->eos);
   c->text_after[n - 1] = c->dt.text_len;
   if (!L || c->dt.text_len == before) return false;
   int64_t at = find_stop(&r->r, c->dt.text, before > L - 1 ? before - (L - 1) : 0, c->dt.text_len);

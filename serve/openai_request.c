@@ -220,6 +220,7 @@ static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_r
   if (!bool_field(j, "parallel_tool_calls", &out->parallel_tool_calls, e)) return false;
   if (!get(j, "parallel_tool_calls")) out->parallel_tool_calls = true;
   out->reasoning = tmpl->reasoning;
+  out->think_open = tmpl->think_open;
   if (i == 0 && choice && !none)  // as OpenAI and vLLM answer
     return fail(e, 400, "tool_choice", "'tool_choice' other than \"none\" needs 'tools'");
   if (i == 0) return true;  // no tools (an empty list is none)
@@ -232,6 +233,7 @@ static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_r
                 "this server parses no tool calls (--tool-call-parser none, or its chat template shows no tool call "
                 "syntax): only tool_choice \"none\" is possible with tools");
   out->tool_format = none ? TPR_TOOL_FMT_NONE : tmpl->tool_format;
+  out->keep_special = !none && tmpl->keep_special;
   out->tools = cJSON_Duplicate(tools, true);
   return out->tools || fail(e, 500, "tools", "out of memory for the tools");
 }
@@ -409,7 +411,7 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_rende
        parse_prompt(j, body, len, chat, tmpl, out, e) &&
        parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
        parse_stop(j, out, e) && parse_logit_bias(j, out, e);
-  if (ok && out->reasoning) out->starts_in_reasoning = tpr_prompt_opens_think(out->prompt);
+  if (ok && out->reasoning) out->starts_in_reasoning = tpr_prompt_opens_think(out->prompt, out->think_open);
 done:
   cJSON_Delete(j);
   if (!ok) tpr_oai_request_free(out);

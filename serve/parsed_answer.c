@@ -21,6 +21,7 @@ static void make_call_id(char id[32]) {
 void tpr_parsed_init(tpr_parsed_choice *pc, const tpr_oai_request *r) {
   memset(pc, 0, sizeof *pc);
   tpr_out_parser_init(&pc->p, r->tool_format, r->reasoning, r->starts_in_reasoning, r->tools);
+  if (r->think_open) tpr_out_parser_think_tag(&pc->p, r->think_open);
   pc->parallel = r->parallel_tool_calls;
   pc->has_reasoning = r->reasoning;
 }

@@ -108,6 +108,11 @@ typedef struct tpr_chat_renderer {
   // (tools need `jinja` to be rendered), <think> reasoning separated.
   tpr_tool_format tool_format;
   bool reasoning;
+  const char *think_open;  // the tag that opens reasoning ("<think>", Hy3's "<think:opensource>"; NULL: "<think>")
+  // tool_format's start tag is a special token of the tokenizer (Kimi K2,
+  // DeepSeek, Mistral): answers parsed for tool calls keep special tokens in
+  // their text, as vLLM turns skip_special_tokens off for those parsers.
+  bool keep_special;
 } tpr_chat_renderer;
 // "jinja (tokenizer_config.json)" or the built-in's name, for start-up lines.
 void tpr_chat_renderer_describe(const tpr_chat_renderer *r, char *buf, size_t cap);
@@ -167,7 +172,9 @@ typedef struct tpr_oai_request {
   tpr_tool_format tool_format;  // the calls parsed from the answer (NONE: tool_choice "none" or no parser)
   bool reasoning;          // <think> reasoning separated from the content
   bool starts_in_reasoning;  // the rendered prompt ends inside an open <think>
+  const char *think_open;  // the reasoning tag (tpr_chat_renderer's; static)
   bool parallel_tool_calls;  // false: only the first call is kept
+  bool keep_special;       // the answer's text keeps special tokens (tpr_chat_renderer's keep_special)
 } tpr_oai_request;
 
 // Parses a body (every parameter OpenAI or vLLM defines for the endpoint
