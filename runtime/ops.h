@@ -256,7 +256,7 @@ tpr_status tpr_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_te
 tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor *new_rows,
                            const tpr_tensor *start, tpr_tensor *out);
 // Lightning attention: MiniMax-Text-01's linear attention (transformers'
-// MiniMaxLightningAttention, docs/ops/lightning_attention.md), the core
+// MiniMaxLightningAttention, docs/lightning-attention.md), the core
 // between its qkv projection (with its activation) and its output RMSNorm and
 // sigmoid gate, which stay outside. Per head h, slope s = slopes[h] > 0, and a
 // (D, D) f32 state S that a sequence carries between calls:
