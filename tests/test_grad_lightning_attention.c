@@ -164,15 +164,15 @@ static void fd_case(const char *name, int64_t T, int64_t H, int64_t D, int64_t B
   tt_grad_free_inputs(&c);
 }
 
-// o alone, as a family that keeps the state elsewhere reads it: a slice of
-// the packed output (the final state's cotangent arrives as zeros).
+// o alone, or the final state alone, through tpr_pb_lightning_attention's
+// views of the packed output (the other part's cotangent arrives as zeros).
 static tpr_status build_o_only(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
-  const tpr_op_attrs at = {.n_i = 1, .i = {3}};
-  tpr_value_id packed;
-  tpr_tensor q;
-  TPR_CHECK(tpr_program_value(p, in[0], &q));
-  TPR_CHECK(tpr_program_op(p, TPR_OP_LIGHTNING_ATTENTION, in, 5, &at, &packed));
-  return tpr_pb_slice(p, packed, 0, 0, tpr_tensor_numel(&q), out);
+  tpr_value_id st;
+  return tpr_pb_lightning_attention(p, in[0], in[1], in[2], in[3], in[4], 3, out, &st);
+}
+static tpr_status build_state_only(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
+  tpr_value_id o;
+  return tpr_pb_lightning_attention(p, in[0], in[1], in[2], in[3], in[4], 3, &o, out);
 }
 
 static void test_grad_fd(void **state) {
@@ -180,6 +180,7 @@ static void test_grad_fd(void **state) {
   fd_case("lightning T 7 block 3 (both outputs)", 7, 2, 4, 3, NULL, 0, NULL);
   fd_case("lightning T 3 block 4", 3, 2, 4, 4, NULL, 0, NULL);
   fd_case("lightning T 9 block 3, o only", 9, 2, 4, 3, build_o_only, 0, NULL);
+  fd_case("lightning T 8 block 3, state only", 8, 2, 4, 3, build_state_only, 0, NULL);
   double half, sign;
   fd_case("lightning (control x0.5)", 7, 2, 4, 3, NULL, 0.5, &half);
   fd_case("lightning (control sign)", 7, 2, 4, 3, NULL, -1, &sign);

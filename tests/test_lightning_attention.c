@@ -491,13 +491,51 @@ static void test_programs_and_threads(void **state) {
   free(dout), free(Sd), tpr_tensor_free(tdo), free_prob(&p);
 }
 
+// tpr_pb_lightning_decode's views: o (B, H, D) and the states (B, H, D, D)
+// out of a program equal the eager op's packed output, bit for bit.
+static void test_decode_builder(void **state) {
+  (void)state;
+  const int64_t Bn = 3, H = 2, D = 8, x3[3] = {Bn, H, D}, s4[4] = {Bn, H, D, D}, n = Bn * H * D,
+                npk = n + Bn * H * D * D;
+  tpr_tensor *t[5];
+  for (int i = 0; i < 3; i++) t[i] = tt_random_f32(tt_cpu(), 3, x3, NULL);
+  t[3] = tt_random_f32(tt_cpu(), 4, s4, NULL);
+  float sl[2];
+  tpr_lightning_slopes(H, 0, 1, sl);
+  t[4] = tt_from_host(TPR_F32, 1, &H, sl);
+  tpr_tensor *eager = tt_new(TPR_F32, 1, &npk);
+  TT_OK(tpr_lightning_decode(tt_cpu(), t[0], t[1], t[2], t[3], t[4], eager));
+  tpr_program *p;
+  tpr_value_id in[5], o, st;
+  TT_OK(tpr_program_new(&p));
+  const char *names[5] = {"q", "k", "v", "state", "slopes"};
+  for (int i = 0; i < 5; i++) TT_OK(tpr_program_input(p, names[i], TPR_F32, t[i]->ndim, t[i]->shape, &in[i]));
+  TT_OK(tpr_pb_lightning_decode(p, in[0], in[1], in[2], in[3], in[4], &o, &st));
+  TT_OK(tpr_program_output(p, o, "o"));
+  TT_OK(tpr_program_output(p, st, "state_out"));
+  tpr_exec *e;
+  TT_OK(tpr_exec_new(p, tt_cpu(), &e));
+  for (int i = 0; i < 5; i++) TT_OK(tpr_exec_bind(e, names[i], t[i]));
+  TT_OK(tpr_exec_run(e));
+  const tpr_tensor *go, *gs;
+  TT_OK(tpr_exec_output(e, "o", &go));
+  TT_OK(tpr_exec_output(e, "state_out", &gs));
+  assert_true(tpr_tensor_same_shape(go, t[0]) && tpr_tensor_same_shape(gs, t[3]));
+  float *ho = tt_to_host(go), *hs = tt_to_host(gs);
+  const float *ref = tpr_tensor_data(eager);
+  assert_memory_equal(ho, ref, (size_t)n * sizeof *ho);
+  assert_memory_equal(hs, ref + n, (size_t)(npk - n) * sizeof *hs);
+  free(ho), free(hs), tpr_exec_free(e), tpr_program_free(p), tpr_tensor_free(eager);
+  for (int i = 0; i < 5; i++) tpr_tensor_free(t[i]);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefill_reference), cmocka_unit_test(test_chunked_prefill),
       cmocka_unit_test(test_decode),            cmocka_unit_test(test_controls),
       cmocka_unit_test(test_transformers_fixture), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_programs_and_threads),
+      cmocka_unit_test(test_programs_and_threads), cmocka_unit_test(test_decode_builder),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
