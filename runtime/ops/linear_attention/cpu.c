@@ -46,10 +46,9 @@ static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float 
 // dst (H, N, D) contiguous := t (N, H, D), any strides: each head's rows
 // contiguous, the sgemm operand layout.
 static void heads_major(const tpr_tensor *t, float *dst) {
-  const int64_t N = t->shape[0], H = t->shape[1], D = t->shape[2];
+  const int64_t N = t->shape[0], D = t->shape[2];
   const int64_t ds[3] = {D, N * D, 1};
   tpr__strided_copy(dst, ds, tpr_tensor_data(t), t->stride, 3, t->shape, sizeof(float));
-  (void)H;
 }
 
 // The slopes (H), any stride, checked: a negative or non-finite slope would
