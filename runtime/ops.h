@@ -118,6 +118,15 @@ typedef enum tpr_op_kind {
                              // (-1: none), i[3] prefetch (0/1), i[4] reshard (0/1); f[0] grad scale; out (n*c) f32: every rank's
                              // shard in rank order, widened to f32. Backward: the f32 cotangent is
                              // reduce-scattered (sum) over the axis, times f[0] (1/dp: the replicas' mean).
+  // Lightning attention (MiniMax-Text-01's linear layers; runtime/ops/linear_attention/, exact semantics at
+  // tpr_lightning_attention): per head h with decay lambda_h = exp(-slopes[h]) and a (D, D) f32 state S,
+  // S_t = lambda_h S_{t-1} + k_t^T v_t, o_t = q_t S_t, computed in blocks of i[0] tokens as transformers does.
+  TPR_OP_LIGHTNING_ATTENTION = 66,  // in (q, k, v (T, H, D), state (H, D, D), slopes (H)) f32; i[0] block size;
+                                    // out packed (o (T*H*D) | final state (H*D*D)) f32
+  TPR_OP_LIGHTNING_ATTENTION_BWD = 67,  // in (q, k, v, state, slopes, dout packed like the forward's out);
+                                        // i[0] block; out packed (dq | dk | dv | dstate (H*D*D)); no dslopes
+  TPR_OP_LIGHTNING_DECODE = 68,  // in (q, k, v (B, H, D), state (B, H, D, D), slopes (H)) f32: one token of each
+                                 // of B sequences; out packed (o (B*H*D) | new states (B*H*D*D)) f32
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
@@ -246,6 +255,36 @@ tpr_status tpr_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_te
 // the storage is not: the kernel writes through tpr_tensor_data.)
 tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor *new_rows,
                            const tpr_tensor *start, tpr_tensor *out);
+// Lightning attention: MiniMax-Text-01's linear attention (transformers'
+// MiniMaxLightningAttention, docs/lightning-attention.md), the core
+// between its qkv projection (with its activation) and its output RMSNorm and
+// sigmoid gate, which stay outside. Per head h, slope s = slopes[h] > 0, and a
+// (D, D) f32 state S that a sequence carries between calls:
+//   S_t = exp(-s) S_{t-1} + k_t^T v_t,   o_t = q_t S_t   (q_t, k_t, v_t rows (D)).
+// No softmax, no scale. The prefill computes this in blocks of block_size
+// tokens from the sequence's first token of the call, as transformers does:
+// for a block of b tokens (local i, j in 1..b) starting from state S,
+//   o_i = exp(-s i) q_i S + sum_{j <= i} exp(-s (i - j)) (q_i . k_j) v_j,
+//   S' = exp(-s b) S + sum_j exp(-s (b - j)) k_j^T v_j.
+// q, k, v (T, H, D) f32 (any strides), state (H, D, D) f32: the state before
+// the call (zeros for a new sequence), slopes (H) f32, block_size >= 1;
+// out (T*H*D + H*D*D) f32 packed: o (T, H, D) then the state after the call
+// (H, D, D). A prefill split into calls that carry the state equals one call
+// to rounding.
+tpr_status tpr_lightning_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
+                                   const tpr_tensor *state, const tpr_tensor *slopes, int64_t block_size,
+                                   tpr_tensor *out);
+// One decode step of B sequences (transformers' cached path): q, k, v
+// (B, H, D), state (B, H, D, D) f32, slopes (H); per sequence and head
+// S' = exp(-s) S + k^T v, o = q S'; out (B*H*D + B*H*D*D) packed: o (B, H, D)
+// then the new states (B, H, D, D).
+tpr_status tpr_lightning_decode(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
+                                const tpr_tensor *state, const tpr_tensor *slopes, tpr_tensor *out);
+// transformers' slope rates (MiniMaxLightningAttention.get_slope_rate) for
+// heads [0, heads) of layer `layer` of n_layers: base = 2^(-8 / heads),
+// slope[h] = base^(h + 1) * (1 - layer / (n_layers - 1 + 1e-5) + 1e-5),
+// computed in double, rounded to f32. A tensor-parallel rank takes its slice.
+void tpr_lightning_slopes(int64_t heads, int64_t layer, int64_t n_layers, float *out);
 // MiniMax-M2 router. logits (T, E), bias (E) f32; 1 <= k <= E; out (T, E) f32
 // dense combine weights: s = 1 / (1 + expf(-logit)); per row the k experts
 // with the largest s + bias are chosen (ties: the lower expert index wins; a

@@ -13,7 +13,8 @@
 //   1e-5: elementwise, norms, sum_squares, softmax, rope, router -- the same
 //     formulas; only f32 sums run in another order and expf/sinf/cosf/powf
 //     differ from glibc's by an ulp or two;
-//   1e-4: matmul, attention, moe_experts -- GEMM-sized sums accumulated in
+//   1e-4: matmul, attention, moe_experts, lightning attention (prefill, its
+//     backward, decode) -- GEMM-sized sums accumulated in
 //     another order (cuBLAS vs OpenBLAS).
 //
 // Without a CUDA device it exits 77 (ctest: skipped). TPR_CUDA_OPS_SELFTEST=1
@@ -151,7 +152,8 @@ static double op_bound(tpr_op_kind op) {
   switch (op) {
     case TPR_OP_CAST: case TPR_OP_EMBEDDING: case TPR_OP_INDEX_SELECT: case TPR_OP_EMBEDDING_SHARD:
     case TPR_OP_CACHE_WRITE: return 0;
-    case TPR_OP_MATMUL: case TPR_OP_ATTENTION: case TPR_OP_MOE_EXPERTS: return 1e-4;
+    case TPR_OP_MATMUL: case TPR_OP_ATTENTION: case TPR_OP_MOE_EXPERTS: case TPR_OP_LIGHTNING_ATTENTION:
+    case TPR_OP_LIGHTNING_ATTENTION_BWD: case TPR_OP_LIGHTNING_DECODE: return 1e-4;
     default: return 1e-5;
   }
 }
@@ -507,6 +509,36 @@ static void test_attention_docs(void **state) {
   }
 }
 
+// Lightning attention (ops.h): the blocked prefill, its backward and the
+// decode step, T around the block size, q/k/v strided; the slopes are
+// transformers' (positive, as the kernels require).
+static void test_lightning(void **state) {
+  static const struct { int64_t T, H, D, B; } cs[] = {{1, 2, 8, 4}, {4, 3, 16, 4}, {11, 2, 8, 4}, {37, 4, 16, 8},
+                                                       {5, 1, 33, 64}, {130, 2, 64, 64}};
+  for (int c = 0; c < 6; c++) {
+    const int64_t T = cs[c].T, H = cs[c].H, D = cs[c].D, xs[3] = {T, H, D}, ss[3] = {H, D, D},
+                  nd = T * H * D + H * D * D, bs[4] = {T, H, D, D};
+    float *sl = hold_host(malloc((size_t)H * sizeof *sl));
+    tpr_lightning_slopes(H, c % 3, 3, sl);
+    const int l = c % 2 ? L_PERM : L_SLICE;
+    tpr_op_attrs at = {.n_i = 1, .i = {cs[c].B}};
+    pair in[6] = {rand_pair(3, xs, l), rand_pair(3, xs, 0), rand_pair(3, xs, l), rand_pair(3, ss, c % 2 ? L_PERM : 0),
+                  pair_from(TPR_F32, 1, &H, 0, sl), rand_pair(1, &nd, 0)};
+    // Decode, backward, then prefill: each negative control changes an input
+    // on the GPU side that no later check of this case reads.
+    pair din[5] = {in[0], in[1], in[2], rand_pair(4, bs, c % 2 ? L_SLICE : 0), in[4]};
+    op_case *k = check(TPR_OP_LIGHTNING_DECODE, NULL, 5, din, "decode B=%lld H=%lld D=%lld", (long long)T, (long long)H,
+                       (long long)D);
+    if (c == 2) negative(k, 3, 0, 1.0);
+    k = check(TPR_OP_LIGHTNING_ATTENTION_BWD, &at, 6, in, "backward T=%lld H=%lld D=%lld block %lld", (long long)T,
+              (long long)H, (long long)D, (long long)cs[c].B);
+    if (c == 2) negative(k, 5, nd - 1, 1.0);  // d(final state): reaches every gradient
+    k = check(TPR_OP_LIGHTNING_ATTENTION, &at, 5, in, "prefill T=%lld H=%lld D=%lld block %lld", (long long)T,
+              (long long)H, (long long)D, (long long)cs[c].B);
+    if (c == 2) negative(k, 0, 0, 1.0);
+  }
+}
+
 static void test_cache_write(void **state) {
   const int64_t S = 10, Hkv = 2, D = 4, cs[3] = {S, Hkv, D};
   static const int64_t Ts[] = {3, 1, 0};
@@ -684,6 +716,7 @@ int main(void) {
       T(test_matmul),       T(test_add_mul),          T(test_rms_norm_swiglu),  T(test_softmax),
       T(test_sum_squares_rms_scale), T(test_embedding), T(test_index_select),   T(test_cast),
       T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_attention_docs),   T(test_cache_write),
+      T(test_lightning),
       T(test_router),       T(test_moe),              T(test_bad_indices),      T(test_missing_kernel),
       T(test_allocator_reuse),
   };

@@ -133,3 +133,15 @@ tpr_status tpr_moe_grouped_ffn(tpr_backend *be, const tpr_tensor *x, const tpr_t
 tpr_status tpr_moe_unpermute(tpr_backend *be, const tpr_tensor *y, const tpr_tensor *gates, tpr_tensor *out) {
   return RUN(TPR_OP_MOE_UNPERMUTE, NULL, 2, y, gates);
 }
+
+tpr_status tpr_lightning_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
+                                   const tpr_tensor *state, const tpr_tensor *slopes, int64_t block_size,
+                                   tpr_tensor *out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {block_size}};
+  return tpr_op_run(be, TPR_OP_LIGHTNING_ATTENTION, (const tpr_tensor *const[]){q, k, v, state, slopes}, 5, &at, out);
+}
+
+tpr_status tpr_lightning_decode(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
+                                const tpr_tensor *state, const tpr_tensor *slopes, tpr_tensor *out) {
+  return tpr_op_run(be, TPR_OP_LIGHTNING_DECODE, (const tpr_tensor *const[]){q, k, v, state, slopes}, 5, NULL, out);
+}

@@ -288,6 +288,36 @@ tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions
   tpr_op_attrs at = tpr_rope_attrs(o);
   return tpr_program_op(p, TPR_OP_ROPE, (const tpr_value_id[]){x, positions}, 2, &at, out);
 }
+// The packed (first (n) | second) output of a lightning op as two views
+// shaped like `first_like` and `second_like`.
+static tpr_status split_packed(tpr_program *p, tpr_value_id packed, tpr_value_id first_like, tpr_value_id second_like,
+                               tpr_value_id *first, tpr_value_id *second) {
+  tpr_tensor a, b;
+  tpr_value_id s;
+  TPR_CHECK(tpr_program_value(p, first_like, &a));
+  TPR_CHECK(tpr_program_value(p, second_like, &b));
+  const int64_t n = tpr_tensor_numel(&a), m = tpr_tensor_numel(&b);
+  TPR_CHECK(tpr_pb_slice(p, packed, 0, 0, n, &s));
+  TPR_CHECK(tpr_pb_reshape(p, s, a.ndim, a.shape, first));
+  TPR_CHECK(tpr_pb_slice(p, packed, 0, n, m, &s));
+  return tpr_pb_reshape(p, s, b.ndim, b.shape, second);
+}
+tpr_status tpr_pb_lightning_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                      tpr_value_id state, tpr_value_id slopes, int64_t block_size, tpr_value_id *o,
+                                      tpr_value_id *state_out) {
+  tpr_op_attrs at = {.n_i = 1, .i = {block_size}};
+  tpr_value_id packed;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_LIGHTNING_ATTENTION, (const tpr_value_id[]){q, k, v, state, slopes}, 5, &at,
+                           &packed));
+  return split_packed(p, packed, q, state, o, state_out);
+}
+tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                   tpr_value_id state, tpr_value_id slopes, tpr_value_id *o, tpr_value_id *state_out) {
+  tpr_value_id packed;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_LIGHTNING_DECODE, (const tpr_value_id[]){q, k, v, state, slopes}, 5, NULL,
+                           &packed));
+  return split_packed(p, packed, q, state, o, state_out);
+}
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out) {
   tpr_op_attrs at = {.n_f = 1, .f = {scale}};

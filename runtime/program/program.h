@@ -107,6 +107,17 @@ tpr_status tpr_pb_rope(tpr_program *p, tpr_value_id x, tpr_value_id positions, i
 // A rope variant (runtime/ops/rope/rope.h: pairing, MRoPE).
 tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions, const tpr_rope_opts *o,
                           tpr_value_id *out);
+// Lightning attention (ops.h, tpr_lightning_attention): one op, its packed
+// output taken apart as views: o (T, H, D) and the state after the call
+// (H, D, D). A graph that uses only one of them gives the other a zero
+// cotangent through the views' backward.
+tpr_status tpr_pb_lightning_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                      tpr_value_id state, tpr_value_id slopes, int64_t block_size, tpr_value_id *o,
+                                      tpr_value_id *state_out);
+// One decode step of B sequences (tpr_lightning_decode): o (B, H, D) and the
+// new states (B, H, D, D) as views.
+tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                   tpr_value_id state, tpr_value_id slopes, tpr_value_id *o, tpr_value_id *state_out);
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out);
 // Attention's document form (packed training sequences): as tpr_pb_attention,
