@@ -92,6 +92,23 @@ cJSON *tool_convert_value(const char *v, const char *type) {
   return j ? j : cJSON_CreateString(v);
 }
 
+int tool_each_block(tpr_out_parser *p, const char *s, const char *e, const char *open, const char *close,
+                    tool_block_fn one, const void *ctx) {
+  int first = p->n_calls, found = 0;
+  size_t no = strlen(open), nc = strlen(close);
+  for (const char *q = s; (q = tool_find(q, e, open));) {
+    q += no;
+    const char *c = tool_find(q, e, close);
+    if (!c || !one(p, q, c, ctx)) {
+      tool_drop_calls(p, first);
+      return 0;
+    }
+    found++;
+    q = c + nc;
+  }
+  return found;
+}
+
 bool tool_add_object_call(tpr_out_parser *p, const char *name, size_t name_len, cJSON *args) {
   char *a = args ? cJSON_PrintUnformatted(args) : strdup("{}");
   bool ok = a && tool_add_call(p, name, name_len, a);
@@ -203,30 +220,20 @@ int tool_parse_mistral(tpr_out_parser *p, const char *s, size_t n) {
 
 // --- calls between two markers: ID sep ARGS end (Kimi K2, DeepSeek V3.x) ------------
 
-// Each `open ID sep ARGS close` in [s, e): name_of turns ID into the name.
-static int marked_calls(tpr_out_parser *p, const char *s, const char *e, const char *open, const char *sep,
-                        const char *close, bool (*name_of)(const char **b, const char **e)) {
-  int first = p->n_calls, found = 0;
-  for (const char *q = s; (q = tool_find(q, e, open));) {
-    q += strlen(open);
-    const char *m = tool_find(q, e, sep), *c = m ? tool_find(m, e, close) : NULL;
-    const char *nb = q, *ne = m;
-    cJSON *args = NULL;
-    bool ok = c && name_of(&nb, &ne);
-    if (ok) {
-      args = json_of(m + strlen(sep), c);
-      ok = cJSON_IsObject(args) && tool_add_object_call(p, nb, (size_t)(ne - nb), args);
-    }
-    cJSON_Delete(args);
-    if (!ok) {
-      found = 0;
-      break;
-    }
-    found++;
-    q = c + strlen(close);
-  }
-  if (!found) tool_drop_calls(p, first);
-  return found;
+typedef struct marked {
+  const char *sep;
+  bool (*name_of)(const char **b, const char **e);
+} marked;
+
+// One `ID sep ARGS` (the inside of open ... close): name_of turns ID into the name.
+static bool marked_call(tpr_out_parser *p, const char *b, const char *e, const void *ctx) {
+  const marked *m = ctx;
+  const char *sep = tool_find(b, e, m->sep), *nb = b, *ne = sep;
+  if (!sep || !m->name_of(&nb, &ne)) return false;
+  cJSON *args = json_of(sep + strlen(m->sep), e);
+  bool ok = cJSON_IsObject(args) && tool_add_object_call(p, nb, (size_t)(ne - nb), args);
+  cJSON_Delete(args);
+  return ok;
 }
 
 // "functions.get_weather:0" -> "get_weather" (vLLM's kimi_k2 parser).
@@ -243,8 +250,8 @@ static bool kimi_name(const char **b, const char **e) {
 }
 
 int tool_parse_kimi_k2(tpr_out_parser *p, const char *s, size_t n) {
-  return marked_calls(p, s, s + n, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-                      kimi_name);
+  static const marked m = {"<|tool_call_argument_begin|>", kimi_name};
+  return tool_each_block(p, s, s + n, "<|tool_call_begin|>", "<|tool_call_end|>", marked_call, &m);
 }
 
 // V3.1: name<｜tool▁sep｜>{args}; V3 and R1: function<｜tool▁sep｜>name\n```json\n{args}\n```
@@ -254,36 +261,27 @@ static bool deepseek_name(const char **b, const char **e) {
   return *b < *e && !(*e - *b == 8 && !strncmp(*b, "function", 8));
 }
 
+static const char DS_OPEN[] = "<｜tool▁call▁begin｜>", DS_SEP[] = "<｜tool▁sep｜>", DS_CLOSE[] = "<｜tool▁call▁end｜>";
+
+// V3 / R1: "function" before the sep, the name after it, then the fenced arguments.
+static bool deepseek_fenced_call(tpr_out_parser *p, const char *b, const char *e, const void *ctx) {
+  (void)ctx;
+  const char *m = tool_find(b, e, DS_SEP), *tb = b, *te = m;
+  if (!m) return false;
+  tool_strip(&tb, &te);
+  if (te - tb != 8 || strncmp(tb, "function", 8)) return false;
+  const char *nb = m + sizeof DS_SEP - 1, *ne = tool_find(nb, e, "\n");
+  const char *fb = ne ? tool_find(ne, e, "```json") : NULL, *fe = fb ? tool_find(fb + 7, e, "```") : NULL;
+  if (!fe) return false;
+  tool_strip(&nb, &ne);
+  cJSON *args = json_of(fb + 7, fe);
+  bool ok = nb < ne && cJSON_IsObject(args) && tool_add_object_call(p, nb, (size_t)(ne - nb), args);
+  cJSON_Delete(args);
+  return ok;
+}
+
 int tool_parse_deepseek(tpr_out_parser *p, const char *s, size_t n) {
-  static const char OPEN[] = "<｜tool▁call▁begin｜>", SEP[] = "<｜tool▁sep｜>", CLOSE[] = "<｜tool▁call▁end｜>";
-  int got = marked_calls(p, s, s + n, OPEN, SEP, CLOSE, deepseek_name);
-  if (got) return got;
-  // V3 / R1: "function" before the sep, the name after it, then the fenced arguments.
-  int first = p->n_calls, found = 0;
-  const char *e = s + n;
-  for (const char *q = s; (q = tool_find(q, e, OPEN));) {
-    q += sizeof OPEN - 1;
-    const char *m = tool_find(q, e, SEP), *c = m ? tool_find(m, e, CLOSE) : NULL;
-    const char *tb = q, *te = m;
-    bool ok = false;
-    if (c) tool_strip(&tb, &te);
-    if (c && te - tb == 8 && !strncmp(tb, "function", 8)) {
-      const char *nb = m + sizeof SEP - 1, *nl = tool_find(nb, c, "\n"), *ne = nl;
-      const char *fb = nl ? tool_find(nl, c, "```json") : NULL, *fe = fb ? tool_find(fb + 7, c, "```") : NULL;
-      if (fb && fe) {
-        tool_strip(&nb, &ne);
-        cJSON *args = json_of(fb + 7, fe);
-        ok = nb < ne && cJSON_IsObject(args) && tool_add_object_call(p, nb, (size_t)(ne - nb), args);
-        cJSON_Delete(args);
-      }
-    }
-    if (!ok) {
-      found = 0;
-      break;
-    }
-    found++;
-    q = c + sizeof CLOSE - 1;
-  }
-  if (!found) tool_drop_calls(p, first);
-  return found;
+  static const marked m = {DS_SEP, deepseek_name};
+  int got = tool_each_block(p, s, s + n, DS_OPEN, DS_CLOSE, marked_call, &m);
+  return got ? got : tool_each_block(p, s, s + n, DS_OPEN, DS_CLOSE, deepseek_fenced_call, NULL);
 }

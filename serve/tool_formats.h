@@ -26,6 +26,13 @@ const char *tool_param_type(const cJSON *tools, const char *fname, const char *p
 // vLLM's _convert_param_value: "null" is null; then by the schema type; a
 // value that does not convert stays a string; an unknown type: JSON if it is.
 cJSON *tool_convert_value(const char *v, const char *type);
+// Calls one(p, b, e, ctx) on the inside [b, e) of each open ... close in
+// [s, e), in order. Every one must add its call, else the calls they added
+// are taken back and the result is 0 (the block stays content); no open at
+// all is 0 too. Returns how many.
+typedef bool (*tool_block_fn)(tpr_out_parser *p, const char *b, const char *e, const void *ctx);
+int tool_each_block(tpr_out_parser *p, const char *s, const char *e, const char *open, const char *close,
+                    tool_block_fn one, const void *ctx);
 // Adds the call name(arguments) from key/value pairs: keys[i] = values[i]
 // typed by the schema (typing: tool_convert_value's). False: out of memory.
 bool tool_add_object_call(tpr_out_parser *p, const char *name, size_t name_len, cJSON *args);

@@ -33,10 +33,18 @@ static bool finish_call(tpr_out_parser *p, const char *nb, const char *ne, cJSON
   return ok;
 }
 
-// --- MiniMax-M2: <invoke name="f"><parameter name="p">value</parameter></invoke> --
+// --- one call as name> then <PSTART key>value</parameter> (MiniMax-M2, Qwen3-Coder) --
 
-// One <invoke name=...>...</invoke>'s inside (after "<invoke name=").
-static bool minimax_invoke(tpr_out_parser *p, const char *s, const char *e) {
+typedef struct param_tags {
+  const char *pstart;  // "<parameter name=" or "<parameter="
+  bool strip_value;    // MiniMax-M2: the value stripped; Qwen3-Coder: one newline at each end is layout
+} param_tags;
+
+// The inside of one call block: the name up to '>' (quotes and spaces
+// around it dropped), then each parameter, typed by the schema.
+static bool params_call(tpr_out_parser *p, const char *s, const char *e, const void *ctx) {
+  static const char PEND[] = "</parameter>";
+  const param_tags *t = ctx;
   const char *gt = memchr(s, '>', (size_t)(e - s));
   if (!gt) return false;
   const char *nb = s, *ne = gt;
@@ -44,9 +52,8 @@ static bool minimax_invoke(tpr_out_parser *p, const char *s, const char *e) {
   char *fname = strndup(nb, (size_t)(ne - nb));
   cJSON *args = cJSON_CreateObject();
   bool ok = fname && args;
-  static const char PSTART[] = "<parameter name=", PEND[] = "</parameter>";
-  for (const char *q = gt + 1; ok && (q = tool_find(q, e, PSTART));) {
-    q += sizeof PSTART - 1;
+  for (const char *q = gt + 1; ok && (q = tool_find(q, e, t->pstart));) {
+    q += strlen(t->pstart);
     const char *pe = tool_find(q, e, PEND), *pg = pe ? memchr(q, '>', (size_t)(pe - q)) : NULL;
     if (!pe || !pg) {
       ok = false;
@@ -54,7 +61,12 @@ static bool minimax_invoke(tpr_out_parser *p, const char *s, const char *e) {
     }
     const char *kb = q, *ke = pg, *vb = pg + 1, *ve = pe;
     tool_unquote(&kb, &ke);
-    tool_strip(&vb, &ve);
+    if (t->strip_value) {
+      tool_strip(&vb, &ve);
+    } else {
+      if (vb < ve && *vb == '\n') vb++;
+      if (ve > vb && ve[-1] == '\n') ve--;
+    }
     ok = put_typed(p, args, fname, kb, ke, vb, ve, "string");
     q = pe + sizeof PEND - 1;
   }
@@ -63,64 +75,16 @@ static bool minimax_invoke(tpr_out_parser *p, const char *s, const char *e) {
   return ok;
 }
 
+// MiniMax-M2: <invoke name="f"><parameter name="p">value</parameter></invoke>...
 int tool_parse_minimax_m2(tpr_out_parser *p, const char *s, size_t n) {
-  static const char ISTART[] = "<invoke name=", IEND[] = "</invoke>";
-  const char *e = s + n;
-  int first = p->n_calls, found = 0;
-  for (const char *q = s; (q = tool_find(q, e, ISTART));) {
-    q += sizeof ISTART - 1;
-    const char *ie = tool_find(q, e, IEND);
-    if (!ie || !minimax_invoke(p, q, ie)) {
-      found = 0;
-      break;
-    }
-    found++;
-    q = ie + sizeof IEND - 1;
-  }
-  if (!found) tool_drop_calls(p, first);
-  return found;
+  static const param_tags t = {"<parameter name=", true};
+  return tool_each_block(p, s, s + n, "<invoke name=", "</invoke>", params_call, &t);
 }
 
-// --- Qwen3-Coder, Qwen3.5: <function=f><parameter=p>\nvalue\n</parameter></function> --
-
+// Qwen3-Coder, Qwen3.5: <function=f>\n<parameter=p>\nvalue\n</parameter>\n</function> (vLLM's qwen3_coder).
 int tool_parse_qwen3_coder(tpr_out_parser *p, const char *s, size_t n) {
-  static const char FSTART[] = "<function=", FEND[] = "</function>", PSTART[] = "<parameter=",
-                    PEND[] = "</parameter>";
-  const char *e = s + n;
-  int first = p->n_calls, found = 0;
-  for (const char *q = s; (q = tool_find(q, e, FSTART));) {
-    q += sizeof FSTART - 1;
-    const char *fe = tool_find(q, e, FEND), *gt = fe ? memchr(q, '>', (size_t)(fe - q)) : NULL;
-    bool ok = gt != NULL;
-    const char *nb = q, *ne = gt;
-    char *fname = ok ? strndup(nb, (size_t)(ne - nb)) : NULL;
-    cJSON *args = cJSON_CreateObject();
-    ok = ok && fname && args;
-    for (const char *r = ok ? gt + 1 : NULL; ok && (r = tool_find(r, fe, PSTART));) {
-      r += sizeof PSTART - 1;
-      const char *pe = tool_find(r, fe, PEND), *pg = pe ? memchr(r, '>', (size_t)(pe - r)) : NULL;
-      if (!pe || !pg) {
-        ok = false;
-        break;
-      }
-      // One newline after the tag and one before the closing tag are layout (vLLM).
-      const char *vb = pg + 1, *ve = pe;
-      if (vb < ve && *vb == '\n') vb++;
-      if (ve > vb && ve[-1] == '\n') ve--;
-      ok = put_typed(p, args, fname, r, pg, vb, ve, "string");
-      r = pe + sizeof PEND - 1;
-    }
-    ok = finish_call(p, nb, ne, args, ok);
-    free(fname);
-    if (!ok) {
-      found = 0;
-      break;
-    }
-    found++;
-    q = fe + sizeof FEND - 1;
-  }
-  if (!found) tool_drop_calls(p, first);
-  return found;
+  static const param_tags t = {"<parameter=", false};
+  return tool_each_block(p, s, s + n, "<function=", "</function>", params_call, &t);
 }
 
 // --- arg_key/arg_value pairs after the name (GLM-4.5/4.6/4.7, Hunyuan Hy3) ---------
@@ -166,22 +130,17 @@ int tool_parse_glm45(tpr_out_parser *p, const char *s, size_t n) {
 
 // Hy3: <tool_calls> holds <tool_call>name<tool_sep>pairs</tool_call> per call
 // (the released Hy3's tags end in ":opensource", Hy3-preview's do not).
+static bool hunyuan_call(tpr_out_parser *p, const char *b, const char *e, const void *ctx) {
+  const char *sfx = ctx;
+  char SEP[48];
+  snprintf(SEP, sizeof SEP, "<tool_sep%s>", sfx);
+  const char *sep = tool_find(b, e, SEP);
+  return sep && key_value_call(p, b, sep, sep + strlen(SEP), e, sfx);
+}
+
 int tool_parse_hunyuan(tpr_out_parser *p, const char *s, size_t n) {
   const char *e = s + n, *sfx = tool_find(s, e, "<tool_call:opensource>") ? ":opensource" : "";
-  char CS[48], CE[48], SEP[48];
+  char CS[48], CE[48];
   snprintf(CS, sizeof CS, "<tool_call%s>", sfx), snprintf(CE, sizeof CE, "</tool_call%s>", sfx);
-  snprintf(SEP, sizeof SEP, "<tool_sep%s>", sfx);
-  int first = p->n_calls, found = 0;
-  for (const char *q = s; (q = tool_find(q, e, CS));) {
-    q += strlen(CS);
-    const char *ce = tool_find(q, e, CE), *sep = ce ? tool_find(q, ce, SEP) : NULL;
-    if (!sep || !key_value_call(p, q, sep, sep + strlen(SEP), ce, sfx)) {
-      found = 0;
-      break;
-    }
-    found++;
-    q = ce + strlen(CE);
-  }
-  if (!found) tool_drop_calls(p, first);
-  return found;
+  return tool_each_block(p, s, e, CS, CE, hunyuan_call, sfx);
 }
