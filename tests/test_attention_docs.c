@@ -8,6 +8,7 @@
 //
 // Negative controls: the plain causal op (no lo) must miss the reference by
 // far, forward and backward.
+#include "attention_ref.h"
 #include "grad_check.h"
 #include "ops_util.h"
 
@@ -81,22 +82,7 @@ static void ref_attention(const dims *a, const float *Q, const float *K, const f
         for (int64_t j = 0; j < n; j++) o += p[j] * V[(j * a->Hkv + g) * D + d];
         out[qo + d] = o;
       }
-      double pdp = 0;
-      for (int64_t j = 0; j < n; j++) {
-        dp[j] = 0;
-        for (int64_t d = 0; d < D; d++) {
-          dp[j] += (double)dO[qo + d] * V[(j * a->Hkv + g) * D + d];
-          dV[(j * a->Hkv + g) * D + d] += p[j] * dO[qo + d];
-        }
-        pdp += p[j] * dp[j];
-      }
-      for (int64_t j = 0; j < n; j++) {
-        const double ds = p[j] * (dp[j] - pdp) * a->scale;
-        for (int64_t d = 0; d < D; d++) {
-          dQ[qo + d] += ds * K[(j * a->Hkv + g) * D + d];
-          dK[(j * a->Hkv + g) * D + d] += ds * Q[qo + d];
-        }
-      }
+      ref_attention_row_backward(n, D, a->Hkv, g, a->scale, p, Q + qo, K, V, dO + qo, dQ + qo, dK, dV, dp);
     }
   free(p), free(dp);
 }

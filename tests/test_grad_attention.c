@@ -2,6 +2,7 @@
 // kernels, their shape rules and the backward rules, against central finite
 // differences (grad_check.h) and a double-precision attention backward with
 // a materialised softmax. Fresh random inputs each run (seed printed).
+#include "attention_ref.h"
 #include "grad_check.h"
 #include "ops_util.h"
 
@@ -161,22 +162,7 @@ static void ref_backward(const attn_dims *a, const float *Q, const float *K, con
     for (int64_t h = 0; h < a->Hq; h++) {
       const int64_t L = a->start + t + 1, g = kv_head(a, h, false), qo = (t * a->Hq + h) * D;
       ref_probs(a, Q, K, t, h, false, p);
-      double pdp = 0;
-      for (int64_t j = 0; j < L; j++) {
-        dp[j] = 0;
-        for (int64_t d = 0; d < D; d++) {
-          dp[j] += (double)dO[qo + d] * V[(j * a->Hkv + g) * D + d];
-          dV[(j * a->Hkv + g) * D + d] += p[j] * dO[qo + d];
-        }
-        pdp += p[j] * dp[j];
-      }
-      for (int64_t j = 0; j < L; j++) {
-        const double ds = p[j] * (dp[j] - pdp) * a->scale;
-        for (int64_t d = 0; d < D; d++) {
-          dQ[qo + d] += ds * K[(j * a->Hkv + g) * D + d];
-          dK[(j * a->Hkv + g) * D + d] += ds * Q[qo + d];
-        }
-      }
+      ref_attention_row_backward(L, D, a->Hkv, g, a->scale, p, Q + qo, K, V, dO + qo, dQ + qo, dK, dV, dp);
     }
   free(p), free(dp);
 }
