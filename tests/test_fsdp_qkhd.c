@@ -98,9 +98,8 @@ static const char *const *join(const char **buf, const char *const *args, const 
 // (--no-fsdp), which differs only in the order of the replicas' reduction
 // (per sequence in FSDP's reduce-scatter, per step in DP's all-reduce):
 // losses and gradient norms to DP_BOUND, parameters to BOUND; (2) the
-// one-rank run `ref` of the concatenated batch: losses and gradient norms
-// to BOUND, parameters to BOUND beyond plain data parallelism's own
-// distance from it. A rarely routed expert's AdamW update amplifies the
+// one-rank run `ref` of the concatenated batch: losses, gradient norms and
+// parameters to BOUND beyond plain data parallelism's own distance from it. A rarely routed expert's AdamW update amplifies the
 // reduction order's rounding (measured over 10 seeds: up to 1.1e-5 for
 // plain DP against one rank, 1.4e-6 for FSDP against plain DP; and
 // TPR_TEST_SEED=409464270582350 gives Hunyuan at np 4, dp 4 a gradient-norm
@@ -117,12 +116,13 @@ static void check(const family *f, int np, const char *const *layout, const char
   double le = fr_step_err(&got, ref, false), ge = fr_step_err(&got, ref, true), pe = fr_compare_dirs(fd.s, ref_dir, &w1);
   double dl = fr_step_err(&got, &dp, false), dg = fr_step_err(&got, &dp, true), dpe = fr_compare_dirs(fd.s, dd.s, &w2);
   double base = fr_compare_dirs(dd.s, ref_dir, &w3);
+  double base_l = fr_step_err(&dp, ref, false), base_g = fr_step_err(&dp, ref, true);
   printf("  %s np %d", f->name, np);
   for (int i = 0; layout[i]; i++) printf(" %s", layout[i]);
   for (int i = 0; extra[i]; i++) printf(" %s", extra[i]);
   printf("%s: gathered %.0f B/step\n    against plain DP: losses %.2e, gradient norms %.2e, parameters %.2e (%s)\n"
-         "    against one rank: losses %.2e, gradient norms %.2e, parameters %.2e (%s; plain DP %.2e)\n",
-         control ? " [negative control]" : "", got.gathered, dl, dg, dpe, w2, le, ge, pe, w1, base);
+         "    against one rank: losses %.2e, gradient norms %.2e, parameters %.2e (%s; plain DP %.2e, %.2e, %.2e)\n",
+         control ? " [negative control]" : "", got.gathered, dl, dg, dpe, w2, le, ge, pe, w1, base_l, base_g, base);
   // The run must really have gathered its params (FSDP on), and the plain
   // one not, or the comparison says nothing about FSDP.
   assert_true(got.gathered > 0);
@@ -134,7 +134,7 @@ static void check(const family *f, int np, const char *const *layout, const char
     assert_true(pe > CONTROL || ge > CONTROL);
   } else {
     assert_true(dl <= DP_BOUND && dg <= DP_BOUND && dpe <= BOUND);
-    assert_true(le <= BOUND && ge <= BOUND);
+    assert_true(le <= BOUND + base_l && ge <= BOUND + base_g);
     assert_true(pe <= BOUND + base);
   }
 }
