@@ -131,6 +131,8 @@ typedef struct jloop {
   int depth;
 } jloop;
 
+enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };  // jctx's flow
+
 struct jctx {
   jarena *a;
   jmp_buf jb;
@@ -218,6 +220,27 @@ void jstep(jctx *c);
 typedef void (*jbuild_fn)(jctx *c, jdict *vars, const void *arg);
 tpr_status jrender(const tpr_jinja_template *t, jbuild_fn build, const void *arg, const tpr_jinja_limits *limits,
                    char **out, size_t *out_len, tpr_jinja_error *err);
+
+// builtins.c: arguments of filters, tests, methods and globals. jarg:
+// argument `pos` (counting positional ones) or keyword `name`; NULL if absent.
+const jval *jarg(int n, const jval *args, const char **kw, int pos, const char *name);
+void jcheck_args(jctx *c, const char *what, int n, const char **kw, int max_pos, const char *const *names);
+jstr *jneed_str(jctx *c, jval v, const char *what);
+bool jis_none(const jval *v);  // absent or None
+
+// methods.c: str/list/dict methods and the string operations filters share
+typedef uint32_t (*cpmap)(uint32_t);
+uint32_t jcp_upper(uint32_t cp);
+uint32_t jcp_lower(uint32_t cp);
+bool jis_alpha(uint32_t cp);
+// Maps code points; mode 0: all with f, 1: capitalize (first up, rest low),
+// 2: Python's str.title, 3: jinja's title filter.
+jval jmap_case(jctx *c, jstr *s, cpmap f, int mode);
+jval jstrip(jctx *c, jstr *s, const jstr *chars, bool left, bool right);  // chars NULL: whitespace
+jval jreplace(jctx *c, jstr *s, jstr *old, jstr *new, int64_t count);     // count < 0: all
+jval jsplitlines(jctx *c, jstr *s, bool keepends);
+bool jin_list(const char *const *l, const char *n);
+jval jview(jctx *c, jdict *d, int what);  // a dict's keys (0), values (1) or items (2)
 
 // builtins.c
 bool jfilter_known(const char *name);
