@@ -65,9 +65,11 @@ bool tpr_data_chat_encode(const tpr_tokenizer *tok, const tpr_chat_renderer *t, 
     return false;
   }
   int n_msg = cJSON_GetArraySize(messages);
+  // OpenAI's fine-tuning lines may carry the tools the conversation could call.
+  const cJSON *tools = cJSON_GetObjectItemCaseSensitive(conversation, "tools");
   char name[320];
   tpr_chat_renderer_describe(t, name, sizeof name);
-  char *whole = tpr_chat_renderer_render(t, messages, n_msg, false, err, errlen);
+  char *whole = tpr_chat_renderer_render(t, messages, n_msg, tools, false, err, errlen);
   if (!whole) return false;
   size_t whole_len = strlen(whole);
   // spans[2k], spans[2k+1]: the k-th reply's bytes [start, end) in whole.
@@ -79,8 +81,8 @@ bool tpr_data_chat_encode(const tpr_tokenizer *tok, const tpr_chat_renderer *t, 
   for (int i = 0; ok && i < n_msg; i++, m = m->next) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
     if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant") != 0) continue;
-    char *before = tpr_chat_renderer_render(t, messages, i, true, err, errlen);
-    char *after = before ? tpr_chat_renderer_render(t, messages, i + 1, false, err, errlen) : NULL;
+    char *before = tpr_chat_renderer_render(t, messages, i, tools, true, err, errlen);
+    char *after = before ? tpr_chat_renderer_render(t, messages, i + 1, tools, false, err, errlen) : NULL;
     ok = after != NULL;
     if (ok) {
       size_t lb = strlen(before), la = strlen(after);

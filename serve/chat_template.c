@@ -143,18 +143,31 @@ tpr_status tpr_chat_renderer_pick(const char *model_dir, const char *arg, tpr_ch
   return TPR_OK;
 }
 
-char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, bool add_generation_prompt,
-                               char *err, size_t errlen) {
-  if (!r->jinja) return tpr_chat_render_prefix(r->builtin, messages, n, add_generation_prompt, err, errlen);
+char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, const cJSON *tools,
+                               bool add_generation_prompt, char *err, size_t errlen) {
+  if (!r->jinja) {
+    if (tools && !cJSON_IsNull(tools)) {
+      snprintf(err, errlen, "tools need the checkpoint's own Jinja template (this is the built-in %s rendering)",
+               tpr_chat_template_name(r->builtin));
+      return NULL;
+    }
+    return tpr_chat_render_prefix(r->builtin, messages, n, add_generation_prompt, err, errlen);
+  }
   if (!cJSON_IsArray(messages) || n < 0 || n > cJSON_GetArraySize(messages)) {
     snprintf(err, errlen, "'messages' must be a list of messages");
     return NULL;
   }
-  cJSON *first = cJSON_CreateArray();  // messages[:n], borrowed
+  if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools)) {
+    snprintf(err, errlen, "'tools' must be a list of tool definitions");
+    return NULL;
+  }
+  // {"messages": messages[:n], "tools": tools}: the request body tpr serve would render (borrowed items).
+  cJSON *body = cJSON_CreateObject(), *first = cJSON_AddArrayToObject(body, "messages");
   const cJSON *m = messages->child;
   for (int i = 0; first && i < n; i++, m = m->next) cJSON_AddItemReferenceToArray(first, (cJSON *)m);
-  char *json = first ? cJSON_PrintUnformatted(first) : NULL;
-  cJSON_Delete(first);
+  if (body && tools && cJSON_IsArray(tools)) cJSON_AddItemReferenceToObject(body, "tools", (cJSON *)tools);
+  char *json = first ? cJSON_PrintUnformatted(body) : NULL;
+  cJSON_Delete(body);
   if (!json) {
     snprintf(err, errlen, "out of memory");
     return NULL;
@@ -162,7 +175,7 @@ char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages
   tpr_jinja_error e = {0};
   char *out = NULL;
   size_t len = 0;
-  tpr_chat_inputs in = {.messages_json = json, .add_generation_prompt = add_generation_prompt};
+  tpr_chat_inputs in = {.request_json = json, .add_generation_prompt = add_generation_prompt};
   tpr_status rc = tpr_chat_jinja_render(r->jinja, &in, NULL, &out, &len, &e);
   free(json);
   if (rc == TPR_OK) return out;

@@ -126,8 +126,12 @@ tpr_status tpr_chat_renderer_pick(const char *model_dir, const char *arg, struct
                                   tpr_chat_renderer *r, char *warn, size_t cap);
 // messages[:n] (0 <= n <= the list's length) rendered, with the generation
 // prompt or not (malloc'ed), or NULL with err set (a template's raise
-// included).
-char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, bool add_generation_prompt,
+// included). tools: a list of tool definitions, or NULL. A Jinja template
+// reads them as an OpenAI request's (jinja/chat.h's request_json: tool-call
+// arguments given as JSON text become mappings, as tpr serve passes them), so
+// a conversation renders here as it renders when served.
+char *tpr_chat_renderer_render(const tpr_chat_renderer *r, const cJSON *messages, int n, const cJSON *tools,
+                               bool add_generation_prompt,
                                char *err, size_t errlen);
 
 // --- openai_request.c: the request bodies -----------------------------------

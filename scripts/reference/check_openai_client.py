@@ -7,7 +7,8 @@ stream the application abandons halfway, and OpenAI-shaped errors (an
 unknown model, tools and response formats the server does not have, an
 unknown parameter) surfacing as the client's own exception types.
 
-    scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT [--tools]
+    scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT \
+        [--tools | --trained-tools docs/examples/weather_tools.json]
 
 With --tools (a server whose chat template renders tools, with the hermes
 tool-call parser and the think reasoning parser on, as test_serve's second
@@ -17,6 +18,13 @@ tiny random model never emits a tool call, scripted responses in the exact
 shape tpr serve writes (test_serve_units checks tpr's side of that shape)
 read back by the client: message.tool_calls, and delta.tool_calls
 accumulated by the client's own stream state into the same calls.
+
+With --trained-tools TOOLS.json (a server of a model fine-tuned to call
+tools, as docs/fine-tune.md's tool walkthrough makes one): the model's own
+tool call read by the client, not streamed and streamed (the client's stream
+state accumulating delta.tool_calls into the same call), and the follow-up
+turn sent back the way applications send it (the client's assistant message
+and a tool result) answered.
 
 Prints one line per check; exits 1 if any fails.
 """
@@ -78,8 +86,49 @@ def check_tools(client, check):
           "scripted stream: delta.tool_calls (whole calls with their index) accumulate to the same calls")
 
 
+def check_trained_tools(client, check, tools_path):
+    model = client.models.list().data[0].id
+    with open(tools_path, encoding="utf-8") as f:
+        tools = json.load(f)
+    msgs = [{"role": "user", "content": "What is the weather in Lima?"}]
+    r = client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=64, temperature=0)
+    m, fin = r.choices[0].message, r.choices[0].finish_reason
+    calls = m.tool_calls or []
+    args = json.loads(calls[0].function.arguments) if calls else None
+    check(fin == "tool_calls" and m.content is None and len(calls) == 1 and calls[0].function.name == "get_weather"
+          and calls[0].id.startswith("call_") and isinstance(args, dict) and isinstance(args.get("city"), str),
+          f"the model's tool call: {calls[0].function.name if calls else None}({args}), finish {fin}")
+    state = ChatCompletionStreamState()
+    for ch in client.chat.completions.create(model=model, messages=msgs, tools=tools, max_tokens=64, temperature=0,
+                                             stream=True):
+        state.handle_chunk(ch)
+    s = state.get_final_completion().choices[0]
+    sc = s.message.tool_calls or []
+    check(s.finish_reason == "tool_calls" and len(sc) == 1 and calls and sc[0].function.name == calls[0].function.name
+          and sc[0].function.arguments == calls[0].function.arguments,
+          "streamed: the client's stream state accumulates the same call")
+    follow = msgs + [m.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": calls[0].id if calls else "x", "content": '{"temp": 18}'}]
+    f2 = client.chat.completions.create(model=model, messages=follow, tools=tools, max_tokens=16, temperature=0)
+    check(f2.choices[0].finish_reason in ("stop", "length", "tool_calls") and f2.usage.prompt_tokens > r.usage.prompt_tokens,
+          f"the follow-up turn (the client's assistant message with its tool call, a tool result): "
+          f"{f2.usage.prompt_tokens} prompt tokens, finish {f2.choices[0].finish_reason}")
+
+
 def main():
     base = sys.argv[1].rstrip("/") + "/v1"
+    if "--trained-tools" in sys.argv[2:]:
+        fails = 0
+
+        def check(ok, what):
+            nonlocal fails
+            print(("ok: " if ok else "FAIL: ") + what)
+            fails += not ok
+
+        check_trained_tools(openai.OpenAI(base_url=base, api_key="unused"), check,
+                            sys.argv[sys.argv.index("--trained-tools") + 1])
+        print(f"openai {openai.__version__}: {fails} failure(s)")
+        sys.exit(1 if fails else 0)
     if "--tools" in sys.argv[2:]:
         fails = 0
 
