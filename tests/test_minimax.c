@@ -5,7 +5,10 @@
 // linear, block_size 4, residual factors all != 1), under mpirun at the mesh
 // on the command line (--tp/--dp/--ep):
 //  - parity: the whole-sequence forward's logits of both prompts (11 tokens:
-//    two whole blocks and a partial one; 5 tokens) within 1e-4 of max |logit|;
+//    two whole blocks and a partial one; 5 tokens) within 1e-4 of max |logit|,
+//    on that fixture and on tests/fixtures/minimax_tiny_b (linear, linear,
+//    full; block_size 3; 8 heads, 4 KV heads; top-3 of 8 experts; tied
+//    embeddings; other residual factors);
 //  - negative control (tp > 1): the lightning layers' RMSNorm over the rank's
 //    heads alone (no all-reduce of the sums of squares, the divisor of the
 //    rank's slice) must break the bound -- the norm is over the whole heads*D
@@ -30,31 +33,39 @@
 #include "shard/model_config.h"
 
 #define FIX TPR_FIXTURES "/minimax_tiny"
+#define FIX_B TPR_FIXTURES "/minimax_tiny_b"  // another hybrid: linear, linear, full; block 3; 8 heads; tied
 #define BOUND 1e-4  // max|d| <= BOUND * max|ref|: the TP parity tolerance of every family
 
-static fp_ref ref;
+static fp_ref ref, ref_b;
 
-static tpr_session_opts session_opts(bool control) {
-  tpr_session_opts o = fp_session_opts(FIX, ref.ta + ref.ng);
+static tpr_session_opts session_opts_of(const char *dir, const fp_ref *r, bool control) {
+  tpr_session_opts o = fp_session_opts(dir, r->ta + r->ng);
   o.per_rank_qk_norm = control;  // the family's control: the lightning norm per rank
   return o;
 }
 
-static void test_parity(void **state) {
-  (void)state;
-  tpr_session_opts o = session_opts(false);
-  fp_test_parity(&o, &ref, BOUND);
+static tpr_session_opts session_opts(bool control) { return session_opts_of(FIX, &ref, control); }
+
+static void parity_and_control(const char *dir, const fp_ref *r) {
+  tpr_session_opts o = session_opts_of(dir, r, false);
+  if (fp.R == 0) printf("%s:\n", dir);
+  fp_test_parity(&o, r, BOUND);
+  o = session_opts_of(dir, r, true);
+  if (fp.R == 0) printf("control: the lightning norm over each rank's heads only, tp %d:\n", fp.tp);
+  if (fp.tp > 1)
+    fp_test_control(&o, r, BOUND, "the lightning norm without its all-reduce");
+  else
+    fp_test_parity(&o, r, BOUND);  // one rank holds every head: the same norm
 }
 
-static void test_control_local_norm(void **state) {
+static void test_parity(void **state) {
   (void)state;
-  tpr_session_opts o = session_opts(true);
-  if (fp.R == 0) printf("control: the lightning norm over each rank's heads only, tp %d:\n", fp.tp);
-  if (fp.tp > 1) {
-    fp_test_control(&o, &ref, BOUND, "the lightning norm without its all-reduce");
-    return;
-  }
-  fp_test_parity(&o, &ref, BOUND);  // one rank holds every head: the same norm
+  parity_and_control(FIX, &ref);
+}
+
+static void test_parity_b(void **state) {
+  (void)state;
+  parity_and_control(FIX_B, &ref_b);
 }
 
 // A step that continues a sequence, or two sequences in one step: refused
@@ -190,12 +201,15 @@ static void test_refusals(void **state) {
 int main(int argc, char **argv) {
   fp_init(&argc, &argv);
   fp_load_ref(FIX, 256, 11, 5, 6, &ref);  // V, the two prompts' lengths, greedy tokens
+  fp_load_ref(FIX_B, 256, 11, 5, 6, &ref_b);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
-      cmocka_unit_test(test_control_local_norm),
+      cmocka_unit_test(test_parity_b),
       cmocka_unit_test(test_refuse_state),
       cmocka_unit_test(test_norm_allreduce_in_program),
       cmocka_unit_test(test_refusals),
   };
-  return fp_run(tests, sizeof tests / sizeof *tests, &ref);
+  int rc = fp_run(tests, sizeof tests / sizeof *tests, &ref);  // frees ref
+  fp_free_ref(&ref_b);
+  return rc;
 }

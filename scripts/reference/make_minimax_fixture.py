@@ -13,6 +13,15 @@ a partial one, 4 heads of head_dim 8 over hidden 48 (nq * D != H), GQA
 (*_alpha_factor / *_beta_factor) all different from 1 and from each other,
 so a factor used in the wrong place shows.
 
+A second fixture (tests/fixtures/minimax_tiny_b) comes from
+configs/minimax_tiny_b.json: 3 layers linear, linear, full, block_size 3,
+8 heads of head_dim 64/8 (head_dim from hidden_size), 4 KV heads, 8 experts
+top-3, tied embeddings, other residual factors:
+
+    scripts/reference/.venv/bin/python scripts/reference/make_minimax_fixture.py \
+        --config configs/minimax_tiny_b.json --out tests/fixtures/minimax_tiny_b \
+        --seed 1789 --require-head-dim-apart 0
+
 Outputs:
   config.json, model.safetensors   what save_pretrained writes (hub naming:
       model.layers.L.block_sparse_moe.experts.E.w1.weight, self_attn.qkv_proj,
@@ -66,6 +75,8 @@ def main():
     ap.add_argument("--len-a", type=int, default=11)
     ap.add_argument("--len-b", type=int, default=5)
     ap.add_argument("--gen", type=int, default=6)
+    ap.add_argument("--require-head-dim-apart", type=int, default=1,
+                    help="1: fail unless heads * head_dim != hidden_size (0 for configs that keep them equal)")
     args = ap.parse_args()
 
     gen = seeded(args.seed)
@@ -76,7 +87,7 @@ def main():
     types = list(config.layer_types)
     if "linear_attention" not in types or "full_attention" not in types:
         fail(f"layer_types {types} is not hybrid")
-    if config.head_dim * config.num_attention_heads == config.hidden_size:
+    if args.require_head_dim_apart and config.head_dim * config.num_attention_heads == config.hidden_size:
         fail("head_dim equals hidden_size / num_attention_heads; the fixture wants them apart")
     model = MiniMaxForCausalLM(config).float().eval()
     model.set_attn_implementation("eager")
