@@ -63,6 +63,9 @@ typedef struct tpr_step_build_opts {
 // experts (families.md): made once by the session (tpr_family.constants)
 // and bound to every step program by name. minimax: each lightning layer's
 // slopes and the zero initial state.
+// The names of family constants start with this: never trained (train_loss.c).
+#define TPR_FAMILY_CONST_PREFIX "const:"
+
 typedef struct tpr_family_consts {
   int n;
   char (*names)[96];

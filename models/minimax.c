@@ -1,11 +1,13 @@
 #include "models/minimax.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/family_step.h"
 #include "models/layers/router_softmax.h"
+#include "models/train_loss.h"
 #include "runtime/ops.h"
 #include "runtime/program/autodiff.h"
 #include "shard/mesh.h"
@@ -14,17 +16,28 @@
 // pass rms_norm_eps to it).
 #define LINEAR_NORM_EPS 1e-6f
 
-#define STATE0 "minimax.linear_state0"   // (nh/tp, D, D) zeros: every step starts a sequence
-#define SIGMOID_PAIR "minimax.sigmoid_pair"  // (1, 2) = [1, 0]
+#define STATE0 TPR_FAMILY_CONST_PREFIX "minimax.linear_state0"   // (nh/tp, D, D) zeros: every step starts a sequence
+#define SIGMOID_PAIR TPR_FAMILY_CONST_PREFIX "minimax.sigmoid_pair"  // (1, 2) = [1, 0]
 
 typedef struct mm {
   tpr_fstep c;
-  tpr_minimax_control control;
+  const tpr_minimax_opts *o;
   tpr_value_id state0, pair;
+  tpr_value_id start;           // training: (1) i32 the first position (0)
+  tpr_value_id *router_logits;  // training: each layer's (T, E) router logits, for the aux loss
+  int n_router;
 } mm;
 
 static void slopes_name(int64_t L, char *buf, size_t cap) {
-  snprintf(buf, cap, "model.layers.%lld.self_attn.slopes", (long long)L);
+  snprintf(buf, cap, TPR_FAMILY_CONST_PREFIX "model.layers.%lld.self_attn.slopes", (long long)L);
+}
+
+// Training: x, replicated over the tp group, enters rank-local compute here,
+// so its cotangent must be summed over the group (Megatron's f,
+// runtime/program/autodiff.h). Inference programs carry no marks.
+static tpr_status mark_tp(mm *b, int kind, tpr_value_id *x) {
+  if (!b->o->training || (b->o->skip_grad_marks & kind) || b->c.plan->tp == 1) return TPR_OK;
+  return tpr_pb_grad_all_reduce(b->c.p, *x, TPR_AXIS_TP, b->c.plan->tp, x);
 }
 
 // w (tp * per_rank) whole -> (per_rank), the block of this rank (its tp coordinate).
@@ -63,6 +76,9 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   slopes_name(L, name, sizeof name);
   TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 1, (const int64_t[]){nh}, &sl));  // (nh) whole
   TPR_CHECK(rank_slice(b, sl, nr, &sl));                                             // (nr) the rank's heads
+  // Training: h enters the column-parallel qkv_proj and output_gate (the
+  // residual keeps the unmarked h: its cotangent is whole on every rank).
+  TPR_CHECK(mark_tp(b, TPR_MINIMAX_MARKS_COLUMN, &h));
   // qkv = silu(h Wqkv^T): the activation before the split (swiglu with up = 1).
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wqkv, &qkv));  // (T, nr*3D)
   TPR_CHECK(tpr_pb_fill(c->p, qkv, 1.0f, &a));
@@ -78,10 +94,14 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   // over tp, divided by nh*D (the control: this rank's heads alone).
   int64_t divisor = nh * D;
   TPR_CHECK(tpr_pb_sum_squares(c->p, o, &ss));  // (T, 1)
-  if (b->control == TPR_MINIMAX_CONTROL_LOCAL_NORM)
+  if (b->o->control == TPR_MINIMAX_CONTROL_LOCAL_NORM)
     divisor = nr * D;
   else
     TPR_CHECK(tpr_pb_all_reduce(c->p, ss, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &ss));
+  // Training: the all-reduced sum and the whole weight feed this rank's
+  // slice only, so their cotangents are summed over tp (as minimax_m2's QK-norm).
+  TPR_CHECK(mark_tp(b, TPR_MINIMAX_MARKS_NORM, &ss));
+  TPR_CHECK(mark_tp(b, TPR_MINIMAX_MARKS_NORM, &nw));
   TPR_CHECK(rank_slice(b, nw, nr * D, &w));
   TPR_CHECK(tpr_pb_rms_scale(c->p, o, ss, w, (float)divisor, LINEAR_NORM_EPS, &o));
   // The gate reads the layer's input h, column-parallel with the heads.
@@ -102,6 +122,7 @@ static tpr_status softmax_attention(mm *b, int64_t L, tpr_value_id h, tpr_value_
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.k_proj.weight", L, &wk));  // (kr*D, H)
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.v_proj.weight", L, &wv));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.self_attn.o_proj.weight", L, &wo));  // (H, qr*D)
+  TPR_CHECK(mark_tp(b, TPR_MINIMAX_MARKS_COLUMN, &h));  // training: the column-parallel q/k/v input
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
@@ -110,7 +131,13 @@ static tpr_status softmax_attention(mm *b, int64_t L, tpr_value_id h, tpr_value_
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
   TPR_CHECK(tpr_fstep_rope(c, q, &q));
   TPR_CHECK(tpr_fstep_rope(c, k, &k));
-  return tpr_fstep_attend_out(c, L, q, k, v, &wo, out);
+  if (!b->o->training) return tpr_fstep_attend_out(c, L, q, k, v, &wo, out);
+  // Training: one whole sequence per run, attention over this run's k and v.
+  tpr_value_id att;
+  TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, (float)(1.0 / sqrt((double)D)), &att));  // (T, qr, D)
+  TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
+  TPR_CHECK(tpr_fstep_linear(c->p, att, &wo, &att));  // (T, H) partial over tp
+  return tpr_pb_all_reduce(c->p, att, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
 }
 
 // alpha * h + beta * y
@@ -136,7 +163,23 @@ static tpr_status layer(mm *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &router));  // (E, H)
   TPR_CHECK(tpr_fstep_linear(c->p, h, &router, &logits));                                   // (T, E)
   TPR_CHECK(tpr_router_softmax_topk(c->p, logits, cfg->experts_per_tok, cfg->norm_topk_prob, &gates));
-  TPR_CHECK(tpr_fstep_moe(c, L, h, gates, &y));
+  if (!b->o->training) {
+    TPR_CHECK(tpr_fstep_moe(c, L, h, gates, &y));
+  } else {  // the tokens routed per expert as an output, the logits kept for the aux loss, the experts' inputs marked
+    tpr_value_id load;
+    char name[64];
+    b->router_logits[b->n_router++] = logits;
+    snprintf(name, sizeof name, "moe_load.%lld", (long long)L);
+    TPR_CHECK(tpr_pb_moe_counts(c->p, gates, &load));  // (E) i32
+    TPR_CHECK(tpr_program_output(c->p, load, name));
+    tpr_step_build_opts so = *c->o;
+    so.moe.mark_grads = !(b->o->skip_grad_marks & TPR_MINIMAX_MARKS_COLUMN);
+    const tpr_step_build_opts *saved = c->o;
+    c->o = &so;
+    tpr_status rc = tpr_fstep_moe(c, L, h, gates, &y);
+    c->o = saved;
+    TPR_CHECK(rc);
+  }
   return weighted(b, h, cfg->mlp_alpha, y, cfg->mlp_beta, out);
 }
 
@@ -160,7 +203,14 @@ static tpr_status build(mm *b) {
   const tpr_model_config *cfg = &c->plan->config;
   int64_t D = cfg->head_dim, nr = cfg->num_heads / c->plan->tp;
   tpr_value_id embed, x, fn, head;
-  TPR_CHECK(tpr_fstep_begin(c));
+  if (b->o->training) {
+    if (b->o->tokens < 1)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: %lld tokens per training run", (long long)b->o->tokens);
+    TPR_CHECK(tpr_fstep_begin_tokens(c, b->o->tokens));
+    TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
+  } else {
+    TPR_CHECK(tpr_fstep_begin(c));
+  }
   if (cfg->num_linear_layers) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
     TPR_CHECK(tpr_program_param(c->p, SIGMOID_PAIR, TPR_F32, 2, (const int64_t[]){1, 2}, &b->pair));
@@ -173,18 +223,28 @@ static tpr_status build(mm *b) {
     head = embed;
   else
     TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
-  return tpr_fstep_logits(c, x, head);
+  if (!b->o->training) return tpr_fstep_logits(c, x, head);
+  tpr_train_loss_opts lo = {.tokens = c->T,
+                            .aux_coef = b->o->aux_coef,
+                            .skip_head_mark = (b->o->skip_grad_marks & TPR_MINIMAX_MARKS_COLUMN) != 0,
+                            .family = c->family->name};
+  return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, b->router_logits, b->n_router);
 }
 
-tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_minimax_control control,
-                             tpr_program **out) {
+tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_minimax_opts *o, tpr_program **out) {
   *out = NULL;
-  if ((unsigned)control > TPR_MINIMAX_CONTROL_LOCAL_NORM)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: unknown control %d", (int)control);
+  if ((unsigned)o->control > TPR_MINIMAX_CONTROL_LOCAL_NORM)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: unknown control %d", (int)o->control);
   TPR_CHECK(check_supported(plan));
-  mm b = {.c = {.plan = plan, .o = o, .family = &tpr_family_minimax}, .control = control};
+  static const tpr_fsdp_opts no_fsdp = {0};  // the trainer refuses FSDP for the family
+  mm b = {.c = {.plan = plan, .o = &o->step, .family = &tpr_family_minimax, .training = o->training,
+                .fsdp = o->training ? &no_fsdp : NULL},
+          .o = o};
+  if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
+    return TPR_FAIL(TPR_ERR_OOM, "minimax: router logits");
   tpr_status rc = tpr_program_new(&b.c.p);
   if (rc == TPR_OK) rc = build(&b);
+  free(b.router_logits);
   if (rc != TPR_OK) {
     tpr_program_free(b.c.p);
     return rc;
@@ -194,8 +254,9 @@ tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_step_build_op
 }
 
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
-  return tpr_minimax_build(plan, o, o->per_rank_qk_norm ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE,
-                           out);
+  tpr_minimax_opts mo = {.step = *o,
+                         .control = o->per_rank_qk_norm ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE};
+  return tpr_minimax_build(plan, &mo, out);
 }
 
 static tpr_status add_const(tpr_family_consts *k, tpr_backend *be, const char *name, int ndim, const int64_t *shape,

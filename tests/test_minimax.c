@@ -125,13 +125,14 @@ static void test_norm_allreduce_in_program(void **state) {
   tpr_shard_plan plan;
   TT_OK(tpr_model_config_load(FIX, &cfg));
   TT_OK(tpr_shard_plan_build(&cfg, 2, 1, 2, 1, TPR_F32, &plan));  // tp 2
-  tpr_step_build_opts o = {.shape = {.tokens = 4, .samples = 2, .batch = 1, .max_blocks = 2, .pool_blocks = 4,
-                                     .block_size = 4}};
+  tpr_minimax_opts o = {.step = {.shape = {.tokens = 4, .samples = 2, .batch = 1, .max_blocks = 2,
+                                              .pool_blocks = 4, .block_size = 4}}};
   int got[2];
   int64_t layers[2];
   for (int c = 0; c < 2; c++) {
     tpr_program *p = NULL;
-    TT_OK(tpr_minimax_build(&plan, &o, c ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE, &p));
+    o.control = c ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE;
+    TT_OK(tpr_minimax_build(&plan, &o, &p));
     got[c] = norm_collectives(p, &layers[c]);
     tpr_program_free(p);
   }
