@@ -11,6 +11,9 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: the session was opened for training");
   if (o->max_tokens_per_step < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: --max-tokens-per-step %lld", (long long)o->max_tokens_per_step);
+  if (s->family->state_missing)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: %s cannot run in the batched engine yet: it needs %s",
+                    s->family->name, s->family->state_missing);
   tpr_engine *e = calloc(1, sizeof *e);
   if (!e) return TPR_FAIL(TPR_ERR_OOM, "engine");
   e->s = s;

@@ -80,6 +80,7 @@ static tpr_status open_session(tpr_session *s) {
   if (o->moe_stats)
     TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
   TPR_CHECK(tpr_family_find(s->cfg.family, &s->family));
+  if (s->family->constants) TPR_CHECK(s->family->constants(&s->plan, s->be, &s->consts));
   TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
   s->kind_dtype = malloc((size_t)s->plan.n_tensors * sizeof *s->kind_dtype);
   s->kind_block = calloc((size_t)s->plan.n_tensors, sizeof *s->kind_block);
@@ -136,6 +137,7 @@ void tpr_session_close(tpr_session *s) {
   }
   free(s->item_tensors), free(s->item_scales), free(s->kind_dtype), free(s->kind_block), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
   tpr_moe_stats_free(&s->moe_stats);
+  tpr_family_consts_free(&s->consts);
   tpr_tensor_free(s->rank);
   tpr_rank_weights_free(&s->weights);
   tpr_loader_close(s->loader);

@@ -44,7 +44,8 @@ struct tpr_session {
   tpr_tensor **experts;                // (4 * layers) stacked w13, w2 per layer, then FP8 scales s13, s2 per layer
   const tpr_family *family;
   tpr_session_pool pool;
-  tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D)
+  tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D); NULL for a lightning layer
+  tpr_family_consts consts;            // the family's step-program constants (family.h), bound by name
   int32_t *host_in;                    // staging of a step's inputs: 4*T + B*MB + N (+ 3*T MRoPE) entries
   int64_t host_in_cap;
   tpr_mesh mesh;

@@ -9,9 +9,16 @@
 
 tpr_session_pool tpr_session_pool_info(const tpr_session *s) { return s->pool; }
 
-// Bytes of one KV block over every layer, K and V, on this rank.
+// Layers with a KV cache: all but the lightning (linear attention) ones; at
+// least one, so that the pool's sizing stays defined for an all-linear model.
+static int64_t kv_layers(const tpr_session *s) {
+  int64_t n = s->cfg.num_layers - s->cfg.num_linear_layers;
+  return n > 0 ? n : 1;
+}
+
+// Bytes of one KV block over every layer that has a KV cache, K and V, on this rank.
 static uint64_t block_bytes(const tpr_session *s) {
-  return 2u * (uint64_t)s->cfg.num_layers * (uint64_t)s->pool.block_size * (uint64_t)s->plan.attn.kv_per_rank *
+  return 2u * (uint64_t)kv_layers(s) * (uint64_t)s->pool.block_size * (uint64_t)s->plan.attn.kv_per_rank *
          (uint64_t)s->cfg.head_dim * sizeof(float);
 }
 
@@ -57,6 +64,7 @@ tpr_status tpr__session_alloc_pool(tpr_session *s) {
   if (!s->pools) return TPR_FAIL(TPR_ERR_OOM, "session: KV pool handles");
   const int64_t shape[4] = {blocks, p->block_size, s->plan.attn.kv_per_rank, s->cfg.head_dim};
   for (int64_t i = 0; i < 2 * s->cfg.num_layers; i++) {
+    if (tpr_model_config_layer_is_linear(&s->cfg, i / 2)) continue;  // its state is not a KV cache
     TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, shape, &s->pools[i]));
     TPR_CHECK(tpr_tensor_fill_zero(s->pools[i]));
   }

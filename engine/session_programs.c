@@ -26,12 +26,13 @@ tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
     if (sc[0]) TPR_CHECK(tpr_exec_bind(e, name, sc[0]));
     tpr_family_expert_name(L, "w2.scale", name, sizeof name);
     if (sc[1]) TPR_CHECK(tpr_exec_bind(e, name, sc[1]));
-    if (s->o.training) continue;  // training programs hold no KV pool
+    if (s->o.training || !s->pools[2 * L]) continue;  // training programs and lightning layers hold no KV pool
     tpr_family_pool_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));
     tpr_family_pool_name(L, "v", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L + 1]));
   }
+  for (int i = 0; i < s->consts.n; i++) TPR_CHECK(tpr_exec_bind(e, s->consts.names[i], s->consts.t[i]));
   return tpr_exec_bind(e, "rank", s->rank);
 }
 

@@ -24,6 +24,13 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: pool row %d of [0, %lld) or sequence %d of [0, %lld)",
                       (long long)t, st->slots[t], (long long)rows, st->seq[t], (long long)p->batch);
   }
+  // A family whose other per-sequence state the engine does not carry yet
+  // (minimax's lightning layers) runs one whole sequence from position 0.
+  for (int64_t t = 0; s->family->state_missing && t < st->n_tokens; t++)
+    if (st->seq[t] != st->seq[0] || st->positions[t] != t)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "step: %s keeps a per-sequence state the engine does not hold yet (%s): "
+                      "a step must be one whole sequence from position 0, row %lld is position %d of sequence %d",
+                      s->family->name, s->family->state_missing, (long long)t, st->positions[t], st->seq[t]);
   for (int64_t i = 0; st->positions_3d && i < 3 * st->n_tokens; i++)
     if (st->positions_3d[i] < 0 || st->positions_3d[i] >= (1 << 24))  // f32 holds them exactly
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "MRoPE position %d (axis %lld, row %lld) is outside [0, 2^24)",

@@ -46,6 +46,10 @@ static void print_text(const tpr_shard_plan *p, const uint64_t *held, const uint
            (long long)c->moe_intermediate_size);
   if (c->num_moe_layers < c->num_layers) printf("dense MLP width %lld, ", (long long)c->dense_intermediate_size);
   printf("vocab %lld\n", (long long)c->vocab_size);
+  if (c->num_linear_layers)  // hybrid (minimax): the softmax layers' heads are planned below
+    printf("lightning attention: %lld of %lld layers, %lld heads -> %lld per rank (whole heads, their state and the "
+           "norm's all-reduce), block %lld\n", (long long)c->num_linear_layers, (long long)c->num_layers,
+           (long long)c->num_heads, (long long)(c->num_heads / p->tp), (long long)c->linear_block_size);
   printf("mesh: world %d = dp %d x tp %d = edp %d x ep %d x etp %d; dtype %s\n", p->world, p->dp, p->tp, p->edp, p->ep,
          p->etp, tpr_dtype_name(p->dtype));
   printf("attention: %s; Q %lld -> %lld (%lld per rank), KV %lld -> %lld (%lld per rank); ",

@@ -1,9 +1,11 @@
 #include "models/family.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "models/hunyuan_moe.h"
+#include "models/minimax.h"
 #include "models/minimax_m2.h"
 #include "models/qwen2_vl.h"
 #include "models/qwen3_moe.h"
@@ -12,8 +14,14 @@
 // Every family the engine can run; a new family adds its entry here.
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2, &tpr_family_qwen3_moe, &tpr_family_hunyuan_v1_moe,
-    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl,
+    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl, &tpr_family_minimax,
 };
+
+void tpr_family_consts_free(tpr_family_consts *c) {
+  for (int i = 0; c->t && i < c->n; i++) tpr_tensor_free(c->t[i]);
+  free(c->t), free(c->names);
+  *c = (tpr_family_consts){0};
+}
 
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {
   *out = NULL;

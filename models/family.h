@@ -59,6 +59,20 @@ typedef struct tpr_step_build_opts {
   const int *kind_block;
 } tpr_step_build_opts;
 
+// Tensors a family's step programs read besides the weights, pools and
+// experts (families.md): made once by the session (tpr_family.constants)
+// and bound to every step program by name. minimax: each lightning layer's
+// slopes and the zero initial state.
+// The names of family constants start with this: never trained (train_loss.c).
+#define TPR_FAMILY_CONST_PREFIX "const:"
+
+typedef struct tpr_family_consts {
+  int n;
+  char (*names)[96];
+  tpr_tensor **t;
+} tpr_family_consts;
+void tpr_family_consts_free(tpr_family_consts *c);
+
 typedef struct tpr_family {
   const char *name;
   tpr_model_family family;
@@ -66,6 +80,15 @@ typedef struct tpr_family {
   // Substrings naming the plan tensors of an expert's gate, up and down
   // projections, stacked by the session into w13 = [gate; up] and w2.
   const char *expert_gate, *expert_up, *expert_down;
+  // NULL: none. Else the step programs' constants on backend be for this plan.
+  tpr_status (*constants)(const tpr_shard_plan *plan, tpr_backend *be, tpr_family_consts *out);
+  // NULL for a family whose whole per-sequence state is the paged KV cache.
+  // Else what the engine lacks to carry the family's other state (minimax:
+  // the lightning layers' recurrent state slots) across steps: until it has
+  // it, a step must be one whole sequence from position 0 (tpr_session_step
+  // refuses anything else) and the batched engine refuses the family, both
+  // with this text in the message.
+  const char *state_missing;
 } tpr_family;
 
 // The entry of a config's family; TPR_ERR_UNSUPPORTED naming it when none.

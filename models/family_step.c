@@ -128,6 +128,13 @@ tpr_status tpr_fstep_embed(tpr_fstep *c, tpr_value_id *embed, tpr_value_id *x) {
 
 tpr_status tpr_fstep_attend(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                             const tpr_fweight *wo, tpr_value_id x, tpr_value_id *out) {
+  tpr_value_id o;
+  TPR_CHECK(tpr_fstep_attend_out(c, L, q, k, v, wo, &o));
+  return tpr_pb_add(c->p, x, o, out);
+}
+
+tpr_status tpr_fstep_attend_out(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                const tpr_fweight *wo, tpr_value_id *out) {
   const tpr_step_shape *st = &c->o->shape;
   int64_t D = c->plan->config.head_dim, qr = c->plan->attn.q_per_rank, kr = c->plan->attn.kv_per_rank;
   const int64_t pool[4] = {st->pool_blocks, st->block_size, kr, D};
@@ -145,8 +152,7 @@ tpr_status tpr_fstep_attend(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_i
   TPR_CHECK(tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, scale, &att));  // (T, qr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){c->T, qr * D}, &att));
   TPR_CHECK(tpr_fstep_linear(c->p, att, wo, &o));  // (T, H) partial over tp
-  TPR_CHECK(tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &o));
-  return tpr_pb_add(c->p, x, o, out);
+  return tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
 }
 
 // The first plan kind holding the family's expert gate projection: the

@@ -82,6 +82,9 @@ tpr_status tpr_fstep_embed(tpr_fstep *c, tpr_value_id *embed, tpr_value_id *x);
 // `wo` and all-reduces over tp. out (T, H): x + attention.
 tpr_status tpr_fstep_attend(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                             const tpr_fweight *wo, tpr_value_id x, tpr_value_id *out);
+// The same without the residual: o (T, H), the all-reduced attention output.
+tpr_status tpr_fstep_attend_out(tpr_fstep *c, int64_t L, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                const tpr_fweight *wo, tpr_value_id *o);
 
 // Layer L's routed experts on h (T, H) with the router's dense gates (T, E)
 // (models/layers/moe.h), plus the moe_stats outputs. y (T, H) replicated.

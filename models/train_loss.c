@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "models/train_loss.h"
+#include "models/family.h"
 
 #include "minimax_m2_impl.h"
 #include "runtime/program/autodiff.h"
@@ -18,7 +19,8 @@ static bool trained(const tpr_program *p, tpr_value_id v) {
   tpr_tensor d;
   if (tpr_program_value_kind(p, v) != TPR_VALUE_PARAM || tpr_program_value(p, v, &d) != TPR_OK) return false;
   const char *name = tpr_program_value_name(p, v);
-  return (d.dtype == TPR_F32 || d.dtype == TPR_BF16) && !strstr(name, "e_score_correction_bias");
+  return (d.dtype == TPR_F32 || d.dtype == TPR_BF16) && !strstr(name, "e_score_correction_bias") &&
+         strncmp(name, TPR_FAMILY_CONST_PREFIX, strlen(TPR_FAMILY_CONST_PREFIX)) != 0;  // slopes, zero state, ...
 }
 
 static tpr_status backward(tpr_program *p, const char *fam, tpr_value_id rank, tpr_value_id rank_tp, tpr_value_id loss) {

@@ -58,7 +58,7 @@ tpr_status tpr__moe_layers(const char *json, size_t len, const char *origin, con
   return TPR_OK;
 }
 
-typedef enum layer_set { LAYERS_NONE, LAYERS_ALL, LAYERS_MOE, LAYERS_DENSE } layer_set;
+typedef enum layer_set { LAYERS_NONE, LAYERS_ALL, LAYERS_MOE, LAYERS_DENSE, LAYERS_SOFTMAX, LAYERS_LINEAR } layer_set;
 
 // Which layers a kind has: per-expert kinds, shared experts (flagged
 // moe_layers) and the MoE router live in MoE layers (the router is the one
@@ -66,6 +66,9 @@ typedef enum layer_set { LAYERS_NONE, LAYERS_ALL, LAYERS_MOE, LAYERS_DENSE } lay
 // MLPs in the others, the rest in every layer.
 static layer_set kind_layers(const tpr_shard_plan *p, const tpr_shard_tensor *t) {
   if (!strstr(t->name, "{L}")) return LAYERS_NONE;
+  // Hybrid attention (minimax): the layer_types of the config.
+  if (t->attn_layers == TPR_ATTN_LAYERS_SOFTMAX) return LAYERS_SOFTMAX;
+  if (t->attn_layers == TPR_ATTN_LAYERS_LINEAR) return LAYERS_LINEAR;
   if (strstr(t->name, "{E}") || t->moe_layers) return LAYERS_MOE;
   if (t->transform == TPR_XFORM_COLUMN || t->transform == TPR_XFORM_ROW) return LAYERS_DENSE;
   return t->count == p->config.num_layers ? LAYERS_ALL : LAYERS_MOE;
@@ -110,6 +113,8 @@ tpr_status tpr__load_items(const tpr_shard_plan *p, const tpr_mesh *m, const boo
     int64_t listed = 0;
     for (int64_t l = 0; l < nl; l++) {
       if ((ls == LAYERS_MOE && !moe[l]) || (ls == LAYERS_DENSE && moe[l])) continue;
+      bool linear = tpr_model_config_layer_is_linear(&p->config, l);
+      if ((ls == LAYERS_SOFTMAX && linear) || (ls == LAYERS_LINEAR && !linear)) continue;
       for (int64_t e = 0; e < (experts ? p->experts_per_rank : 1); e++) {
         if (listed++ >= t->count) continue;  // more than the plan counts: reported below
         tpr_load_item *x = &it[j++];

@@ -22,6 +22,7 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_HUNYUAN_V1_MOE] = "hunyuan_v1_moe",
     [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
     [TPR_FAMILY_QWEN2_VL] = "qwen2_vl",
+    [TPR_FAMILY_MINIMAX] = "minimax",
 };
 
 const char *tpr_model_family_name(tpr_model_family f) {
@@ -396,6 +397,79 @@ static tpr_status parse_qwen2_vl(const cJSON *root, const cJSON *text, const cha
   return TPR_OK;
 }
 
+bool tpr_model_config_layer_is_linear(const tpr_model_config *c, int64_t l) {
+  return l >= 0 && l < 256 && (c->linear_mask[l / 64] >> (l % 64) & 1);
+}
+
+// MiniMax (transformers' MiniMaxConfig, model_type "minimax"): softmax
+// attention (GQA, full RoPE, no QK-norm, no biases) and lightning attention
+// layers by layer_types, every layer MoE (softmax router, the chosen weights
+// renormalised, "intermediate_size" the expert width), weighted residuals.
+// What the modeling code does not do the way tpr builds it is refused here:
+// another activation, sliding-window attention, partial or scaled RoPE.
+static tpr_status parse_minimax(const cJSON *root, const char *origin, tpr_model_config *c) {
+  TPR_CHECK(parse_common(root, origin, c));
+  TPR_CHECK(parse_attention(root, origin, false, 1e6, c));
+  if (c->rotary_dim != c->head_dim)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: minimax rotates every head dim (its default RoPE ignores "
+                    "\"partial_rotary_factor\"); rotary_dim %lld of head_dim %lld is refused", origin,
+                    (long long)c->rotary_dim, (long long)c->head_dim);
+  const cJSON *rope = item(root, "rope_parameters");
+  const char *rope_type = "default", *act = "silu";
+  if (rope) TPR_CHECK(get_string(rope, origin, "rope_type", "default", &rope_type));
+  if (strcmp(rope_type, "default") != 0)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: minimax with \"rope_parameters.rope_type\" \"%s\" (only the default "
+                    "RoPE is built)", origin, rope_type);
+  TPR_CHECK(get_string(root, origin, "hidden_act", "silu", &act));
+  if (strcmp(act, "silu") != 0)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: minimax with \"hidden_act\" \"%s\" (only silu is built: the experts' "
+                    "SwiGLU and the lightning qkv activation)", origin, act);
+  if (item(root, "sliding_window"))
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: minimax with a \"sliding_window\" (every softmax layer attends the "
+                    "whole sequence here)", origin);
+  TPR_CHECK(get_int(root, origin, "intermediate_size", true, 0, &c->moe_intermediate_size));
+  TPR_CHECK(get_int(root, origin, "num_local_experts", true, 0, &c->num_experts));
+  TPR_CHECK(get_int(root, origin, "num_experts_per_tok", true, 0, &c->experts_per_tok));
+  TPR_CHECK(get_int(root, origin, "block_size", false, 256, &c->linear_block_size));
+  if (c->linear_block_size < 1)
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"block_size\" must be a positive integer, got %lld", origin,
+                    (long long)c->linear_block_size);
+  static const char *const factor_keys[6] = {"full_attn_alpha_factor", "full_attn_beta_factor",
+                                             "linear_attn_alpha_factor", "linear_attn_beta_factor",
+                                             "mlp_alpha_factor", "mlp_beta_factor"};
+  double *factors[6] = {&c->attn_alpha[0], &c->attn_beta[0], &c->attn_alpha[1], &c->attn_beta[1], &c->mlp_alpha,
+                        &c->mlp_beta};
+  for (int i = 0; i < 6; i++) {
+    TPR_CHECK(get_double(root, origin, NULL, factor_keys[i], 1.0, factors[i], NULL));
+    if (!isfinite(*factors[i]))
+      return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"%s\" must be a finite number", origin, factor_keys[i]);
+  }
+  if (c->num_layers > 256)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s: minimax with %lld layers: layer_types past 255 are not supported",
+                    origin, (long long)c->num_layers);
+  // MiniMaxConfig's default: layer i is full_attention when (i + 1) is odd.
+  const cJSON *lt = item(root, "layer_types"), *e;
+  if (lt && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_layers))
+    return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"layer_types\" must be an array of num_hidden_layers (%lld) strings",
+                    origin, (long long)c->num_layers);
+  for (int64_t l = 0; l < c->num_layers; l++) {
+    bool linear = (l + 1) % 2 == 0;
+    if (lt) {
+      e = cJSON_GetArrayItem(lt, (int)l);
+      if (!cJSON_IsString(e) || (strcmp(e->valuestring, "linear_attention") && strcmp(e->valuestring, "full_attention")))
+        return TPR_FAIL(TPR_ERR_FORMAT, "%s: \"layer_types\"[%lld] must be \"linear_attention\" or "
+                        "\"full_attention\"", origin, (long long)l);
+      linear = strcmp(e->valuestring, "linear_attention") == 0;
+    }
+    if (linear) c->linear_mask[l / 64] |= 1ull << (l % 64), c->num_linear_layers++;
+  }
+  c->router = TPR_ROUTER_SOFTMAX;
+  c->norm_topk_prob = true;  // MiniMaxTopKRouter always renormalises the chosen weights
+  c->qk_norm = TPR_QK_NORM_NONE;
+  c->num_moe_layers = c->num_layers;
+  return TPR_OK;
+}
+
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l) {
   int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
   bool only = l >= 0 && l < 256 && (c->mlp_only_mask[l / 64] >> (l % 64) & 1);
@@ -404,7 +478,7 @@ bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l) {
 
 tpr_status tpr_model_config_validate(const tpr_model_config *c, const char *origin) {
   if ((unsigned)c->family >= TPR_FAMILY_COUNT) return TPR_FAIL(TPR_ERR_FORMAT, "%s: invalid model family", origin);
-  bool m2 = c->family == TPR_FAMILY_MINIMAX_M2;
+  bool m2 = c->family == TPR_FAMILY_MINIMAX_M2 || c->family == TPR_FAMILY_MINIMAX;  // their keys' names
   struct {
     const char *key;
     int64_t v;
@@ -531,12 +605,15 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
     }
     c.family = TPR_FAMILY_QWEN2_VL;
     TPR_CHECK_GOTO(parse_qwen2_vl(root, text ? text : root, origin, &c), rc, done);
+  } else if (strcmp(type, "minimax") == 0) {
+    c.family = TPR_FAMILY_MINIMAX;
+    TPR_CHECK_GOTO(parse_minimax(root, origin, &c), rc, done);
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
     c.family = TPR_FAMILY_HUNYUAN_V1_MOE;
     TPR_CHECK_GOTO(parse_hunyuan_v1_moe(root, origin, &c), rc, done);
   } else {
     rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe, hunyuan_v1_moe, "
-                  "qwen3_vl_moe, qwen2_vl, qwen2_5_vl)", origin, type);
+                  "qwen3_vl_moe, qwen2_vl, qwen2_5_vl, minimax)", origin, type);
     goto done;
   }
   TPR_CHECK_GOTO(tpr_model_config_validate(&c, origin), rc, done);

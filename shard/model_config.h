@@ -24,6 +24,7 @@ typedef enum tpr_model_family {
   TPR_FAMILY_HUNYUAN_V1_MOE = 2,  // "hunyuan_v1_moe"
   TPR_FAMILY_QWEN3_VL_MOE = 3,  // "qwen3_vl_moe": its text decoder (Qwen3-MoE + interleaved MRoPE)
   TPR_FAMILY_QWEN2_VL = 4,  // "qwen2_vl" (and "qwen2_5_vl"): its text decoder (dense Qwen2, q/k/v biases, sectioned MRoPE)
+  TPR_FAMILY_MINIMAX = 5,   // "minimax" (MiniMax-Text-01): lightning attention layers beside softmax ones, MoE
   TPR_FAMILY_COUNT
 } tpr_model_family;
 
@@ -86,7 +87,25 @@ typedef struct tpr_model_config {
   // and mlp_only_layers as a bit set (indices < 256; the parser refuses more).
   int64_t decoder_sparse_step;
   uint64_t mlp_only_mask[4];
+
+  // Hybrid linear attention (minimax; docs/lightning-attention.md). The
+  // layers whose layer_types entry is "linear_attention" run lightning
+  // attention (qkv_proj, output_gate, out_proj, a norm over the whole
+  // heads*D), the others softmax attention; a bit set of layer indices (< 256).
+  // Zero in every other family.
+  uint64_t linear_mask[4];
+  int64_t num_linear_layers;
+  int64_t linear_block_size;  // block_size: the lightning prefill's block (>= 1 when linear layers exist)
+  // The decoder layer's weighted residuals (MiniMaxDecoderLayer):
+  //   h = input_layernorm(x);         x = alpha_attn * h + beta_attn * attn(h)
+  //   h = post_attention_layernorm(x); x = mlp_alpha * h + mlp_beta * mlp(h)
+  // note the residual is the *normed* value. [0] softmax layers
+  // (full_attn_*), [1] linear layers (linear_attn_*).
+  double attn_alpha[2], attn_beta[2], mlp_alpha, mlp_beta;
 } tpr_model_config;
+
+// Whether layer l runs lightning (linear) attention (minimax's layer_types).
+bool tpr_model_config_layer_is_linear(const tpr_model_config *c, int64_t l);
 
 // A Qwen-VL text config's MRoPE keys (model_config_mrope.c) into c:
 // `text_config` a cJSON object, layout 1 sectioned / 2 interleaved.
@@ -97,7 +116,7 @@ tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, 
 // never in a model without experts.
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l);
 
-// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe", "qwen3_vl_moe", "qwen2_vl"; "?" if invalid.
+// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe", "qwen3_vl_moe", "qwen2_vl", "minimax"; "?" if invalid.
 const char *tpr_model_family_name(tpr_model_family f);
 
 // Loads `path`: a config.json file, or a directory holding one. Unknown

@@ -94,11 +94,45 @@ static const names hunyuan_names = {
     .shared_down = "model.layers.{L}.mlp.shared_mlp.down_proj.weight",
 };
 
+// Marks the kinds added since `from` as living in `which` layers only.
+static void attn_layers(tpr_shard_plan *p, int from, tpr_attn_layers which) {
+  for (int i = from; i < p->n_tensors; i++) p->tensors[i].attn_layers = which;
+}
+
+// The lightning attention layers of a hybrid model (minimax;
+// docs/lightning-attention.md "Around the op"): tensor-parallel over heads,
+// whole heads per rank, so nh % tp == 0 (a padded head would still decay
+// and feed the all-reduced norm: refused rather than padded).
+//   qkv_proj (nh*3D, H): rows per head [q | k | v] -> rank r's head block (nh/tp*3D, H)
+//   output_gate (nh*D, H) -> (nh/tp*D, H)        column-parallel like the heads
+//   out_proj (H, nh*D) -> (H, nh/tp*D)           row-parallel
+//   norm (nh*D) held whole: its RMS is over every head (an all-reduce), and
+//       the program selects the rank's slice with the rank tensor
+static tpr_status add_linear_attention(tpr_shard_plan *p) {
+  const tpr_model_config *c = &p->config;
+  int64_t Ll = c->num_linear_layers, H = c->hidden_size, D = c->head_dim, nh = c->num_heads;
+  if (Ll == 0) return TPR_OK;
+  if (nh % p->tp)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: %s: %lld lightning attention heads do not split over tp=%d (each "
+                    "rank keeps whole heads and their states; padding is not built for linear layers): use a tp "
+                    "that divides %lld", tpr_model_family_name(c->family), (long long)nh, p->tp, (long long)nh);
+  int64_t nr = nh / p->tp, from = p->n_tensors;
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.qkv_proj.weight", TPR_XFORM_COLUMN, Ll, nh * 3 * D, H, nr * 3 * D, H));
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.output_gate.weight", TPR_XFORM_COLUMN, Ll, nh * D, H, nr * D, H));
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.out_proj.weight", TPR_XFORM_ROW, Ll, H, nh * D, H, nr * D));
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.norm.weight", TPR_XFORM_REPLICATE, Ll, nh * D, 0, nh * D, 0));
+  attn_layers(p, from, TPR_ATTN_LAYERS_LINEAR);
+  return TPR_OK;
+}
+
 static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
-  int64_t L = c->num_layers, H = c->hidden_size, D = c->head_dim;
-  TPR_CHECK(add(p, "model.layers.{L}.input_layernorm.weight", TPR_XFORM_REPLICATE, L, H, 0, H, 0));
+  int64_t H = c->hidden_size, D = c->head_dim;
+  TPR_CHECK(add(p, "model.layers.{L}.input_layernorm.weight", TPR_XFORM_REPLICATE, c->num_layers, H, 0, H, 0));
+  TPR_CHECK(add_linear_attention(p));
+  // The softmax-attention layers: every layer but the lightning ones.
+  int64_t L = c->num_layers - c->num_linear_layers, first_softmax = p->n_tensors;
   TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_proj.weight", TPR_XFORM_COLUMN_HEADS, L, a->nq * D, H,
                 a->q_per_rank * D, H));  // (nq*D, H) -> (nq'/tp*D, H)
   TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_proj.weight", TPR_XFORM_COLUMN_HEADS, L, a->nkv * D, H,
@@ -135,7 +169,8 @@ static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
     TPR_CHECK(add(p, n->k_norm ? n->k_norm : "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_REPLICATE, L, D,
                   0, D, 0));
   }
-  return add(p, "model.layers.{L}.post_attention_layernorm.weight", TPR_XFORM_REPLICATE, L, H, 0, H, 0);
+  if (c->num_linear_layers) attn_layers(p, first_softmax, TPR_ATTN_LAYERS_SOFTMAX);
+  return add(p, "model.layers.{L}.post_attention_layernorm.weight", TPR_XFORM_REPLICATE, c->num_layers, H, 0, H, 0);
 }
 
 static tpr_status add_mlp(tpr_shard_plan *p, const names *n) {
@@ -198,7 +233,7 @@ tpr_status tpr_shard_plan_build(const tpr_model_config *c, int tp, int ep, int e
   p->experts_per_rank = c->num_experts / ep;
   p->expert_inter_per_rank = c->moe_intermediate_size / etp;
   TPR_CHECK(tpr_attn_plan_build(c->num_heads, c->num_kv_heads, c->head_dim, tp, &p->attn));
-  const names *n = c->family == TPR_FAMILY_MINIMAX_M2        ? &minimax_names
+  const names *n = c->family == TPR_FAMILY_MINIMAX_M2 || c->family == TPR_FAMILY_MINIMAX ? &minimax_names
                    : c->family == TPR_FAMILY_HUNYUAN_V1_MOE ? &hunyuan_names
                                                             : &qwen3_names;
   int64_t H = c->hidden_size, V = c->vocab_size, Vr = p->vocab_padded / tp;

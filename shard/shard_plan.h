@@ -82,6 +82,13 @@ typedef enum tpr_shard_transform {
 
 const char *tpr_shard_transform_name(tpr_shard_transform t);
 
+// Which layers of a hybrid model (minimax) hold a per-layer attention kind.
+typedef enum tpr_attn_layers {
+  TPR_ATTN_LAYERS_ANY = 0,      // not an attention-type kind: the other rules decide (loader_items.c)
+  TPR_ATTN_LAYERS_SOFTMAX = 1,  // q/k/v/o_proj: the softmax-attention layers only
+  TPR_ATTN_LAYERS_LINEAR = 2,   // qkv_proj, output_gate, out_proj, norm: the lightning layers only
+} tpr_attn_layers;
+
 #define TPR_SHARD_MAX_TENSORS 32
 
 typedef struct tpr_shard_tensor {
@@ -92,6 +99,7 @@ typedef struct tpr_shard_tensor {
   tpr_shard_transform transform;
   bool kv_layout;             // *_HEADS transforms: laid out like the KV heads (else like Q)
   bool moe_layers;            // a per-layer kind of the MoE layers only, not an expert (a shared expert)
+  tpr_attn_layers attn_layers;  // hybrid models: the kind lives in these layers only
   int64_t count;              // tensors of this kind one rank holds (layers x local experts)
   uint64_t rank_bytes;        // count * numel(rank_shape) * dtype size
 } tpr_shard_tensor;

@@ -17,6 +17,9 @@
 //             text, so that t, h and w differ and interleaved MRoPE's
 //             backward is exercised); the text rule without them; --save
 //             in the layout transformers' class writes (fused experts)
+//   minimax   MiniMaxForCausalLM: lightning attention layers (their
+//             backward through the block loop, the full-hidden norm's
+//             all-reduce) beside a softmax layer, weighted residuals; no FSDP
 //   qwen2_vl  Qwen2VLForConditionalGeneration's text decoder: dense, q/k/v
 //             biases, sectioned MRoPE, no router (the loss is the
 //             cross-entropy alone); the text rule; --save; and the CLI of a
@@ -371,6 +374,33 @@ static const struct CMUnitTest qwen2_vl_tests[] = {
     cmocka_unit_test(test_step0_meshes), cmocka_unit_test(test_text_positions), COMMON_TESTS,
     cmocka_unit_test(test_dense_cli), cmocka_unit_test(test_save_transformers_layout)};
 
+// -- minimax (lightning attention layers 0, 2, 3 beside a softmax layer 1)
+#define MINIMAX_FIX FIXTURE("minimax_train")
+#define MINIMAX_MODEL FIXTURE("minimax_tiny")
+// At tp 2 (2 lightning heads per rank): without the column inputs'
+// all-reduce the gradients upstream of qkv_proj / output_gate / q,k,v are
+// partial; without the lightning norm's marks (its all-reduced sum of
+// squares and its whole weight feed each rank's slice only) the norm
+// weights' and the upstream gradients are; the norm over each rank's heads
+// alone changes the forward.
+static const control minimax_controls[] = {
+    {"aux loss left out", 1, true, NULL, false},
+    {"lightning norm's all-reduce marks left out", 2, false, MESH("--debug-skip-grad-marks", "qk-norm"), true},
+    {"column inputs' all-reduce left out", 2, false, MESH("--debug-skip-grad-marks", "column"), true},
+    {"lightning norm over each rank's heads", 2, false, MESH("--debug-per-rank-qk-norm"), false},
+};
+static const refusal minimax_refusals[] = {
+    {"FSDP", 2,
+     MESH("train", "--model", MINIMAX_MODEL, "--data", MINIMAX_FIX "/tokens.npy", "--seq-len", "16", "--dp", "2",
+          "--tp", "1", "--fsdp"),
+     "FSDP is not built for minimax"},
+    {"packed documents", 1,
+     MESH("train", "--model", MINIMAX_MODEL, "--data", MINIMAX_FIX "/tokens.npy", "--seq-len", "16", "--pack",
+          "--eos-id", "1"),
+     "--pack is not built for minimax"},
+};
+static const struct CMUnitTest minimax_tests[] = {cmocka_unit_test(test_step0_meshes), COMMON_TESTS};
+
 #define N(a) (sizeof(a) / sizeof *(a))
 #define STEPS_TP2_EP2 {MESH(GA2), MESH(GA2, "--tp", "2", "--ep", "2", "--etp", "1")}
 
@@ -405,6 +435,13 @@ static const family families[] = {
      .controls = qwen2_vl_controls, .n_controls = N(qwen2_vl_controls),
      .refusals = qwen2_vl_refusals, .n_refusals = N(qwen2_vl_refusals),
      .tests = qwen2_vl_tests, .n_tests = N(qwen2_vl_tests)},
+    {.name = "minimax", .fix = MINIMAX_FIX, .model = MINIMAX_MODEL,
+     .min_tensors = 70,  // every trained tensor of the 4-layer fixture (79) is compared
+     .model_type = "minimax", .step0 = moe_meshes, .n_step0 = N(moe_meshes),
+     .steps_np = {1, 2}, .steps_mesh = STEPS_TP2_EP2,
+     .controls = minimax_controls, .n_controls = N(minimax_controls),
+     .refusals = minimax_refusals, .n_refusals = N(minimax_refusals),
+     .tests = minimax_tests, .n_tests = N(minimax_tests)},
 };
 
 static char test_name[64];
@@ -426,7 +463,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; argc == 2 && i < N(families); i++)
     if (!strcmp(argv[1], families[i].name)) F = &families[i];
   if (!F) {
-    fprintf(stderr, "usage: test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl\n");
+    fprintf(stderr, "usage: test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl|minimax\n");
     return 2;
   }
   tt_seed_from_env();

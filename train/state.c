@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "models/hunyuan_moe.h"
+#include "models/minimax.h"
 #include "models/minimax_m2.h"
 #include "models/qwen2_vl.h"
 #include "models/qwen3_moe.h"
@@ -117,6 +118,10 @@ static tpr_status build_m2(const tpr_shard_plan *plan, const void *opts, tpr_pro
   return tpr_m2_build(plan, opts, out);
 }
 
+static tpr_status build_minimax(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  return tpr_minimax_build(plan, opts, out);
+}
+
 // The per-head QK-norm families' training program: a descriptor and its options.
 typedef struct qkhd_job {
   const tpr_qkhd_desc *d;
@@ -142,6 +147,7 @@ static const struct trainable {
     {TPR_FAMILY_HUNYUAN_V1_MOE, &tpr_hunyuan_moe_desc, true},
     {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
     {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
+    {TPR_FAMILY_MINIMAX, NULL, false},  // its own builder (models/minimax.c), without FSDP
 };
 #define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
 
@@ -203,6 +209,20 @@ static tpr_status make_program(tpr_train_state *t) {
   if (t->o.fsdp.on && !tpr_train_fsdp_built(family))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is not built for %s; train it with --no-fsdp (plain data "
                     "parallelism)", fam);
+  if (family == TPR_FAMILY_MINIMAX) {
+    // Packed documents would need the lightning state reset at each
+    // document's first token: the op has no document form yet.
+    if (t->o.pack)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: --pack is not built for %s (its lightning attention layers would "
+                      "carry their state across documents)", fam);
+    tpr_minimax_opts mo = {.step = {.moe = so->moe},
+                           .control = so->per_rank_qk_norm ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE,
+                           .training = true,
+                           .tokens = T,
+                           .aux_coef = coef,
+                           .skip_grad_marks = so->skip_grad_marks};
+    return tpr__session_make_program(t->s, build_minimax, &mo, &t->program);
+  }
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
   // (no load-balancing loss): the family's default weight is 0.
   if (t->o.aux_coef < 0 && family == TPR_FAMILY_HUNYUAN_V1_MOE) coef = 0;
