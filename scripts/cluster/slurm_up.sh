@@ -83,7 +83,9 @@ SlurmctldHost=$head_ns($head_addr)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$sdir/munge/munge.socket
+# cred_expire: also how long a requeued job waits before it may start again
+# (Slurm's default 120 s); 10 s is ample for nodes on one machine.
+AuthInfo=socket=$sdir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$sdir/ctld
 SlurmdSpoolDir=$sdir/nodes/%n
@@ -102,6 +104,8 @@ AccountingStorageType=accounting_storage/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# A requeued job is looked at again within seconds, not Slurm's 30.
+SchedulerParameters=bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # The nodes share this machine's cores: trust the CPUs declared below.
@@ -113,7 +117,6 @@ SlurmctldTimeout=10
 MessageTimeout=5
 ReturnToService=2
 JobRequeue=1
-KillWait=5
 MinJobAge=300
 InactiveLimit=0
 EOF
@@ -138,9 +141,16 @@ for ((i = 1; i <= nodes; i++)); do
   # Each node's TmpFS (where slurmstepd's PMIx server puts its per-step
   # directories, named alike on every node) is the node's own, as a real
   # node's /tmp is: a mount namespace binds nodes/<n>/tmp over $sdir/tmp.
-  alive "$sdir/nodes/$n.pid" ||
+  if ! alive "$sdir/nodes/$n.pid"; then
+    # A node whose slurmd died and that runs no step any more comes back as
+    # from a reboot: an empty /tmp, and no socket of a killed step's PMIx
+    # server in the spool (both are named by job and step: left behind, they
+    # stop the step of the same number of a requeued job from starting).
+    ip netns pids "$n" | xargs -r ps -o comm= -p 2>/dev/null | grep -q slurmstepd ||
+      { find "$sdir/nodes/$n/tmp" -mindepth 1 -delete; rm -f "$sdir/nodes/$n"/stepd.slurm.pmix.*; }
     ip netns exec "$n" unshare --uts --mount --propagation private sh -c \
       'hostname "$0" && mount --bind "$1/nodes/$0/tmp" "$1/tmp" && exec slurmd -N "$0"' "$n" "$sdir"
+  fi
 done
 
 # Wait until every node is idle (registration takes a few seconds).
