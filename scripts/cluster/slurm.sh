@@ -10,9 +10,11 @@
 # returned; exit 2 if the cluster is not up.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=slurm_env.sh
+# shellcheck source=scripts/cluster/slurm_env.sh
 . "$here/slurm_env.sh"
 case "${1:-}" in ''|-h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ] || exit 2; exit 0 ;; esac
-[ -f "$SLURM_CONF" ] && [ -e "/run/netns/$head_ns" ] ||
-  { echo "slurm.sh: no Slurm cluster for tag '$tag' (scripts/cluster/slurm_up.sh)" >&2; exit 2; }
+if [ ! -f "$SLURM_CONF" ] || [ ! -e "/run/netns/$head_ns" ]; then
+  echo "slurm.sh: no Slurm cluster for tag '$tag' (scripts/cluster/slurm_up.sh)" >&2
+  exit 2
+fi
 on_host 0 "$@"

@@ -9,7 +9,7 @@
 # Safe to run when nothing is up. Exit 1 if a process outlives SIGKILL.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=slurm_env.sh
+# shellcheck source=scripts/cluster/slurm_env.sh
 . "$here/slurm_env.sh"
 case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; '') ;; *) echo "slurm_down.sh: no arguments expected" >&2; exit 2 ;; esac
 

@@ -14,7 +14,9 @@ case "$sdir" in /*) ;; *) sdir="$PWD/$sdir" ;; esac
 export SLURM_CONF="$sdir/slurm.conf"
 # Host 0 is the head (slurmctld, munged, and the login host where sbatch,
 # srun, sinfo run); hosts 1..N are the compute nodes, one slurmd each.
+# shellcheck disable=SC2034  # used by the scripts that source this
 head_ns="$tag-h0"
+# shellcheck disable=SC2034
 head_addr="10.77.0.1"
 node_name() { echo "$tag-h$1"; }           # node i = 1..N
 node_addr() { echo "10.77.0.$(($1 + 1))"; }

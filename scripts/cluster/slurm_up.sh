@@ -17,7 +17,7 @@
 # Exit 77 (skipped) where namespaces cannot be made or Slurm cannot be installed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=slurm_env.sh
+# shellcheck source=scripts/cluster/slurm_env.sh
 . "$here/slurm_env.sh"
 
 nodes=2
