@@ -9,14 +9,16 @@
 #      2,3 on node 2 (namespace and hostname), and MPI sees 4 ranks;
 #   2. `sbatch --wait scripts/slurm/train.sbatch` (srun --mpi=pmix, tp 2 x dp
 #      2, --save-every) gives the --json losses and a model.safetensors
-#      bit-identical (tolerance 0) to `mpirun -np 4` on one host;
+#      bit-identical (tolerance 0) to `mpirun -np 4` on one host, and so does
+#      the script with TPR_LAUNCH=mpirun (mpirun inside the allocation);
 #   3. faults: the same job, node 2's slurmd, slurmstepd and ranks killed
 #      with SIGKILL once a checkpoint is written: the job leaves RUNNING
 #      (requeued by Slurm) within FAIL_BOUND_S; with node 2 back
 #      (slurm_up.sh again) the requeued job resumes from its last checkpoint
 #      and ends with weights bit-identical to the uninterrupted run's;
-#   4. serve.sbatch (srun, tp 2 across the nodes) answers a greedy completion
-#      of a random prompt with `tpr run`'s text; `scancel` with a request in
+#   4. serve.sbatch (srun, tp 2 across the nodes) answers a greedy 24-token
+#      completion (ignore_eos) of a random prompt with the text of `tpr run`'s
+#      24 tokens on the prompt's ids; `scancel` with a request in
 #      flight drains it (all its tokens, finish_reason "length") and the job
 #      ends CANCELLED;
 #   5. negative control: a run with another --lr must fail the comparisons;
@@ -94,6 +96,15 @@ python3 "$here/compare.py" losses "$tmp/two.out" "$tmp/one.jsonl" --tol 0 || fai
 python3 "$here/compare.py" params "$tmp/ck_two/model.safetensors" "$tmp/one/model.safetensors" --tol 0 ||
   fail "saved parameters of the sbatch run differ"
 
+# The same job with mpirun inside the allocation in place of srun --mpi=pmix
+# (Open MPI takes the nodes from Slurm and starts its daemons with srun).
+jid=$(TPR_LAUNCH=mpirun TPR_CKPT="$tmp/ck_mpirun" S sbatch --parsable -o "$tmp/mpirun.out" "$root/scripts/slurm/train.sbatch")
+wait_state "$jid" 180 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' || fail "mpirun job $jid did not end in 180 s"
+[ "$(job_state "$jid")" = COMPLETED ] || fail "train.sbatch with TPR_LAUNCH=mpirun ended $(job_state "$jid")"
+echo "TPR_LAUNCH=mpirun (mpirun inside the allocation):"
+python3 "$here/compare.py" params "$tmp/ck_mpirun/model.safetensors" "$tmp/one/model.safetensors" --tol 0 ||
+  fail "saved parameters of the mpirun run differ"
+
 # 3. a node dies mid-training; the requeued job resumes from its checkpoint
 jid=$(TPR_CKPT="$tmp/ck_fault" S sbatch --parsable -o "$tmp/fault.out" "$root/scripts/slurm/train.sbatch")
 ck_step() { sed -n 's/.*"step":[[:space:]]*\([0-9]*\).*/\1/p' "$tmp/ck_fault/trainer_state.json" 2>/dev/null | head -1; }
@@ -132,16 +143,23 @@ url=$(cat "$tmp/url")
 body() {  # PROMPT MAX_TOKENS IGNORE_EOS(0|1)
   python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": int(sys.argv[2]), "temperature": 0, "ignore_eos": sys.argv[3] == "1"}))' "$@"
 }
-S curl -sf -m 60 "$url/v1/completions" -H 'Content-Type: application/json' -d "$(body "$prompt" 24 0)" >"$tmp/answer.json" ||
+# 24 tokens whatever EOS says (ignore_eos), against `tpr run` on the prompt's
+# ids (no EOS stop with ids) decoded without the special tokens, as serve does.
+S curl -sf -m 60 "$url/v1/completions" -H 'Content-Type: application/json' -d "$(body "$prompt" 24 1)" >"$tmp/answer.json" ||
   fail "no answer from $url"
-TPR_NUM_THREADS=1 "$tpr" run --model "$fix/demo_model" --prompt "$prompt" --max-new-tokens 24 --json 2>/dev/null |
+ids=$("$tpr" tokenize --model "$fix/demo_model" --text "$prompt") || fail "tpr tokenize"
+TPR_NUM_THREADS=1 "$tpr" run --model "$fix/demo_model" --prompt-ids "$ids" --max-new-tokens 24 --json 2>/dev/null |
   grep '^{"command"' >"$tmp/run.json" || fail "tpr run"
-python3 - "$tmp/answer.json" "$tmp/run.json" <<'PY' || fail "the served answer differs from tpr run's"
+gen=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["generated"])))' "$tmp/run.json")
+"$tpr" detokenize --model "$fix/demo_model" --ids "$gen" --skip-special >"$tmp/run.txt" || fail "tpr detokenize"
+python3 - "$tmp/answer.json" "$tmp/run.txt" <<'PY' || fail "the served answer differs from tpr run's"
 import json, sys
-a = json.load(open(sys.argv[1]))["choices"][0]["text"]
-b = json.load(open(sys.argv[2]))["prompts"][0]["text"]
-print(f"served {a!r}\ntpr run {b!r}")
-sys.exit(a != b)
+c = json.load(open(sys.argv[1]))
+a, n = c["choices"][0]["text"], c["usage"]["completion_tokens"]
+b = open(sys.argv[2], encoding="utf-8").read()
+b = b[:-1] if b.endswith("\n") else b  # detokenize ends its line
+print(f"served ({n} tokens) {a!r}\ntpr run {b!r}")
+sys.exit(not (n == 24 and a == b))
 PY
 # A long request in flight, then scancel: it must be answered whole.
 (S curl -s -m 120 "$url/v1/completions" -H 'Content-Type: application/json' -d "$(body "$prompt" 1000 1)" >"$tmp/long.json") &
