@@ -143,11 +143,11 @@ for ((i = 1; i <= nodes; i++)); do
   # node's /tmp is: a mount namespace binds nodes/<n>/tmp over $sdir/tmp.
   if ! alive "$sdir/nodes/$n.pid"; then
     # A node whose slurmd died and that runs no step any more comes back as
-    # from a reboot: an empty /tmp, and no socket of a killed step's PMIx
-    # server in the spool (both are named by job and step: left behind, they
-    # stop the step of the same number of a requeued job from starting).
+    # from a reboot: an empty /tmp, and no socket or directory of a killed
+    # step's PMIx server in the spool (all named by job and step: left
+    # behind, they stop the same step of a requeued job from starting).
     ip netns pids "$n" | xargs -r ps -o comm= -p 2>/dev/null | grep -q slurmstepd ||
-      { find "$sdir/nodes/$n/tmp" -mindepth 1 -delete; rm -f "$sdir/nodes/$n"/stepd.slurm.pmix.*; }
+      { find "$sdir/nodes/$n/tmp" -mindepth 1 -delete; rm -rf "$sdir/nodes/$n"/stepd.slurm.pmix.* "$sdir/nodes/$n"/pmix.*; }
     ip netns exec "$n" unshare --uts --mount --propagation private sh -c \
       'hostname "$0" && mount --bind "$1/nodes/$0/tmp" "$1/tmp" && exec slurmd -N "$0"' "$n" "$sdir"
   fi

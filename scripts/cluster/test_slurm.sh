@@ -106,7 +106,10 @@ python3 "$here/compare.py" params "$tmp/ck_mpirun/model.safetensors" "$tmp/one/m
   fail "saved parameters of the mpirun run differ"
 
 # 3. a node dies mid-training; the requeued job resumes from its checkpoint
-jid=$(TPR_CKPT="$tmp/ck_fault" S sbatch --parsable -o "$tmp/fault.out" "$root/scripts/slurm/train.sbatch")
+# Every save of this job pauses 1.5 s before it writes the model (a debug
+# hook of tpr train; the weights are untouched): the kill below, right after
+# the first checkpoint appears, lands before the job can end on any machine.
+jid=$(TPR_DEBUG_SAVE_PAUSE_MS=1500 TPR_CKPT="$tmp/ck_fault" S sbatch --parsable -o "$tmp/fault.out" "$root/scripts/slurm/train.sbatch")
 ck_step() { sed -n 's/.*"step":[[:space:]]*\([0-9]*\).*/\1/p' "$tmp/ck_fault/trainer_state.json" 2>/dev/null | head -1; }
 for ((t = 0; t < 600; t++)); do [ "$(ck_step)" ] && break; sleep 0.2; done
 [ "$(ck_step)" ] || fail "job $jid wrote no checkpoint in 120 s"
@@ -126,7 +129,8 @@ wait_state "$jid" 180 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMOR
 [ "$(job_state "$jid")" = COMPLETED ] || fail "requeued job $jid ended $(job_state "$jid")"
 grep -q "restart 1 " "$tmp/fault.out" || fail "job $jid did not run a second time (SLURM_RESTART_COUNT 1)"
 grep -q "resuming from $tmp/ck_fault" "$tmp/fault.out" || fail "the requeued job did not resume from its checkpoint"
-echo "requeued job: $(grep -m1 'resuming from' "$tmp/fault.out")"
+echo "the job's own account:"; grep '^train.sbatch' "$tmp/fault.out" | sed 's/^/  /'
+echo "killed at $(date -d "@${t0%.*}" +%T)"
 python3 "$here/compare.py" params "$tmp/ck_fault/model.safetensors" "$tmp/one/model.safetensors" --tol 0 ||
   fail "the resumed run's weights differ from the uninterrupted run's"
 
