@@ -129,6 +129,8 @@ wait_state "$jid" 180 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMOR
 [ "$(job_state "$jid")" = COMPLETED ] || fail "requeued job $jid ended $(job_state "$jid")"
 grep -q "restart 1 " "$tmp/fault.out" || fail "job $jid did not run a second time (SLURM_RESTART_COUNT 1)"
 grep -q "resuming from $tmp/ck_fault" "$tmp/fault.out" || fail "the requeued job did not resume from its checkpoint"
+! sed -n '/restart 1 /,$p' "$tmp/fault.out" | grep -q 'tpr train exited' ||
+  fail "the requeued job's first run failed (a dead step's leftovers on the node brought back?)"
 echo "the job's own account:"; grep '^train.sbatch' "$tmp/fault.out" | sed 's/^/  /'
 echo "killed at $(date -d "@${t0%.*}" +%T)"
 python3 "$here/compare.py" params "$tmp/ck_fault/model.safetensors" "$tmp/one/model.safetensors" --tol 0 ||
