@@ -9,7 +9,7 @@
 # Installs munge, slurmctld, slurmd and slurm-client with apt where missing.
 # Idempotent: a running cluster of the same size is left as it is (dead
 # daemons restarted); another size is taken down and made again. Returns
-# once `sinfo` shows every node idle, printing the cluster's files.
+# once `sinfo` shows every node idle, printing the nodes and SLURM_CONF.
 # Clients run on the head host: scripts/cluster/slurm.sh sbatch|srun|sinfo...
 # (it sets SLURM_CONF); the root namespace has no route to the bridge.
 # Configuration without systemd and cgroups: proctrack/linuxproc, task/none.
