@@ -85,23 +85,30 @@ static int slurm_tasks_on_node(const char *list, long node) {
   return 0;
 }
 
+static int positive_env(const char *name) {
+  const char *s = getenv(name);
+  return s && atoi(s) > 0 ? atoi(s) : 0;
+}
+
 int tpr_local_ranks_from_env(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *s = getenv(vars[i]);
-    if (s && atoi(s) > 0) return atoi(s);
-  }
+  // mpirun's own count first: mpirun inside an allocation inherits the
+  // batch step's SLURM_* variables, which describe the batch step.
+  int n = positive_env("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (!n) n = positive_env("MPI_LOCALNRANKS");
+  if (n) return n;
   // srun --mpi=pmix starts the ranks itself: no OMPI_COMM_WORLD_* before
-  // MPI_Init, and SLURM_NTASKS_PER_NODE only under --ntasks-per-node; the
-  // step's per-node list, indexed by this node's SLURM_NODEID, always is.
+  // MPI_Init. The step's per-node list, indexed by this node's SLURM_NODEID,
+  // is this step's layout; SLURM_NTASKS_PER_NODE may be the allocation's
+  // (sbatch --ntasks-per-node 2, then srun with 1 per node).
   const char *list = getenv("SLURM_STEP_TASKS_PER_NODE"), *node = getenv("SLURM_NODEID");
   if (list && node) {
     char *end;
     long id = strtol(node, &end, 10);
-    int n = (end != node && !*end && id >= 0) ? slurm_tasks_on_node(list, id) : 0;
+    n = (end != node && !*end && id >= 0) ? slurm_tasks_on_node(list, id) : 0;
     if (n > 0) return n;
   }
-  return 1;
+  n = positive_env("SLURM_NTASKS_PER_NODE");
+  return n ? n : 1;
 }
 
 int tpr_cpus_per_rank_from_env(void) {

@@ -57,8 +57,9 @@ tpr_status tpr_tensor_from_host(tpr_tensor *t, const void *src, size_t nbytes);
 tpr_status tpr_tensor_fill_zero(tpr_tensor *t);
 
 // Ranks of this job on this node, from the launcher's environment
-// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE, then
-// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, as srun --mpi=pmix leaves it); 1 if none.
+// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, then Slurm's
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, as srun --mpi=pmix leaves it,
+// then SLURM_NTASKS_PER_NODE); 1 if none.
 int tpr_local_ranks_from_env(void);
 // CPUs the launcher gave this rank (Slurm's SLURM_CPUS_PER_TASK); 0 if unknown.
 int tpr_cpus_per_rank_from_env(void);

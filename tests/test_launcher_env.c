@@ -49,17 +49,24 @@ static void test_slurm_step_list(void **state) {
 }
 
 // mpirun's own count wins over Slurm's (mpirun inside an allocation inherits
-// the batch step's SLURM_* variables, which describe the batch step).
+// the batch step's SLURM_* variables, which describe the batch step); the
+// step's list wins over SLURM_NTASKS_PER_NODE, which may be the allocation's.
 static void test_precedence(void **state) {
   (void)state;
   assert_int_equal(tpr_local_ranks_from_env(), 1);
+  setenv("SLURM_NTASKS_PER_NODE", "3", 1);
+  assert_int_equal(tpr_local_ranks_from_env(), 3);
   setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)", 1);
   setenv("SLURM_NODEID", "1", 1);
   assert_int_equal(tpr_local_ranks_from_env(), 1);
-  setenv("SLURM_NTASKS_PER_NODE", "3", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x", 1);  // malformed: the next source
   assert_int_equal(tpr_local_ranks_from_env(), 3);
+  setenv("MPI_LOCALNRANKS", "4", 1);
+  assert_int_equal(tpr_local_ranks_from_env(), 4);
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "5", 1);
   assert_int_equal(tpr_local_ranks_from_env(), 5);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "x", 1);  // not a count: the next source
+  assert_int_equal(tpr_local_ranks_from_env(), 4);
 }
 
 static void test_threads(void **state) {
