@@ -2,6 +2,7 @@
 // TPR_ERR_UNSUPPORTED errors instead of crashes.
 #include "backend.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,11 +61,61 @@ tpr_status tpr_tensor_fill_zero(tpr_tensor *t) {
   return b->vt->memset(b->ctx, tpr_tensor_data(t), 0, tpr_tensor_nbytes(t));
 }
 
-int tpr_local_ranks_from_env(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *s = getenv(vars[i]);
-    if (s && atoi(s) > 0) return atoi(s);
+// Slurm's per-node task counts, "2(x3),1" = 2,2,2,1 (srun's
+// SLURM_STEP_TASKS_PER_NODE, sbatch's SLURM_TASKS_PER_NODE): the count of node
+// `node`, 0 when the list is malformed or shorter.
+static int slurm_tasks_on_node(const char *list, long node) {
+  const char *p = list;
+  while (node >= 0 && *p) {
+    char *end;
+    long n = strtol(p, &end, 10), rep = 1;
+    if (end == p || n <= 0) return 0;
+    p = end;
+    if (*p == '(') {
+      if (p[1] != 'x') return 0;
+      rep = strtol(p + 2, &end, 10);
+      if (end == p + 2 || rep <= 0 || *end != ')') return 0;
+      p = end + 1;
+    }
+    if (node < rep) return n > INT32_MAX ? 0 : (int)n;
+    node -= rep;
+    if (*p == ',') p++;
+    else if (*p) return 0;
   }
-  return 1;
+  return 0;
+}
+
+static int positive_env(const char *name) {
+  const char *s = getenv(name);
+  return s && atoi(s) > 0 ? atoi(s) : 0;
+}
+
+int tpr_local_ranks_from_env(void) {
+  // mpirun's own count first: mpirun inside an allocation inherits the
+  // batch step's SLURM_* variables, which describe the batch step.
+  int n = positive_env("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (!n) n = positive_env("MPI_LOCALNRANKS");
+  if (n) return n;
+  // srun --mpi=pmix starts the ranks itself: no OMPI_COMM_WORLD_* before
+  // MPI_Init. The step's per-node list, indexed by this node's SLURM_NODEID,
+  // is this step's layout; SLURM_NTASKS_PER_NODE may be the allocation's
+  // (sbatch --ntasks-per-node 2, then srun with 1 per node).
+  const char *list = getenv("SLURM_STEP_TASKS_PER_NODE"), *node = getenv("SLURM_NODEID");
+  if (list && node) {
+    char *end;
+    long id = strtol(node, &end, 10);
+    n = (end != node && !*end && id >= 0) ? slurm_tasks_on_node(list, id) : 0;
+    if (n > 0) return n;
+  }
+  n = positive_env("SLURM_NTASKS_PER_NODE");
+  return n ? n : 1;
+}
+
+int tpr_cpus_per_rank_from_env(void) {
+  // Slurm's --cpus-per-task: the CPUs the launcher gave this rank.
+  const char *s = getenv("SLURM_CPUS_PER_TASK");
+  if (!s) return 0;
+  char *end;
+  long n = strtol(s, &end, 10);
+  return (end != s && !*end && n > 0 && n <= 1 << 16) ? (int)n : 0;
 }

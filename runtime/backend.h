@@ -36,8 +36,8 @@ struct tpr_backend {
 
 typedef struct tpr_cpu_options {
   // GEMM and kernel threads for this process; 0 picks: TPR_NUM_THREADS if set,
-  // else the online cores divided by the ranks on this node (so ranks that
-  // fill the cores get one thread each), at least 1.
+  // else Slurm's SLURM_CPUS_PER_TASK, else the online cores divided by the
+  // ranks on this node (so ranks that fill the cores get one thread each), at least 1.
   int n_threads;
 } tpr_cpu_options;
 
@@ -57,7 +57,11 @@ tpr_status tpr_tensor_from_host(tpr_tensor *t, const void *src, size_t nbytes);
 tpr_status tpr_tensor_fill_zero(tpr_tensor *t);
 
 // Ranks of this job on this node, from the launcher's environment
-// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE); 1 if none.
+// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, then Slurm's
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, as srun --mpi=pmix leaves it,
+// then SLURM_NTASKS_PER_NODE); 1 if none.
 int tpr_local_ranks_from_env(void);
+// CPUs the launcher gave this rank (Slurm's SLURM_CPUS_PER_TASK); 0 if unknown.
+int tpr_cpus_per_rank_from_env(void);
 
 #endif

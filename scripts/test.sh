@@ -37,6 +37,24 @@ scripts/setup.sh --build-dir "$build_dir" "${setup_args[@]}"
 # between folders. Cheap, so it runs first.
 scripts/check_layers.sh
 
+# test_slurm runs a Slurm cluster of namespace hosts (scripts/cluster/
+# slurm_up.sh): Debian's Slurm 22.05, munge and PMIx's tools, installed here
+# when missing (no daemon is started by the packages without systemd; the
+# test starts its own, in its namespaces).
+if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null; then
+  slurm_missing=()
+  for p in slurmctld slurmd slurm-client munge libpmix-bin; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || slurm_missing+=("$p")
+  done
+  if [ ${#slurm_missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    echo "test: installing ${slurm_missing[*]} for test_slurm"
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${slurm_missing[@]}"
+  fi
+fi
+
 # Open MPI refuses root without these; CI machines have 2 cores, so the
 # multi-rank tests oversubscribe (set per test in tests/CMakeLists.txt).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -91,6 +91,8 @@ static int pick_threads(int requested) {
   if (requested > 0) return requested;
   const char *env = getenv("TPR_NUM_THREADS");
   if (env && atoi(env) > 0) return atoi(env);
+  int given = tpr_cpus_per_rank_from_env();  // srun/sbatch --cpus-per-task
+  if (given > 0) return given;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int per_rank = (int)(cores > 0 ? cores : 1) / tpr_local_ranks_from_env();
   return per_rank > 0 ? per_rank : 1;
