@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "engine/logit_proc.h"  // tpr_logit_bias, tpr_token_logprob, TPR_MAX_*
+#include "engine/token_constraint.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "models/sampling.h"
@@ -51,6 +52,7 @@ typedef struct tpr_engine_opts {
 //
 // Logit processing, in this order, on the logits of the row being sampled
 // (vLLM's order), before temperature / top-k / top-p (tpr_sample):
+//   0. constraint: -inf on every id its grammar does not allow next;
 //   1. logit_bias: logit[id] += bias for each entry;
 //   2. min_new: while fewer than min_new tokens are generated, the
 //      stop_token's logit is -inf (the sequence cannot end early);
@@ -77,6 +79,10 @@ typedef struct tpr_gen_params {
   int64_t n_logit_bias;              // [0, TPR_MAX_LOGIT_BIAS]
   bool logprobs;           // record each generated token's logprob (tpr_engine_logprobs)
   int32_t top_logprobs;    // [0, TPR_MAX_TOP_LOGPROBS]: also the this many most likely ids (needs logprobs)
+  // Structured output (rank 0; NULL: none): before anything else, ids the
+  // grammar does not allow next get -inf. The caller owns it, one per
+  // sequence, until the sequence is released.
+  tpr_token_constraint *constraint;
 } tpr_gen_params;
 
 typedef struct tpr_engine tpr_engine;

@@ -22,13 +22,15 @@
 //               n_seen    distinct ids of prompt + generated (repetition on)
 //               n_gen     (id, count) pairs of the generated tokens
 //                         (frequency or presence on)
+//               mask      tpr_mask_words(vocab) words of the ids a grammar
+//                         allows (X_MASK 1; structured output)
 // Other ranks keep no sequence history: the extra words are all they know
 // of it. Every rank checks the whole plan (check_plan) before using any.
 enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
 enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_EXTRA, CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
-enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_WORDS };
+enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
 
 static double now_s(void) {
   struct timespec ts;
@@ -76,7 +78,7 @@ static bool penalises_counts(const tpr_gen_params *g) { return g->frequency_pena
 // Whether sampling sequence g's token number `gen` needs extra words.
 static bool needs_extra(const tpr_gen_params *g, int64_t gen) {
   return g->logprobs || g->n_logit_bias > 0 || (g->stop_token >= 0 && gen < g->min_new) ||
-         tpr_repetition_on(g->repetition_penalty) || penalises_counts(g);
+         tpr_repetition_on(g->repetition_penalty) || penalises_counts(g) || g->constraint;
 }
 
 // Writes a sampled chunk's extra words at x (room for extra_bound words);
@@ -95,11 +97,18 @@ static int64_t encode_extra(tpr_engine *e, const tpr_gen_params *g, const tpr_sc
   x[X_N_GEN] = penalises_counts(g) ? tpr_logit_tally(si->tokens + si->prompt_len, gen, e->tally, ids, counts) : 0;
   for (int64_t i = 0; i < x[X_N_GEN]; i++) x[at++] = ids[i], x[at++] = counts[i];
   x[X_N_BIAS] = g->n_logit_bias;
+  x[X_MASK] = g->constraint != NULL;
+  if (g->constraint) {  // the grammar's mask for the next token, from the tokens generated so far
+    tpr_token_constraint_mask(g->constraint, si->tokens + si->prompt_len, gen, (uint64_t *)(x + at));
+    at += tpr_mask_words(e->vocab);
+  }
   return at;
 }
 
 // At most the extra words of a sampled chunk of a sequence of len tokens.
-static int64_t extra_bound(const tpr_gen_params *g, int64_t len) { return X_WORDS + 2 * g->n_logit_bias + 3 * len; }
+static int64_t extra_bound(const tpr_engine *e, const tpr_gen_params *g, int64_t len) {
+  return X_WORDS + 2 * g->n_logit_bias + 3 * len + (g->constraint ? tpr_mask_words(e->vocab) : 0);
+}
 
 // Rank 0: the scheduler's plan as words; e->msg_words = 0 when idle.
 static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
@@ -110,7 +119,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
     for (int64_t i = 0; i < st->n_chunks[r]; i++) {
       const tpr_sched_chunk *c = &st->chunks[r][i];
       n += CHUNK_WORDS + c->n + c->n_blocks;
-      if (c->sample) n += extra_bound(&e->seqs[c->seq].g, c->pos0 + c->n);
+      if (c->sample) n += extra_bound(e, &e->seqs[c->seq].g, c->pos0 + c->n);
       toks += c->n;
     }
     if (toks > most) most = toks;
@@ -162,7 +171,8 @@ static tpr_status check_extra(const tpr_engine *e, const int64_t *x, int64_t wor
   const int64_t nb = x[X_N_BIAS], ns = x[X_N_SEEN], ng = x[X_N_GEN];
   if (x[X_LOGPROBS] < -1 || x[X_LOGPROBS] > top || x[X_MASKED_STOP] < -1 || x[X_MASKED_STOP] >= V ||
       nb < 0 || nb > TPR_MAX_LOGIT_BIAS || ns < 0 || ns > max_seq || ng < 0 || ng > max_seq ||
-      words != X_WORDS + 2 * nb + ns + 2 * ng)
+      (x[X_MASK] != 0 && x[X_MASK] != 1) ||
+      words != X_WORDS + 2 * nb + ns + 2 * ng + x[X_MASK] * tpr_mask_words(V))
     return PLAN_BAD("extra section (logprobs %lld, stop %lld, %lld bias, %lld seen, %lld generated) in %lld words",
                     (long long)x[X_LOGPROBS], (long long)x[X_MASKED_STOP], (long long)nb, (long long)ns,
                     (long long)ng, (long long)words);
@@ -291,7 +301,8 @@ static tpr_logit_proc read_processing(tpr_engine *e, const int64_t *x) {
   for (int64_t i = 0; i < nb; i++) e->proc_bias[i] = (tpr_logit_bias){(int32_t)bias[2 * i], bits_f32(bias[2 * i + 1])};
   for (int64_t i = 0; i < ns; i++) seen_ids[i] = (int32_t)seen[i];
   for (int64_t i = 0; i < ng; i++) gen_ids[i] = (int32_t)gen[2 * i], gen_counts[i] = (int32_t)gen[2 * i + 1];
-  return (tpr_logit_proc){.bias = e->proc_bias, .n_bias = nb, .masked_stop = (int32_t)x[X_MASKED_STOP],
+  return (tpr_logit_proc){.allow = x[X_MASK] ? (const uint64_t *)(gen + 2 * ng) : NULL,
+                          .bias = e->proc_bias, .n_bias = nb, .masked_stop = (int32_t)x[X_MASKED_STOP],
                           .repetition_penalty = word_f64(x[X_REP]), .seen = seen_ids, .n_seen = ns,
                           .frequency_penalty = word_f64(x[X_FREQ]), .presence_penalty = word_f64(x[X_PRES]),
                           .gen_ids = gen_ids, .gen_counts = gen_counts, .n_gen = ng};
@@ -338,7 +349,7 @@ static void sample_replica(tpr_engine *e) {
       tpr_logit_proc proc = read_processing(e, c.extra);
       if (tpr_logit_proc_active(&proc)) {
         memcpy(e->row, raw, (size_t)V * sizeof *e->row);  // on_logits and logprobs keep the raw row
-        tpr_logit_proc_apply(&proc, e->row);
+        tpr_logit_proc_apply(&proc, e->row, V);
         row = e->row;
       }
     }

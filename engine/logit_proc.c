@@ -4,11 +4,13 @@
 #include <string.h>
 
 bool tpr_logit_proc_active(const tpr_logit_proc *p) {
-  return p->n_bias > 0 || p->masked_stop >= 0 || (tpr_repetition_on(p->repetition_penalty) && p->n_seen > 0) ||
+  return p->allow || p->n_bias > 0 || p->masked_stop >= 0 || (tpr_repetition_on(p->repetition_penalty) && p->n_seen > 0) ||
          ((p->frequency_penalty != 0 || p->presence_penalty != 0) && p->n_gen > 0);
 }
 
-void tpr_logit_proc_apply(const tpr_logit_proc *p, float *logits) {
+void tpr_logit_proc_apply(const tpr_logit_proc *p, float *logits, int64_t vocab) {
+  for (int64_t id = 0; p->allow && id < vocab; id++)
+    if (!(p->allow[id / 64] >> (id % 64) & 1)) logits[id] = -INFINITY;
   for (int64_t i = 0; i < p->n_bias; i++) {
     float *x = &logits[p->bias[i].id];
     *x = (float)((double)*x + (double)p->bias[i].bias);

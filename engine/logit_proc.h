@@ -33,6 +33,7 @@ typedef struct tpr_token_logprob {
 // of its history that rank 0 computes and sends in the step plan. Ids are
 // in [0, vocab) (the plan's decoder checks them).
 typedef struct tpr_logit_proc {
+  const uint64_t *allow;       // a grammar's mask (bit id set: allowed; token_constraint.h); NULL: none
   const tpr_logit_bias *bias;  // (n_bias) in request order
   int64_t n_bias;
   int32_t masked_stop;         // the stop token while fewer than min_new tokens are generated; -1: none
@@ -48,11 +49,12 @@ typedef struct tpr_logit_proc {
 bool tpr_logit_proc_active(const tpr_logit_proc *p);
 static inline bool tpr_repetition_on(double r) { return r != 0 && r != 1; }
 
-// Processes logits (vocab) in place, in engine.h's order: bias, the stop
+// Processes logits (vocab) in place, in engine.h's order: the grammar's
+// mask (-inf outside it; structured output), bias, the stop
 // mask (-inf), repetition, frequency / presence. Each operation is done in
 // double on the float logit and rounded back to float, so the result is
 // the same on every rank and a test can redo it exactly.
-void tpr_logit_proc_apply(const tpr_logit_proc *p, float *logits);
+void tpr_logit_proc_apply(const tpr_logit_proc *p, float *logits, int64_t vocab);
 
 // The distinct ids of tokens (n) in order of first appearance into ids
 // (n entries suffice), and their counts into counts (NULL: not wanted);

@@ -443,6 +443,7 @@ void serve_req_free(serve_req *r) {
   free(r->prompt);
   free(r->g);
   free(r->bias);
+  free(r->constraints);
   free(r->echo_text);
   tpr_oai_request_free(&r->r);
   free(r);

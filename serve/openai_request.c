@@ -48,6 +48,7 @@ void tpr_oai_request_free(tpr_oai_request *r) {
   free(r->bias_ids);
   free(r->bias);
   cJSON_Delete(r->tools);
+  tpr_json_grammar_free(r->grammar);
   memset(r, 0, sizeof *r);
 }
 
@@ -101,13 +102,6 @@ static bool refuse_nontrivial(const cJSON *j, bool chat, tpr_oai_error *e) {
   for (size_t i = 0; chat && i < sizeof never / sizeof never[0]; i++)
     if (get(j, never[i])) return fail(e, 400, never[i], "'%s' is not supported by this server", never[i]);
   const cJSON *v;
-  if (chat && (v = get(j, "response_format"))) {
-    const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-    if (!(cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0))
-      return fail(e, 400, "response_format",
-                  "'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported by "
-                  "this server yet");
-  }
   if (chat && (v = get(j, "modalities"))) {
     const cJSON *m = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 ? cJSON_GetArrayItem(v, 0) : NULL;
     if (!(cJSON_IsString(m) && strcmp(m->valuestring, "text") == 0))
@@ -175,12 +169,71 @@ static bool render_jinja(const tpr_chat_jinja *c, const char *body, size_t body_
               err.message);
 }
 
+// response_format: {"type": "text"} (nothing), {"type": "json_object"} (any
+// JSON object) or {"type": "json_schema", "json_schema": {"name", "schema",
+// "strict"?, "description"?}}: the answer is decoded under the grammar.
+static bool parse_response_format(const cJSON *j, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *v = get(j, "response_format");
+  if (!v) return true;
+  const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+  const char *type = cJSON_IsString(t) ? t->valuestring : "";
+  const cJSON *schema = NULL;
+  if (!strcmp(type, "text")) return true;
+  if (!strcmp(type, "json_schema")) {
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(js) || !cJSON_IsString(name) || (schema && !cJSON_IsObject(schema)))
+      return fail(e, 400, "response_format",
+                  "'response_format.json_schema' must be {\"name\": ..., \"schema\": {...}, \"strict\"?: bool}");
+  } else if (strcmp(type, "json_object") != 0) {
+    return fail(e, 400, "response_format",
+                "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+  }
+  char err[256];
+  out->grammar = tpr_json_grammar_new(schema, NULL, NULL, err, sizeof err);
+  out->grammar_what = "response_format";
+  return out->grammar || fail(e, 400, "response_format", "'response_format': %s", err);
+}
+
+// The grammar of a forced tool call (tool_choice "required" or a named
+// function) in the template's format: the call's JSON, its name one of the
+// functions and its arguments valid under that function's parameters
+// schema. Formats whose calls are not JSON inside text tags are refused.
+static bool forced_call_grammar(const cJSON *tools, const char *only, tpr_tool_format fmt, tpr_oai_request *out,
+                                tpr_oai_error *e) {
+  const char *pre = NULL, *suf = NULL, *args_key = "arguments";
+  if (fmt == TPR_TOOL_FMT_HERMES) pre = "<tool_call>\n", suf = "\n</tool_call>";
+  else if (fmt == TPR_TOOL_FMT_LLAMA3_JSON) args_key = "parameters";
+  else
+    return fail(e, 400, "tool_choice",
+                "tool_choice \"required\" or a named function is decoded under a grammar for the hermes and "
+                "llama3_json tool-call formats only (this server's is %s); use \"auto\"", tpr_tool_format_name(fmt));
+  const char *names[64];
+  const cJSON *params[64];
+  const cJSON *t;
+  int n = 0;
+  cJSON_ArrayForEach(t, tools) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function"), *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+    if (only && strcmp(nm->valuestring, only)) continue;
+    if (n == 64) return fail(e, 400, "tool_choice", "tool_choice \"required\" over more than 64 functions");
+    names[n] = nm->valuestring, params[n++] = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+  }
+  if (only && n == 0)
+    return fail(e, 400, "tool_choice", "'tool_choice' names the function '%s', which is not in 'tools'", only);
+  char err[256];
+  out->grammar = tpr_json_grammar_new_call(n, names, params, "name", args_key, pre, suf, err, sizeof err);
+  out->grammar_what = "tool_choice";
+  return out->grammar || fail(e, 400, "tool_choice", "the forced call's schema: %s", err);
+}
+
 // tools: [{"type": "function", "function": {"name", "description"?,
 // "parameters"?, "strict"?}}]; tool_choice "none" | "auto" (the default
-// with tools). "required" and a named function are refused: without
-// constrained decoding nothing makes the model call a tool, and an answer
-// that pretends it did is worse than a 400. Tools are rendered by the
-// checkpoint's Jinja template only (the built-ins have no tool syntax).
+// with tools) | "required" | {"type": "function", "function": {"name"}}: the
+// last two decode the answer under the grammar of one call
+// (forced_call_grammar). strict: true only with those (under "auto" nothing
+// constrains the arguments). Tools are rendered by the checkpoint's Jinja
+// template only (the built-ins have no tool syntax).
 static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_request *out, tpr_oai_error *e) {
   const cJSON *tools = get(j, "tools"), *choice = get(j, "tool_choice"), *t;
   if (tools && !cJSON_IsArray(tools)) return fail(e, 400, "tools", "'tools' must be a list of tools");
@@ -197,25 +250,29 @@ static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_r
       return fail(e, 400, "tools",
                   "'tools[%d].function': parameters must be an object (a JSON schema), description a string, strict a "
                   "boolean", i);
-    if (strict && cJSON_IsTrue(strict))
-      return fail(e, 400, "tools", "'tools[%d].function.strict': true needs constrained decoding, which this server "
-                  "does not do", i);
     i++;
   }
-  bool none = false;
+  bool none = false, forced = false;
+  const char *only = NULL;
   if (choice) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    const cJSON *fname = cJSON_GetObjectItemCaseSensitive(f, "name");
     if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) none = true;
     else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) none = false;
-    else if ((cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) ||
-             (cJSON_IsObject(choice) && cJSON_IsObject(f)))
-      return fail(e, 400, "tool_choice",
-                  "'tool_choice' \"required\" or a named function cannot be enforced by this server (it has no "
-                  "constrained decoding); use \"auto\" or \"none\"");
+    else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) forced = true;
+    else if (cJSON_IsObject(choice) && cJSON_IsString(fname)) forced = true, only = fname->valuestring;
     else
       return fail(e, 400, "tool_choice",
                   "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                   "\"function\": {\"name\": ...}}");
+  }
+  i = 0;
+  cJSON_ArrayForEach(t, tools) {
+    const cJSON *strict = get(cJSON_GetObjectItemCaseSensitive(t, "function"), "strict");
+    if (strict && cJSON_IsTrue(strict) && !forced)
+      return fail(e, 400, "tools", "'tools[%d].function.strict': true is enforced under tool_choice \"required\" "
+                  "or a named function only (under \"auto\" nothing constrains the model's arguments)", i);
+    i++;
   }
   if (!bool_field(j, "parallel_tool_calls", &out->parallel_tool_calls, e)) return false;
   if (!get(j, "parallel_tool_calls")) out->parallel_tool_calls = true;
@@ -235,7 +292,12 @@ static bool parse_tools(const cJSON *j, const tpr_chat_renderer *tmpl, tpr_oai_r
   out->tool_format = none ? TPR_TOOL_FMT_NONE : tmpl->tool_format;
   out->keep_special = !none && tmpl->keep_special;
   out->tools = cJSON_Duplicate(tools, true);
-  return out->tools || fail(e, 500, "tools", "out of memory for the tools");
+  if (!out->tools) return fail(e, 500, "tools", "out of memory for the tools");
+  if (!forced) return true;
+  if (out->grammar)
+    return fail(e, 400, "tool_choice", "'tool_choice' \"required\" or a named function cannot be combined with "
+                "'response_format' (both constrain the answer)");
+  return forced_call_grammar(tools, only, tmpl->tool_format, out, e);
 }
 
 static bool parse_prompt(const cJSON *j, const char *body, size_t body_len, bool chat, const tpr_chat_renderer *tmpl,
@@ -380,6 +442,9 @@ static bool parse_stream(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oa
                   f->string);
   }
   if (so && !out->stream) return fail(e, 400, "stream_options", "'stream_options' is only allowed with stream: true");
+  if (out->ignore_eos && out->grammar)
+    return fail(e, 400, "ignore_eos", "'ignore_eos' with %s: a structured answer ends at its end-of-sequence token",
+                out->grammar_what);
   if (out->echo && out->logprobs)
     return fail(e, 400, "echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
   return true;
@@ -407,10 +472,14 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_rende
          model_id);
     goto done;
   }
-  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && (!chat || parse_tools(j, tmpl, out, e)) &&
+  ok = unknown_fields(j, chat, e) && refuse_nontrivial(j, chat, e) && (!chat || parse_response_format(j, out, e)) &&
+       (!chat || parse_tools(j, tmpl, out, e)) &&
        parse_prompt(j, body, len, chat, tmpl, out, e) &&
        parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
        parse_stop(j, out, e) && parse_logit_bias(j, out, e);
+  // A grammar decodes the answer from its first token: no reasoning to
+  // separate first, even after a generation prompt that opens <think>.
+  if (ok && out->grammar) out->reasoning = false;
   if (ok && out->reasoning) out->starts_in_reasoning = tpr_prompt_opens_think(out->prompt, out->think_open);
 done:
   cJSON_Delete(j);

@@ -179,6 +179,11 @@ typedef struct tpr_oai_request {
   const char *think_open;  // the reasoning tag (tpr_chat_renderer's; static)
   bool parallel_tool_calls;  // false: only the first call is kept
   bool keep_special;       // the answer's text keeps special tokens (tpr_chat_renderer's keep_special)
+  // Structured output (owned; NULL: none): response_format json_object /
+  // json_schema, or the forced tool call of tool_choice "required" / a
+  // named function, decoded under this grammar (engine/json_grammar.h).
+  struct tpr_json_grammar *grammar;
+  const char *grammar_what;  // "response_format" or "tool_choice": for messages
 } tpr_oai_request;
 
 // Parses a body (every parameter OpenAI or vLLM defines for the endpoint

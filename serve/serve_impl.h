@@ -65,6 +65,7 @@ typedef struct serve_req {
   int64_t prompt_len;
   tpr_gen_params *g;            // (r.n) per choice: its own seed
   tpr_logit_bias *bias;         // (r.n_bias) shared by every choice's g
+  tpr_token_constraint *constraints;  // (r.n) each choice's grammar state (r.r.grammar); NULL: none
   char id[48];
   int64_t created;
   double t_submit;
@@ -132,6 +133,7 @@ typedef struct serve_state {
   pthread_t http_thread;
   tpr_engine *e;
   const tpr_tokenizer *tok;
+  tpr_vocab_bytes *vocab_bytes;  // rank 0: each id's bytes, for structured output's masks
   const tpr_serve_opts *o;
   serve_bridge b;
   // HTTP thread only

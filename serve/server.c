@@ -208,6 +208,7 @@ static void rank0_free(serve_state *st) {
     serve_req_free(r);
   }
   serve_bridge_destroy(st);
+  tpr_vocab_bytes_free(st->vocab_bytes);
 }
 
 tpr_status tpr_serve_run(tpr_comm_t world, int rank, tpr_engine *e, const tpr_tokenizer *tok,
@@ -221,6 +222,8 @@ tpr_status tpr_serve_run(tpr_comm_t world, int rank, tpr_engine *e, const tpr_to
   st->tok = tok;
   st->o = o;
   tpr_status rc = rank == 0 ? rank0_init(st) : TPR_OK;
+  // Each id's bytes, for structured output's token masks (rank 0 plans the steps).
+  if (rc == TPR_OK && rank == 0) rc = tpr_vocab_bytes_new(tok, tpr_engine_vocab(e), &st->vocab_bytes);
   if (rank != 0) {
     // Rank 0 decides when to stop; a signal mpirun forwards here must not
     // take a rank out of the collective steps.

@@ -57,6 +57,13 @@ static tpr_status gen_params(const serve_state *st, int64_t max_new, serve_req *
   r->g = calloc((size_t)q->n, sizeof *r->g);
   r->bias = q->n_bias ? calloc((size_t)q->n_bias, sizeof *r->bias) : NULL;
   if (!r->g || (q->n_bias && !r->bias)) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
+  if (q->grammar) {  // structured output: each choice its own grammar state
+    if (!st->vocab_bytes) return TPR_FAIL(TPR_ERR_INTERNAL, "structured output without the vocabulary's bytes");
+    r->constraints = calloc((size_t)q->n, sizeof *r->constraints);
+    if (!r->constraints) return TPR_FAIL(TPR_ERR_OOM, "out of memory");
+    for (int64_t i = 0; i < q->n; i++)
+      tpr_token_constraint_init(&r->constraints[i], q->grammar, st->vocab_bytes, q->ignore_eos ? -1 : st->o->eos);
+  }
   for (int64_t i = 0; i < q->n_bias; i++) r->bias[i] = (tpr_logit_bias){.id = q->bias_ids[i], .bias = q->bias[i]};
   uint64_t base = q->has_seed ? q->seed : fresh_seed(st);
   for (int64_t i = 0; i < q->n; i++)
@@ -71,7 +78,8 @@ static tpr_status gen_params(const serve_state *st, int64_t max_new, serve_req *
                                .logit_bias = r->bias,
                                .n_logit_bias = q->n_bias,
                                .logprobs = q->logprobs,
-                               .top_logprobs = q->top_logprobs};
+                               .top_logprobs = q->top_logprobs,
+                               .constraint = r->constraints ? &r->constraints[i] : NULL};
   return TPR_OK;
 }
 

@@ -98,7 +98,7 @@ static void test_random_rows(void **state) {
     build(&b, &q, &h, tally);
     for (int64_t v = 0; v < V; v++) assert_int_equal(tally[v], 0);  // left zeroed
     memcpy(got, raw, sizeof raw);
-    tpr_logit_proc_apply(&b.p, got);
+    tpr_logit_proc_apply(&b.p, got, V);
     hand_row(raw, V, &q, &h, logit_ref_order, want);
     hand_row(raw, V, &q, &h, swapped, other);
     for (int64_t v = 0; v < V; v++) {
@@ -137,7 +137,7 @@ static void test_order_by_hand(void **state) {
   history h = {.tok = {0, 4, 1, 1, 2}, .len = 5, .prompt_len = 2};  // generated: 1, 1, 2 (3 < min_new: stop masked)
   built b;
   build(&b, &q, &h, tally);
-  tpr_logit_proc_apply(&b.p, row);
+  tpr_logit_proc_apply(&b.p, row, (int64_t)(sizeof row / sizeof row[0]));
   // 0: (1 - 2) = -1, in the history: -1 * 2 = -2 (repetition first would give 0.5 - 2 = -1.5).
   assert_true(row[0] == -2.0f);
   // 1: -1 * 2 = -2, generated twice: -2 - (1*2 + 0.5) = -4.5 (the other order: (-1 - 2.5) * 2 = -7).
@@ -150,7 +150,7 @@ static void test_order_by_hand(void **state) {
   h.tok[5] = 3, h.len = 6;
   build(&b, &q, &h, tally);
   assert_int_equal(b.p.masked_stop, -1);
-  tpr_logit_proc_apply(&b.p, row2);
+  tpr_logit_proc_apply(&b.p, row2, 8);
   assert_true(row2[2] == 1.0f);
   assert_true(row2[3] == 0.25f / 2 - 1.5f);
   printf("order by hand: [%g %g %g %g %g] then, unmasked, stop %g\n", row[0], row[1], row[2], row[3], row[4],
@@ -170,7 +170,7 @@ static void test_min_new(void **state) {
     for (int v = 0; v < 16; v++) row[v] = (float)v;
     built b;
     build(&b, &q, &h, tally);
-    tpr_logit_proc_apply(&b.p, row);
+    tpr_logit_proc_apply(&b.p, row, (int64_t)(sizeof row / sizeof row[0]));
     assert_int_equal(isinf(row[7]) != 0, gen < 5);
     assert_int_equal(tpr_logit_proc_active(&b.p), gen < 5);
     h.tok[h.len++] = 9;
@@ -198,7 +198,7 @@ static void test_zeroed_params_identity(void **state) {
     build(&b, &q, &h, tally);
     assert_false(tpr_logit_proc_active(&b.p));
     memcpy(got, raw, sizeof raw);
-    tpr_logit_proc_apply(&b.p, got);
+    tpr_logit_proc_apply(&b.p, got, MAX_V);
     assert_memory_equal(got, raw, sizeof raw);
   }
 }

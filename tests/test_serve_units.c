@@ -357,8 +357,10 @@ static void test_request_params(void **state) {
   printf("%zu refusals name their parameter\n", sizeof bad / sizeof bad[0]);
 }
 
-// tools and tool_choice: validated, rendered by a Jinja template only, and
-// "required" / a named function refused (nothing here can force a call).
+// tools and tool_choice: validated, rendered by a Jinja template only;
+// "required" / a named function decode under a call's grammar (hermes and
+// llama3_json formats only); response_format json_object / json_schema
+// under theirs.
 static void test_request_tools(void **state) {
   (void)state;
   const char *tmpl_text = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tools>{% for t in tools %}"
@@ -369,6 +371,7 @@ static void test_request_tools(void **state) {
   tpr_chat_renderer jr = {.jinja = &j, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
   tpr_chat_renderer builtin = {.builtin = TPR_CHAT_CHATML, .tool_format = TPR_TOOL_FMT_HERMES, .reasoning = true};
   tpr_chat_renderer no_parser = {.jinja = &j};
+  tpr_chat_renderer xml = {.jinja = &j, .tool_format = TPR_TOOL_FMT_MINIMAX_M2};
   tpr_oai_request r;
   tpr_oai_error e;
 #define MSG "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
@@ -388,6 +391,22 @@ static void test_request_tools(void **state) {
   assert_true(tpr_oai_parse(none, strlen(none), true, &no_parser, "m", &r, &e));
   assert_false(r.reasoning);
   tpr_oai_request_free(&r);
+  const char *forced[] = {
+      "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\"}",
+      "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+      "\"get_weather\"}}}",
+      "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}], "
+      "\"tool_choice\": \"required\"}",
+      "{" MSG ", \"response_format\": {\"type\": \"json_object\"}}",
+      "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": "
+      "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}}}}",
+  };
+  for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++) {
+    if (!tpr_oai_parse(forced[i], strlen(forced[i]), true, &jr, "m", &r, &e)) fail_msg("%s: %s", forced[i], e.message);
+    assert_non_null(r.grammar);
+    assert_string_equal(r.grammar_what, i < 3 ? "tool_choice" : "response_format");
+    tpr_oai_request_free(&r);
+  }
   const char *plain = "{" MSG "}";  // no tools: reasoning still separated
   assert_true(tpr_oai_parse(plain, strlen(plain), true, &jr, "m", &r, &e));
   assert_true(r.reasoning && r.starts_in_reasoning && !r.tools);
@@ -396,9 +415,15 @@ static void test_request_tools(void **state) {
     int which;  // 0 jinja, 1 built-in, 2 jinja without a tool parser
     const char *body, *param;
   } bad[] = {
-      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\"}", "tool_choice"},
+      {3, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\"}", "tool_choice"},  // not JSON calls
       {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
-          "\"get_weather\"}}}", "tool_choice"},
+          "\"nope\"}}}", "tool_choice"},
+      {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"required\", \"response_format\": {\"type\": "
+          "\"json_object\"}}", "tool_choice"},
+      {0, "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+          "\"schema\": {\"type\": \"string\", \"pattern\": \"a+\"}}}}", "response_format"},
+      {0, "{" MSG ", \"response_format\": {\"type\": \"json_object\"}, \"ignore_eos\": true}", "ignore_eos"},
+      {0, "{" MSG ", \"response_format\": {\"type\": \"yaml\"}}", "response_format"},
       {0, "{" MSG ", \"tools\": [" TOOL "], \"tool_choice\": \"sometimes\"}", "tool_choice"},
       {0, "{" MSG ", \"tools\": {\"a\": 1}}", "tools"},
       {0, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"\"}}]}", "tools"},
@@ -414,7 +439,7 @@ static void test_request_tools(void **state) {
       {0, "{" MSG ", \"tools\": [], \"tool_choice\": \"auto\"}", "tool_choice"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    const tpr_chat_renderer *t = bad[i].which == 0 ? &jr : bad[i].which == 1 ? &builtin : &no_parser;
+    const tpr_chat_renderer *t = bad[i].which == 0 ? &jr : bad[i].which == 1 ? &builtin : bad[i].which == 2 ? &no_parser : &xml;
     bool parsed = tpr_oai_parse(bad[i].body, strlen(bad[i].body), true, t, "m", &r, &e);
     if (parsed) tpr_oai_request_free(&r);
     assert_false(parsed);

@@ -275,7 +275,7 @@ def check_refusals(srv):
     cases = [
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # a built-in template
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {"response_format": {"type": "yaml"}}, "response_format"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"echo": True}, "echo"),
