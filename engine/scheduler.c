@@ -420,8 +420,12 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
       seq *q = &s->seqs[id];
       int64_t share = sibling_share(s, q);
       if (share == SIBLING_WAITS) break;  // FCFS: the sequences behind it wait too
-      if (share > 0) TPR_CHECK(admit_sharing(s, rp, q, share));
-      else if (s->o.prefix_cache) TPR_CHECK(admit_cached(s, rp, q));
+      if (s->o.prefix_cache) {  // a sibling's leader blocks are registered by now: the cache finds them
+        q->leader = -1;
+        TPR_CHECK(admit_cached(s, rp, q));
+      } else if (share > 0) {
+        TPR_CHECK(admit_sharing(s, rp, q, share));
+      }
       q->start = q->computed;
       int64_t left = q->len - q->computed;
       int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);

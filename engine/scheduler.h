@@ -68,7 +68,10 @@
 // computed, so a registered block is never written again; it is only
 // evicted (taken for new rows) once no one holds it. A preempted sequence
 // looks its tokens up again when readmitted (its own blocks, if still
-// cached). Each lookup counts its len as queried tokens and its hits as hit
+// cached). Siblings keep their waiting rule, then are admitted through the
+// cache like any sequence: the leader's blocks it waited for are registered
+// once computed (or equal ones registered before them), so it finds them
+// (cached_blocks, not shared_blocks, counts them). Each lookup counts its len as queried tokens and its hits as hit
 // tokens (tpr_sched_prefix_stats).
 // A released sequence (tpr_sched_release) keeps a tombstone of a few words,
 // so ids are never reused.
