@@ -35,6 +35,13 @@
 //    Preempting a sibling that holds only shared blocks frees none; the
 //    decode loop then preempts the next victim, as for any victim whose
 //    blocks were not enough.
+//  - Prefix cache: a sequence's cache hits are taken at its admission, in
+//    plan_replica's step (3) (never for a running sequence), and hits that
+//    are cached free count against the free blocks, so at least one free
+//    block is left for the chunk that follows them: the stall argument
+//    above holds with "free" meaning plain and cached free blocks alike.
+//    Blocks are registered in tpr_sched_update, after the step that wrote
+//    their last row, so a hit never reads a row of the step being planned.
 //  - tpr_sched_update compares the step it is given (replicas, chunk counts,
 //    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
 //    or broadcast and rebuilt is accepted, a stale or edited one refused.
@@ -355,7 +362,8 @@ static tpr_status admit_cached(tpr_sched *s, replica *rp, seq *q) {
     free_hits += tpr_block_pool_refs(pool, id) == 0;
   }
   // Cached free blocks taken here are no longer free: leave one for the rest.
-  while (hits > 0 && tpr_block_pool_free(pool) - free_hits < 1) free_hits -= tpr_block_pool_refs(pool, q->blocks[--hits]) == 0;
+  while (hits > 0 && tpr_block_pool_free(pool) - free_hits < 1)
+    free_hits -= tpr_block_pool_refs(pool, q->blocks[--hits]) == 0;
   for (int64_t b = 0; b < hits; b++) TPR_CHECK(tpr_block_pool_hit(pool, q->blocks[b]));
   q->n_blocks = q->n_hashed = q->cached = hits;
   q->computed = hits * bs;

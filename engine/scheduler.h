@@ -87,7 +87,8 @@ typedef enum tpr_sched_fault {
   TPR_SCHED_FAULT_NONE = 0,
   TPR_SCHED_FAULT_WRITE_SHARED,  // a sibling is admitted one row short: it rewrites the last shared row
   TPR_SCHED_FAULT_FREE_SHARED,   // a holder letting go of a shared block frees it for every holder
-  TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN,  // prefix-cache keys hold a block's first token alone: blocks that begin alike match
+  // Prefix-cache keys hold a block's first token alone: blocks that begin alike match.
+  TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN,
 } tpr_sched_fault;
 
 typedef struct tpr_sched_opts {

@@ -134,7 +134,8 @@ char **bs_request_bodies(const settings *s, int64_t vocab, int64_t n) {
     tpr_rng shared = {(uint64_t)s->seed ^ 0x5ea4edull ^ (s->prefix_stream << 32)};  // the same for every body
     for (int64_t t = 0; t < s->shared_prefix + s->prompt_len; t++)
       len += (size_t)snprintf(b + len, cap - len, "%s%llu", t ? "," : "",
-                              (unsigned long long)(tpr_rng_next(t < s->shared_prefix ? &shared : &rng) % (uint64_t)vocab));
+                              (unsigned long long)(tpr_rng_next(t < s->shared_prefix ? &shared : &rng) %
+                                                   (uint64_t)vocab));
     snprintf(b + len, cap - len,
              "],\"max_tokens\":%lld,\"temperature\":0,\"stream\":true,\"ignore_eos\":true,"
              "\"stream_options\":{\"include_usage\":true}}",
@@ -625,7 +626,8 @@ int tpr_bench_serve(int argc, char **argv) {
       {"stop-timeout", TPR_ARG_FLOAT, &s.stop_timeout_s,
        "seconds the server may take to exit after SIGTERM before SIGKILL (default 60)"},
       {"shared-prefix", TPR_ARG_SIZE, &s.shared_prefix,
-       "the shared-prefix workload: every prompt begins with the same S ids (a system prompt) before its own P; "
+       "the shared-prefix workload: every prompt begins with the same N ids (a system prompt) before its own "
+       "--prompt-len; "
        "serves it with the prefix cache and with --no-prefix-cache and compares the TTFT of the first request "
        "with the later ones' (no baseline; default 0: off)"},
       {"json", TPR_ARG_FLAG, &s.json, "print one JSON object"},
