@@ -31,7 +31,10 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
                                .block_size = p->block_size,
                                .max_batch = B,
                                .max_tokens = e->o.max_tokens_per_step,
-                               .max_seq = max_seq};
+                               .max_seq = max_seq,
+                               .prefix_cache = !o->no_prefix_cache,
+                               .debug_fault = o->debug_prefix_first_token ? TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN
+                                                                          : TPR_SCHED_FAULT_NONE};
   e->step_cap = T;
   e->tokens = malloc((size_t)(5 * T + B * p->max_blocks) * sizeof(int32_t));
   e->logits = malloc((size_t)(B * V) * sizeof *e->logits);
@@ -229,3 +232,11 @@ int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica) {
 int64_t tpr_engine_preemptions(const tpr_engine *e) { return e->sched ? tpr_sched_preemptions(e->sched) : 0; }
 int tpr_engine_replicas(const tpr_engine *e) { return e->replicas; }
 int64_t tpr_engine_waiting(const tpr_engine *e) { return e->sched ? tpr_sched_waiting(e->sched) : 0; }
+
+tpr_engine_prefix_stats tpr_engine_prefix(const tpr_engine *e) {
+  tpr_engine_prefix_stats st = {0};
+  if (!e->sched) return st;
+  tpr_sched_prefix_stats(e->sched, &st.queried_tokens, &st.hit_tokens);
+  for (int r = 0; r < e->replicas; r++) st.cached_blocks += tpr_sched_cached_blocks(e->sched, r);
+  return st;
+}

@@ -45,6 +45,15 @@ typedef struct tpr_engine_opts {
   // Test only (a negative control): tokens attend the next chunk's block
   // table, not their own, so sequences read each other's history.
   bool debug_wrong_blocks;
+  // Automatic prefix caching (engine/scheduler.h) is on unless this is set:
+  // full KV blocks are kept, keyed by their tokens and every token before
+  // them, and a prompt that begins with cached blocks prefills only the
+  // rest. Outputs are the same bit for bit either way. The cache lives as
+  // long as the engine.
+  bool no_prefix_cache;
+  // Test only (a negative control): cache keys hold a block's first token
+  // alone, so a block is reused for a prompt whose block differs after it.
+  bool debug_prefix_first_token;
 } tpr_engine_opts;
 
 // Every field but max_new, stop_token and sampling is off when zero, so
@@ -161,8 +170,16 @@ tpr_status tpr_engine_logprobs(const tpr_engine *e, int64_t id, int64_t i, const
 // An unfinished sequence: TPR_ERR_INVALID_ARG.
 tpr_status tpr_engine_release(tpr_engine *e, int64_t id);
 
-// Rank 0: KV blocks in use on replica r (0 once every sequence has ended).
+// Rank 0: KV blocks in use on replica r (0 once every sequence has ended;
+// cached blocks no sequence holds count as free).
 int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica);
+// Rank 0: the prefix cache so far, over every replica: prompt tokens looked
+// up at admissions, those found cached, and the blocks cached now (held or
+// free). All 0 with the cache off, and on other ranks.
+typedef struct tpr_engine_prefix_stats {
+  int64_t queried_tokens, hit_tokens, cached_blocks;
+} tpr_engine_prefix_stats;
+tpr_engine_prefix_stats tpr_engine_prefix(const tpr_engine *e);
 int64_t tpr_engine_preemptions(const tpr_engine *e);
 int tpr_engine_replicas(const tpr_engine *e);  // dp replicas, each with its own KV pool
 // Rank 0: unfinished sequences waiting for blocks (not yet admitted, or preempted).

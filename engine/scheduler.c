@@ -35,6 +35,13 @@
 //    Preempting a sibling that holds only shared blocks frees none; the
 //    decode loop then preempts the next victim, as for any victim whose
 //    blocks were not enough.
+//  - Prefix cache: a sequence's cache hits are taken at its admission, in
+//    plan_replica's step (3) (never for a running sequence), and hits that
+//    are cached free count against the free blocks, so at least one free
+//    block is left for the chunk that follows them: the stall argument
+//    above holds with "free" meaning plain and cached free blocks alike.
+//    Blocks are registered in tpr_sched_update, after the step that wrote
+//    their last row, so a hit never reads a row of the step being planned.
 //  - tpr_sched_update compares the step it is given (replicas, chunk counts,
 //    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
 //    or broadcast and rebuilt is accepted, a stale or edited one refused.
@@ -62,6 +69,9 @@ typedef struct seq {
   int64_t leader;  // a sibling not yet admitted: its group's sequence 0; -1 otherwise
   int64_t shared;  // blocks held from the leader since admission (the first `shared` of the table)
   int64_t start;   // computed at admission: the first chunk begins there
+  uint64_t *hashes;  // (hashes_cap) prefix cache: chain hashes of the table's first n_hashed blocks
+  int64_t n_hashed, hashes_cap;
+  int64_t cached;    // prefix-cache hits of the last admission (the first `cached` of the table)
   bool released;   // a tombstone: tokens and table freed (tpr_sched_release)
 } seq;
 
@@ -88,6 +98,7 @@ struct tpr_sched {
   int64_t *n_chunks_out;          // (replicas)
   const tpr_sched_chunk **chunks_out;  // (replicas)
   int64_t admit_counter, preemptions, unfinished;
+  int64_t prefix_queried, prefix_hit;  // tokens looked up in the prefix cache, and found
   bool pending;  // a non-empty plan awaits tpr_sched_update
 };
 
@@ -158,6 +169,10 @@ tpr_status tpr_sched_new(const tpr_sched_opts *o, tpr_sched **out) {
   }
   for (int r = 0; r < o->replicas; r++) {
     tpr_status rc = tpr_block_pool_init(&s->reps[r].pool, o->pool_blocks);
+    if (rc == TPR_OK && o->prefix_cache) {
+      rc = tpr_block_pool_cache_init(&s->reps[r].pool, o->block_size);
+      s->reps[r].pool.debug_first_token_only = o->debug_fault == TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN;
+    }
     if (rc != TPR_OK) {
       tpr_sched_free(s);
       return tpr__propagate(rc, __FILE__, __LINE__);
@@ -172,6 +187,7 @@ void tpr_sched_free(tpr_sched *s) {
   for (int64_t i = 0; i < s->n_seqs; i++) {
     free(s->seqs[i].tokens);
     free(s->seqs[i].blocks);
+    free(s->seqs[i].hashes);
   }
   free(s->seqs);
   if (s->reps)
@@ -256,7 +272,7 @@ static tpr_status release_blocks(tpr_sched *s, seq *q) {
     TPR_CHECK(tpr_block_pool_give(pool, q->blocks[i]));
   }
   q->n_blocks = 0;
-  q->shared = 0;
+  q->shared = q->cached = q->n_hashed = 0;
   return TPR_OK;
 }
 
@@ -328,6 +344,47 @@ static tpr_status admit_sharing(tpr_sched *s, replica *rp, seq *q, int64_t k) {
   return TPR_OK;
 }
 
+// Prefix cache: admits q (computed 0) holding the registered blocks of the
+// longest prefix of its first floor((len - 1) / block_size) whole blocks,
+// keeping one free block for the rest of its tokens (scheduler.h).
+static tpr_status admit_cached(tpr_sched *s, replica *rp, seq *q) {
+  const int64_t bs = s->o.block_size, k = (q->len - 1) / bs;
+  tpr_block_pool *pool = &rp->pool;
+  TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, k, sizeof *q->blocks, "a block table"));
+  TPR_CHECK(grow((void **)&q->hashes, &q->hashes_cap, k, sizeof *q->hashes, "a hash list"));
+  int64_t hits = 0, free_hits = 0;
+  for (uint64_t parent = 0; hits < k; hits++) {
+    const int32_t *toks = q->tokens + hits * bs;
+    uint64_t h = tpr_block_pool_hash(pool, parent, toks);
+    int32_t id = tpr_block_pool_lookup(pool, h, parent, toks);
+    if (id < 0) break;
+    q->blocks[hits] = id, q->hashes[hits] = parent = h;
+    free_hits += tpr_block_pool_refs(pool, id) == 0;
+  }
+  // Cached free blocks taken here are no longer free: leave one for the rest.
+  while (hits > 0 && tpr_block_pool_free(pool) - free_hits < 1)
+    free_hits -= tpr_block_pool_refs(pool, q->blocks[--hits]) == 0;
+  for (int64_t b = 0; b < hits; b++) TPR_CHECK(tpr_block_pool_hit(pool, q->blocks[b]));
+  q->n_blocks = q->n_hashed = q->cached = hits;
+  q->computed = hits * bs;
+  s->prefix_queried += q->len;
+  s->prefix_hit += q->computed;
+  return TPR_OK;
+}
+
+// Prefix cache: registers q's blocks whose rows are all written by now.
+static tpr_status register_full(tpr_sched *s, seq *q) {
+  const int64_t bs = s->o.block_size;
+  tpr_block_pool *pool = &s->reps[q->replica].pool;
+  for (int64_t b = q->n_hashed; (b + 1) * bs <= q->computed; b = ++q->n_hashed) {
+    TPR_CHECK(grow((void **)&q->hashes, &q->hashes_cap, b + 1, sizeof *q->hashes, "a hash list"));
+    const uint64_t parent = b ? q->hashes[b - 1] : 0;
+    q->hashes[b] = tpr_block_pool_hash(pool, parent, q->tokens + b * bs);
+    TPR_CHECK(tpr_block_pool_register(pool, q->blocks[b], q->hashes[b], parent, q->tokens + b * bs));
+  }
+  return TPR_OK;
+}
+
 static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
   const int64_t bs = s->o.block_size, max_batch = s->o.max_batch;
   int64_t rep_preempted = 0, budget = s->o.max_tokens;
@@ -371,7 +428,12 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
       seq *q = &s->seqs[id];
       int64_t share = sibling_share(s, q);
       if (share == SIBLING_WAITS) break;  // FCFS: the sequences behind it wait too
-      if (share > 0) TPR_CHECK(admit_sharing(s, rp, q, share));
+      if (s->o.prefix_cache) {  // a sibling's leader blocks are registered by now: the cache finds them
+        q->leader = -1;
+        TPR_CHECK(admit_cached(s, rp, q));
+      } else if (share > 0) {
+        TPR_CHECK(admit_sharing(s, rp, q, share));
+      }
       q->start = q->computed;
       int64_t left = q->len - q->computed;
       int64_t n = fit_tokens(q, left < budget ? left : budget, tpr_block_pool_free(&rp->pool), bs);
@@ -478,6 +540,7 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
       const tpr_sched_chunk *c = &rp->chunks[i];
       seq *q = &s->seqs[c->seq];
       q->computed = c->pos0 + c->n;
+      if (s->o.prefix_cache) TPR_CHECK(register_full(s, q));
       if (!c->sample) continue;
       int32_t tok = sampled[r][k++];
       TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + 1, sizeof *q->tokens, "a token list"));
@@ -501,8 +564,9 @@ tpr_status tpr_sched_release(tpr_sched *s, int64_t id) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_release: sequence %lld is not finished", (long long)id);
   free(q->tokens);
   free(q->blocks);
-  q->tokens = NULL, q->blocks = NULL;
-  q->cap = q->blocks_cap = 0;
+  free(q->hashes);
+  q->tokens = NULL, q->blocks = NULL, q->hashes = NULL;
+  q->cap = q->blocks_cap = q->hashes_cap = 0;
   q->released = true;
   return TPR_OK;
 }
@@ -516,7 +580,8 @@ tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out
   if (q->released) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_seq: sequence %lld was released", (long long)id);
   *out = (tpr_sched_seq_info){.tokens = q->tokens, .len = q->len, .prompt_len = q->prompt_len,
                               .replica = q->replica, .finished = q->state == SEQ_FINISHED,
-                              .preemptions = q->preemptions, .shared_blocks = q->shared};
+                              .preemptions = q->preemptions, .shared_blocks = q->shared,
+                              .cached_blocks = q->cached};
   return TPR_OK;
 }
 
@@ -535,6 +600,16 @@ int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica) {
 }
 
 int64_t tpr_sched_preemptions(const tpr_sched *s) { return s ? s->preemptions : 0; }
+
+void tpr_sched_prefix_stats(const tpr_sched *s, int64_t *queried, int64_t *hit) {
+  *queried = s ? s->prefix_queried : 0;
+  *hit = s ? s->prefix_hit : 0;
+}
+
+int64_t tpr_sched_cached_blocks(const tpr_sched *s, int replica) {
+  if (!s || replica < 0 || replica >= s->o.replicas) return -1;
+  return tpr_block_pool_cached(&s->reps[replica].pool);
+}
 
 int32_t tpr_sched_block_refs(const tpr_sched *s, int replica, int32_t id) {
   if (!s || replica < 0 || replica >= s->o.replicas) return -1;

@@ -53,6 +53,26 @@
 // leader is then the replica's one mid-prompt sequence, and the argument in
 // scheduler.c (the others are decodes, or it runs alone holding less than a
 // pool) plans a chunk for it or for a decode.
+// Prefix cache (opts.prefix_cache; engine/block_pool.h): once a step has
+// written every row of a block of a sequence's table, tpr_sched_update
+// registers the block under its key (its parent's chain hash, its
+// block_size token ids), prompt and generated tokens alike. A sequence
+// admitted from the waiting queue (not as a sibling sharing its leader's
+// blocks) walks its tokens' first k = floor((len - 1) / block_size) whole
+// blocks and takes the registered ones of the longest matching prefix (one
+// more holder each; cached free ones leave the LRU order), with computed =
+// hits * block_size, so at least its last token is computed and sampled
+// from. It keeps at least one free block for that rest: hits that would
+// leave none are dropped from the end. The same rule as for siblings holds:
+// a registered block is full, and every holder writes at positions >= its
+// computed, so a registered block is never written again; it is only
+// evicted (taken for new rows) once no one holds it. A preempted sequence
+// looks its tokens up again when readmitted (its own blocks, if still
+// cached). Siblings keep their waiting rule, then are admitted through the
+// cache like any sequence: the leader's blocks it waited for are registered
+// once computed (or equal ones registered before them), so it finds them
+// (cached_blocks, not shared_blocks, counts them). Each lookup counts its len as queried tokens and its hits as hit
+// tokens (tpr_sched_prefix_stats).
 // A released sequence (tpr_sched_release) keeps a tombstone of a few words,
 // so ids are never reused.
 #ifndef TPR_ENGINE_SCHEDULER_H
@@ -67,6 +87,8 @@ typedef enum tpr_sched_fault {
   TPR_SCHED_FAULT_NONE = 0,
   TPR_SCHED_FAULT_WRITE_SHARED,  // a sibling is admitted one row short: it rewrites the last shared row
   TPR_SCHED_FAULT_FREE_SHARED,   // a holder letting go of a shared block frees it for every holder
+  // Prefix-cache keys hold a block's first token alone: blocks that begin alike match.
+  TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN,
 } tpr_sched_fault;
 
 typedef struct tpr_sched_opts {
@@ -76,6 +98,7 @@ typedef struct tpr_sched_opts {
   int64_t max_batch;    // chunks (sequences) per replica per step (>= 1)
   int64_t max_tokens;   // tokens per replica per step (>= 1)
   int64_t max_seq;      // the longest sequence (prompt + generated) a block table holds (>= 1)
+  bool prefix_cache;    // reuse registered full blocks across sequences (see above)
   // Test only (negative controls of the sharing checks); 0 in real runs.
   tpr_sched_fault debug_fault;
 } tpr_sched_opts;
@@ -160,6 +183,7 @@ typedef struct tpr_sched_seq_info {
   bool finished;
   int64_t preemptions;    // times this sequence was preempted
   int64_t shared_blocks;  // blocks it holds from its group's leader since its admission (0: none, or not any more)
+  int64_t cached_blocks;  // prefix-cache hits of its last admission (0 once preempted or finished)
 } tpr_sched_seq_info;
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out);
 
@@ -167,6 +191,10 @@ int64_t tpr_sched_unfinished(const tpr_sched *s);
 int64_t tpr_sched_waiting(const tpr_sched *s);  // unfinished sequences holding no blocks (queued or preempted)
 int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica);
 int64_t tpr_sched_preemptions(const tpr_sched *s);  // total so far
+// Prefix cache totals over every lookup so far, in tokens (0 when off).
+void tpr_sched_prefix_stats(const tpr_sched *s, int64_t *queried, int64_t *hit);
+// Registered blocks of a replica's pool, held or cached free (-1: no such replica).
+int64_t tpr_sched_cached_blocks(const tpr_sched *s, int replica);
 // Holders of block id of a replica's pool (0: free; -1: no such block).
 int32_t tpr_sched_block_refs(const tpr_sched *s, int replica, int32_t id);
 

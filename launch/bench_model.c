@@ -217,7 +217,7 @@ typedef struct bench_result {
 static tpr_status run_workload(tpr_session *s, tpr_world *w, const tpr_model_engine *g, int64_t batch, int64_t P,
                                int64_t G, uint64_t seed, tpr_bench_profile *prof, bench_result *r) {
   tpr_engine *e = NULL;
-  tpr_engine_opts eo = {.max_tokens_per_step = g->max_tokens_per_step};
+  tpr_engine_opts eo = {.max_tokens_per_step = g->max_tokens_per_step, .no_prefix_cache = g->no_prefix_cache};
   TPR_CHECK(tpr_engine_new(s, &eo, &e));
   int64_t V = tpr_session_config(s)->vocab_size;
   int32_t *tok = malloc((size_t)P * sizeof *tok);

@@ -9,6 +9,7 @@
 // generated over the time of its steps (prefill + decode), the figure a
 // server with no overhead would reach on the same batch.
 #include "launch/bench_serve.h"
+#include "launch/bench_serve_impl.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -31,39 +32,6 @@
 #include "runtime/rng.h"
 #include "shard/model_config.h"
 
-#define CMD "tpr bench serve"
-#define MAX_CLIENTS 4096
-#define MAX_ERRORS_SHOWN 20
-
-typedef struct settings {
-  const char *model;
-  int64_t clients, prompt_len, gen_len, np, requests, seed, max_batch, warmup, repeat;
-  double start_timeout_s, request_timeout_s, stop_timeout_s;
-  tpr_arg_list server_args, baseline_args;
-  bool json;
-  char tpr[4096];
-  const char *mpirun;
-  char dir[64];  // temporary: the port file and the logs
-} settings;
-
-typedef struct dist {
-  int64_t n;
-  double mean, p50, p99;  // NAN when n = 0
-} dist;
-
-typedef struct serve_result {
-  int port;
-  double start_s;  // the server's start, until it listened
-  int64_t answered, failed, completion_tokens, text_chunks;
-  double duration_s, output_tok_s, requests_per_s;
-  dist ttft_ms, itl_ms;
-  double client_cpu_s;  // this process's CPU time while the clients ran
-  int64_t engine_steps;  // the server's engine steps while the clients ran (/metrics); -1: unknown
-  double engine_step_s;  // rank 0's time inside those steps
-  char errors[MAX_ERRORS_SHOWN][sizeof ((tpr_load_request *)0)->error + 32];  // the first failures
-  tpr_proc_stop stop;
-} serve_result;
-
 typedef struct baseline_result {
   bool ok;
   int code;  // tpr bench model's exit status
@@ -71,10 +39,8 @@ typedef struct baseline_result {
   int64_t generated_tokens, steps;
 } baseline_result;
 
-// The server's --max-batch: room for every client at once.
-static int64_t server_max_batch(const settings *s) { return s->max_batch > s->clients ? s->max_batch : s->clients; }
 
-static const char *path_in(const settings *s, const char *name, char *buf, size_t cap) {
+const char *bs_path_in(const settings *s, const char *name, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/%s", s->dir, name);
   return buf;
 }
@@ -104,7 +70,7 @@ static dist summarize(double *x, int64_t n) {
 }
 
 // TTFT and ITL (ms) of the answered requests; failures counted and shown.
-static bool summarize_requests(const settings *s, const tpr_load_request *r, int64_t n, serve_result *out) {
+bool bs_summarize_requests(const settings *s, const tpr_load_request *r, int64_t n, serve_result *out) {
   double *ttft = malloc((size_t)n * sizeof *ttft), *itl = NULL;
   int64_t n_itl = 0, gaps = 0;
   for (int64_t i = 0; i < n; i++) gaps += r[i].n_text > 1 ? r[i].n_text - 1 : 0;
@@ -146,7 +112,7 @@ static bool summarize_requests(const settings *s, const tpr_load_request *r, int
 
 // ---- the server and the clients ------------------------------------------------------------------------
 
-static void free_bodies(char **b, int64_t n) {
+void bs_free_bodies(char **b, int64_t n) {
   for (int64_t i = 0; b && i < n; i++) free(b[i]);
   free(b);
 }
@@ -154,18 +120,22 @@ static void free_bodies(char **b, int64_t n) {
 // The request bodies: client c's k-th request asks with prompt k x clients + c,
 // drawn as tpr bench model draws its batch (P ids from one splitmix64 stream
 // of --seed, modulo the vocabulary), so the first round holds the baseline's
-// very prompts; the warm-up requests' prompts come after all of them.
-static char **request_bodies(const settings *s, int64_t vocab, int64_t n) {
+// very prompts; the warm-up requests' prompts come after all of them. With
+// --shared-prefix S every prompt begins with the same S ids (a stream of its
+// own), then its own P.
+char **bs_request_bodies(const settings *s, int64_t vocab, int64_t n) {
   char **bodies = calloc((size_t)n, sizeof *bodies);
   tpr_rng rng = {(uint64_t)s->seed};
-  size_t cap = (size_t)s->prompt_len * 12 + 256;
+  size_t cap = (size_t)(s->shared_prefix + s->prompt_len) * 12 + 256;
   for (int64_t i = 0; bodies && i < n; i++) {
     char *b = bodies[i] = malloc(cap);
     if (!b) break;
     size_t len = (size_t)snprintf(b, cap, "{\"prompt\":[");
-    for (int64_t t = 0; t < s->prompt_len; t++)
+    tpr_rng shared = {(uint64_t)s->seed ^ 0x5ea4edull ^ (s->prefix_stream << 32)};  // the same for every body
+    for (int64_t t = 0; t < s->shared_prefix + s->prompt_len; t++)
       len += (size_t)snprintf(b + len, cap - len, "%s%llu", t ? "," : "",
-                              (unsigned long long)(tpr_rng_next(&rng) % (uint64_t)vocab));
+                              (unsigned long long)(tpr_rng_next(t < s->shared_prefix ? &shared : &rng) %
+                                                   (uint64_t)vocab));
     snprintf(b + len, cap - len,
              "],\"max_tokens\":%lld,\"temperature\":0,\"stream\":true,\"ignore_eos\":true,"
              "\"stream_options\":{\"include_usage\":true}}",
@@ -173,7 +143,7 @@ static char **request_bodies(const settings *s, int64_t vocab, int64_t n) {
   }
   for (int64_t i = 0; bodies && i < n; i++)
     if (!bodies[i]) {
-      free_bodies(bodies, n);
+      bs_free_bodies(bodies, n);
       return NULL;
     }
   return bodies;
@@ -188,7 +158,7 @@ static void push_tpr_command(const settings *s, tpr_proc_argv *a, const char *co
   tpr_proc_push(a, s->model);
 }
 
-static tpr_load_opts load_opts(const settings *s, int port, int clients, int per_client, char **bodies) {
+tpr_load_opts bs_load_opts(const settings *s, int port, int clients, int per_client, char **bodies) {
   return (tpr_load_opts){.host = "127.0.0.1", .port = port, .path = "/v1/completions", .clients = clients,
                          .requests_per_client = per_client, .bodies = bodies,
                          .expect_completion_tokens = s->gen_len + 1, .idle_timeout_s = s->request_timeout_s};
@@ -198,10 +168,10 @@ static tpr_load_opts load_opts(const settings *s, int port, int clients, int per
 // benchmark_serving sends one first: a setup that cannot answer stops here,
 // and the measurement does not include the server's start (its port file is
 // written once rank 0 listens, maybe before every rank is ready).
-static bool warm_up(const settings *s, int port, char **bodies) {
+bool bs_warm_up(const settings *s, int port, char **bodies) {
   if (s->warmup == 0) return true;
   tpr_load_request *w = calloc((size_t)s->warmup, sizeof *w);
-  tpr_load_opts lo = load_opts(s, port, 1, (int)s->warmup, bodies);
+  tpr_load_opts lo = bs_load_opts(s, port, 1, (int)s->warmup, bodies);
   bool ok = w && tpr_load_run(&lo, w);
   for (int64_t i = 0; ok && i < s->warmup; i++)
     if (w[i].error[0]) {
@@ -213,10 +183,10 @@ static bool warm_up(const settings *s, int port, char **bodies) {
   return ok;
 }
 
-static bool start_server(const settings *s, tpr_proc *server, serve_result *out) {
+bool bs_start_server(const settings *s, tpr_proc *server, serve_result *out) {
   char port_file[128], log[128], line[8192];
-  path_in(s, "port", port_file, sizeof port_file);
-  path_in(s, "server.log", log, sizeof log);
+  bs_path_in(s, "port", port_file, sizeof port_file);
+  bs_path_in(s, "server.log", log, sizeof log);
   unlink(port_file);  // an earlier run's (--repeat)
   tpr_proc_argv a = {0};
   push_tpr_command(s, &a, (const char *const[]){"serve", NULL});
@@ -227,6 +197,7 @@ static bool start_server(const settings *s, tpr_proc *server, serve_result *out)
   tpr_proc_push(&a, "--max-batch");
   tpr_proc_pushf(&a, "%lld", (long long)server_max_batch(s));
   for (int i = 0; i < s->server_args.n; i++) tpr_proc_push(&a, s->server_args.items[i]);
+  if (s->no_prefix_cache) tpr_proc_push(&a, "--no-prefix-cache");
   fprintf(stderr, CMD ": starting the server: %s\n", tpr_proc_line(&a, line, sizeof line));
   double t0 = tpr_cli_now();
   bool ok = tpr_proc_start(&a, s->np > 1, log, log, server);
@@ -252,7 +223,7 @@ static bool start_server(const settings *s, tpr_proc *server, serve_result *out)
 
 // The token ids prompts draw from: config.json's vocab_size (as the engine
 // reads it: a multimodal config's text_config's).
-static int64_t model_vocab(const settings *s) {
+int64_t bs_model_vocab(const settings *s) {
   tpr_model_config c;
   if (tpr_model_config_load(s->model, &c) != TPR_OK || c.vocab_size < 1) {
     fprintf(stderr, CMD ": cannot read vocab_size from %s/config.json: %s\n", s->model, tpr_last_error());
@@ -269,7 +240,7 @@ static double cpu_seconds(void) {
 
 // Each client needs a socket; the default soft limit (1024) can be raised
 // to the hard one without privileges.
-static void allow_sockets(int64_t clients) {
+void bs_allow_sockets(int64_t clients) {
   struct rlimit rl;
   rlim_t want = (rlim_t)clients + 64;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
@@ -282,7 +253,7 @@ static void allow_sockets(int64_t clients) {
 // failed requests are counted in out, not a false.
 // The server's tpr_engine_steps_total and tpr_engine_step_seconds_total
 // (GET /metrics on a blocking socket); false when it cannot tell.
-static bool engine_counters(int port, int64_t *steps, double *seconds) {
+bool bs_metric(int port, const char *name, double *out) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -290,35 +261,42 @@ static bool engine_counters(int port, int64_t *steps, double *seconds) {
   if (fd < 0) return false;
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  char *buf = malloc(1 << 16);
+  char *buf = malloc(1 << 16), key[128];
   size_t n = 0;
   bool ok = buf && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1);
   for (ssize_t r; ok && n + 1 < (1 << 16) && (r = read(fd, buf + n, (1 << 16) - 1 - n)) > 0;) n += (size_t)r;
   close(fd);
   if (buf) buf[n] = 0;
-  static const char k_steps[] = "\ntpr_engine_steps_total ", k_sec[] = "\ntpr_engine_step_seconds_total ";
-  const char *st = ok ? strstr(buf, k_steps) : NULL, *sec = ok ? strstr(buf, k_sec) : NULL;
-  ok = st && sec;
-  if (ok) *steps = strtoll(st + sizeof k_steps - 1, NULL, 10), *seconds = strtod(sec + sizeof k_sec - 1, NULL);
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *at = ok ? strstr(buf, key) : NULL;
+  if (at) *out = strtod(at + strlen(key), NULL);
   free(buf);
+  return at != NULL;
+}
+
+// The server's tpr_engine_steps_total and tpr_engine_step_seconds_total.
+static bool engine_counters(int port, int64_t *steps, double *seconds) {
+  double st = 0;
+  bool ok = bs_metric(port, "tpr_engine_steps_total", &st) && bs_metric(port, "tpr_engine_step_seconds_total", seconds);
+  *steps = (int64_t)st;
   return ok;
 }
 
 static bool run_serving(const settings *s, serve_result *out) {
   tpr_proc server;
-  if (!start_server(s, &server, out)) return false;
-  int64_t n = s->clients * s->requests, vocab = model_vocab(s);
-  char **bodies = vocab > 0 ? request_bodies(s, vocab, n + s->warmup) : NULL;
+  if (!bs_start_server(s, &server, out)) return false;
+  int64_t n = s->clients * s->requests, vocab = bs_model_vocab(s);
+  char **bodies = vocab > 0 ? bs_request_bodies(s, vocab, n + s->warmup) : NULL;
   tpr_load_request *reqs = bodies ? calloc((size_t)n, sizeof *reqs) : NULL;
   bool ok = reqs != NULL;
   if (bodies && !reqs) fprintf(stderr, CMD ": out of memory for %lld requests\n", (long long)n);
   if (ok && s->warmup) fprintf(stderr, CMD ": %lld warm-up request%s\n", (long long)s->warmup, s->warmup > 1 ? "s" : "");
-  ok = ok && warm_up(s, out->port, bodies + n);
+  ok = ok && bs_warm_up(s, out->port, bodies + n);
   if (ok) {
     fprintf(stderr, CMD ": %lld clients x %lld requests (prompt %lld tokens, %lld generated)\n",
             (long long)s->clients, (long long)s->requests, (long long)s->prompt_len, (long long)s->gen_len + 1);
-    allow_sockets(s->clients);
-    tpr_load_opts lo = load_opts(s, out->port, (int)s->clients, (int)s->requests, bodies);
+    bs_allow_sockets(s->clients);
+    tpr_load_opts lo = bs_load_opts(s, out->port, (int)s->clients, (int)s->requests, bodies);
     int64_t steps0 = 0, steps1 = 0;
     double sec0 = 0, sec1 = 0;
     bool counted = engine_counters(out->port, &steps0, &sec0);
@@ -328,17 +306,17 @@ static bool run_serving(const settings *s, serve_result *out) {
     counted = counted && engine_counters(out->port, &steps1, &sec1);
     out->engine_steps = counted ? steps1 - steps0 : -1;
     out->engine_step_s = counted ? sec1 - sec0 : NAN;
-    ok = ok && summarize_requests(s, reqs, n, out);
+    ok = ok && bs_summarize_requests(s, reqs, n, out);
     if (ok)
       fprintf(stderr, CMD ": %lld answered, %lld failed in %.3f s\n", (long long)out->answered,
               (long long)out->failed, out->duration_s);
   }
   tpr_load_requests_free(reqs, n);
   free(reqs);
-  free_bodies(bodies, n + s->warmup);
+  bs_free_bodies(bodies, n + s->warmup);
   out->stop = tpr_proc_stop_server(&server, s->stop_timeout_s);
   char log[128];
-  path_in(s, "server.log", log, sizeof log);
+  bs_path_in(s, "server.log", log, sizeof log);
   fprintf(stderr, CMD ": the server exited with status %d after SIGTERM to %d process%s%s\n", out->stop.code,
           out->stop.signalled, out->stop.signalled == 1 ? "" : "es",
           out->stop.killed ? " (still running after the timeout: killed)" : "");
@@ -373,8 +351,8 @@ static bool json_number(const cJSON *j, const char *key, double *out) {
 
 static void run_baseline(const settings *s, baseline_result *b) {
   char out_path[128], log[128], line[8192];
-  path_in(s, "baseline.json", out_path, sizeof out_path);
-  path_in(s, "baseline.log", log, sizeof log);
+  bs_path_in(s, "baseline.json", out_path, sizeof out_path);
+  bs_path_in(s, "baseline.log", log, sizeof log);
   tpr_proc_argv a = {0};
   push_tpr_command(s, &a, (const char *const[]){"bench", "model", NULL});
   tpr_proc_push(&a, "--batch");
@@ -411,7 +389,7 @@ static void run_baseline(const settings *s, baseline_result *b) {
 
 // ---- the report ----------------------------------------------------------------------------------------
 
-static void cpu_model(char *buf, size_t cap) {
+void bs_cpu_model(char *buf, size_t cap) {
   snprintf(buf, cap, "unknown");
   FILE *f = fopen("/proc/cpuinfo", "r");
   char line[512];
@@ -508,16 +486,16 @@ static bool print_json(const settings *s, const serve_result *r, const baseline_
 }
 
 // A number for the table, "-" where there is none.
-static const char *num(double v, const char *fmt, char *buf, size_t cap) {
+const char *bs_num(double v, const char *fmt, char *buf, size_t cap) {
   if (isfinite(v)) snprintf(buf, cap, fmt, v);
   else snprintf(buf, cap, "-");
   return buf;
 }
 
-static void print_dist_row(const char *what, const dist *d) {
+void bs_print_dist_row(const char *what, const dist *d) {
   char a[32], b[32], c[32];
-  printf("    %-34s %10s %10s %10s   (%lld values)\n", what, num(d->p50, "%.2f", a, sizeof a),
-         num(d->p99, "%.2f", b, sizeof b), num(d->mean, "%.2f", c, sizeof c), (long long)d->n);
+  printf("    %-34s %10s %10s %10s   (%lld values)\n", what, bs_num(d->p50, "%.2f", a, sizeof a),
+         bs_num(d->p99, "%.2f", b, sizeof b), bs_num(d->mean, "%.2f", c, sizeof c), (long long)d->n);
 }
 
 static void print_table(const settings *s, const serve_result *r, const baseline_result *b, const char *cpu,
@@ -532,10 +510,10 @@ static void print_table(const settings *s, const serve_result *r, const baseline
   printf("  serving (tpr serve, streaming over HTTP)\n");
   printf("    %-34s %10lld / %lld failed\n", "requests answered", (long long)r->answered, (long long)r->failed);
   printf("    %-34s %10s   (%lld tokens in %.3f s, %.2f requests/s)\n", "output tokens/s (aggregate)",
-         num(r->output_tok_s, "%.1f", x, sizeof x), (long long)r->completion_tokens, r->duration_s, r->requests_per_s);
+         bs_num(r->output_tok_s, "%.1f", x, sizeof x), (long long)r->completion_tokens, r->duration_s, r->requests_per_s);
   printf("    %-34s %10s %10s %10s\n", "", "p50", "p99", "mean");
-  print_dist_row("TTFT ms", &r->ttft_ms);
-  print_dist_row("ITL ms", &r->itl_ms);
+  bs_print_dist_row("TTFT ms", &r->ttft_ms);
+  bs_print_dist_row("ITL ms", &r->itl_ms);
   printf("    %-34s %10.3f\n", "client CPU seconds (this process)", r->client_cpu_s);
   if (r->engine_steps > 0)
     printf("    %-34s %10lld   (%.3f ms each on rank 0, %.3f s in all)\n", "engine steps (server /metrics)",
@@ -552,13 +530,13 @@ static void print_table(const settings *s, const serve_result *r, const baseline
   printf("    %-34s %10lld   (%.3f ms each)\n", "engine steps", (long long)b->steps,
          1e3 * (b->prefill_s + b->decode_s) / (double)(b->steps ? b->steps : 1));
   printf("    %-34s %10.1f\n", "prefill tokens/s", b->prefill_tok_s);
-  printf("  %-36s %10s\n", "serving / baseline end-to-end", num(ratio(r->output_tok_s, b->end_to_end_tok_s), "%.3f", x, sizeof x));
-  printf("  %-36s %10s\n", "serving / baseline decode", num(ratio(r->output_tok_s, b->decode_tok_s), "%.3f", y, sizeof y));
+  printf("  %-36s %10s\n", "serving / baseline end-to-end", bs_num(ratio(r->output_tok_s, b->end_to_end_tok_s), "%.3f", x, sizeof x));
+  printf("  %-36s %10s\n", "serving / baseline decode", bs_num(ratio(r->output_tok_s, b->decode_tok_s), "%.3f", y, sizeof y));
   if (s->repeat < 2) return;
   printf("  the median of %lld alternating runs of each side; every run (serving tok/s, baseline end-to-end tok/s):\n",
          (long long)s->repeat);
   for (int64_t i = 0; i < s->repeat; i++)
-    printf("    %10.1f %10s\n", rs[i].output_tok_s, num(bs[i].ok ? bs[i].end_to_end_tok_s : NAN, "%.1f", x, sizeof x));
+    printf("    %10.1f %10s\n", rs[i].output_tok_s, bs_num(bs[i].ok ? bs[i].end_to_end_tok_s : NAN, "%.1f", x, sizeof x));
 }
 
 // ---- the command ---------------------------------------------------------------------------------------
@@ -583,7 +561,7 @@ static int64_t median_index(const void *runs, int64_t n, size_t size, size_t off
 static void remove_dir(const settings *s) {
   static const char *const files[] = {"port", "server.log", "baseline.json", "baseline.log"};
   char p[128];
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(path_in(s, files[i], p, sizeof p));
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(bs_path_in(s, files[i], p, sizeof p));
   rmdir(s->dir);
 }
 
@@ -603,8 +581,17 @@ static bool settings_ok(settings *s, const char *usage) {
     fprintf(stderr, CMD ": %s\n%s\n", bad, usage);
     return false;
   }
-  const int64_t tokens[2] = {s->clients, s->prompt_len + s->gen_len};
-  if (!tpr_cli_sizes_ok(CMD, "--clients x (--prompt-len + --gen-len)", 2, tokens, INT32_MAX)) return false;
+  if (s->shared_prefix < 0 || s->shared_prefix > INT32_MAX) {
+    fprintf(stderr, CMD ": --shared-prefix must be in [0, %d]\n%s\n", INT32_MAX, usage);
+    return false;
+  }
+  if (s->shared_prefix > 0 && (s->repeat > 1 || s->baseline_args.n > 0)) {
+    fprintf(stderr, CMD ": --shared-prefix runs no baseline and once: --repeat and --baseline-arg do not apply\n");
+    return false;
+  }
+  const int64_t tokens[2] = {s->clients, s->shared_prefix + s->prompt_len + s->gen_len};
+  if (!tpr_cli_sizes_ok(CMD, "--clients x (--shared-prefix + --prompt-len + --gen-len)", 2, tokens, INT32_MAX))
+    return false;
   if (tpr_world_launched()) {
     fprintf(stderr, CMD ": run it without mpirun: it launches the server and the baseline itself (--np)\n");
     return false;
@@ -638,12 +625,17 @@ int tpr_bench_serve(int argc, char **argv) {
        "seconds a request may receive nothing before it fails (default 600)"},
       {"stop-timeout", TPR_ARG_FLOAT, &s.stop_timeout_s,
        "seconds the server may take to exit after SIGTERM before SIGKILL (default 60)"},
+      {"shared-prefix", TPR_ARG_SIZE, &s.shared_prefix,
+       "the shared-prefix workload: every prompt begins with the same N ids (a system prompt) before its own "
+       "--prompt-len; "
+       "serves it with the prefix cache and with --no-prefix-cache and compares the TTFT of the first request "
+       "with the later ones' (no baseline; default 0: off)"},
       {"json", TPR_ARG_FLAG, &s.json, "print one JSON object"},
   };
   const char *usage =
       "usage: tpr bench serve --model DIR [--clients N] [--prompt-len P] [--gen-len G] [--np R] [--requests K]\n"
       "                       [--seed S] [--max-batch B] [--warmup W] [--repeat R] [--server-arg ARG ...]\n"
-      "                       [--baseline-arg ARG ...] [--json]\n\n"
+      "                       [--baseline-arg ARG ...] [--shared-prefix S] [--json]\n\n"
       "Starts `[mpirun -np R --oversubscribe] tpr serve --model DIR --port 0 --max-batch max(N, B)`, sends W\n"
       "warm-up requests one at a time, then N concurrent streaming POST /v1/completions (P random token ids,\n"
       "max_tokens G + 1, greedy, ignore_eos), K per client one after another, stops the server with SIGTERM, then\n"
@@ -651,7 +643,12 @@ int tpr_bench_serve(int argc, char **argv) {
       "output tok/s, TTFT and ITL (p50, p99, mean; vLLM benchmark_serving's definitions) beside the baseline's\n"
       "end-to-end tok/s (generated tokens over its prefill + decode step time) and decode tok/s. Exits 1 if any\n"
       "request fails, the server does not exit 0, or the baseline fails. The server and mpirun inherit the\n"
-      "environment (mpirun: $MPIEXEC, else PATH).";
+      "environment (mpirun: $MPIEXEC, else PATH).\n\n"
+      "With --shared-prefix S every prompt is the same S ids then P of its own, and no baseline runs: the server\n"
+      "is started twice, with the prefix cache and with --no-prefix-cache; each time, after W warm-up requests\n"
+      "that share nothing, one request runs alone (the first: its prefix is not cached), then N clients send\n"
+      "K each. Reports the first request's TTFT, the later ones' (p50, p99, mean), their ratio, and the\n"
+      "server's prefix cache hits (/metrics).";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!settings_ok(&s, usage)) return 2;
@@ -662,6 +659,12 @@ int tpr_bench_serve(int argc, char **argv) {
   snprintf(s.dir, sizeof s.dir, "/tmp/tpr_bench_serve_XXXXXX");
   if (!mkdtemp(s.dir)) return fprintf(stderr, CMD ": cannot create a directory in /tmp\n"), 1;
 
+  if (s.shared_prefix > 0) {
+    int rc = tpr_bench_serve_prefix(&s);
+    if (rc == 0) remove_dir(&s);
+    else fprintf(stderr, CMD ": logs kept in %s\n", s.dir);
+    return rc;
+  }
   serve_result *rs = calloc((size_t)s.repeat, sizeof *rs);
   baseline_result *bs = calloc((size_t)s.repeat, sizeof *bs);
   if (!rs || !bs) return free(rs), free(bs), fprintf(stderr, CMD ": out of memory\n"), 1;
@@ -691,7 +694,7 @@ int tpr_bench_serve(int argc, char **argv) {
     b.decode_tok_s = bs[median_index(bs, runs, sizeof *bs, offsetof(baseline_result, decode_tok_s))].decode_tok_s;
   }
   char cpu[256];
-  cpu_model(cpu, sizeof cpu);
+  bs_cpu_model(cpu, sizeof cpu);
   bool printed = true;
   if (s.json) printed = print_json(&s, r, &b, cpu, rs, bs);
   else print_table(&s, r, &b, cpu, rs, bs);

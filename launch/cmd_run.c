@@ -203,7 +203,7 @@ int tpr_cmd_run(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, max_seq, &eng, &dbg, &s);
   run_totals tot = {0};
   tpr_engine *e = NULL;
-  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache};
   tpr_gen_params g = {.max_new = max_new, .stop_token = (int32_t)stop_token, .sampling = smp};
   if (stop_token < -1 || stop_token > INT32_MAX) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--stop-token %lld", (long long)stop_token);
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);

@@ -165,7 +165,7 @@ int tpr_cmd_serve(int argc, char **argv) {
   if (rc == TPR_OK && w.rank == 0) rc = tpr_tokenizer_load(model, &tok);
   if (rc == TPR_OK && w.rank == 0 && eos < 0) eos = tpr_tokenizer_eos_id(tok);
   rc = rc == TPR_OK ? tpr_comm_agree(w.host, rc) : rc;
-  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step};
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
                        .port_file = port_file, .pid_file = pid_file, .max_connections = (int)max_connections,

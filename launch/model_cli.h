@@ -61,6 +61,7 @@ typedef struct tpr_model_engine {
   int64_t block_size;           // KV rows per block (0: 16)
   int64_t kv_cache_bytes;       // KV pool per rank (0: see tpr_session_opts)
   double kv_cache_fraction;     // of the memory left after the weights (0: unused)
+  bool no_prefix_cache;         // automatic prefix caching off (tpr_engine_opts)
 } tpr_model_engine;
 #define TPR_MODEL_ENGINE_ARGS(g)                                                                                  \
   {"max-batch", TPR_ARG_SIZE, &(g).max_batch, "sequences a replica runs per step (default: all the prompts)"},      \
@@ -70,7 +71,9 @@ typedef struct tpr_model_engine {
   {"kv-cache-bytes", TPR_ARG_SIZE, &(g).kv_cache_bytes,                                                           \
    "KV pool per rank, all layers (default: room for --max-batch full-length sequences)"},                         \
   {"kv-cache-fraction", TPR_ARG_FLOAT, &(g).kv_cache_fraction,                                                   \
-   "KV pool as this fraction of the memory free after loading (instead of --kv-cache-bytes)"}
+   "KV pool as this fraction of the memory free after loading (instead of --kv-cache-bytes)"},                   \
+  {"no-prefix-cache", TPR_ARG_FLAG, &(g).no_prefix_cache,                                                        \
+   "turn automatic prefix caching off (default on: full KV blocks of earlier prompts are reused, so a shared prefix is prefilled once)"}
 
 // The session options the flags give (sizes checked against the world; an
 // unknown --moe-dispatch is TPR_ERR_INVALID_ARG).

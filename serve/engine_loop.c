@@ -124,6 +124,7 @@ static void publish(serve_state *st, active_list *a) {
   b->gauges.waiting = waiting;
   b->gauges.blocks_in_use = blocks;
   b->gauges.preemptions = tpr_engine_preemptions(st->e);
+  b->gauges.prefix = tpr_engine_prefix(st->e);
   pthread_mutex_unlock(&b->mu);
   if (any) uv_async_send(&b->wake_http);
 }

@@ -121,6 +121,14 @@ static void metrics(serve_state *st, tpr_http_conn *c) {
       {"tpr_kv_blocks_in_use", "gauge", "KV cache blocks in use (all dp replicas).", g.blocks_in_use},
       {"tpr_preemptions_total", "counter", "Sequences preempted (KV blocks freed, recomputed later).", g.preemptions},
       {"tpr_engine_steps_total", "counter", "Engine steps run.", g.steps},
+      // vLLM's names: hit rate = hits / queries, both in prompt tokens.
+      {"tpr_prefix_cache_queries_total", "counter",
+       "Prompt tokens looked up in the prefix cache at admissions (recomputes after preemption included).",
+       g.prefix.queried_tokens},
+      {"tpr_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not prefilled again).",
+       g.prefix.hit_tokens},
+      {"tpr_prefix_cache_blocks", "gauge", "KV blocks held in the prefix cache, in use or free (all dp replicas).",
+       g.prefix.cached_blocks},
       {"tpr_open_connections", "gauge", "Open client connections (this one included).", tpr_http_open_conns(st->http)},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {

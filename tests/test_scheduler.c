@@ -12,8 +12,13 @@
 // holds, that a block handed out fresh is held by nobody, that a sibling
 // takes exactly its leader's computed leading blocks, and that the pool's
 // reference count of every block equals the holders the harness sees.
+// With the prefix cache on, prompts copy prefixes of earlier sequences
+// (generated tokens included): a sequence's leading cached blocks count as
+// shared, every KV row it reads must have been written by a sequence whose
+// tokens up to that row equal its own, and no chunk may write into a block
+// another live sequence holds (a cached block is never written again).
 // The API used directly (refusals, cancel, release, the pool's reference
-// counts) is tested in test_scheduler_api.c.
+// counts, the cache's keys and eviction) is tested in test_scheduler_api.c.
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +57,7 @@ typedef struct harness {
   int64_t *kv;  // (replicas, pool_blocks * block_size, 3) seq, position, token; -1 = never written
   int64_t step, steps_run, max_step_tokens, max_step_chunks, preemptions, recompute_generated;
   int64_t shared_admissions, blocks_shared, alone_siblings;  // siblings admitted holding / not holding leader blocks
+  int64_t cached_admissions, blocks_cached;  // admissions holding prefix-cache blocks, and those blocks
   int64_t peak_blocks;  // the most blocks in use after a step, over the replicas
   int64_t log_seq, n_log, log[64][3];  // the chunks of sequence log_seq: pos0, n, sample
   char err[512];
@@ -194,7 +200,7 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
       if (in.replica != r || in.finished) BAD("seq %lld on replica %d (its own %d, finished %d)", (long long)c->seq, r, in.replica, in.finished);
       // Sharing: what a newly admitted sequence starts from, and where it may write.
       const bool admitted = !h->running[c->seq];
-      const int64_t shared = admitted ? in.shared_blocks : h->shared[c->seq];
+      const int64_t shared = admitted ? in.shared_blocks + in.cached_blocks : h->shared[c->seq];
       const int64_t start = admitted ? shared * bs : h->shadow[c->seq], lead = e->leader;
       for (int64_t b = 0; b < c->n_blocks && !bad; b++) {
         int32_t id = c->blocks[b];
@@ -203,7 +209,10 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
         used[id] = true;
       }
       if (bad) break;
-      if (admitted && shared > 0) {
+      if (admitted && in.cached_blocks > 0 && (!h->o.prefix_cache || in.shared_blocks > 0))
+        BAD("seq %lld took %lld cached blocks (prefix cache %d, %lld sibling blocks)", (long long)c->seq,
+            (long long)in.cached_blocks, h->o.prefix_cache, (long long)in.shared_blocks);
+      if (admitted && in.shared_blocks > 0) {
         if (lead < 0 || !h->running[lead] || h->shadow[lead] < shared * bs || h->n_table[lead] < shared)
           BAD("seq %lld took %lld blocks from leader %lld, which has not computed them", (long long)c->seq,
               (long long)shared, (long long)lead);
@@ -244,6 +253,10 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
       for (int64_t p = 0; p < c->pos0; p++) {
         const int64_t *row = kv_row(h, r, c->blocks[p / bs], p);
         bool writer = row[0] == c->seq || (p < shared * bs && row[0] == lead);  // the leader wrote shared rows
+        // A cached row: written by any sequence whose tokens up to it are ours.
+        if (!writer && h->o.prefix_cache && p < shared * bs && row[0] >= 0 && row[0] < h->submitted &&
+            h->e[row[0]].len > p)
+          writer = memcmp(h->e[row[0]].tok, e->tok, (size_t)(p + 1) * sizeof *e->tok) == 0;
         if (!writer || row[1] != p || row[2] != e->tok[p])
           BAD("seq %lld: KV row of position %lld holds (seq %lld, pos %lld, tok %lld)", (long long)c->seq, (long long)p, (long long)row[0], (long long)row[1], (long long)row[2]);
       }
@@ -344,7 +357,8 @@ static const char *h_step(harness *h) {
       }
       h->shadow[c->seq] = c->pos0 + c->n;
       if (!h->running[c->seq]) {
-        h->shared[c->seq] = in.shared_blocks;
+        h->shared[c->seq] = in.shared_blocks + in.cached_blocks;
+        h->cached_admissions += in.cached_blocks > 0, h->blocks_cached += in.cached_blocks;
         h->shared_admissions += in.shared_blocks > 0, h->blocks_shared += in.shared_blocks;
         h->alone_siblings += h->e[c->seq].leader >= 0 && in.shared_blocks == 0;
       }
@@ -417,9 +431,12 @@ static tpr_sched_opts opts(int replicas, int64_t pool, int64_t bs, int64_t batch
 }
 
 // (a), (b): random configurations, arrivals spread over the first steps;
-// with_groups: about a third of the sequences lead a sibling group of 2-4.
-static void random_runs(bool with_groups) {
+// with_groups: about a third of the sequences lead a sibling group of 2-4;
+// prefix: the prefix cache on, and two thirds of the prompts begin with a
+// prefix of an earlier sequence's tokens (its prompt and generated ones).
+static void random_runs(bool with_groups, bool prefix) {
   int64_t steps = 0, pre = 0, max_tok = 0, max_ch = 0, recompute = 0, seqs = 0, shared = 0, saved = 0, alone = 0;
+  int64_t cached = 0, cached_blocks = 0;
   for (int run = 0; run < 60; run++) {
     int64_t n = tt_randint(1, 16), bs = tt_randint(1, 16);
     int32_t vocab = (int32_t)tt_randint(2, 60);
@@ -444,6 +461,7 @@ static void random_runs(bool with_groups) {
     int64_t min_blocks = (max_rows + bs - 1) / bs;
     o.pool_blocks = tt_randint(0, 2) == 0 ? min_blocks : min_blocks + tt_randint(0, 3 * min_blocks);
     o.max_seq = max_seq + tt_randint(0, 5);
+    o.prefix_cache = prefix;
     h_init(&h, o, n, vocab);
     for (int64_t i = 0; i < n; i++) {
       if (group[i] > 1) {
@@ -453,6 +471,19 @@ static void random_runs(bool with_groups) {
         exp_init(&h.e[i], i, lens[i], news[i], (int32_t)stops[i], vocab, arr[i]);
       }
     }
+    // The fake model's tokens hash (id, position) alone, so a prompt can be
+    // rewritten after the fact; a group's siblings take the leader's.
+    for (int64_t i = 1; prefix && i < n; i++) {
+      exp_seq *e = &h.e[i];
+      if (e->leader >= 0) {
+        memcpy(e->tok, h.e[e->leader].tok, (size_t)e->prompt_len * sizeof *e->tok);
+        continue;
+      }
+      if (tt_randint(0, 2) == 0) continue;
+      const exp_seq *from = &h.e[tt_randint(0, i - 1)];
+      int64_t k = tt_randint(1, e->prompt_len);
+      memcpy(e->tok, from->tok, (size_t)(k < from->len ? k : from->len) * sizeof *e->tok);
+    }
     const char *bad = h_run(&h);
     if (bad)
       fail_msg("run %d (replicas %d pool %lld bs %lld batch %lld tokens %lld, %lld seqs): %s", run, o.replicas,
@@ -460,16 +491,21 @@ static void random_runs(bool with_groups) {
                (long long)n, bad);
     steps += h.steps_run, pre += h.preemptions, recompute += h.recompute_generated, seqs += n;
     shared += h.shared_admissions, saved += h.blocks_shared, alone += h.alone_siblings;
+    cached += h.cached_admissions, cached_blocks += h.blocks_cached;
     if (h.max_step_tokens > max_tok) max_tok = h.max_step_tokens;
     if (h.max_step_chunks > max_ch) max_ch = h.max_step_chunks;
     h_free(&h);
   }
   printf("random%s: 60 runs, %lld sequences, %lld steps, %lld preemptions (%lld recompute chunks over generated "
          "tokens), max %lld tokens and %lld chunks per replica step; all tokens exact, pools empty at the end\n",
-         with_groups ? " with sibling groups" : "", (long long)seqs, (long long)steps, (long long)pre,
+         prefix ? " with the prefix cache" : with_groups ? " with sibling groups" : "", (long long)seqs, (long long)steps, (long long)pre,
          (long long)recompute, (long long)max_tok, (long long)max_ch);
   assert_true(pre > 0);
-  if (with_groups) {
+  if (prefix) {
+    printf("  %lld admissions took %lld cached blocks\n", (long long)cached, (long long)cached_blocks);
+    assert_true(cached > 0);
+  }
+  if (with_groups && !prefix) {  // with the cache, siblings take their leader's blocks as cached ones
     printf("  %lld siblings admitted sharing %lld leader blocks, %lld admitted alone (a prompt under one block, "
            "the leader preempted or finished, or the sibling readmitted after its own preemption)\n",
            (long long)shared, (long long)saved, (long long)alone);
@@ -479,12 +515,17 @@ static void random_runs(bool with_groups) {
 
 static void test_random_runs(void **state) {
   (void)state;
-  random_runs(false);
+  random_runs(false, false);
 }
 
 static void test_random_runs_with_groups(void **state) {
   (void)state;
-  random_runs(true);
+  random_runs(true, false);
+}
+
+static void test_random_runs_with_prefix_cache(void **state) {
+  (void)state;
+  random_runs(true, true);
 }
 
 // (c) A pool that fits one sequence but not the batch: preemption by
@@ -676,13 +717,25 @@ static void test_sharing_faults_caught(void **state) {
   (void)state;
   const int64_t news[3] = {4, 6, 6};
   struct { tpr_sched_fault fault; const char *word; } cases[] = {
-      {TPR_SCHED_FAULT_WRITE_SHARED, "shared with"}, {TPR_SCHED_FAULT_FREE_SHARED, "the pool counts"}};
+      {TPR_SCHED_FAULT_WRITE_SHARED, "shared with"}, {TPR_SCHED_FAULT_FREE_SHARED, "the pool counts"},
+      {TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN, "KV row"}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     tpr_sched_opts o = opts(1, 32, 4, 8, 64, 64);
     o.debug_fault = cases[i].fault;
     harness h;
-    h_init(&h, o, 3, 1000);
-    exp_init_group(h.e, 0, 3, 11, news, 1000, 0);
+    if (cases[i].fault == TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN) {
+      // The cache with keys of a block's first token alone: the second
+      // prompt begins as the first, then differs; it arrives once the first ended.
+      o.prefix_cache = true;
+      h_init(&h, o, 2, 1000);
+      exp_init(&h.e[0], 0, 11, 4, -1, 1000, 0);
+      exp_init(&h.e[1], 1, 11, 4, -1, 1000, 20);
+      h.e[1].tok[0] = h.e[0].tok[0];
+      h.e[1].tok[1] = (h.e[0].tok[1] + 1) % 1000;
+    } else {
+      h_init(&h, o, 3, 1000);
+      exp_init_group(h.e, 0, 3, 11, news, 1000, 0);
+    }
     const char *bad = h_run(&h);
     if (!bad || !strstr(bad, cases[i].word))
       fail_msg("fault %d not caught as '%s': %s", cases[i].fault, cases[i].word, bad ? bad : "passed");
@@ -698,7 +751,7 @@ int main(void) {
       cmocka_unit_test(test_fcfs),            cmocka_unit_test(test_preemption),
       cmocka_unit_test(test_negative_controls), cmocka_unit_test(test_random_runs),
       cmocka_unit_test(test_random_runs_with_groups), cmocka_unit_test(test_sibling_group),
-      cmocka_unit_test(test_sharing_faults_caught),
+      cmocka_unit_test(test_sharing_faults_caught), cmocka_unit_test(test_random_runs_with_prefix_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

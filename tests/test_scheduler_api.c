@@ -1,7 +1,9 @@
 // The scheduler's and the block pool's API used directly, without the
 // fake-model harness of test_scheduler.c: refusals of bad options, submits
 // and updates, cancelling and releasing sequences, and the pool's reference
-// counts.
+// counts; the pool's prefix cache (keys, LRU eviction, hits) and the
+// scheduler's use of it (a repeated prompt starts after its cached blocks
+// and never writes them).
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +173,118 @@ static void test_block_pool_refs(void **state) {
 
 // Releasing: a finished sequence's results are refused afterwards, an
 // unfinished one cannot be released, ids are never reused.
+// Plans a step (its chunks readable until apply_planned), then applies it.
+static tpr_sched_step plan_only(tpr_sched *s) {
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(s, &st));
+  return st;
+}
+static void apply_planned(tpr_sched *s, const tpr_sched_step *st) {
+  int32_t sampled[64], *sp[1] = {sampled};
+  for (int i = 0; i < 64; i++) sampled[i] = 7;
+  TT_OK(tpr_sched_update(s, st, (const int32_t *const *)sp));
+}
+
+// The pool's prefix cache: lookups match whole keys only; a registered
+// block freed by its last holder stays free-but-cached; takes use plain
+// free blocks first, then evict the least recently freed cached block; a
+// hit revives a cached free block or adds a holder to a held one; a second
+// block with a key already registered is not registered.
+static void test_block_pool_cache(void **state) {
+  (void)state;
+  tpr_block_pool p;
+  TT_OK(tpr_block_pool_init(&p, 4));
+  TT_OK(tpr_block_pool_cache_init(&p, 2));
+  int32_t t[3][2] = {{1, 2}, {3, 4}, {5, 6}}, b[4];
+  for (int i = 0; i < 3; i++) TT_OK(tpr_block_pool_take(&p, &b[i]));  // 0, 1, 2
+  uint64_t h0 = tpr_block_pool_hash(&p, 0, t[0]), h1 = tpr_block_pool_hash(&p, h0, t[1]);
+  uint64_t h2 = tpr_block_pool_hash(&p, h1, t[2]);
+  TT_OK(tpr_block_pool_register(&p, b[0], h0, 0, t[0]));
+  TT_OK(tpr_block_pool_register(&p, b[1], h1, h0, t[1]));
+  TT_OK(tpr_block_pool_register(&p, b[2], h1, h0, t[1]));  // the same key again: b[1] keeps it
+  assert_int_equal(tpr_block_pool_cached(&p), 2);
+  assert_int_equal(tpr_block_pool_lookup(&p, h1, h0, t[1]), b[1]);
+  assert_int_equal(tpr_block_pool_lookup(&p, h0, 0, t[0]), b[0]);
+  assert_int_equal(tpr_block_pool_lookup(&p, tpr_block_pool_hash(&p, 0, t[1]), 0, t[1]), -1);  // another parent
+  int32_t other[2] = {1, 3};
+  assert_int_equal(tpr_block_pool_lookup(&p, tpr_block_pool_hash(&p, 0, other), 0, other), -1);  // another token
+  assert_int_equal(tpr_block_pool_lookup(&p, h2, h1, t[2]), -1);  // never registered
+  assert_int_equal(tpr_block_pool_register(&p, 3, h2, h1, t[2]), TPR_ERR_INTERNAL);  // block 3 is free
+  // Freed: 1 then 0 become cached free (LRU: 1, 0), 2 plain free.
+  for (int i = 2; i >= 0; i--) TT_OK(tpr_block_pool_give(&p, b[i]));
+  assert_int_equal(tpr_block_pool_free(&p), 4);
+  assert_int_equal(tpr_block_pool_used(&p), 0);
+  assert_int_equal(tpr_block_pool_cached(&p), 2);
+  // A hit on cached free block 0: one holder, no longer free; a second hit shares it.
+  TT_OK(tpr_block_pool_hit(&p, b[0]));
+  assert_int_equal(tpr_block_pool_refs(&p, b[0]), 1);
+  assert_int_equal(tpr_block_pool_free(&p), 3);
+  TT_OK(tpr_block_pool_hit(&p, b[0]));
+  assert_int_equal(tpr_block_pool_refs(&p, b[0]), 2);
+  assert_int_equal(tpr_block_pool_hit(&p, b[2]), TPR_ERR_INTERNAL);  // not registered
+  // Takes: the plain free ones first (2, then 3), then evict block 1 (LRU).
+  TT_OK(tpr_block_pool_take(&p, &b[3]));
+  assert_int_equal(b[3], b[2]);
+  TT_OK(tpr_block_pool_take(&p, &b[3]));
+  assert_int_equal(b[3], 3);
+  assert_int_equal(tpr_block_pool_lookup(&p, h1, h0, t[1]), b[1]);
+  TT_OK(tpr_block_pool_take(&p, &b[3]));
+  assert_int_equal(b[3], b[1]);
+  assert_int_equal(tpr_block_pool_lookup(&p, h1, h0, t[1]), -1);  // evicted
+  assert_int_equal(tpr_block_pool_cached(&p), 1);
+  assert_int_equal(tpr_block_pool_take(&p, &b[3]), TPR_ERR_INTERNAL);  // block 0 is held: nothing left
+  tpr_block_pool_destroy(&p);
+}
+
+// The scheduler with the cache: a prompt run again starts after its whole
+// cached blocks (at least its last token is computed), holding the first
+// run's blocks; a third copy admitted while the second runs shares them too
+// and neither writes below its start; without the cache nothing is reused.
+static void test_sched_prefix_cache(void **state) {
+  (void)state;
+  for (int cache = 0; cache < 2; cache++) {
+    tpr_sched_opts o = opts(1, 16, 4, 4, 64, 64);
+    o.prefix_cache = cache;
+    tpr_sched *s;
+    TT_OK(tpr_sched_new(&o, &s));
+    int32_t p[14];
+    for (int i = 0; i < 14; i++) p[i] = (int32_t)tt_randint(0, 999);
+    int64_t id[3];
+    TT_OK(tpr_sched_submit(s, p, 14, 2, -1, &id[0]));
+    while (tpr_sched_unfinished(s) > 0) plan_and_apply(s);
+    int64_t q, h;
+    tpr_sched_prefix_stats(s, &q, &h);
+    assert_int_equal(q, cache ? 14 : 0);
+    assert_int_equal(h, 0);
+    assert_int_equal(tpr_sched_cached_blocks(s, 0), cache ? 3 : 0);  // 15 rows written: 3 whole blocks
+    assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
+    TT_OK(tpr_sched_submit(s, p, 14, 3, -1, &id[1]));
+    tpr_sched_step st = plan_only(s);
+    assert_int_equal(st.n_chunks[0], 1);
+    assert_int_equal(st.chunks[0][0].pos0, cache ? 12 : 0);  // floor(13 / 4) = 3 blocks cached
+    apply_planned(s, &st);
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(s, id[1], &in));
+    assert_int_equal(in.cached_blocks, cache ? 3 : 0);
+    TT_OK(tpr_sched_submit(s, p, 14, 3, -1, &id[2]));
+    st = plan_only(s);  // id[1] decodes, id[2] is admitted on the same blocks
+    assert_int_equal(st.n_chunks[0], 2);
+    for (int64_t i = 0; i < st.n_chunks[0]; i++) {
+      const tpr_sched_chunk *c = &st.chunks[0][i];
+      assert_true(c->pos0 >= (cache ? 12 : 0));  // nobody writes below its cached blocks
+      if (c->seq != id[2]) continue;
+      assert_int_equal(c->pos0, cache ? 12 : 0);
+      for (int64_t b = 0; cache && b < 3; b++) assert_int_equal(tpr_sched_block_refs(s, 0, c->blocks[b]), 2);
+    }
+    apply_planned(s, &st);
+    tpr_sched_prefix_stats(s, &q, &h);
+    assert_int_equal(h, cache ? 24 : 0);
+    while (tpr_sched_unfinished(s) > 0) plan_and_apply(s);
+    assert_int_equal(tpr_sched_blocks_in_use(s, 0), 0);
+    tpr_sched_free(s);
+  }
+}
+
 static void test_release(void **state) {
   (void)state;
   tpr_sched *s;
@@ -204,6 +318,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_args), cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_block_pool_refs), cmocka_unit_test(test_release),
+      cmocka_unit_test(test_block_pool_cache), cmocka_unit_test(test_sched_prefix_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,6 +112,14 @@ lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
 assert lines[-1] == 'data: [DONE]'
 print(''.join(json.loads(l[6:])['choices'][0]['delta'].get('content', '') for l in lines[:-1]), end='')")
 [ "$CS" = "$CT" ] && pass "streamed chat = chat" || fail "streamed chat '$CS' != '$CT'"
+# The same chat twice: the second found the first's whole KV blocks in the prefix cache.
+PM=$(curl -s "$URL/metrics")
+PQ=$(echo "$PM" | awk '/^tpr_prefix_cache_queries_total /{print $2}')
+PH=$(echo "$PM" | awk '/^tpr_prefix_cache_hits_total /{print $2}')
+PB=$(echo "$PM" | awk '/^tpr_prefix_cache_blocks /{print $2}')
+[ "${PH:-0}" -gt 0 ] && [ "${PQ:-0}" -gt "${PH:-0}" ] && [ "${PB:-0}" -gt 0 ] &&
+  pass "/metrics: prefix cache hit $PH of $PQ prompt tokens, $PB blocks cached" ||
+  fail "/metrics: prefix cache queries '$PQ' hits '$PH' blocks '$PB'"
 
 # -- stop strings end the text before the stop string
 if [ ${#GOT} -ge 4 ]; then
