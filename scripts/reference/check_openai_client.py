@@ -4,7 +4,7 @@ checks what an application relies on: the model list, a completion, a chat
 completion, both streamed and not, streamed text equal to the whole answer,
 usage counts, logprobs and n choices parsed into the client's types, a
 stream the application abandons halfway, and OpenAI-shaped errors (an
-unknown model, tools and response formats the server does not have, an
+unknown model, tools and schema keywords the server does not have, an
 unknown parameter) surfacing as the client's own exception types.
 
     scripts/reference/.venv/bin/python scripts/reference/check_openai_client.py http://127.0.0.1:PORT \
@@ -13,7 +13,8 @@ unknown parameter) surfacing as the client's own exception types.
 With --tools (a server whose chat template renders tools, with the hermes
 tool-call parser and the think reasoning parser on, as test_serve's second
 server): a request with tools, streamed and not, parsed into the client's
-types with reasoning_content; tool_choice "required" refused; and, because a
+types with reasoning_content; tool_choice "required" answered with the call
+its grammar forces, streamed and not; response_format json_schema; and, because a
 tiny random model never emits a tool call, scripted responses in the exact
 shape tpr serve writes (test_serve_units checks tpr's side of that shape)
 read back by the client: message.tool_calls, and delta.tool_calls
@@ -53,11 +54,30 @@ def check_tools(client, check):
         if ch.choices:
             parts.append(getattr(ch.choices[0].delta, "reasoning_content", None) or "")
     check("".join(parts) == reasoning, "tools, streamed: delta.reasoning_content concatenates to reasoning_content")
+    # tool_choice "required": the answer is decoded under the call's grammar, even from a random model.
+    forced = client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required",
+                                            max_tokens=1000, temperature=1, seed=3)
+    fc = forced.choices[0]
+    fcalls = fc.message.tool_calls or []
+    check(fc.finish_reason == "tool_calls" and len(fcalls) == 1 and fcalls[0].function.name == "get_weather"
+          and isinstance(json.loads(fcalls[0].function.arguments), dict),
+          f"tool_choice required: the model's forced call {fcalls[0].function.arguments if fcalls else None}")
+    state = ChatCompletionStreamState()
+    for ch in client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required",
+                                             max_tokens=1000, temperature=1, seed=3, stream=True):
+        state.handle_chunk(ch)
+    sc = state.get_final_completion().choices[0].message.tool_calls or []
+    check(len(sc) == 1 and fcalls and sc[0].function.arguments == fcalls[0].function.arguments,
+          "tool_choice required, streamed: the same call")
+    j = client.chat.completions.create(model=model, messages=msgs, max_tokens=1000, temperature=1, seed=4,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
+                                           "type": "object", "properties": {"n": {"type": "integer"}},
+                                           "required": ["n"]}}})
     try:
-        client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required", max_tokens=2)
-        check(False, "tool_choice required raises")
-    except openai.BadRequestError as e:
-        check(e.status_code == 400 and "tool_choice" in str(e), "tool_choice required -> openai.BadRequestError")
+        ok = isinstance(json.loads(j.choices[0].message.content)["n"], int)
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    check(ok and j.choices[0].finish_reason == "stop", f"response_format json_schema: {j.choices[0].message.content!r}")
 
     # Scripted: what tpr serve writes for an answer "<think>plan</think>\n<tool_call>...</tool_call>" x2.
     env = {"id": "chatcmpl-1", "created": 1, "model": model}
@@ -205,7 +225,8 @@ def main():
             model=model, messages=msgs, max_tokens=2,
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
         ("response_format", lambda: client.chat.completions.create(
-            model=model, messages=msgs, max_tokens=2, response_format={"type": "json_object"})),
+            model=model, messages=msgs, max_tokens=2, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "string", "pattern": "a+"}}})),
         ("frobnicate", lambda: client.completions.create(model=model, prompt="x", max_tokens=2,
                                                          extra_body={"frobnicate": 1})),
     ]
