@@ -6,7 +6,10 @@
 // after it); down a last child the parent's copy is fed in place. The mask
 // is the one that feeding every token's bytes to its own copy of the state
 // gives (test_json_grammar keeps that as its reference and compares), since
-// the automaton's next state is a function of its state and the byte.
+// the automaton's next state is a function of its state and the byte. The
+// last few masks are kept by the state's key (json_grammar.h): a state
+// that recurs as far as what may follow goes (inside a long string, most
+// steps) copies its mask instead of walking.
 #define _GNU_SOURCE
 #include "engine/token_constraint.h"
 
@@ -254,15 +257,78 @@ static int64_t walk_trie(const tpr_vocab_bytes *v, const tpr_json_state *from, u
   return count;
 }
 
+// ---- the cache of masks by state key ------------------------------------------------------
+
+#define CACHE_ENTRIES 4
+
+typedef struct cache_entry {
+  uint64_t key[TPR_JSON_KEY_WORDS];
+  int n_key;      // 0: empty
+  uint64_t used;  // the stamp of its last use (the least recent is replaced)
+  int64_t count;  // the walk's count (the stop token's rule not applied)
+  uint64_t *mask;
+} cache_entry;
+
+struct tpr_mask_cache {
+  uint64_t clock;
+  cache_entry e[CACHE_ENTRIES];
+  uint64_t words[];  // CACHE_ENTRIES masks
+};
+
+void tpr_token_constraint_free(tpr_token_constraint *c) {
+  free(c->cache);
+  c->cache = NULL;
+}
+
+static struct tpr_mask_cache *cache_of(tpr_token_constraint *c) {
+  if (!c->cache) {
+    const size_t w = (size_t)tpr_mask_words(c->vocab->n);
+    struct tpr_mask_cache *m = calloc(1, sizeof *m + CACHE_ENTRIES * w * sizeof m->words[0]);
+    if (!m) return NULL;  // no cache: every mask walks
+    for (int i = 0; i < CACHE_ENTRIES; i++) m->e[i].mask = m->words + (size_t)i * w;
+    c->cache = m;
+  }
+  return c->cache;
+}
+
+// The allowed ids of the state (the stop token's rule aside) into allow,
+// from the cache or a walk; how many, or -1 when out of memory.
+static int64_t mask_of(tpr_token_constraint *c, uint64_t *allow) {
+  const tpr_vocab_bytes *v = c->vocab;
+  const size_t bytes = (size_t)tpr_mask_words(v->n) * sizeof *allow;
+  struct tpr_mask_cache *m = cache_of(c);
+  uint64_t key[TPR_JSON_KEY_WORDS];
+  const int n_key = tpr_json_state_key(&c->state, key);
+  cache_entry *lru = NULL;
+  for (int i = 0; m && i < CACHE_ENTRIES; i++) {
+    cache_entry *e = &m->e[i];
+    if (e->n_key == n_key && !memcmp(e->key, key, (size_t)n_key * sizeof key[0])) {
+      e->used = ++m->clock;
+      memcpy(allow, e->mask, bytes);
+      return e->count;
+    }
+    if (!lru || e->used < lru->used) lru = e;
+  }
+  memset(allow, 0, bytes);
+  const int64_t count = walk_trie(v, &c->state, allow);
+  if (lru && count >= 0) {
+    memcpy(lru->key, key, (size_t)n_key * sizeof key[0]);
+    lru->n_key = n_key, lru->used = ++m->clock, lru->count = count;
+    memcpy(lru->mask, allow, bytes);
+  }
+  return count;
+}
+
 int64_t tpr_token_constraint_mask(tpr_token_constraint *c, const int32_t *gen, int64_t n, uint64_t *allow) {
   const tpr_vocab_bytes *v = c->vocab;
   tpr_token_constraint_advance(c, gen, n);
   memset(allow, 0, (size_t)tpr_mask_words(v->n) * sizeof *allow);
   int64_t count = 0;
-  if (!c->state.dead && (count = walk_trie(v, &c->state, allow)) < 0) {
+  if (!c->state.dead && (count = mask_of(c, allow)) < 0) {
     // No memory for the walk's stack: each id against its own copy of the state (the same mask, slower).
     tpr_json_state t;
     count = 0;
+    memset(allow, 0, (size_t)tpr_mask_words(v->n) * sizeof *allow);
     for (int64_t id = 0; id < v->n; id++) {
       const int64_t o = v->off[id], len = v->off[id + 1] - o;
       if (!len) continue;

@@ -40,10 +40,15 @@ typedef struct tpr_token_constraint {
   tpr_json_state state;
   int64_t n_fed;
   int32_t last_fed;  // gen[n_fed - 1] (a different history restarts the replay)
+  // The last masks by state key (tpr_json_state_key): inside a string, say,
+  // one step's state is the last one's as far as what may follow goes.
+  struct tpr_mask_cache *cache;  // NULL until the first mask (or when there was no memory for it)
 } tpr_token_constraint;
 
 void tpr_token_constraint_init(tpr_token_constraint *c, const tpr_json_grammar *g, const tpr_vocab_bytes *v,
                                int32_t stop_token);
+// Frees the constraint's mask cache (the constraint itself is the caller's).
+void tpr_token_constraint_free(tpr_token_constraint *c);
 // Brings the cached state to the one after gen[0, n) (the mask does this first).
 void tpr_token_constraint_advance(tpr_token_constraint *c, const int32_t *gen, int64_t n);
 // Words of a mask over vocab ids (bit id of word id / 64).
@@ -52,7 +57,8 @@ static inline int64_t tpr_mask_words(int64_t vocab) { return (vocab + 63) / 64; 
 // generated tokens gen[0, n); returns how many are allowed (>= 1: when the
 // text has left the grammar, which the mask prevents, only the stop token).
 // A walk of the vocabulary's byte trie from the state: each byte of a prefix
-// that tokens share is fed once (token_constraint.c).
+// that tokens share is fed once; a state whose key one of the last masks
+// had takes that mask (token_constraint.c).
 int64_t tpr_token_constraint_mask(tpr_token_constraint *c, const int32_t *gen, int64_t n, uint64_t *allow);
 
 #endif
