@@ -8,7 +8,9 @@
 // and tpr_engine_step_seconds_total over each kind's requests: the mask is
 // computed inside the step); a JSON answer may end before G + 1 tokens when
 // its object closes, so the figures are per token and per step, never per
-// request.
+// request. The mask's own time (tpr_grammar_mask_seconds_total) over the
+// step time is its share, a figure the machine's noise moves much less
+// than the difference of two step times.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@ typedef struct json_run {
   tpr_load_request *reqs;  // ROUNDS x N x K
   int64_t steps;
   double step_s, step_ms;  // the engine's time in its steps while this kind ran; per step
+  double mask_s, mask_ms;  // of which in grammar masks (the server's tpr_grammar_mask_seconds_total); per step
 } json_run;
 
 // One round of a kind's N x K requests against the running server; false
@@ -32,11 +35,13 @@ static bool measure(const settings *s, int port, char **bodies, json_run *out, i
   const int64_t n = s->clients * s->requests;
   tpr_load_opts lo = bs_load_opts(s, port, (int)s->clients, (int)s->requests, bodies);
   int64_t steps0 = 0, steps1 = 0;
-  double sec0 = 0, sec1 = 0;
-  bool counted = bs_engine_counters(port, &steps0, &sec0);
+  double sec0 = 0, sec1 = 0, mask0 = 0, mask1 = 0;
+  bool counted = bs_engine_counters(port, &steps0, &sec0) && bs_metric(port, "tpr_grammar_mask_seconds_total", &mask0);
   bool ok = tpr_load_run(&lo, out->reqs + round * n);
-  counted = counted && bs_engine_counters(port, &steps1, &sec1);
-  if (counted && out->steps >= 0) out->steps += steps1 - steps0, out->step_s += sec1 - sec0;
+  counted = counted && bs_engine_counters(port, &steps1, &sec1) &&
+            bs_metric(port, "tpr_grammar_mask_seconds_total", &mask1);
+  if (counted && out->steps >= 0)
+    out->steps += steps1 - steps0, out->step_s += sec1 - sec0, out->mask_s += mask1 - mask0;
   else out->steps = -1;
   return ok;
 }
@@ -66,6 +71,7 @@ static bool run(const settings *s, json_run *plain, json_run *json) {
     x->r.port = port;
     ok = bs_summarize_requests(k ? &js : s, x->reqs, ROUNDS * n, &x->r);
     x->step_ms = x->steps > 0 ? 1e3 * x->step_s / (double)x->steps : NAN;
+    x->mask_ms = x->steps > 0 ? 1e3 * x->mask_s / (double)x->steps : NAN;
     if (ok)
       fprintf(stderr, CMD ": %s: %lld answered, %lld failed, %lld tokens\n", k ? "json_object" : "plain",
               (long long)x->r.answered, (long long)x->r.failed, (long long)x->r.completion_tokens);
@@ -91,6 +97,7 @@ static void add_run(cJSON *j, const char *name, const json_run *r) {
   cJSON_AddNumberToObject(o, "ttft_ms_p50", r->r.ttft_ms.p50);
   cJSON_AddNumberToObject(o, "server_engine_steps", (double)r->steps);
   cJSON_AddNumberToObject(o, "server_engine_step_ms", r->step_ms);
+  cJSON_AddNumberToObject(o, "server_mask_ms_per_step", r->mask_ms);
 }
 
 static bool print_json(const settings *s, const json_run *p, const json_run *j, const char *cpu) {
@@ -109,6 +116,7 @@ static bool print_json(const settings *s, const json_run *p, const json_run *j, 
   cJSON_AddNumberToObject(o, "itl_p50_ratio", j->r.itl_ms.p50 / p->r.itl_ms.p50);
   cJSON_AddNumberToObject(o, "itl_mean_ratio", j->r.itl_ms.mean / p->r.itl_ms.mean);
   cJSON_AddNumberToObject(o, "engine_step_ratio", j->step_ms / p->step_ms);
+  cJSON_AddNumberToObject(o, "mask_share_of_step", j->mask_s / j->step_s);
   char *text = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   if (!text) return false;
@@ -137,6 +145,10 @@ static void print_table(const settings *s, const json_run *p, const json_run *j,
   row("TTFT p50, ms", p->r.ttft_ms.p50, j->r.ttft_ms.p50, "%.3f");
   row("engine steps (server /metrics)", (double)p->steps, (double)j->steps, "%.0f");
   row("engine step time, ms (rank 0)", p->step_ms, j->step_ms, "%.3f");
+  row("of which grammar masks, ms per step", p->mask_ms, j->mask_ms, "%.4f");
+  char x[32];
+  printf("  %-38s %14s   (the mask's share of a json_object step)\n", "grammar mask / step time",
+         bs_num(j->mask_s / j->step_s, "%.4f", x, sizeof x));
 }
 
 int tpr_bench_serve_json(settings *s) {
