@@ -228,11 +228,13 @@ void tpr_token_constraint_advance(tpr_token_constraint *c, const int32_t *gen, i
 
 // The walk: st[sp] is the state after the prefix of the nearest node on the
 // path whose subtree is [.., lim[sp]); a node's parent is on top once the
-// entries whose subtrees ended are popped. Returns how many ids are allowed,
-// or -1 when out of memory.
-static int64_t walk_trie(const tpr_vocab_bytes *v, const tpr_json_state *from, uint64_t *allow) {
-  tpr_json_state *st = malloc((size_t)(v->max_len + 1) * sizeof *st);
-  int32_t *lim = malloc((size_t)(v->max_len + 1) * sizeof *lim);
+// entries whose subtrees ended are popped. st and lim hold max_len + 1
+// entries (NULL: allocated here). Returns how many ids are allowed, or -1
+// when out of memory.
+static int64_t walk_trie(const tpr_vocab_bytes *v, const tpr_json_state *from, uint64_t *allow, tpr_json_state *st,
+                         int32_t *lim) {
+  const bool own = !st;
+  if (own) st = malloc((size_t)(v->max_len + 1) * sizeof *st), lim = malloc((size_t)(v->max_len + 1) * sizeof *lim);
   if (!st || !lim) return free(st), free(lim), -1;
   int64_t count = 0;
   int sp = 0;
@@ -253,7 +255,7 @@ static int64_t walk_trie(const tpr_vocab_bytes *v, const tpr_json_state *from, u
     for (int32_t k = v->first[i]; k < v->first[i + 1]; k++) allow[v->ids[k] / 64] |= 1ull << (v->ids[k] % 64), count++;
     i++;
   }
-  free(st), free(lim);
+  if (own) free(st), free(lim);
   return count;
 }
 
@@ -272,10 +274,13 @@ typedef struct cache_entry {
 struct tpr_mask_cache {
   uint64_t clock;
   cache_entry e[CACHE_ENTRIES];
+  tpr_json_state *stack;  // the walk's (max_len + 1 each)
+  int32_t *lim;
   uint64_t words[];  // CACHE_ENTRIES masks
 };
 
 void tpr_token_constraint_free(tpr_token_constraint *c) {
+  if (c->cache) free(c->cache->stack), free(c->cache->lim);
   free(c->cache);
   c->cache = NULL;
 }
@@ -286,6 +291,9 @@ static struct tpr_mask_cache *cache_of(tpr_token_constraint *c) {
     struct tpr_mask_cache *m = calloc(1, sizeof *m + CACHE_ENTRIES * w * sizeof m->words[0]);
     if (!m) return NULL;  // no cache: every mask walks
     for (int i = 0; i < CACHE_ENTRIES; i++) m->e[i].mask = m->words + (size_t)i * w;
+    m->stack = malloc((size_t)(c->vocab->max_len + 1) * sizeof *m->stack);
+    m->lim = malloc((size_t)(c->vocab->max_len + 1) * sizeof *m->lim);
+    if (!m->stack || !m->lim) free(m->stack), free(m->lim), m->stack = NULL, m->lim = NULL;  // the walk allocates its own
     c->cache = m;
   }
   return c->cache;
@@ -310,7 +318,7 @@ static int64_t mask_of(tpr_token_constraint *c, uint64_t *allow) {
     if (!lru || e->used < lru->used) lru = e;
   }
   memset(allow, 0, bytes);
-  const int64_t count = walk_trie(v, &c->state, allow);
+  const int64_t count = walk_trie(v, &c->state, allow, m ? m->stack : NULL, m ? m->lim : NULL);
   if (lru && count >= 0) {
     memcpy(lru->key, key, (size_t)n_key * sizeof key[0]);
     lru->n_key = n_key, lru->used = ++m->clock, lru->count = count;
