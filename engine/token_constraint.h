@@ -23,7 +23,7 @@ int64_t tpr_vocab_bytes_size(const tpr_vocab_bytes *v);
 // From given byte strings (bytes[id] NULL or lens[id] 0: an id without
 // bytes): a synthetic vocabulary (tests, measurements).
 tpr_status tpr_vocab_bytes_from(int64_t vocab, const char *const *bytes, const size_t *lens, tpr_vocab_bytes **out);
-// id's bytes (*len 0: none), and how many nodes the vocabulary's byte trie has.
+// id's bytes (id in [0, size); *len 0: none), and how many nodes the vocabulary's byte trie has.
 const char *tpr_vocab_bytes_token(const tpr_vocab_bytes *v, int64_t id, size_t *len);
 int64_t tpr_vocab_bytes_trie_nodes(const tpr_vocab_bytes *v);
 
@@ -31,7 +31,8 @@ int64_t tpr_vocab_bytes_trie_nodes(const tpr_vocab_bytes *v);
 // (allowed exactly when the text so far is complete; also the only token
 // allowed once nothing else can follow). Borrowed pointers; the constraint
 // caches the automaton's state over the generated tokens it has seen, so
-// one constraint serves one sequence.
+// one constraint serves one sequence. Init a new one; tpr_token_constraint_free
+// frees what its masks allocated.
 typedef struct tpr_token_constraint {
   const tpr_json_grammar *grammar;
   const tpr_vocab_bytes *vocab;
