@@ -121,7 +121,7 @@ static bool vocab_put(tpr_vocab_bytes *v, int64_t id, const char *text, size_t n
     if (!b) return false;
     v->bytes = b;
   }
-  memcpy(v->bytes + len, text, n);
+  if (n) memcpy(v->bytes + len, text, n);
   v->off[id + 1] = (int64_t)(len + n);
   return true;
 }
