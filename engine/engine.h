@@ -143,6 +143,7 @@ typedef struct tpr_engine_step_info {
   int64_t program_tokens;  // T: the padded token count of the program
   int64_t preempted;       // sequences preempted while planning
   double seconds;          // this rank's wall time of the step
+  double mask_seconds;     // rank 0: of which computing grammar masks (structured output, token_constraint.h)
   const int64_t *finished; // rank 0: sequences that finished in this step
   int64_t n_finished;
 } tpr_engine_step_info;

@@ -37,6 +37,7 @@ struct tpr_engine {
   float *row;                   // (V) a sampled row after logit processing
   void *sample_scratch;
   tpr_logit_bias *proc_bias;    // (TPR_MAX_LOGIT_BIAS) a chunk's bias entries, read from the plan
+  double mask_s;                // rank 0: the step's time in grammar masks so far (encode_extra)
   int32_t *proc_ids;            // (3 * max_seq) a chunk's seen ids, generated ids and counts (rank 0: its tallies)
   int32_t *send;                // (1 + B * (2 + 2 * TPR_MAX_TOP_LOGPROBS)) this rank's words of the all-gather
   int32_t *sampled;             // send + 1: (B) this replica's sampled tokens

@@ -99,7 +99,9 @@ static int64_t encode_extra(tpr_engine *e, const tpr_gen_params *g, const tpr_sc
   x[X_N_BIAS] = g->n_logit_bias;
   x[X_MASK] = g->constraint != NULL;
   if (g->constraint) {  // the grammar's mask for the next token, from the tokens generated so far
+    const double t0 = now_s();
     tpr_token_constraint_mask(g->constraint, si->tokens + si->prompt_len, gen, (uint64_t *)(x + at));
+    e->mask_s += now_s() - t0;
     at += tpr_mask_words(e->vocab);
   }
   return at;
@@ -429,6 +431,7 @@ static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_
 tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   memset(info, 0, sizeof *info);
   double t0 = now_s();
+  e->mask_s = 0;
   tpr_sched_step plan = {0};
   int64_t words = 0;
   tpr_status rc = TPR_OK;
@@ -457,5 +460,6 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   sample_replica(e);
   TPR_CHECK(collect(e, &plan, info));
   info->seconds = now_s() - t0;
+  info->mask_seconds = e->mask_s;
   return TPR_OK;
 }

@@ -624,3 +624,34 @@ bool tpr_json_state_complete(const tpr_json_state *s) {
   }
   return true;
 }
+
+// A frame's words: node; phase and idx; pos and ws; cand; sel. A string's or an array's idx is only compared with
+// min_items and, when there is one, max_items (idx never exceeds it): with
+// no maximum, every count from min_items on behaves alike.
+static int frame_key(const tpr_json_frame *f, uint64_t *key) {
+  const node *n = f->node;
+  int32_t idx = f->idx;
+  if ((n->k == K_STRING || n->k == K_ARRAY) && n->max_items < 0 && idx > n->min_items) idx = n->min_items;
+  key[0] = (uint64_t)(uintptr_t)n;
+  key[1] = (uint64_t)(uint32_t)f->phase << 32 | (uint32_t)idx;
+  key[2] = (uint64_t)(uint32_t)f->pos << 32 | (uint32_t)f->ws;
+  key[3] = f->cand;
+  key[4] = (uint32_t)f->sel;
+  return 5;
+}
+
+int tpr_json_state_key(const tpr_json_state *s, uint64_t *key) {
+  int k = 0;
+  key[k++] = (uint64_t)(uint32_t)s->depth << 2 | (uint64_t)s->done << 1 | (uint64_t)s->dead;
+  if (s->dead) return k;
+  key[k++] = 0;  // the frame above the top: none, or 1 and its words
+  for (int i = 0; i < s->depth; i++) k += frame_key(&s->f[i], key + k);
+  // An object whose value just ended reads the popped frame on the next byte (O_AFTER).
+  const tpr_json_frame *top = s->depth > 0 ? &s->f[s->depth - 1] : NULL;
+  if (top && s->depth < TPR_JSON_MAX_DEPTH && ((const node *)top->node)->k == K_OBJECT && top->phase == O_AFTER &&
+      top->ws == 0 && s->f[s->depth].node) {
+    key[1] = 1;
+    k += frame_key(&s->f[s->depth], key + k);
+  }
+  return k;
+}

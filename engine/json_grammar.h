@@ -67,4 +67,14 @@ bool tpr_json_state_feed(tpr_json_state *s, const char *bytes, size_t n);
 // the output may come here).
 bool tpr_json_state_complete(const tpr_json_state *s);
 
+// A canonical form of a state, for telling states apart by what may follow
+// them (token_constraint.c caches masks by it): states with equal keys
+// accept the same byte strings and are complete alike. It keeps what the
+// automaton reads (the frames in use, and the frame just popped when an
+// object reads it next) and drops what it cannot tell apart (a string's or
+// an array's count beyond the bounds it is compared with). Writes at most
+// TPR_JSON_KEY_WORDS words; returns how many.
+#define TPR_JSON_KEY_WORDS (2 + 5 * (TPR_JSON_MAX_DEPTH + 1))
+int tpr_json_state_key(const tpr_json_state *s, uint64_t *key);
+
 #endif

@@ -122,7 +122,10 @@ void bs_free_bodies(char **b, int64_t n) {
 // of --seed, modulo the vocabulary), so the first round holds the baseline's
 // very prompts; the warm-up requests' prompts come after all of them. With
 // --shared-prefix S every prompt begins with the same S ids (a stream of its
-// own), then its own P.
+// own), then its own P. With --json-mode the bodies are chat requests (one
+// user message of P words from the same stream), and the JSON ones ask for
+// response_format json_object instead of ignore_eos (which a structured
+// answer refuses).
 char **bs_request_bodies(const settings *s, int64_t vocab, int64_t n) {
   char **bodies = calloc((size_t)n, sizeof *bodies);
   tpr_rng rng = {(uint64_t)s->seed};
@@ -130,16 +133,26 @@ char **bs_request_bodies(const settings *s, int64_t vocab, int64_t n) {
   for (int64_t i = 0; bodies && i < n; i++) {
     char *b = bodies[i] = malloc(cap);
     if (!b) break;
-    size_t len = (size_t)snprintf(b, cap, "{\"prompt\":[");
-    tpr_rng shared = {(uint64_t)s->seed ^ 0x5ea4edull ^ (s->prefix_stream << 32)};  // the same for every body
-    for (int64_t t = 0; t < s->shared_prefix + s->prompt_len; t++)
-      len += (size_t)snprintf(b + len, cap - len, "%s%llu", t ? "," : "",
-                              (unsigned long long)(tpr_rng_next(t < s->shared_prefix ? &shared : &rng) %
-                                                   (uint64_t)vocab));
-    snprintf(b + len, cap - len,
-             "],\"max_tokens\":%lld,\"temperature\":0,\"stream\":true,\"ignore_eos\":true,"
+    size_t len = 0;
+    if (s->json_mode) {  // a chat message of P words (the JSON-mode workload: response_format is chat's)
+      static const char *const words[16] = {"the", "list", "of", "cities", "with", "their", "names", "and",
+                                            "population", "as", "a", "JSON", "object", "please", "give", "me"};
+      len = (size_t)snprintf(b, cap, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+      for (int64_t t = 0; t < s->prompt_len; t++)
+        len += (size_t)snprintf(b + len, cap - len, "%s%s", t ? " " : "", words[tpr_rng_next(&rng) % 16]);
+      len += (size_t)snprintf(b + len, cap - len, "\"}");
+    } else {
+      len = (size_t)snprintf(b, cap, "{\"prompt\":[");
+      tpr_rng shared = {(uint64_t)s->seed ^ 0x5ea4edull ^ (s->prefix_stream << 32)};  // the same for every body
+      for (int64_t t = 0; t < s->shared_prefix + s->prompt_len; t++)
+        len += (size_t)snprintf(b + len, cap - len, "%s%llu", t ? "," : "",
+                                (unsigned long long)(tpr_rng_next(t < s->shared_prefix ? &shared : &rng) %
+                                                     (uint64_t)vocab));
+    }
+    snprintf(b + len, cap - len, "],\"max_tokens\":%lld,\"temperature\":0,\"stream\":true,%s,"
              "\"stream_options\":{\"include_usage\":true}}",
-             (long long)(s->gen_len + 1));
+             (long long)(s->gen_len + 1),
+             s->json_body ? "\"response_format\":{\"type\":\"json_object\"}" : "\"ignore_eos\":true");
   }
   for (int64_t i = 0; bodies && i < n; i++)
     if (!bodies[i]) {
@@ -159,9 +172,11 @@ static void push_tpr_command(const settings *s, tpr_proc_argv *a, const char *co
 }
 
 tpr_load_opts bs_load_opts(const settings *s, int port, int clients, int per_client, char **bodies) {
-  return (tpr_load_opts){.host = "127.0.0.1", .port = port, .path = "/v1/completions", .clients = clients,
+  return (tpr_load_opts){.host = "127.0.0.1", .port = port,
+                         .path = s->json_mode ? "/v1/chat/completions" : "/v1/completions", .clients = clients,
                          .requests_per_client = per_client, .bodies = bodies,
-                         .expect_completion_tokens = s->gen_len + 1, .idle_timeout_s = s->request_timeout_s};
+                         .expect_completion_tokens = s->json_body ? -(s->gen_len + 1) : s->gen_len + 1,
+                         .idle_timeout_s = s->request_timeout_s};
 }
 
 // Requests sent one at a time before the measured ones, as vLLM's
@@ -275,7 +290,7 @@ bool bs_metric(int port, const char *name, double *out) {
 }
 
 // The server's tpr_engine_steps_total and tpr_engine_step_seconds_total.
-static bool engine_counters(int port, int64_t *steps, double *seconds) {
+bool bs_engine_counters(int port, int64_t *steps, double *seconds) {
   double st = 0;
   bool ok = bs_metric(port, "tpr_engine_steps_total", &st) && bs_metric(port, "tpr_engine_step_seconds_total", seconds);
   *steps = (int64_t)st;
@@ -299,11 +314,11 @@ static bool run_serving(const settings *s, serve_result *out) {
     tpr_load_opts lo = bs_load_opts(s, out->port, (int)s->clients, (int)s->requests, bodies);
     int64_t steps0 = 0, steps1 = 0;
     double sec0 = 0, sec1 = 0;
-    bool counted = engine_counters(out->port, &steps0, &sec0);
+    bool counted = bs_engine_counters(out->port, &steps0, &sec0);
     double cpu0 = cpu_seconds();
     ok = tpr_load_run(&lo, reqs);
     out->client_cpu_s = cpu_seconds() - cpu0;
-    counted = counted && engine_counters(out->port, &steps1, &sec1);
+    counted = counted && bs_engine_counters(out->port, &steps1, &sec1);
     out->engine_steps = counted ? steps1 - steps0 : -1;
     out->engine_step_s = counted ? sec1 - sec0 : NAN;
     ok = ok && bs_summarize_requests(s, reqs, n, out);
@@ -589,6 +604,11 @@ static bool settings_ok(settings *s, const char *usage) {
     fprintf(stderr, CMD ": --shared-prefix runs no baseline and once: --repeat and --baseline-arg do not apply\n");
     return false;
   }
+  if (s->json_mode && (s->shared_prefix > 0 || s->repeat > 1 || s->baseline_args.n > 0)) {
+    fprintf(stderr, CMD ": --json-mode runs no baseline and once, alone: --shared-prefix, --repeat and "
+                    "--baseline-arg do not apply\n");
+    return false;
+  }
   const int64_t tokens[2] = {s->clients, s->shared_prefix + s->prompt_len + s->gen_len};
   if (!tpr_cli_sizes_ok(CMD, "--clients x (--shared-prefix + --prompt-len + --gen-len)", 2, tokens, INT32_MAX))
     return false;
@@ -630,12 +650,15 @@ int tpr_bench_serve(int argc, char **argv) {
        "--prompt-len; "
        "serves it with the prefix cache and with --no-prefix-cache and compares the TTFT of the first request "
        "with the later ones' (no baseline; default 0: off)"},
+      {"json-mode", TPR_ARG_FLAG, &s.json_mode,
+       "the JSON-mode workload: the same prompts served plain and with response_format json_object (the "
+       "grammar's token mask each step) by one server; compares per-token latency (no baseline)"},
       {"json", TPR_ARG_FLAG, &s.json, "print one JSON object"},
   };
   const char *usage =
       "usage: tpr bench serve --model DIR [--clients N] [--prompt-len P] [--gen-len G] [--np R] [--requests K]\n"
       "                       [--seed S] [--max-batch B] [--warmup W] [--repeat R] [--server-arg ARG ...]\n"
-      "                       [--baseline-arg ARG ...] [--shared-prefix S] [--json]\n\n"
+      "                       [--baseline-arg ARG ...] [--shared-prefix S] [--json-mode] [--json]\n\n"
       "Starts `[mpirun -np R --oversubscribe] tpr serve --model DIR --port 0 --max-batch max(N, B)`, sends W\n"
       "warm-up requests one at a time, then N concurrent streaming POST /v1/completions (P random token ids,\n"
       "max_tokens G + 1, greedy, ignore_eos), K per client one after another, stops the server with SIGTERM, then\n"
@@ -648,7 +671,11 @@ int tpr_bench_serve(int argc, char **argv) {
       "is started twice, with the prefix cache and with --no-prefix-cache; each time, after W warm-up requests\n"
       "that share nothing, one request runs alone (the first: its prefix is not cached), then N clients send\n"
       "K each. Reports the first request's TTFT, the later ones' (p50, p99, mean), their ratio, and the\n"
-      "server's prefix cache hits (/metrics).";
+      "server's prefix cache hits (/metrics).\n\n"
+      "With --json-mode one server answers the N x K requests twice, plain (ignore_eos) and then with\n"
+      "response_format {\"type\": \"json_object\"} (no ignore_eos: an answer may end before G + 1 tokens), after W\n"
+      "warm-up requests of each kind, and no baseline runs. Reports ITL (p50, mean), the server's engine step\n"
+      "time (/metrics) of both and their ratios: what the grammar's token mask adds to a decode step.";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if (!settings_ok(&s, usage)) return 2;
@@ -659,8 +686,8 @@ int tpr_bench_serve(int argc, char **argv) {
   snprintf(s.dir, sizeof s.dir, "/tmp/tpr_bench_serve_XXXXXX");
   if (!mkdtemp(s.dir)) return fprintf(stderr, CMD ": cannot create a directory in /tmp\n"), 1;
 
-  if (s.shared_prefix > 0) {
-    int rc = tpr_bench_serve_prefix(&s);
+  if (s.shared_prefix > 0 || s.json_mode) {
+    int rc = s.json_mode ? tpr_bench_serve_json(&s) : tpr_bench_serve_prefix(&s);
     if (rc == 0) remove_dir(&s);
     else fprintf(stderr, CMD ": logs kept in %s\n", s.dir);
     return rc;

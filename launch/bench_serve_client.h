@@ -33,7 +33,7 @@ typedef struct tpr_load_opts {
   // clients x requests_per_client JSON bodies: client c's k-th request sends
   // bodies[k * clients + c], so the first round sends the first `clients`.
   char *const *bodies;
-  int64_t expect_completion_tokens;  // a usage chunk with any other count is an error
+  int64_t expect_completion_tokens;  // a usage chunk with any other count is an error (< 0: any count up to -it)
   double idle_timeout_s;             // a request that receives nothing for this long fails
 } tpr_load_opts;
 

@@ -1,5 +1,5 @@
-// The pieces of tpr bench serve (bench_serve.c) that its shared-prefix
-// workload (bench_serve_prefix.c) uses too: the settings, the server's start,
+// The pieces of tpr bench serve (bench_serve.c) that its shared-prefix and
+// JSON-mode workloads (bench_serve_prefix.c, bench_serve_json.c) use too: the settings, the server's start,
 // the request bodies, the clients' summary and the report's rows.
 #ifndef TPR_BENCH_SERVE_IMPL_H
 #define TPR_BENCH_SERVE_IMPL_H
@@ -22,6 +22,8 @@ typedef struct settings {
   int64_t shared_prefix;  // > 0: the shared-prefix workload (bench_serve_prefix.c)
   bool no_prefix_cache;   // the server runs with --no-prefix-cache
   uint64_t prefix_stream;  // which shared prefix: 0 the measured one, others a cold request's own
+  bool json_mode;          // the JSON-mode workload (bench_serve_json.c)
+  bool json_body;          // the bodies ask for response_format json_object (no ignore_eos: they may end early)
   double start_timeout_s, request_timeout_s, stop_timeout_s;
   tpr_arg_list server_args, baseline_args;
   bool json;
@@ -66,8 +68,12 @@ void bs_allow_sockets(int64_t clients);
 bool bs_summarize_requests(const settings *s, const tpr_load_request *r, int64_t n, serve_result *out);
 // The value of a counter or gauge in the server's GET /metrics; false when it cannot tell.
 bool bs_metric(int port, const char *name, double *out);
+// The server's tpr_engine_steps_total and tpr_engine_step_seconds_total; false when it cannot tell.
+bool bs_engine_counters(int port, int64_t *steps, double *seconds);
 // The shared-prefix workload (bench_serve_prefix.c); the exit code.
 int tpr_bench_serve_prefix(settings *s);
+// The JSON-mode workload (bench_serve_json.c); the exit code.
+int tpr_bench_serve_json(settings *s);
 const char *bs_num(double v, const char *fmt, char *buf, size_t cap);
 void bs_print_dist_row(const char *what, const dist *d);
 void bs_cpu_model(char *buf, size_t cap);

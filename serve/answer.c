@@ -443,6 +443,7 @@ void serve_req_free(serve_req *r) {
   free(r->prompt);
   free(r->g);
   free(r->bias);
+  for (int64_t i = 0; r->constraints && i < r->r.n; i++) tpr_token_constraint_free(&r->constraints[i]);
   free(r->constraints);
   free(r->echo_text);
   tpr_oai_request_free(&r->r);

@@ -231,6 +231,7 @@ tpr_status serve_engine_loop(serve_state *st, tpr_comm_t world) {
     pthread_mutex_lock(&b->mu);
     b->gauges.steps++;
     b->gauges.step_seconds += info.seconds;
+    b->gauges.mask_seconds += info.mask_seconds;
     pthread_mutex_unlock(&b->mu);
     publish(st, &a);
   }

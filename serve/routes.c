@@ -137,6 +137,9 @@ static void metrics(serve_state *st, tpr_http_conn *c) {
   }
   metric_head(&t, "tpr_engine_step_seconds_total", "counter", "Time rank 0 spent in engine steps.");
   tb_printf(&t, "tpr_engine_step_seconds_total %.6f\n", g.step_seconds);
+  metric_head(&t, "tpr_grammar_mask_seconds_total", "counter",
+              "Of that, time rank 0 spent computing structured output's token masks.");
+  tb_printf(&t, "tpr_grammar_mask_seconds_total %.6f\n", g.mask_seconds);
   histogram(&t, "tpr_time_to_first_token_seconds", "From submission to the first generated token.", &st->m.ttft);
   histogram(&t, "tpr_inter_token_latency_seconds", "Between consecutive generated tokens of a request.",
             &st->m.itl);

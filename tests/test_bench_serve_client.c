@@ -62,6 +62,8 @@ static char *sse_response(const char *const *events, int n, const char *line_end
 
 #define TEXT(t) "{\"choices\":[{\"index\":0,\"text\":\"" t "\",\"logprobs\":null,\"finish_reason\":null}]}"
 #define FINISH "{\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}]}"
+#define CHAT(t) "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" t "\"},\"finish_reason\":null}]}"
+#define CHAT_FINISH "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}"
 #define USAGE(n) "{\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":" #n ",\"total_tokens\":7}}"
 
 static canned cases[12];
@@ -92,6 +94,11 @@ static void make_cases(void) {
            strlen(json503), json503);
   add("503", r503, 0, "HTTP 503: {\"error\":{\"message\":\"overloaded\"}}");
   add("not HTTP", strdup("SSH-2.0-OpenSSH\r\n\r\n"), 0, "malformed HTTP response");
+  // Chat chunks (bench serve --json-mode): the text is the delta's content.
+  const char *chat[] = {CHAT("a"), CHAT(""), CHAT("b\\n"), CHAT("c"), CHAT_FINISH, USAGE(3), "[DONE]"};
+  add("chat, delta content", sse_response(chat, 7, "\n", NULL, 1000, 0), 0, "");
+  const char *chat4[] = {CHAT("a"), CHAT_FINISH, USAGE(4), "[DONE]"};
+  add("chat, 4 tokens", sse_response(chat4, 4, "\n", NULL, 1000, 0), 0, "completion_tokens = 4, want 3");
 }
 
 static void free_cases(void) {

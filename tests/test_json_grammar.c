@@ -386,6 +386,7 @@ static void test_masks(void **state) {
       if (pick == eos) ended = true;
       else gen[n++] = pick;
     }
+    tpr_token_constraint_free(&c);
     walks++;
     char *text = NULL;
     size_t len = 0;
