@@ -229,6 +229,9 @@ int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica) {
 }
 
 int64_t tpr_engine_preemptions(const tpr_engine *e) { return e->sched ? tpr_sched_preemptions(e->sched) : 0; }
+int64_t tpr_engine_state_slots_in_use(const tpr_engine *e, int replica) {
+  return e->sched ? tpr_sched_state_slots_in_use(e->sched, replica) : 0;
+}
 int tpr_engine_replicas(const tpr_engine *e) { return e->replicas; }
 int64_t tpr_engine_waiting(const tpr_engine *e) { return e->sched ? tpr_sched_waiting(e->sched) : 0; }
 

@@ -264,6 +264,18 @@ static bool plan_next(plan_cursor *c, plan_chunk *out) {
   return true;
 }
 
+// The negative control of the state slots: each chunk's rows take the next
+// chunk's slot (the last chunk the first's), as debug_wrong_blocks does
+// with block tables.
+static void wrong_state_slots(int32_t *ss, int64_t n) {
+  const int32_t first = n ? ss[0] : -1;
+  for (int64_t t = 0, u; t < n; t = u) {
+    for (u = t; u < n && ss[u] == ss[t];) u++;
+    const int32_t next = u < n ? ss[u] : first;
+    for (int64_t k = t; k < u; k++) ss[k] = next;
+  }
+}
+
 // Lays this rank's replica's chunks out as a session step; fills info.
 static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info) {
   const tpr_session_pool *p = &e->s->pool;
@@ -294,6 +306,7 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
     }
     if (w[C_SAMPLE]) e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1);
   }
+  if (e->o.debug_wrong_state_slot && p->state_slots) wrong_state_slots(e->state_slots, st->n_tokens);
 }
 
 // ---- sampling (every rank of a replica alike)
