@@ -54,8 +54,9 @@ typedef struct tpr_engine_opts {
   // Test only (a negative control): cache keys hold a block's first token
   // alone, so a block is reused for a prompt whose block differs after it.
   bool debug_prefix_first_token;
-  // Test only (a negative control): a hybrid model's chunks run on the state
-  // slot of the step's next chunk, so sequences continue each other's state.
+  // Test only (a negative control): a hybrid model's chunks that continue a
+  // sequence run on the state slot of the step's next chunk, so sequences
+  // continue each other's state.
   bool debug_wrong_state_slot;
 } tpr_engine_opts;
 

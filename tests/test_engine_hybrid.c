@@ -16,8 +16,8 @@
 //  - cancel: a sequence cancelled mid-run gives its slot and blocks back at
 //    once, the others still equal alone;
 //  - the prefix cache is off for a hybrid model (nothing looked up);
-//  - negative control: chunks run on the state slot of the step's next chunk
-//    must break the bound.
+//  - negative control: continuing chunks run on the state slot of the step's
+//    next chunk must break the bound.
 // The seed is fresh each run (printed; TPR_TEST_SEED reproduces it).
 #include "test_util.h"
 
