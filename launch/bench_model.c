@@ -275,7 +275,8 @@ static tpr_status count_prefill_flops(tpr_session *s, int64_t batch, int64_t P, 
   int64_t want = batch * P < budget ? batch * P : budget, T = 1;
   while (T < want) T *= 2;
   tpr_step_build_opts o = {.shape = {.tokens = T, .batch = pool.batch, .max_blocks = pool.max_blocks,
-                                     .pool_blocks = pool.blocks, .block_size = pool.block_size}};
+                                     .pool_blocks = pool.blocks, .block_size = pool.block_size,
+                                     .state_slots = pool.state_slots}};
   double gf[2];
   for (int all = 0; all < 2; all++) {
     o.shape.samples = all ? T : (T < pool.batch ? T : pool.batch);
@@ -310,6 +311,10 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
   int64_t rss_max = 0;
   for (int i = 0; i < w->size; i++)
     if (rss_kb[i] > rss_max) rss_max = rss_kb[i];
+  // Memory one sequence of P + G tokens holds on a rank: its KV rows (the
+  // softmax layers) and, for a hybrid model, its recurrent state slot.
+  const tpr_session_pool pool = tpr_session_pool_info(s);
+  const uint64_t kv_seq = (uint64_t)((double)pool.bytes / (double)(pool.blocks * pool.block_size) * (double)(P + G));
   if (json) {
     printf("{\"command\":\"bench model\",\"world_size\":%d,\"tp\":%d,\"batch\":%lld,\"prompt_len\":%lld,\"gen_len\":%lld,"
            "\"load_s\":%.6g,\"prefill_tok_s\":%.6g,\"decode_tok_s\":%.6g,\"prefill_gflops_per_rank\":%.6g,"
@@ -329,6 +334,8 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
            (long long)r->decode_tokens, (long long)r->generated_tokens);
     printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
            (unsigned long long)weight_bytes, roof_tps);
+    printf(",\"kv_bytes_per_seq_per_rank\":%llu,\"state_bytes_per_seq_per_rank\":%llu", (unsigned long long)kv_seq,
+           (unsigned long long)pool.state_slot_bytes);
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
     printf("}\n");
     return;
@@ -352,6 +359,10 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
          r->prefill_gflop_all, r->prefill_gflop_sampled / r->prefill_gflop_all);
   printf("  %-34s %s (max over %d ranks)\n", "peak RSS per rank", tpr_cli_bytes((uint64_t)rss_max * 1024, b1, sizeof b1),
          w->size);
+  char b2[32];
+  snprintf(what, sizeof what, "per sequence of %lld tokens", (long long)(P + G));
+  printf("  %-34s KV %s, recurrent state %s per rank\n", what, tpr_cli_bytes(kv_seq, b1, sizeof b1),
+         tpr_cli_bytes(pool.state_slot_bytes, b2, sizeof b2));
   if (prof) tpr_bench_profile_print(prof, w->size > 1 ? "rank 0" : "one rank");
 }
 
