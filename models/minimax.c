@@ -220,10 +220,13 @@ static tpr_status build(mm *b) {
     TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
   } else {
     TPR_CHECK(tpr_fstep_begin(c));
-    if (c->o->shape.state_slots < 1)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: a step program needs state slots (got %lld)",
+    // Lightning layers need state slots; a config with none (every layer
+    // softmax) has no state and no "state_slot" input, like any family.
+    if (cfg->num_linear_layers && c->o->shape.state_slots < 1)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: a step program of lightning layers needs state slots (got %lld)",
                       (long long)c->o->shape.state_slots);
-    TPR_CHECK(tpr_program_input(c->p, "state_slot", TPR_I32, 1, (const int64_t[]){c->T}, &b->state_slot));
+    if (cfg->num_linear_layers)
+      TPR_CHECK(tpr_program_input(c->p, "state_slot", TPR_I32, 1, (const int64_t[]){c->T}, &b->state_slot));
   }
   if (cfg->num_linear_layers) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
