@@ -95,7 +95,7 @@ void tpr_cli_print_kv_pool(const tpr_session *s) {
          kv_token / 1024, kv_token * (double)max_seq / 1024, (long long)max_seq,
          (double)pool.state_slot_bytes / 1024);
   if (pool.state_slots)
-    printf(" (%lld slots, %.1f MiB; no prefix caching)", (long long)pool.state_slots,
+    printf(" (state slots: %lld, %.1f MiB; no prefix caching)", (long long)pool.state_slots,
            (double)pool.state_bytes / (1 << 20));
   printf("\n");
 }

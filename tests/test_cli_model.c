@@ -111,6 +111,18 @@ static void test_bench_context(void **state) {
   expect_exit(RUN(0, "bench", "model", "--model", FIX, "--context", "8", "--profile"), 2, "not with --profile");
 }
 
+// tpr run on the hybrid fixture at tp 2: the memory line names the KV and
+// the recurrent state per sequence and rank, and the state slots.
+static void test_run_hybrid(void **state) {
+  run_result r = RUN(2, "run", "--model", TPR_FIXTURES "/minimax_tiny", "--prompt-ids", "1,2,3,4,5", "--prompt-ids",
+                     "9,8,7", "--max-new-tokens", "4");
+  if (r.code != 0) fail_msg("exit %d\n%s", r.code, r.err);
+  // 3 lightning layers x 2 heads per rank x 8 x 8 f32 = 1.5 KiB; 2 slots (--max-batch: the prompts)
+  if (!strstr(r.out, "recurrent state 1.5 KiB (state slots: 2,") || !strstr(r.out, "no prefix caching"))
+    fail_msg("no state line in:\n%s", r.out);
+  tt_run_done(&r);
+}
+
 static void test_run_checks(void **state) {
   expect_exit(RUN(0, "run", "--model", FIX, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--max-seq", "6"), 2,
               "--max-seq 6 is shorter");
@@ -131,6 +143,7 @@ int main(void) {
       cmocka_unit_test(test_compare),
       cmocka_unit_test(test_bench_model),
       cmocka_unit_test(test_bench_context),
+      cmocka_unit_test(test_run_hybrid),
       cmocka_unit_test(test_run_checks),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
