@@ -11,9 +11,6 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: the session was opened for training");
   if (o->max_tokens_per_step < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: --max-tokens-per-step %lld", (long long)o->max_tokens_per_step);
-  if (s->family->state_missing)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: %s cannot run in the batched engine yet: it needs %s",
-                    s->family->name, s->family->state_missing);
   tpr_engine *e = calloc(1, sizeof *e);
   if (!e) return TPR_FAIL(TPR_ERR_OOM, "engine");
   e->s = s;
@@ -32,11 +29,13 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
                                .max_batch = B,
                                .max_tokens = e->o.max_tokens_per_step,
                                .max_seq = max_seq,
-                               .prefix_cache = !o->no_prefix_cache,
+                               // A hybrid model's state slots rule the prefix cache out (scheduler.h).
+                               .prefix_cache = !o->no_prefix_cache && !p->state_slots,
+                               .state_slots = p->state_slots,
                                .debug_fault = o->debug_prefix_first_token ? TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN
                                                                           : TPR_SCHED_FAULT_NONE};
   e->step_cap = T;
-  e->tokens = malloc((size_t)(5 * T + B * p->max_blocks) * sizeof(int32_t));
+  e->tokens = malloc((size_t)(6 * T + B * p->max_blocks) * sizeof(int32_t));
   e->logits = malloc((size_t)(B * V) * sizeof *e->logits);
   e->row = malloc((size_t)V * sizeof *e->row);
   e->sample_scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
@@ -50,7 +49,7 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
     e->positions = e->tokens + T, e->slots = e->positions + T, e->seq = e->slots + T, e->rows = e->seq + T;
-    e->blocks = e->rows + T;
+    e->state_slots = e->rows + T, e->blocks = e->state_slots + T;
     e->sampled = e->send + 1;
     e->send[0] = e->replica;
   }
@@ -230,6 +229,9 @@ int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica) {
 }
 
 int64_t tpr_engine_preemptions(const tpr_engine *e) { return e->sched ? tpr_sched_preemptions(e->sched) : 0; }
+int64_t tpr_engine_state_slots_in_use(const tpr_engine *e, int replica) {
+  return e->sched ? tpr_sched_state_slots_in_use(e->sched, replica) : 0;
+}
 int tpr_engine_replicas(const tpr_engine *e) { return e->replicas; }
 int64_t tpr_engine_waiting(const tpr_engine *e) { return e->sched ? tpr_sched_waiting(e->sched) : 0; }
 

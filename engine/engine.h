@@ -54,6 +54,10 @@ typedef struct tpr_engine_opts {
   // Test only (a negative control): cache keys hold a block's first token
   // alone, so a block is reused for a prompt whose block differs after it.
   bool debug_prefix_first_token;
+  // Test only (a negative control): a hybrid model's chunks that continue a
+  // sequence run on the state slot of the step's next chunk, so sequences
+  // continue each other's state.
+  bool debug_wrong_state_slot;
 } tpr_engine_opts;
 
 // Every field but max_new, stop_token and sampling is off when zero, so
@@ -182,6 +186,9 @@ typedef struct tpr_engine_prefix_stats {
 } tpr_engine_prefix_stats;
 tpr_engine_prefix_stats tpr_engine_prefix(const tpr_engine *e);
 int64_t tpr_engine_preemptions(const tpr_engine *e);
+// Rank 0: recurrent state slots held on replica r (a hybrid model's running
+// sequences; 0 once every sequence has ended, and for other models).
+int64_t tpr_engine_state_slots_in_use(const tpr_engine *e, int replica);
 int tpr_engine_replicas(const tpr_engine *e);  // dp replicas, each with its own KV pool
 // Rank 0: unfinished sequences waiting for blocks (not yet admitted, or preempted).
 int64_t tpr_engine_waiting(const tpr_engine *e);

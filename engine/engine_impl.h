@@ -32,6 +32,7 @@ struct tpr_engine {
   int64_t msg_cap, msg_words;
   // This rank's step (its replica's chunks), sized for the largest step.
   int32_t *tokens, *positions, *slots, *seq, *blocks, *rows;
+  int32_t *state_slots;  // (T) each row's recurrent state slot (hybrid families)
   int64_t step_cap;
   float *logits;                // (B, V)
   float *row;                   // (V) a sampled row after logit processing

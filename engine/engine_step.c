@@ -27,7 +27,9 @@
 // Other ranks keep no sequence history: the extra words are all they know
 // of it. Every rank checks the whole plan (check_plan) before using any.
 enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
-enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_EXTRA, CHUNK_WORDS };
+// C_STATE: the sequence's recurrent state slot (a hybrid family's), else -1.
+enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_EXTRA,
+       CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
 enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
@@ -143,7 +145,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
       w[C_SEQ] = c->seq, w[C_POS0] = c->pos0, w[C_N] = c->n, w[C_SAMPLE] = c->sample, w[C_FIRST] = c->first;
       w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
       w[C_TEMP] = f64_word(g->sampling.temperature), w[C_TOP_P] = f64_word(g->sampling.top_p);
-      w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len;
+      w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len, w[C_STATE] = c->state_slot;
       at += CHUNK_WORDS;
       for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
       for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
@@ -209,9 +211,11 @@ static tpr_status check_plan(const tpr_engine *e) {
       if (w[C_SEQ] < 0 || w[C_POS0] < 0 || n < 1 || n > T || nb < 0 || nb > p->max_blocks ||
           w[C_POS0] > nb * p->block_size - n || (w[C_SAMPLE] != 0 && w[C_SAMPLE] != 1) || extra < 0 ||
           (extra > 0 && !w[C_SAMPLE]) || w[C_GEN] < 0 || extra > words - at - CHUNK_WORDS - n - nb ||
-          words - at - CHUNK_WORDS < n + nb)
-        return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld", r, (long long)i,
-                        (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra);
+          words - at - CHUNK_WORDS < n + nb ||
+          (p->state_slots ? w[C_STATE] < 0 || w[C_STATE] >= p->state_slots : w[C_STATE] != -1))
+        return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld", r,
+                        (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
+                        (long long)w[C_STATE]);
       const int64_t *tok = w + CHUNK_WORDS, *blk = tok + n;
       if (!ids_in(tok, n, 1, 0, e->vocab) || !ids_in(blk, nb, 1, 0, p->blocks))
         return PLAN_BAD("replica %d chunk %lld: a token or block id out of range", r, (long long)i);
@@ -262,13 +266,34 @@ static bool plan_next(plan_cursor *c, plan_chunk *out) {
   return true;
 }
 
+// The negative control of the state slots: the chunks that continue a
+// sequence (not from position 0) take each other's slots in turn (each the
+// next such chunk's, the last the first's), as debug_wrong_blocks does with
+// block tables; every slot is still used once. (A fixed permutation of
+// every chunk's slot would be consistent from step to step, and right.)
+static void wrong_state_slots(int32_t *ss, const int32_t *pos, int64_t n) {
+  int32_t *orig = malloc((size_t)(n ? n : 1) * sizeof *orig);
+  int64_t *start = malloc((size_t)(n + 1) * sizeof *start), m = 0;  // the continuing chunks' first rows
+  if (!orig || !start) goto done;  // test only: the control is then not applied (and the test fails)
+  memcpy(orig, ss, (size_t)n * sizeof *orig);
+  for (int64_t t = 0, u; t < n; t = u) {
+    for (u = t; u < n && orig[u] == orig[t];) u++;
+    if (pos[t] > 0) start[m++] = t;
+  }
+  for (int64_t i = 0; m > 1 && i < m; i++)
+    for (int64_t k = start[i]; k < n && orig[k] == orig[start[i]]; k++) ss[k] = orig[start[(i + 1) % m]];
+done:
+  free(orig), free(start);
+}
+
 // Lays this rank's replica's chunks out as a session step; fills info.
 static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info) {
   const tpr_session_pool *p = &e->s->pool;
   const int64_t *m = e->msg, MB = p->max_blocks, bs = p->block_size;
   memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
   *st = (tpr_step){.T = m[HDR_T], .N = m[HDR_N], .tokens = e->tokens, .positions = e->positions, .slots = e->slots,
-                   .seq = e->seq, .block_tables = e->blocks, .sample_rows = e->rows};
+                   .seq = e->seq, .block_tables = e->blocks, .sample_rows = e->rows,
+                   .state_slots = p->state_slots ? e->state_slots : NULL};
   info->program_tokens = m[HDR_T];
   plan_cursor cur = plan_begin(e);
   plan_chunk c;
@@ -287,9 +312,11 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
       int64_t row = e->o.debug_wrong_blocks ? (i + 1) % c.n_chunks : i;  // negative control
       e->tokens[t] = (int32_t)c.tokens[j], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)row;
       e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
+      e->state_slots[t] = (int32_t)w[C_STATE];
     }
     if (w[C_SAMPLE]) e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1);
   }
+  if (e->o.debug_wrong_state_slot && p->state_slots) wrong_state_slots(e->state_slots, e->positions, st->n_tokens);
 }
 
 // ---- sampling (every rank of a replica alike)

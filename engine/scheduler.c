@@ -73,6 +73,7 @@ typedef struct seq {
   int64_t n_hashed, hashes_cap;
   int64_t cached;    // prefix-cache hits of the last admission (the first `cached` of the table)
   bool released;   // a tombstone: tokens and table freed (tpr_sched_release)
+  int32_t slot;    // the recurrent state slot it holds while running (opts.state_slots), else -1
 } seq;
 
 // Sequence ids in a fixed order (admission order for running, arrival =
@@ -88,6 +89,8 @@ typedef struct replica {
   int64_t unfinished;
   tpr_sched_chunk *chunks;  // (chunks_cap) the last plan's chunks; n_chunks used
   int64_t n_chunks, chunks_cap;
+  int32_t *free_slots;  // (opts.state_slots) free state slots, a LIFO; n_free_slots of them
+  int64_t n_free_slots;
 } replica;
 
 struct tpr_sched {
@@ -157,6 +160,12 @@ tpr_status tpr_sched_new(const tpr_sched_opts *o, tpr_sched **out) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: max_tokens %lld must be >= 1", (long long)o->max_tokens);
   if (o->max_seq < 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: max_seq %lld must be >= 1", (long long)o->max_seq);
+  if (o->state_slots < 0 || o->state_slots > INT32_MAX)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: state_slots %lld not in [0, %d]", (long long)o->state_slots,
+                    INT32_MAX);
+  if (o->state_slots > 0 && o->prefix_cache)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_new: the prefix cache with recurrent state slots (a cached "
+                    "block holds KV rows, not the state at its end: a hybrid model runs without prefix caching)");
   tpr_sched *s = calloc(1, sizeof *s);
   if (!s) return TPR_FAIL(TPR_ERR_OOM, "tpr_sched_new: no memory");
   s->o = *o;
@@ -169,6 +178,14 @@ tpr_status tpr_sched_new(const tpr_sched_opts *o, tpr_sched **out) {
   }
   for (int r = 0; r < o->replicas; r++) {
     tpr_status rc = tpr_block_pool_init(&s->reps[r].pool, o->pool_blocks);
+    if (rc == TPR_OK && o->state_slots > 0) {
+      replica *rp = &s->reps[r];
+      if (!(rp->free_slots = malloc((size_t)o->state_slots * sizeof *rp->free_slots)))
+        rc = TPR_FAIL(TPR_ERR_OOM, "tpr_sched_new: state slots");
+      // Highest first, so slot 0 is handed out first.
+      for (int64_t i = 0; rc == TPR_OK && i < o->state_slots; i++) rp->free_slots[i] = (int32_t)(o->state_slots - 1 - i);
+      rp->n_free_slots = o->state_slots;
+    }
     if (rc == TPR_OK && o->prefix_cache) {
       rc = tpr_block_pool_cache_init(&s->reps[r].pool, o->block_size);
       s->reps[r].pool.debug_first_token_only = o->debug_fault == TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN;
@@ -196,6 +213,7 @@ void tpr_sched_free(tpr_sched *s) {
       free(s->reps[r].running.ids);
       free(s->reps[r].waiting.ids);
       free(s->reps[r].chunks);
+      free(s->reps[r].free_slots);
     }
   free(s->reps);
   free(s->n_chunks_out);
@@ -246,7 +264,7 @@ tpr_status tpr_sched_submit_n(tpr_sched *s, const int32_t *prompt, int64_t len, 
                  "a sequence list"));
   seq *added = s->seqs + s->n_seqs;
   for (int64_t i = 0; i < n; i++) {
-    added[i] = (seq){.len = len, .prompt_len = len, .state = SEQ_WAITING, .replica = best, .admitted = -1,
+    added[i] = (seq){.len = len, .prompt_len = len, .state = SEQ_WAITING, .replica = best, .admitted = -1, .slot = -1,
                      .max_new = max_new[i], .stop = stop_token[i], .leader = i > 0 ? s->n_seqs : -1};
     int64_t first_cap = len + (max_new[i] < 16 ? max_new[i] : 16);
     tpr_status rc = grow((void **)&added[i].tokens, &added[i].cap, first_cap, sizeof *added[i].tokens, "a token list");
@@ -276,11 +294,20 @@ static tpr_status release_blocks(tpr_sched *s, seq *q) {
   return TPR_OK;
 }
 
-// Preemption by recompute: the KV rows are dropped, the tokens kept.
+// A running sequence's state slot back to its replica's free slots.
+static void release_slot(tpr_sched *s, seq *q) {
+  if (q->slot < 0) return;
+  replica *rp = &s->reps[q->replica];
+  rp->free_slots[rp->n_free_slots++] = q->slot;
+  q->slot = -1;
+}
+
+// Preemption by recompute: the KV rows and the state are dropped, the tokens kept.
 static tpr_status preempt(tpr_sched *s, int64_t id) {
   seq *q = &s->seqs[id];
   replica *rp = &s->reps[q->replica];
   TPR_CHECK(release_blocks(s, q));
+  release_slot(s, q);
   q->computed = q->start = 0;
   q->leader = -1;  // recomputes its whole prompt as any sequence does
   q->state = SEQ_WAITING;
@@ -308,7 +335,8 @@ static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
   TPR_CHECK(grow((void **)&rp->chunks, &rp->chunks_cap, rp->n_chunks + 1, sizeof *rp->chunks, "a step's chunks"));
   rp->chunks[rp->n_chunks++] = (tpr_sched_chunk){
       .seq = id, .pos0 = q->computed, .n = n, .tokens = q->tokens + q->computed,
-      .sample = q->computed + n == q->len, .first = q->computed == q->start, .blocks = q->blocks, .n_blocks = q->n_blocks};
+      .sample = q->computed + n == q->len, .first = q->computed == q->start, .blocks = q->blocks, .n_blocks = q->n_blocks,
+      .state_slot = q->slot};
   return TPR_OK;
 }
 
@@ -318,6 +346,10 @@ static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
 enum { SIBLING_WAITS = -1 };
 static int64_t sibling_share(tpr_sched *s, seq *q) {
   if (q->leader < 0) return 0;
+  if (s->o.state_slots > 0) {  // the leader's blocks come without the state at their end
+    q->leader = -1;
+    return 0;
+  }
   const seq *l = &s->seqs[q->leader];
   const int64_t k = (q->prompt_len - 1) / s->o.block_size;
   // A leader waiting and never preempted would be ahead of its sibling in
@@ -423,7 +455,8 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
   }
   // (3) waiting sequences, first come first served.
   if (!(rep_preempted > 0 && rp->n_chunks > 0)) {
-    while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0) {
+    while (rp->waiting.n > 0 && rp->n_chunks < max_batch && budget > 0 && tpr_block_pool_free(&rp->pool) > 0 &&
+           (s->o.state_slots == 0 || rp->n_free_slots > 0)) {
       int64_t id = rp->waiting.ids[0];
       seq *q = &s->seqs[id];
       int64_t share = sibling_share(s, q);
@@ -441,6 +474,7 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
       TPR_CHECK(list_insert(&rp->running, rp->running.n, id));
       q->state = SEQ_RUNNING;
       q->admitted = s->admit_counter++;
+      if (s->o.state_slots > 0) q->slot = rp->free_slots[--rp->n_free_slots];
       TPR_CHECK(add_chunk(s, rp, id, n));
       budget -= n;
     }
@@ -478,6 +512,7 @@ tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out) {
 static tpr_status finish(tpr_sched *s, seq *q, int64_t id) {
   replica *rp = &s->reps[q->replica];
   TPR_CHECK(release_blocks(s, q));
+  release_slot(s, q);
   list_remove(&rp->running, id);
   q->state = SEQ_FINISHED;
   rp->unfinished--;
@@ -600,6 +635,11 @@ int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica) {
 }
 
 int64_t tpr_sched_preemptions(const tpr_sched *s) { return s ? s->preemptions : 0; }
+
+int64_t tpr_sched_state_slots_in_use(const tpr_sched *s, int replica) {
+  if (!s || replica < 0 || replica >= s->o.replicas) return -1;
+  return s->o.state_slots - s->reps[replica].n_free_slots;
+}
 
 void tpr_sched_prefix_stats(const tpr_sched *s, int64_t *queried, int64_t *hit) {
   *queried = s ? s->prefix_queried : 0;

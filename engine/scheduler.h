@@ -99,6 +99,16 @@ typedef struct tpr_sched_opts {
   int64_t max_tokens;   // tokens per replica per step (>= 1)
   int64_t max_seq;      // the longest sequence (prompt + generated) a block table holds (>= 1)
   bool prefix_cache;    // reuse registered full blocks across sequences (see above)
+  // Recurrent state slots per replica (a hybrid model's linear layers; 0:
+  // none). A running sequence holds one slot, taken at admission (a waiting
+  // sequence is admitted only when a slot is free: FCFS, the ones behind it
+  // wait too) and given back when it is preempted, finishes or is cancelled;
+  // its chunks name it (tpr_sched_chunk.state_slot). The state at a position
+  // is only in the slot of the sequence that computed it, so no sequence may
+  // start past position 0 on someone else's blocks: prefix_cache must be off
+  // (tpr_sched_new refuses both) and siblings do not share their leader's
+  // blocks (each computes its whole prompt).
+  int64_t state_slots;
   // Test only (negative controls of the sharing checks); 0 in real runs.
   tpr_sched_fault debug_fault;
 } tpr_sched_opts;
@@ -113,6 +123,7 @@ typedef struct tpr_sched_chunk {
   bool first;                 // the sequence's first chunk since admission (pos0 > 0: a sibling's, after the shared blocks)
   const int32_t *blocks;      // (n_blocks) the block table, covering positions < pos0 + n
   int64_t n_blocks;
+  int32_t state_slot;         // the sequence's state slot (opts.state_slots > 0), else -1
 } tpr_sched_chunk;
 
 // A step's plan. Pointers stay valid until the next tpr_sched_next or
@@ -191,6 +202,8 @@ int64_t tpr_sched_unfinished(const tpr_sched *s);
 int64_t tpr_sched_waiting(const tpr_sched *s);  // unfinished sequences holding no blocks (queued or preempted)
 int64_t tpr_sched_blocks_in_use(const tpr_sched *s, int replica);
 int64_t tpr_sched_preemptions(const tpr_sched *s);  // total so far
+// State slots of a replica held by its running sequences (-1: no such replica).
+int64_t tpr_sched_state_slots_in_use(const tpr_sched *s, int replica);
 // Prefix cache totals over every lookup so far, in tokens (0 when off).
 void tpr_sched_prefix_stats(const tpr_sched *s, int64_t *queried, int64_t *hit);
 // Registered blocks of a replica's pool, held or cached free (-1: no such replica).

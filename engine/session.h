@@ -85,6 +85,12 @@ typedef struct tpr_session_pool {
   int64_t max_blocks;          // MB = ceil(max_seq / bs): a block table's length
   int64_t batch;               // B: block-table rows
   uint64_t bytes;              // this rank's pool, all layers, K and V
+  // Recurrent state (families with tpr_family.state_shape; else all 0): NS
+  // slots of one sequence's state each, on every recurrent layer; a running
+  // sequence holds one slot (the scheduler's state slots).
+  int64_t state_slots;         // NS = B
+  uint64_t state_slot_bytes;   // one slot, every recurrent layer, this rank
+  uint64_t state_bytes;        // the whole state pool on this rank
 } tpr_session_pool;
 tpr_session_pool tpr_session_pool_info(const tpr_session *s);
 
@@ -107,13 +113,18 @@ typedef struct tpr_step {
   const int32_t *slots;                  // (n_tokens) pool rows: block * bs + offset
   const int32_t *seq;                    // (n_tokens) block-table rows
   const int32_t *block_tables;           // (B * MB) row-major
+  // Families with a recurrent state: (n_tokens) each row's state slot in
+  // [0, NS); one slot's rows contiguous and consecutive positions, the
+  // state read at the first (zeros when it is position 0) and written after
+  // the last. Ignored by other families; NULL there.
+  const int32_t *state_slots;
   int64_t n_samples;
   const int32_t *sample_rows;            // (n_samples) token rows whose logits come out
 } tpr_step;
 // logits (n_samples, vocab) f32 (NULL: not copied out).
 tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits);
 
-// One sequence held in blocks 0..MB-1 (block-table row 0): runs tokens (T)
+// One sequence held in blocks 0..MB-1 (block-table row 0) and state slot 0: runs tokens (T)
 // at positions start..start+T-1 after the positions < start written by
 // earlier calls (start 0 begins the sequence); logits (T, vocab) receives
 // every position's. Needs a pool of at least MB blocks and no engine using

@@ -1,5 +1,9 @@
 // The paged KV pool: NB blocks of bs token rows per layer, K and V, sized
-// from the options and the memory the ranks have.
+// from the options and the memory the ranks have; and, for a family with a
+// recurrent state (tpr_family.state_shape), NS = B state slots per recurrent
+// layer beside it: a running sequence holds one slot (whatever its length)
+// and the scheduler hands them out (its state_slots), so NS = B: a step
+// holds at most B sequences and a sequence that cannot get a slot waits.
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -24,6 +28,40 @@ static uint64_t block_bytes(const tpr_session *s) {
 
 // Sizes the pool (the smallest block count any rank affords: collective) and
 // allocates it, zero-filled so that no row ever holds garbage.
+// Bytes of one state slot over every recurrent layer on this rank (0: none).
+static uint64_t state_slot_bytes(const tpr_session *s) {
+  uint64_t n = 0;
+  int64_t shape[TPR_MAX_DIMS];
+  for (int64_t L = 0; s->family->state_shape && L < s->cfg.num_layers; L++) {
+    int nd = s->family->state_shape(&s->plan, L, shape);
+    uint64_t e = nd > 0 ? 1 : 0;
+    for (int d = 0; d < nd; d++) e *= (uint64_t)shape[d];
+    n += e * sizeof(float);
+  }
+  return n;
+}
+
+// The state slots of every recurrent layer, zero-filled.
+static tpr_status alloc_states(tpr_session *s) {
+  tpr_session_pool *p = &s->pool;
+  if (!(p->state_slot_bytes = state_slot_bytes(s))) return TPR_OK;
+  p->state_slots = p->batch;
+  p->state_bytes = (uint64_t)p->state_slots * p->state_slot_bytes;
+  if (s->be->vt->host_addressable)
+    TPR_CHECK(tpr__session_check_node_memory(s, p->bytes + p->state_bytes, "the KV pool and the recurrent state slots"));
+  if (!(s->states = calloc((size_t)s->cfg.num_layers, sizeof *s->states)))
+    return TPR_FAIL(TPR_ERR_OOM, "session: state pool handles");
+  for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    int64_t shape[TPR_MAX_DIMS + 1];
+    int nd = s->family->state_shape(&s->plan, L, shape + 1);
+    if (nd <= 0) continue;
+    shape[0] = p->state_slots;  // (NS, state shape)
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, nd + 1, shape, &s->states[L]));
+    TPR_CHECK(tpr_tensor_fill_zero(s->states[L]));
+  }
+  return TPR_OK;
+}
+
 tpr_status tpr__session_alloc_pool(tpr_session *s) {
   const tpr_session_opts *o = &s->o;
   tpr_session_pool *p = &s->pool;
@@ -68,5 +106,5 @@ tpr_status tpr__session_alloc_pool(tpr_session *s) {
     TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, shape, &s->pools[i]));
     TPR_CHECK(tpr_tensor_fill_zero(s->pools[i]));
   }
-  return TPR_OK;
+  return alloc_states(s);
 }

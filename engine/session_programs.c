@@ -26,6 +26,10 @@ tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
     if (sc[0]) TPR_CHECK(tpr_exec_bind(e, name, sc[0]));
     tpr_family_expert_name(L, "w2.scale", name, sizeof name);
     if (sc[1]) TPR_CHECK(tpr_exec_bind(e, name, sc[1]));
+    if (!s->o.training && s->states && s->states[L]) {  // a recurrent layer's state slots
+      tpr_family_state_name(L, name, sizeof name);
+      TPR_CHECK(tpr_exec_bind(e, name, s->states[L]));
+    }
     if (s->o.training || !s->pools[2 * L]) continue;  // training programs and lightning layers hold no KV pool
     tpr_family_pool_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));
@@ -78,6 +82,7 @@ static void free_program(step_program *m) {
   tpr_program_free(m->program);
   for (int i = 0; i < STEP_INPUTS; i++) tpr_tensor_free(m->in[i]);
   tpr_tensor_free(m->pos3);
+  tpr_tensor_free(m->state_slot);
 }
 
 static const char *const step_input_names[STEP_INPUTS] = {"tokens", "positions", "slot_mapping", "seq",
@@ -104,7 +109,8 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_p
                                       .batch = pl->batch,
                                       .max_blocks = pl->max_blocks,
                                       .pool_blocks = pl->blocks,
-                                      .block_size = pl->block_size},
+                                      .block_size = pl->block_size,
+                                      .state_slots = pl->state_slots},
                             .moe = s->o.moe,
                             .moe_stats = s->o.moe_stats,
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
@@ -125,6 +131,10 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_p
   if (s->cfg.mrope_layout) {
     TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 2, (const int64_t[]){3, T}, &m->pos3));
     TPR_CHECK(tpr_exec_bind(m->exec, "positions_3d", m->pos3));
+  }
+  if (pl->state_slots) {
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->state_slot));
+    TPR_CHECK(tpr_exec_bind(m->exec, "state_slot", m->state_slot));
   }
   *out = m;
   return TPR_OK;

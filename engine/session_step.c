@@ -24,13 +24,15 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: pool row %d of [0, %lld) or sequence %d of [0, %lld)",
                       (long long)t, st->slots[t], (long long)rows, st->seq[t], (long long)p->batch);
   }
-  // A family whose other per-sequence state the engine does not carry yet
-  // (minimax's lightning layers) runs one whole sequence from position 0.
-  for (int64_t t = 0; s->family->state_missing && t < st->n_tokens; t++)
-    if (st->seq[t] != st->seq[0] || st->positions[t] != t)
-      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "step: %s keeps a per-sequence state the engine does not hold yet (%s): "
-                      "a step must be one whole sequence from position 0, row %lld is position %d of sequence %d",
-                      s->family->name, s->family->state_missing, (long long)t, st->positions[t], st->seq[t]);
+  // A recurrent family's state slots (the op checks that a slot's rows are
+  // one run of consecutive positions).
+  if (p->state_slots && st->n_tokens && !st->state_slots)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: %s keeps a recurrent state per sequence: the step gives no state slots",
+                    s->family->name);
+  for (int64_t t = 0; p->state_slots && t < st->n_tokens; t++)
+    if (st->state_slots[t] < 0 || st->state_slots[t] >= p->state_slots)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: state slot %d of [0, %lld)", (long long)t, st->state_slots[t],
+                      (long long)p->state_slots);
   for (int64_t i = 0; st->positions_3d && i < 3 * st->n_tokens; i++)
     if (st->positions_3d[i] < 0 || st->positions_3d[i] >= (1 << 24))  // f32 holds them exactly
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "MRoPE position %d (axis %lld, row %lld) is outside [0, 2^24)",
@@ -49,7 +51,7 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
 // The step's inputs, padded to the program's shape, onto the backend.
 static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *st) {
   const int64_t T = m->T, N = m->N, BM = s->pool.batch * s->pool.max_blocks, n = st->n_tokens;
-  int64_t need = 4 * T + BM + N + 3 * T;
+  int64_t need = 4 * T + BM + N + 3 * T + T;
   if (need > s->host_in_cap) {
     free(s->host_in);
     s->host_in_cap = 0;
@@ -68,6 +70,11 @@ static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *s
   const int32_t *src[STEP_INPUTS] = {tok, pos, slot, seq, bt, rows};
   for (int i = 0; i < STEP_INPUTS; i++)
     TPR_CHECK(tpr_tensor_from_host(m->in[i], src[i], (size_t)tpr_tensor_numel(m->in[i]) * sizeof(int32_t)));
+  if (m->state_slot) {  // padded rows: slot -1, no state touched
+    int32_t *ss = rows + N + 3 * T;
+    for (int64_t t = 0; t < T; t++) ss[t] = t < n ? st->state_slots[t] : -1;
+    TPR_CHECK(tpr_tensor_from_host(m->state_slot, ss, (size_t)T * sizeof *ss));
+  }
   if (!m->pos3) return TPR_OK;
   int32_t *p3 = rows + N;  // (3, T): given rows, or the sequence position on every axis (text)
   for (int a = 0; a < 3; a++) {
@@ -131,10 +138,11 @@ tpr_status tpr_session_forward_3d(tpr_session *s, const int32_t *tokens, int64_t
   int32_t *buf = malloc((size_t)(4 * T + BM) * sizeof *buf);
   if (!buf) return TPR_FAIL(TPR_ERR_OOM, "forward inputs");
   int32_t *pos = buf, *seq = pos + T, *rows = seq + T, *bt = rows + T;
+  // seq doubles as the state slots: the sequence is row 0 and slot 0.
   for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(start + t), seq[t] = 0, rows[t] = (int32_t)t;
   for (int64_t i = 0; i < BM; i++) bt[i] = (int32_t)(i % p->max_blocks);
   tpr_step st = {.T = T, .N = logits ? T : 1, .n_tokens = T, .tokens = tokens, .positions = pos, .slots = pos,
-                 .seq = seq, .block_tables = bt, .n_samples = logits ? T : 0, .sample_rows = rows,
+                 .seq = seq, .block_tables = bt, .state_slots = seq, .n_samples = logits ? T : 0, .sample_rows = rows,
                  .positions_3d = pos3};
   tpr_status rc = tpr_session_step(s, &st, logits);
   free(buf);

@@ -275,7 +275,8 @@ static tpr_status count_prefill_flops(tpr_session *s, int64_t batch, int64_t P, 
   int64_t want = batch * P < budget ? batch * P : budget, T = 1;
   while (T < want) T *= 2;
   tpr_step_build_opts o = {.shape = {.tokens = T, .batch = pool.batch, .max_blocks = pool.max_blocks,
-                                     .pool_blocks = pool.blocks, .block_size = pool.block_size}};
+                                     .pool_blocks = pool.blocks, .block_size = pool.block_size,
+                                     .state_slots = pool.state_slots}};
   double gf[2];
   for (int all = 0; all < 2; all++) {
     o.shape.samples = all ? T : (T < pool.batch ? T : pool.batch);
@@ -310,6 +311,10 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
   int64_t rss_max = 0;
   for (int i = 0; i < w->size; i++)
     if (rss_kb[i] > rss_max) rss_max = rss_kb[i];
+  // Memory one sequence of P + G tokens holds on a rank: its KV rows (the
+  // softmax layers) and, for a hybrid model, its recurrent state slot.
+  const tpr_session_pool pool = tpr_session_pool_info(s);
+  const uint64_t kv_seq = (uint64_t)((double)pool.bytes / (double)(pool.blocks * pool.block_size) * (double)(P + G));
   if (json) {
     printf("{\"command\":\"bench model\",\"world_size\":%d,\"tp\":%d,\"batch\":%lld,\"prompt_len\":%lld,\"gen_len\":%lld,"
            "\"load_s\":%.6g,\"prefill_tok_s\":%.6g,\"decode_tok_s\":%.6g,\"prefill_gflops_per_rank\":%.6g,"
@@ -329,6 +334,8 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
            (long long)r->decode_tokens, (long long)r->generated_tokens);
     printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
            (unsigned long long)weight_bytes, roof_tps);
+    printf(",\"kv_bytes_per_seq_per_rank\":%llu,\"state_bytes_per_seq_per_rank\":%llu", (unsigned long long)kv_seq,
+           (unsigned long long)pool.state_slot_bytes);
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
     printf("}\n");
     return;
@@ -352,7 +359,71 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
          r->prefill_gflop_all, r->prefill_gflop_sampled / r->prefill_gflop_all);
   printf("  %-34s %s (max over %d ranks)\n", "peak RSS per rank", tpr_cli_bytes((uint64_t)rss_max * 1024, b1, sizeof b1),
          w->size);
+  char b2[32];
+  snprintf(what, sizeof what, "per sequence of %lld tokens", (long long)(P + G));
+  printf("  %-34s KV %s, recurrent state %s per rank\n", what, tpr_cli_bytes(kv_seq, b1, sizeof b1),
+         tpr_cli_bytes(pool.state_slot_bytes, b2, sizeof b2));
   if (prof) tpr_bench_profile_print(prof, w->size > 1 ? "rank 0" : "one rank");
+}
+
+// --context: "1024,8192,32768" -> n lengths (each >= 1); false on bad text.
+#define MAX_CONTEXTS 16
+static bool parse_contexts(const char *text, int64_t *c, int *n) {
+  *n = 0;
+  for (const char *p = text; *p;) {
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 1 || v > INT32_MAX || *n == MAX_CONTEXTS || (*end && *end != ',')) return false;
+    c[(*n)++] = v;
+    p = *end ? end + 1 : end;
+    if (*end && !*p) return false;  // a trailing comma
+  }
+  return *n > 0;
+}
+
+// The long-context run: per context length C, `batch` sequences prefilled to
+// C tokens (in chunks of --max-tokens-per-step) then G decoded; decode tok/s
+// and what one sequence holds on a rank at C + G tokens: KV rows (softmax
+// layers) and a hybrid model's recurrent state (constant in C).
+static tpr_status run_contexts(tpr_session *s, tpr_world *w, const tpr_model_engine *g, int64_t batch,
+                               const int64_t *ctx, int n_ctx, int64_t G, uint64_t seed, bool json) {
+  const tpr_session_pool pool = tpr_session_pool_info(s);
+  const double kv_token = (double)pool.bytes / (double)(pool.blocks * pool.block_size);
+  const tpr_shard_plan *plan = tpr_session_plan(s);
+  if (w->rank == 0 && json)
+    printf("{\"command\":\"bench model\",\"family\":\"%s\",\"world_size\":%d,\"tp\":%d,\"batch\":%lld,"
+           "\"gen_len\":%lld,\"contexts\":[", tpr_model_family_name(plan->config.family), w->size, plan->tp,
+           (long long)batch, (long long)G);
+  else if (w->rank == 0)
+    printf("tpr bench model --context: %s, tp %d, batch %lld, %lld decoded tokens per sequence (memory per rank)\n"
+           "  %10s %14s %14s %16s %16s %16s\n", tpr_model_family_name(plan->config.family), plan->tp,
+           (long long)batch, (long long)G, "context", "prefill tok/s", "decode tok/s", "KV per seq", "state per seq",
+           "total per seq");
+  // A warm-up at the shortest length builds the decode program (and the
+  // full-budget prefill one), so no length's decode rate pays for a build.
+  bench_result warm = {0};
+  int64_t shortest = ctx[0];
+  for (int i = 1; i < n_ctx; i++) shortest = ctx[i] < shortest ? ctx[i] : shortest;
+  TPR_CHECK(run_workload(s, w, g, batch, shortest, 2, seed, NULL, &warm));
+  for (int i = 0; i < n_ctx; i++) {
+    bench_result r = {0};
+    TPR_CHECK(run_workload(s, w, g, batch, ctx[i], G, seed + (uint64_t)i, NULL, &r));
+    const uint64_t kv = (uint64_t)(kv_token * (double)(ctx[i] + G)), st = pool.state_slot_bytes;
+    const double pre = r.prefill_tokens / r.prefill_s, dec = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
+    if (w->rank != 0) continue;
+    if (json) {
+      printf("%s{\"context\":%lld,\"prefill_tok_s\":%.6g,\"decode_tok_s\":%.6g,\"decode_tokens\":%lld,"
+             "\"kv_bytes_per_seq_per_rank\":%llu,\"state_bytes_per_seq_per_rank\":%llu}", i ? "," : "",
+             (long long)ctx[i], pre, dec, (long long)r.decode_tokens, (unsigned long long)kv, (unsigned long long)st);
+      continue;
+    }
+    char b1[32], b2[32], b3[32];
+    printf("  %10lld %14.1f %14.1f %16s %16s %16s\n", (long long)ctx[i], pre, dec, tpr_cli_bytes(kv, b1, sizeof b1),
+           tpr_cli_bytes(st, b2, sizeof b2), tpr_cli_bytes(kv + st, b3, sizeof b3));
+    fflush(stdout);
+  }
+  if (w->rank == 0 && json) printf("]}\n");
+  return TPR_OK;
 }
 
 // rm -r of the flat directory random_checkpoint made.
@@ -387,8 +458,9 @@ static tpr_status random_checkpoint(tpr_world *w, const char *config, uint64_t s
 }
 
 int tpr_bench_model(int argc, char **argv) {
-  const char *config = NULL, *model = NULL;
-  int64_t batch = 1, P = 32, G = 16, seed = 1;
+  const char *config = NULL, *model = NULL, *context = NULL;
+  int64_t batch = 1, P = 32, G = 16, seed = 1, ctx[MAX_CONTEXTS];
+  int n_ctx = 0;
   bool random_weights = false, json = false, profile = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
   tpr_model_mesh mesh = TPR_MODEL_MESH_DEFAULT;
@@ -403,12 +475,15 @@ int tpr_bench_model(int argc, char **argv) {
       {"seed", TPR_ARG_INT, &seed, "seed of the weights and prompts (default 1)"},
       {"json", TPR_ARG_FLAG, &json, "print one JSON object (rank 0)"},
       {"profile", TPR_ARG_FLAG, &profile, "time every op of the steps: per op kind, prefill and decode apart (rank 0's)"},
+      {"context", TPR_ARG_STR, &context,
+       "long-context run: lengths C1,C2,... (e.g. 1024,8192,32768): per C, prefill to C tokens, decode --gen-len; "
+       "decode tok/s and KV + recurrent state bytes per sequence (replaces --prompt-len; not with --profile)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_MODEL_ENGINE_ARGS(eng),
       TPR_WORLD_ARGS(wo),
   };
   const char *usage = "usage: [mpirun -np N] tpr bench model (--config FILE --random-weights | --model DIR) "
-                      "[--batch B --prompt-len P --gen-len G] [--profile] [--json]";
+                      "[--batch B --prompt-len P --gen-len G | --context C1,C2,...] [--profile] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if ((!model) == (!(config && random_weights)) || batch < 1 || P < 1 || G < 1) {
@@ -416,6 +491,12 @@ int tpr_bench_model(int argc, char **argv) {
                     "--batch/--prompt-len/--gen-len\n%s\n", usage);
     return 2;
   }
+  if (context && (!parse_contexts(context, ctx, &n_ctx) || profile)) {
+    fprintf(stderr, "tpr bench model: --context %s: %s\n%s\n", context,
+            profile ? "not with --profile" : "give positive lengths separated by commas, at most 16", usage);
+    return 2;
+  }
+  for (int i = 0; i < n_ctx; i++) P = i == 0 || ctx[i] > P ? ctx[i] : P;  // the longest: max_seq
   const int64_t tokens[2] = {batch, P + G};  // every sequence's prompt and generated tokens: the engine's rows
   if (!tpr_cli_sizes_ok("tpr bench model", "--batch x (--prompt-len + --gen-len)", 2, tokens, INT32_MAX)) return 2;
   tpr_world w;
@@ -428,7 +509,8 @@ int tpr_bench_model(int argc, char **argv) {
   if (!eng.max_batch) eng.max_batch = batch;
   // By default every prompt is prefilled in one step, so the decode steps
   // measured hold the whole batch.
-  if (!eng.max_tokens_per_step) eng.max_tokens_per_step = batch * P > 256 ? batch * P : 256;
+  if (!eng.max_tokens_per_step)  // --context: chunked prefill, 2048 tokens a step
+    eng.max_tokens_per_step = n_ctx ? 2048 : batch * P > 256 ? batch * P : 256;
   if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, P + G + 1, &eng, &dbg, &s);
   roofline rf = {0};
   bench_result r = {0};
@@ -442,6 +524,15 @@ int tpr_bench_model(int argc, char **argv) {
     peak_before_probe = peak_rss_kb();
     measure_read(threads > 0 ? threads : omp_get_max_threads(), &rf);
     if (!reset_peak_rss()) peak_before_probe = 0;  // the probe's buffer stays in the peak
+    if (n_ctx) {
+      rc = run_contexts(s, &w, &eng, batch, ctx, n_ctx, G, (uint64_t)seed, json);
+      free(rss), free(prof);
+      tpr_session_close(s);
+      if (model == dir && w.rank == 0) remove_flat_dir(dir);
+      if (rc != TPR_OK) return tpr_world_fail(&w, "bench model");
+      tpr_world_finish(&w);
+      return 0;
+    }
     rc = run_workload(s, &w, &eng, batch, P, G, (uint64_t)seed, prof, &r);
   }
   if (rc == TPR_OK && w.rank == 0)

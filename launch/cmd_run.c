@@ -242,10 +242,11 @@ int tpr_cmd_run(int argc, char **argv) {
       printf("],\"load_s\":%.4f,\"prefill_tokens\":%lld,\"prefill_s\":%.4f,\"prefill_tok_s\":%.2f,"
              "\"decode_tokens\":%lld,\"decode_s\":%.4f,\"decode_tok_s\":%.2f,\"weight_bytes_per_rank\":%llu,"
              "\"steps\":%lld,\"preemptions\":%lld,\"kv_pool_blocks\":%lld,\"kv_block_size\":%lld,"
-             "\"kv_pool_bytes_per_rank\":%llu,\"max_batch\":%lld",
+             "\"kv_pool_bytes_per_rank\":%llu,\"max_batch\":%lld,\"state_bytes_per_seq_per_rank\":%llu",
              st->load_s, (long long)tot.prefill_tokens, tot.prefill_s, pre, (long long)tot.decode_tokens, tot.decode_s,
              dec, (unsigned long long)st->weight_bytes, (long long)tot.steps, (long long)tot.preempted,
-             (long long)pool.blocks, (long long)pool.block_size, (unsigned long long)pool.bytes, (long long)pool.batch);
+             (long long)pool.blocks, (long long)pool.block_size, (unsigned long long)pool.bytes, (long long)pool.batch,
+             (unsigned long long)pool.state_slot_bytes);
       if (mesh.moe_stats) {
         printf(",\"moe_stats\":");
         tpr_moe_stats_json(&ms, stdout);

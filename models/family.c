@@ -49,3 +49,7 @@ void tpr_family_expert_name(int64_t layer, const char *which, char *buf, size_t 
 void tpr_family_pool_name(int64_t layer, const char *which, char *buf, size_t cap) {
   snprintf(buf, cap, "model.layers.%lld.%s_pool", (long long)layer, which);
 }
+
+void tpr_family_state_name(int64_t layer, char *buf, size_t cap) {
+  snprintf(buf, cap, "model.layers.%lld.state_pool", (long long)layer);
+}

@@ -13,11 +13,14 @@
 //           MRoPE families (config.mrope_layout != 0) also "positions_3d"
 //           (3, T) i32, the rope's (temporal, height, width) positions --
 //           "positions" stays the sequence index the KV cache and the causal
-//           mask use
+//           mask use; families with a recurrent state (state_shape below)
+//           also "state_slot" (T) i32, each row's state slot (-1 padded)
 //   params  the loader's items by checkpoint name, per layer L the stacked
 //           experts tpr_family_expert_name(L, "w13"|"w2") (E_r, 2F_r, H) /
 //           (E_r, H, F_r), the KV pools tpr_family_pool_name(L, "k"|"v")
-//           (NB, bs, kv_per_rank, D), and the rank tensor "rank"
+//           (NB, bs, kv_per_rank, D), the state pools
+//           tpr_family_state_name(L) (NS, state shape) of recurrent layers,
+//           and the rank tensor "rank"
 //   outputs "logits_t" (vocab_padded, N) f32, the same on every rank of a tp
 //           group; with moe_stats per layer "moe_gates.L" (T, E) and, in
 //           capacity mode, "moe_router.L" (T, E)
@@ -41,6 +44,7 @@ typedef struct tpr_step_shape {
   int64_t max_blocks;   // MB: blocks a sequence may hold
   int64_t pool_blocks;  // NB: blocks in the pool
   int64_t block_size;   // bs: token rows per block
+  int64_t state_slots;  // NS: recurrent state slots (families with tpr_family.state_shape; else 0)
 } tpr_step_shape;
 
 typedef struct tpr_step_build_opts {
@@ -83,12 +87,19 @@ typedef struct tpr_family {
   // NULL: none. Else the step programs' constants on backend be for this plan.
   tpr_status (*constants)(const tpr_shard_plan *plan, tpr_backend *be, tpr_family_consts *out);
   // NULL for a family whose whole per-sequence state is the paged KV cache.
-  // Else what the engine lacks to carry the family's other state (minimax:
-  // the lightning layers' recurrent state slots) across steps: until it has
-  // it, a step must be one whole sequence from position 0 (tpr_session_step
-  // refuses anything else) and the batched engine refuses the family, both
-  // with this text in the message.
-  const char *state_missing;
+  // Else the recurrent state of layer L (minimax: a lightning layer's
+  // (heads/tp, D, D)) that one sequence carries on this rank: its ndim and
+  // shape, 0 for a layer with none (a softmax layer). The session keeps a
+  // pool of slots per such layer, tpr_family_state_name(L) (NS, shape...) f32,
+  // and the step programs take one more input, "state_slot" (T) i32: each
+  // row's slot (-1 padded), one slot per sequence shared by every recurrent
+  // layer (vLLM's hybrid allocator: a KV block table for the softmax layers
+  // beside one state slot for the others). A layer's op reads the slot's
+  // state at a sequence's chunk, or zeros at position 0, and writes the
+  // state after the chunk back in place. Mamba's or Gated DeltaNet's layers
+  // plug in by giving their state's shape here (several tensors per layer:
+  // concatenated into one shape).
+  int (*state_shape)(const tpr_shard_plan *plan, int64_t layer, int64_t shape[TPR_MAX_DIMS]);
 } tpr_family;
 
 // The entry of a config's family; TPR_ERR_UNSUPPORTED naming it when none.
@@ -97,6 +108,7 @@ tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out);
 // Param names the engine binds (see above).
 void tpr_family_expert_name(int64_t layer, const char *which, char *buf, size_t cap);  // which: "w13", "w2"
 void tpr_family_pool_name(int64_t layer, const char *which, char *buf, size_t cap);    // which: "k", "v"
+void tpr_family_state_name(int64_t layer, char *buf, size_t cap);  // layer L's state slots
 // A plan tensor name with {L} replaced by the layer.
 void tpr_family_param_name(const char *pattern, int64_t layer, char *buf, size_t cap);
 

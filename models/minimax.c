@@ -23,6 +23,7 @@ typedef struct mm {
   tpr_fstep c;
   const tpr_minimax_opts *o;
   tpr_value_id state0, pair;
+  tpr_value_id state_slot;      // inference: (T) i32 each row's state slot (-1 padded)
   tpr_value_id start;           // training: (1) i32 the first position (0)
   tpr_value_id *router_logits;  // training: each layer's (T, E) router logits, for the aux loss
   int n_router;
@@ -87,8 +88,17 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 0, D, &q));  // (T, nr, D) strided views
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, D, D, &k));
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 2 * D, D, &v));
-  TPR_CHECK(tpr_pb_lightning_attention(c->p, q, k, v, b->state0, sl, cfg->linear_block_size, &o, &st));
-  TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
+  if (b->o->training) {  // one whole sequence from the zero state
+    TPR_CHECK(tpr_pb_lightning_attention(c->p, q, k, v, b->state0, sl, cfg->linear_block_size, &o, &st));
+    TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
+  } else {  // the step's sequences, each from its state slot (zeros at position 0), written back in place
+    tpr_value_id pool;
+    const tpr_step_shape *sh = &c->o->shape;
+    tpr_family_state_name(L, name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, (const int64_t[]){sh->state_slots, nr, D, D}, &pool));
+    TPR_CHECK(tpr_pb_lightning_paged(c->p, q, k, v, pool, sl, b->state_slot, c->positions, cfg->linear_block_size,
+                                     &o));  // (T, nr, D)
+  }
   TPR_CHECK(tpr_pb_reshape(c->p, o, 2, (const int64_t[]){T, nr * D}, &o));  // (T, nr*D)
   // The norm is over every head's output: the sum of squares all-reduced
   // over tp, divided by nh*D (the control: this rank's heads alone).
@@ -210,6 +220,13 @@ static tpr_status build(mm *b) {
     TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
   } else {
     TPR_CHECK(tpr_fstep_begin(c));
+    // Lightning layers need state slots; a config with none (every layer
+    // softmax) has no state and no "state_slot" input, like any family.
+    if (cfg->num_linear_layers && c->o->shape.state_slots < 1)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: a step program of lightning layers needs state slots (got %lld)",
+                      (long long)c->o->shape.state_slots);
+    if (cfg->num_linear_layers)
+      TPR_CHECK(tpr_program_input(c->p, "state_slot", TPR_I32, 1, (const int64_t[]){c->T}, &b->state_slot));
   }
   if (cfg->num_linear_layers) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
@@ -300,6 +317,14 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
   return rc;
 }
 
+// A lightning layer's state on this rank: its heads' (nh/tp, D, D); none for a softmax layer.
+static int state_shape(const tpr_shard_plan *plan, int64_t L, int64_t shape[TPR_MAX_DIMS]) {
+  const tpr_model_config *cfg = &plan->config;
+  if (!tpr_model_config_layer_is_linear(cfg, L)) return 0;
+  shape[0] = cfg->num_heads / plan->tp, shape[1] = cfg->head_dim, shape[2] = cfg->head_dim;
+  return 3;
+}
+
 const tpr_family tpr_family_minimax = {
     .name = "minimax",
     .family = TPR_FAMILY_MINIMAX,
@@ -308,5 +333,5 @@ const tpr_family tpr_family_minimax = {
     .expert_up = ".w3.weight",
     .expert_down = ".w2.weight",
     .constants = constants,
-    .state_missing = "the per-sequence recurrent state slots of the lightning attention layers (issue 34 item 4)",
+    .state_shape = state_shape,
 };

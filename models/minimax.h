@@ -8,7 +8,10 @@
 //     h = rms_norm(x, input_layernorm)
 //     lightning layer (nh % tp == 0; rank r holds heads [r*nh/tp, (r+1)*nh/tp)):
 //       qkv = silu(h Wqkv_r^T) (T, nh/tp, 3D), per head [q | k | v]
-//       o = lightning_attention(q, k, v, zero state, the rank's slopes)  (T, nh/tp*D)
+//       o = lightning_paged(q, k, v, the layer's state slots, the rank's slopes)  (T, nh/tp*D)
+//           each sequence's chunk from its slot's state (zeros at position 0), the
+//           state after it written back to the slot (training: lightning_attention
+//           from the zero state)
 //       o = o * rsqrt(allreduce_tp(sum o^2) / (nh*D) + 1e-6) * norm_w[rank's slice]
 //                                       the RMSNorm is over all heads: all-reduce
 //       a = allreduce_tp((sigmoid(h Wgate_r^T) * o) Wout_r^T)
@@ -19,9 +22,9 @@
 //     x = mlp_alpha * h + mlp_beta * moe(h)               softmax top-k, renormalised
 //   logits^T = allgather_tp(lm_head_r x_final^T) at the sampled rows
 //
-// The lightning layers start every step from the zero state: the engine's
-// per-sequence state slots are not built yet (issue 34 item 4), so the family
-// runs one whole sequence from position 0 per step (tpr_family.state_missing).
+// The engine keeps each sequence's lightning states in a slot of a pool per
+// lightning layer (tpr_family.state_shape: (nh/tp, D, D) per slot, input
+// "state_slot"), so steps mix sequences at any position (docs/engine.md).
 // The slopes, the zero state and a [1, 0] pair for the gate's sigmoid are the
 // family's constants (tpr_family.constants), bound by the session; their
 // names start with "const:" (TPR_FAMILY_CONST_PREFIX), so training leaves

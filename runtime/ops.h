@@ -127,6 +127,10 @@ typedef enum tpr_op_kind {
                                         // i[0] block; out packed (dq | dk | dv | dstate (H*D*D)); no dslopes
   TPR_OP_LIGHTNING_DECODE = 68,  // in (q, k, v (B, H, D), state (B, H, D, D), slopes (H)) f32: one token of each
                                  // of B sequences; out packed (o (B*H*D) | new states (B*H*D*D)) f32
+  // The engine's form (tpr_pb_lightning_paged): the rows of many sequences, each sequence's state in a slot
+  // of a pool, read and written IN PLACE.
+  TPR_OP_LIGHTNING_PAGED = 69,  // in (q, k, v (T, H, D), pool (NS, H, D, D), slopes (H) f32, state_slot (T) i32,
+                                // positions (T) i32); i[0] block size; out o (T, H, D) f32
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
@@ -144,7 +148,7 @@ typedef enum tpr_mesh_axis {
 
 const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 
-#define TPR_OP_MAX_INPUTS 6
+#define TPR_OP_MAX_INPUTS 8
 #define TPR_OP_MAX_IATTRS 8
 #define TPR_OP_MAX_FATTRS 4
 

@@ -12,7 +12,11 @@ tt_mesh em;
 void em_init(int *argc, char ***argv) { em = tt_mesh_init(argc, argv); }
 
 tpr_session *em_open_session(int64_t max_batch, int64_t block_size, int64_t kv_bytes) {
-  tpr_session_opts o = {.model_dir = M2_FIX, .max_seq = EM_MAX_SEQ, .max_batch = max_batch,
+  return em_open_session_dir(M2_FIX, max_batch, block_size, kv_bytes);
+}
+
+tpr_session *em_open_session_dir(const char *dir, int64_t max_batch, int64_t block_size, int64_t kv_bytes) {
+  tpr_session_opts o = {.model_dir = dir, .max_seq = EM_MAX_SEQ, .max_batch = max_batch,
                         .block_size = block_size, .kv_cache_bytes = kv_bytes, .tp = em.tp, .dp = em.dp,
                         .ep = em.ep, .force_tp_rank = -1};
   tpr_session *s = NULL;

@@ -18,6 +18,8 @@ void em_init(int *argc, char ***argv);
 // block size; kv_bytes 0: room for max_batch full sequences.
 #define EM_MAX_SEQ 32
 tpr_session *em_open_session(int64_t max_batch, int64_t block_size, int64_t kv_bytes);
+// The same on the checkpoint in dir (another fixture of vocabulary M2_V).
+tpr_session *em_open_session_dir(const char *dir, int64_t max_batch, int64_t block_size, int64_t kv_bytes);
 
 // Bytes of one KV block of 4 rows on this rank (a probe session's pool / its blocks).
 uint64_t em_block_bytes(void);

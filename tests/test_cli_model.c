@@ -87,6 +87,42 @@ static void test_bench_model(void **state) {
   tt_run_done(&r);
 }
 
+// --context on the hybrid fixture (tp 1 and 2): one entry per length, the
+// KV bytes per sequence growing with it (the softmax layer's rows) and the
+// recurrent state bytes the same at every length; bad lists refused.
+static void test_bench_context(void **state) {
+  for (int np = 0; np <= 2; np += 2) {
+    cJSON *j = tt_json_of(RUN(np, "bench", "model", "--model", TPR_FIXTURES "/minimax_tiny", "--context", "8,40",
+                              "--gen-len", "3", "--json"));
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "contexts");
+    assert_int_equal(cJSON_GetArraySize(c), 2);
+    const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
+    assert_true(tt_json_num(a, "context") == 8 && tt_json_num(b, "context") == 40);
+    assert_true(tt_json_num(a, "decode_tok_s") > 0 && tt_json_num(b, "decode_tokens") == 3);
+    double kva = tt_json_num(a, "kv_bytes_per_seq_per_rank"), kvb = tt_json_num(b, "kv_bytes_per_seq_per_rank");
+    assert_true(kva > 0 && fabs(kvb / kva - 43.0 / 11.0) < 1e-9);  // rows of C + G tokens
+    double sa = tt_json_num(a, "state_bytes_per_seq_per_rank");
+    // 3 lightning layers x (4 heads / tp) x 8 x 8 f32
+    assert_true(sa == 3.0 * (4 / (np ? np : 1)) * 64 * 4 && sa == tt_json_num(b, "state_bytes_per_seq_per_rank"));
+    cJSON_Delete(j);
+  }
+  expect_exit(RUN(0, "bench", "model", "--model", FIX, "--context", "8,0"), 2, "positive lengths");
+  expect_exit(RUN(0, "bench", "model", "--model", FIX, "--context", "8,"), 2, "positive lengths");
+  expect_exit(RUN(0, "bench", "model", "--model", FIX, "--context", "8", "--profile"), 2, "not with --profile");
+}
+
+// tpr run on the hybrid fixture at tp 2: the memory line names the KV and
+// the recurrent state per sequence and rank, and the state slots.
+static void test_run_hybrid(void **state) {
+  run_result r = RUN(2, "run", "--model", TPR_FIXTURES "/minimax_tiny", "--prompt-ids", "1,2,3,4,5", "--prompt-ids",
+                     "9,8,7", "--max-new-tokens", "4");
+  if (r.code != 0) fail_msg("exit %d\n%s", r.code, r.err);
+  // 3 lightning layers x 2 heads per rank x 8 x 8 f32 = 1.5 KiB; 2 slots (--max-batch: the prompts)
+  if (!strstr(r.out, "recurrent state 1.5 KiB (state slots: 2,") || !strstr(r.out, "no prefix caching"))
+    fail_msg("no state line in:\n%s", r.out);
+  tt_run_done(&r);
+}
+
 static void test_run_checks(void **state) {
   expect_exit(RUN(0, "run", "--model", FIX, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--max-seq", "6"), 2,
               "--max-seq 6 is shorter");
@@ -106,6 +142,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_compare),
       cmocka_unit_test(test_bench_model),
+      cmocka_unit_test(test_bench_context),
+      cmocka_unit_test(test_run_hybrid),
       cmocka_unit_test(test_run_checks),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

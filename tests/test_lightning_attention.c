@@ -6,8 +6,10 @@
 // into chunks carrying the state equals one prefill; decode steps equal the
 // prefill; negative controls (decay dropped, state not carried across
 // blocks, the slope of the wrong head, the wrong layer's slopes) must fail
-// the same bounds; the shape rules refuse what does not fit. Fresh random
-// inputs each run (seed printed).
+// the same bounds; the shape rules refuse what does not fit; the engine's
+// form (lightning_paged: many sequences' rows, states in slots of a pool
+// written in place) equals the reference per sequence across steps. Fresh
+// random inputs each run (seed printed).
 #include "lightning_ref.h"
 #include "ops_util.h"
 
@@ -529,6 +531,131 @@ static void test_decode_builder(void **state) {
   for (int i = 0; i < 5; i++) tpr_tensor_free(t[i]);
 }
 
+// ---------------------------------------------------------------- the engine's form (lightning_paged)
+
+// Three sequences (11, 7 and 5 tokens of random q, k, v) through a pool of
+// 4 state slots in two steps, rows of different sequences and positions
+// mixed: step 1 runs A 0..5 (slot 2), a padded row, B 0..6 (slot 0), C 0..2
+// (slot 3); step 2 runs C 3..4 and A 6..10. The pool starts as random
+// garbage: a run at position 0 must start from zeros. Each sequence's rows
+// and final state equal the double reference of the whole sequence; the
+// padded row is 0; slot 1 is never touched. Control: step 2 with A's and C's
+// slots swapped must be off by far. Bad slots and positions are refused.
+enum { PG_H = 2, PG_D = 8, PG_NS = 4, PG_T1 = 17, PG_T2 = 7 };
+
+typedef struct pg_step {
+  int64_t T;
+  float *q, *k, *v;  // (T, H, D)
+  int32_t slot[PG_T1], pos[PG_T1];
+} pg_step;
+
+// Appends rows [p0, p0 + n) of sequence x (whose q, k, v are (len, H, D)) to st.
+static void pg_add(pg_step *st, const float *const *x, int64_t p0, int64_t n, int32_t slot) {
+  const int64_t w = PG_H * PG_D;
+  for (int64_t i = 0; i < n; i++, st->T++) {
+    memcpy(st->q + st->T * w, x[0] + (p0 + i) * w, (size_t)w * sizeof(float));
+    memcpy(st->k + st->T * w, x[1] + (p0 + i) * w, (size_t)w * sizeof(float));
+    memcpy(st->v + st->T * w, x[2] + (p0 + i) * w, (size_t)w * sizeof(float));
+    st->slot[st->T] = slot, st->pos[st->T] = (int32_t)(p0 + i);
+  }
+}
+
+static void pg_pad(pg_step *st) {
+  const int64_t w = PG_H * PG_D;
+  for (int64_t e = 0; e < w; e++) st->q[st->T * w + e] = st->k[st->T * w + e] = st->v[st->T * w + e] = 1.0f;
+  st->slot[st->T] = -1, st->pos[st->T] = 0, st->T++;
+}
+
+// Runs one step on pool; returns o (T, H, D) on the host, or NULL with *rc set.
+static float *pg_run(const pg_step *st, tpr_tensor *pool, const tpr_tensor *sl, int64_t block, tpr_status *rc) {
+  const int64_t x3[3] = {st->T, PG_H, PG_D};
+  tpr_tensor *in[7] = {tt_from_host(TPR_F32, 3, x3, st->q), tt_from_host(TPR_F32, 3, x3, st->k),
+                       tt_from_host(TPR_F32, 3, x3, st->v), pool, (tpr_tensor *)sl,
+                       tt_from_host(TPR_I32, 1, &st->T, st->slot), tt_from_host(TPR_I32, 1, &st->T, st->pos)};
+  tpr_tensor *out = tt_new(TPR_F32, 3, x3);
+  tpr_op_attrs at = {.n_i = 1, .i = {block}};
+  *rc = tpr_op_run(tt_cpu(), TPR_OP_LIGHTNING_PAGED, (const tpr_tensor *const *)in, 7, &at, out);
+  float *o = *rc == TPR_OK ? tt_to_host(out) : NULL;
+  for (int i = 0; i < 7; i++)
+    if (i != 3 && i != 4) tpr_tensor_free(in[i]);
+  tpr_tensor_free(out);
+  return o;
+}
+
+static void test_paged(void **state) {
+  (void)state;
+  const int64_t len[3] = {11, 7, 5}, w = PG_H * PG_D, block = 4;
+  float *x[3][3];  // sequence, q|k|v
+  for (int s = 0; s < 3; s++)
+    for (int j = 0; j < 3; j++) tpr_tensor_free(tt_random_f32(tt_cpu(), 3, (const int64_t[]){len[s], PG_H, PG_D}, &x[s][j]));
+  float sl[PG_H];
+  tpr_lightning_slopes(PG_H, 1, 4, sl);
+  tpr_tensor *tsl = tt_from_host(TPR_F32, 1, (const int64_t[]){PG_H}, sl);
+  for (int control = 0; control < 2; control++) {
+    float *garbage;
+    tpr_tensor *pool = tt_random_f32(tt_cpu(), 4, (const int64_t[]){PG_NS, PG_H, PG_D, PG_D}, &garbage);
+    static float buf[2][3][PG_T1 * PG_H * PG_D];
+    pg_step s1 = {.q = buf[0][0], .k = buf[0][1], .v = buf[0][2]}, s2 = {.q = buf[1][0], .k = buf[1][1], .v = buf[1][2]};
+    pg_add(&s1, (const float *const *)x[0], 0, 6, 2);
+    pg_pad(&s1);
+    pg_add(&s1, (const float *const *)x[1], 0, 7, 0);
+    pg_add(&s1, (const float *const *)x[2], 0, 3, 3);
+    pg_add(&s2, (const float *const *)x[2], 3, 2, control ? 2 : 3);
+    pg_add(&s2, (const float *const *)x[0], 6, 5, control ? 3 : 2);
+    tpr_status rc;
+    float *o1 = pg_run(&s1, pool, tsl, block, &rc), *o2 = pg_run(&s2, pool, tsl, block, &rc);
+    assert_non_null(o1), assert_non_null(o2);
+    for (int64_t e = 0; e < w; e++) assert_true(o1[6 * w + e] == 0.0f);  // the padded row
+    const float *P = tpr_tensor_data(pool);
+    assert_memory_equal(P + 1 * w * PG_D, garbage + 1 * w * PG_D, (size_t)(w * PG_D) * sizeof(float));  // slot 1
+    // Each sequence's rows from the two steps against its reference.
+    const int64_t at1[3] = {0, 7, 14}, at2[3] = {2, -1, 0}, n1[3] = {6, 7, 3}, fin_slot[3] = {2, 0, 3};
+    double worst = 0;
+    for (int s = 0; s < 3; s++) {
+      double *o = malloc((size_t)(len[s] * w) * sizeof *o), *S = calloc((size_t)(w * PG_D), sizeof *S);
+      float *got = malloc((size_t)(len[s] * w) * sizeof *got);
+      lref_forward(len[s], PG_H, PG_D, x[s][0], x[s][1], x[s][2], sl, S, o);
+      memcpy(got, o1 + at1[s] * w, (size_t)(n1[s] * w) * sizeof *got);
+      if (at2[s] >= 0) memcpy(got + n1[s] * w, o2 + at2[s] * w, (size_t)((len[s] - n1[s]) * w) * sizeof *got);
+      worst = fmax(worst, tt_max_rel_err(got, o, (size_t)(len[s] * w)));
+      worst = fmax(worst, tt_max_rel_err(P + fin_slot[s] * w * PG_D, S, (size_t)(w * PG_D)));
+      free(o), free(S), free(got);
+    }
+    printf("  lightning_paged, 3 sequences over 2 steps%s: max rel err %.2e (%s %.0e)\n",
+           control ? " (control: A and C on each other's slots)" : "", worst, control ? "must exceed" : "bound",
+           control ? CTRL_MIN : REF_BOUND);
+    if (control)
+      assert_true(worst > CTRL_MIN);
+    else
+      assert_true(worst <= REF_BOUND);
+    free(o1), free(o2), free(garbage), tpr_tensor_free(pool);
+  }
+  // Bad slots and positions: refused, the pool untouched by the refusal's step.
+  tpr_tensor *pool = tt_random_f32(tt_cpu(), 4, (const int64_t[]){PG_NS, PG_H, PG_D, PG_D}, NULL);
+  static float bq[3][PG_T1 * PG_H * PG_D];
+  struct {
+    int32_t slot[3], pos[3];
+    const char *says;
+  } bad[] = {
+      {{0, 1, 0}, {0, 0, 1}, "two runs"},
+      {{0, 0, 1}, {0, 2, 0}, "consecutive positions"},
+      {{0, PG_NS, 1}, {0, 0, 0}, "state slot 4 of a pool of 4"},
+      {{0, 1, 2}, {0, -1, 0}, "position -1"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    pg_step st = {.T = 3, .q = bq[0], .k = bq[1], .v = bq[2]};
+    memcpy(st.slot, bad[i].slot, sizeof bad[i].slot), memcpy(st.pos, bad[i].pos, sizeof bad[i].pos);
+    tpr_status rc;
+    float *o = pg_run(&st, pool, tsl, block, &rc);
+    assert_null(o);
+    expect_error(rc, TPR_ERR_INVALID_ARG, bad[i].says);
+    printf("  refused: %s\n", tpr_last_error());
+  }
+  tpr_tensor_free(pool), tpr_tensor_free(tsl);
+  for (int s = 0; s < 3; s++)
+    for (int j = 0; j < 3; j++) free(x[s][j]);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
@@ -536,6 +663,7 @@ int main(void) {
       cmocka_unit_test(test_decode),            cmocka_unit_test(test_controls),
       cmocka_unit_test(test_transformers_fixture), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_programs_and_threads), cmocka_unit_test(test_decode_builder),
+      cmocka_unit_test(test_paged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

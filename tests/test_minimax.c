@@ -17,9 +17,12 @@
 //  - the program holds, per lightning layer, exactly one collective between
 //    its attention and its out_proj (the norm's all-reduce) at tp 2, none
 //    with the control;
-//  - refusals with a clear error: a step that is not one whole sequence from
-//    position 0 (the state slots are not built), the batched engine, head
-//    counts that do not divide tp, configs the family does not build.
+//  - the state slots: a prefill then greedy decode one token per call
+//    through the session equals transformers' generate (tokens; logits within
+//    1e-4) and one whole forward (1e-5); the batched engine's two sequences
+//    generate transformers' greedy tokens (tpr run's path);
+//  - refusals with a clear error: head counts that do not divide tp, configs
+//    the family does not build.
 #include "test_util.h"
 
 #include <stdio.h>
@@ -35,6 +38,7 @@
 #define FIX TPR_FIXTURES "/minimax_tiny"
 #define FIX_B TPR_FIXTURES "/minimax_tiny_b"  // another hybrid: linear, linear, full; block 3; 8 heads; tied
 #define BOUND 1e-4  // max|d| <= BOUND * max|ref|: the TP parity tolerance of every family
+#define KV_BOUND 1e-5  // decode through the state slots vs one whole-sequence forward
 
 static fp_ref ref, ref_b;
 
@@ -68,26 +72,25 @@ static void test_parity_b(void **state) {
   parity_and_control(FIX_B, &ref_b);
 }
 
-// A step that continues a sequence, or two sequences in one step: refused
-// (the lightning layers would start from the zero state), naming the missing piece.
-static void test_refuse_state(void **state) {
+// The lightning states carried in the session's state slot 0 across calls:
+// a random prefill, then greedy decode one token per call, equal to
+// transformers' generate with its cache (tokens, and logits within BOUND),
+// and to one whole-sequence forward within KV_BOUND (the state of a chunked
+// prefill equals one call's to rounding). On both fixtures (block 4 and 3).
+static void test_greedy_cached(void **state) {
   (void)state;
   tpr_session_opts o = session_opts(false);
-  tpr_session *s = fp_open(&o, NULL);
-  float *logits = malloc((size_t)ref.V * sizeof *logits);
-  tpr_status rc = tpr_session_forward(s, ref.a + 3, 1, 3, logits);
-  assert_int_equal(rc, TPR_ERR_UNSUPPORTED);
-  assert_non_null(strstr(tpr_last_error(), "state slots"));
-  if (fp.R == 0) printf("refused: %s\n", tpr_last_error());
-  tpr_engine *e = NULL;
-  tpr_engine_opts eo = {0};
-  rc = tpr_engine_new(s, &eo, &e);
-  assert_int_equal(rc, TPR_ERR_UNSUPPORTED);
-  assert_null(e);
-  assert_non_null(strstr(tpr_last_error(), "state slots"));
-  if (fp.R == 0) printf("refused: %s\n", tpr_last_error());
-  free(logits);
-  tpr_session_close(s);
+  fp_test_greedy_cached(&o, &ref, BOUND, KV_BOUND);
+  o = session_opts_of(FIX_B, &ref_b, false);
+  fp_test_greedy_cached(&o, &ref_b, BOUND, KV_BOUND);
+}
+
+// tpr run's path: the batched engine, two sequences of prompt a in one
+// batch (two state slots), each generating transformers' greedy tokens.
+static void test_engine_greedy(void **state) {
+  (void)state;
+  fp_test_engine_text(FIX, ref.a, ref.ta, ref.greedy, ref.greedy_logits, ref.ng, ref.V, BOUND);
+  fp_test_engine_text(FIX_B, ref_b.a, ref_b.ta, ref_b.greedy, ref_b.greedy_logits, ref_b.ng, ref_b.V, BOUND);
 }
 
 // ---- the norm's all-reduce in the built program (rank 0 builds only)
@@ -97,7 +100,7 @@ static bool is_collective(tpr_op_kind k) {
          k == TPR_OP_ALL_TO_ALLV || k == TPR_OP_PARAM_GATHER;
 }
 
-// Collectives in program order between each lightning_attention node and the
+// Collectives in program order between each lightning_paged node and the
 // next matmul reading that layer's out_proj param.
 static int norm_collectives(const tpr_program *p, int64_t *layers) {
   int count = 0, in_layer = 0;
@@ -108,7 +111,7 @@ static int norm_collectives(const tpr_program *p, int64_t *layers) {
     int n_in;
     tpr_value_id out;
     TT_OK(tpr_program_node_io(p, n, &in, &n_in, &out));
-    if (k == TPR_OP_LIGHTNING_ATTENTION) in_layer = 1, ++*layers;
+    if (k == TPR_OP_LIGHTNING_PAGED) in_layer = 1, ++*layers;
     for (int i = 0; in_layer && i < n_in; i++) {
       const char *name = tpr_program_value_name(p, in[i]);
       if (name && strstr(name, "out_proj")) in_layer = 0;
@@ -126,7 +129,7 @@ static void test_norm_allreduce_in_program(void **state) {
   TT_OK(tpr_model_config_load(FIX, &cfg));
   TT_OK(tpr_shard_plan_build(&cfg, 2, 1, 2, 1, TPR_F32, &plan));  // tp 2
   tpr_minimax_opts o = {.step = {.shape = {.tokens = 4, .samples = 2, .batch = 1, .max_blocks = 2,
-                                              .pool_blocks = 4, .block_size = 4}}};
+                                              .pool_blocks = 4, .block_size = 4, .state_slots = 1}}};
   int got[2];
   int64_t layers[2];
   for (int c = 0; c < 2; c++) {
@@ -206,7 +209,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_parity_b),
-      cmocka_unit_test(test_refuse_state),
+      cmocka_unit_test(test_greedy_cached),
+      cmocka_unit_test(test_engine_greedy),
       cmocka_unit_test(test_norm_allreduce_in_program),
       cmocka_unit_test(test_refusals),
   };

@@ -3,7 +3,8 @@
 // and updates, cancelling and releasing sequences, and the pool's reference
 // counts; the pool's prefix cache (keys, LRU eviction, hits) and the
 // scheduler's use of it (a repeated prompt starts after its cached blocks
-// and never writes them).
+// and never writes them); recurrent state slots (one per running sequence,
+// freed on cancel, preemption and finish; no sharing with them).
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,12 +314,95 @@ static void test_release(void **state) {
   printf("release: results refused after, unfinished refused, ids kept increasing (next id %lld)\n", (long long)c);
 }
 
+// (s) Recurrent state slots (a hybrid model): a running sequence holds one
+// slot, the same in every chunk until it is preempted, cancelled or
+// finished; slots in use = running sequences at every step; a waiting
+// sequence is admitted only when a slot is free, though the batch has room;
+// a cancel frees the slot at once and the next admission takes it; a pool
+// too small preempts and frees the victim's slot; siblings share no blocks
+// with slots on; the prefix cache with slots is refused.
+// One step (plan, check, apply as plan_and_apply does); returns its chunk count.
+static int64_t slot_step(tpr_sched *s, int64_t *slot_of, int64_t n_seqs, bool no_sharing) {
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(s, &st));
+  const int64_t n = st.n_chunks[0];
+  bool used[8] = {false};
+  for (int64_t i = 0; i < n; i++) {
+    const tpr_sched_chunk *c = &st.chunks[0][i];
+    assert_true(c->state_slot >= 0 && c->state_slot < 8 && !used[c->state_slot]);
+    used[c->state_slot] = true;
+    assert_true(c->seq < n_seqs);
+    if (c->first) {
+      assert_int_equal(c->pos0, 0);  // with slots, every admission starts at position 0
+      slot_of[c->seq] = c->state_slot;
+    }
+    assert_int_equal(c->state_slot, slot_of[c->seq]);
+    tpr_sched_seq_info si;
+    TT_OK(tpr_sched_seq(s, c->seq, &si));
+    if (no_sharing) assert_int_equal(si.shared_blocks, 0);
+  }
+  assert_int_equal(tpr_sched_state_slots_in_use(s, 0), tpr_sched_unfinished(s) - tpr_sched_waiting(s));
+  int32_t sampled[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+  const int32_t *sp[1] = {sampled};
+  if (st.tokens > 0) TT_OK(tpr_sched_update(s, &st, sp));
+  return n;
+}
+
+static void test_state_slots(void **state) {
+  (void)state;
+  tpr_sched_opts o = opts(1, 64, 4, 4, 64, 32);
+  o.state_slots = 2;
+  o.prefix_cache = true;
+  tpr_sched *s = NULL;
+  expect_invalid(tpr_sched_new(&o, &s), "prefix cache");
+  o.prefix_cache = false;
+  o.state_slots = -1;
+  expect_invalid(tpr_sched_new(&o, &s), "state_slots");
+  o.state_slots = 2;
+  TT_OK(tpr_sched_new(&o, &s));
+  const int32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+  int64_t id, slot_of[8];
+  for (int i = 0; i < 3; i++) TT_OK(tpr_sched_submit(s, prompt, 6, 3, -1, &id));
+  assert_int_equal(slot_step(s, slot_of, 3, true), 2);  // the third waits for a slot, not for the batch
+  assert_int_equal(tpr_sched_waiting(s), 1);
+  assert_int_equal(tpr_sched_state_slots_in_use(s, 0), 2);
+  int64_t freed = slot_of[0];
+  TT_OK(tpr_sched_cancel(s, 0));
+  assert_int_equal(tpr_sched_state_slots_in_use(s, 0), 1);
+  slot_step(s, slot_of, 3, true);
+  assert_int_equal(slot_of[2], freed);  // admitted into the cancelled sequence's slot
+  while (tpr_sched_unfinished(s) > 0) slot_step(s, slot_of, 3, true);
+  assert_int_equal(tpr_sched_state_slots_in_use(s, 0), 0);
+  // Siblings: every one computes its whole prompt (no shared blocks).
+  int64_t first;
+  const int64_t max_new[3] = {2, 2, 2};
+  const int32_t stops[3] = {-1, -1, -1};
+  const int32_t long_prompt[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  TT_OK(tpr_sched_submit_n(s, long_prompt, 10, max_new, stops, 3, &first));
+  int64_t slot_n[8];
+  while (tpr_sched_unfinished(s) > 0) slot_step(s, slot_n, 8, true);
+  tpr_sched_free(s);
+  // A pool of 5 blocks for two sequences of up to 13 tokens: preemption frees the victim's slot.
+  o = opts(1, 5, 4, 2, 64, 32);
+  o.state_slots = 2;
+  TT_OK(tpr_sched_new(&o, &s));
+  for (int i = 0; i < 2; i++) TT_OK(tpr_sched_submit(s, long_prompt, 10, 4, -1, &id));
+  int64_t slot_p[8];
+  while (tpr_sched_unfinished(s) > 0) slot_step(s, slot_p, 2, true);
+  printf("state slots: %lld preemptions with 5 blocks, slots in use = running sequences at every step\n",
+         (long long)tpr_sched_preemptions(s));
+  assert_true(tpr_sched_preemptions(s) > 0);
+  assert_int_equal(tpr_sched_state_slots_in_use(s, 0), 0);
+  tpr_sched_free(s);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_args), cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_block_pool_refs), cmocka_unit_test(test_release),
       cmocka_unit_test(test_block_pool_cache), cmocka_unit_test(test_sched_prefix_cache),
+      cmocka_unit_test(test_state_slots),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -318,6 +318,15 @@ tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id 
                            &packed));
   return split_packed(p, packed, q, state, o, state_out);
 }
+// Writes its pool in place, like paged_cache_write: the exec runs every node
+// in program order, so a layer's state is read and written at its op.
+tpr_status tpr_pb_lightning_paged(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v, tpr_value_id pool,
+                                  tpr_value_id slopes, tpr_value_id state_slot, tpr_value_id positions,
+                                  int64_t block_size, tpr_value_id *o) {
+  tpr_op_attrs at = {.n_i = 1, .i = {block_size}};
+  return tpr_program_op(p, TPR_OP_LIGHTNING_PAGED, (const tpr_value_id[]){q, k, v, pool, slopes, state_slot, positions},
+                        7, &at, o);
+}
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out) {
   tpr_op_attrs at = {.n_f = 1, .f = {scale}};

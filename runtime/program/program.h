@@ -118,6 +118,17 @@ tpr_status tpr_pb_lightning_attention(tpr_program *p, tpr_value_id q, tpr_value_
 // new states (B, H, D, D) as views.
 tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                                    tpr_value_id state, tpr_value_id slopes, tpr_value_id *o, tpr_value_id *state_out);
+// The engine's lightning attention (TPR_OP_LIGHTNING_PAGED): q, k, v
+// (T, H, D) rows of many sequences; pool (NS, H, D, D) f32 one state per
+// slot, read and written IN PLACE (as paged_cache_write's pool);
+// state_slot (T) i32 each row's slot (-1: padding, output 0); positions (T)
+// i32. A slot's rows are one contiguous run of consecutive positions: a
+// prefill (in blocks of block_size) from the slot's state, or from zeros when
+// the run starts at position 0, leaving the state after its last row in the
+// slot. o (T, H, D). No backward (training runs tpr_pb_lightning_attention).
+tpr_status tpr_pb_lightning_paged(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v, tpr_value_id pool,
+                                  tpr_value_id slopes, tpr_value_id state_slot, tpr_value_id positions,
+                                  int64_t block_size, tpr_value_id *o);
 tpr_status tpr_pb_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_cache, tpr_value_id v_cache,
                             tpr_value_id start, float scale, tpr_value_id *out);
 // Attention's document form (packed training sequences): as tpr_pb_attention,

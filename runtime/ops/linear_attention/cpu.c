@@ -305,6 +305,95 @@ done:
   return rc;
 }
 
+// ---- The engine's form: q, k, v (T, H, D) rows of many sequences, pool
+// (NS, H, D, D) contiguous, slopes (H), state_slot (T) i32 (-1: a padded
+// row), positions (T) i32; i[0] block; out o (T, H, D).
+// Rows of one slot form one contiguous run of consecutive positions (the
+// engine lays a step out so: one chunk per sequence). A run is a prefill
+// from the slot's state -- from zeros when its first position is 0 -- and
+// leaves the state after its last row in the slot. Padded rows output 0.
+typedef struct la_run {
+  int64_t t0, n, slot;
+} la_run;
+
+// The runs of a step, every index checked against the pool before anything is written.
+static tpr_status paged_runs(const tpr_tensor *slot_t, const tpr_tensor *pos_t, int64_t NS, la_run *runs,
+                             int64_t *n_runs) {
+  const char *op = "lightning_paged";
+  const int32_t *sl = tpr_tensor_data(slot_t), *pos = tpr_tensor_data(pos_t);
+  const int64_t T = slot_t->shape[0], ss = slot_t->stride[0], ps = pos_t->stride[0];
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t s = sl[t * ss], p = pos[t * ps];
+    if (s < 0) continue;
+    if (s >= NS || p < 0)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: row %lld has state slot %lld of a pool of %lld, position %lld", op,
+                      (long long)t, (long long)s, (long long)NS, (long long)p);
+    if (n && runs[n - 1].slot == s && runs[n - 1].t0 + runs[n - 1].n == t) {
+      if (p != pos[(t - 1) * ps] + 1)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: row %lld of state slot %lld is position %lld after %d: a slot's "
+                        "rows must be consecutive positions", op, (long long)t, (long long)s, (long long)p,
+                        pos[(t - 1) * ps]);
+      runs[n - 1].n++;
+      continue;
+    }
+    for (int64_t i = 0; i < n; i++)
+      if (runs[i].slot == s)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: state slot %lld has two runs of rows (at %lld and %lld): one "
+                        "chunk per sequence and step", op, (long long)s, (long long)runs[i].t0, (long long)t);
+    runs[n++] = (la_run){.t0 = t, .n = 1, .slot = s};
+  }
+  *n_runs = n;
+  return TPR_OK;
+}
+
+TPR_CPU_KERNEL(lightning_paged) {
+  (void)n_in;
+  const char *op = "lightning_paged";
+  const tpr_tensor *pool = in[3];
+  const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];
+  const int64_t NS = pool->shape[0], Bt = T < B ? T : B;
+  if (!tpr_tensor_is_contiguous(pool))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): the state pool must be contiguous (it is written in place)", op);
+  TPR_CHECK(check_sizes(op, H, D, Bt));
+  float *o = tpr_tensor_data(out), *P = tpr_tensor_data(pool);
+  memset(o, 0, (size_t)(T * H * D) * sizeof *o);  // padded rows
+  if (T == 0 || H == 0 || D == 0) return TPR_OK;
+  const int nt = head_threads(ctx, H, T * D * (D + Bt));
+  la_run *runs = malloc((size_t)T * sizeof *runs);
+  float *sl = malloc((size_t)H * sizeof *sl), *qkv = malloc((size_t)(3 * T * H * D) * sizeof *qkv);
+  float *w = malloc((size_t)(nt * fwd_scratch(Bt, D)) * sizeof *w);
+  int64_t n_runs = 0;
+  tpr_status rc = TPR_OK;
+  if (!runs || !sl || !qkv || !w) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "%s (cpu): scratch for T = %lld, H = %lld, D = %lld", op, (long long)T, (long long)H,
+                  (long long)D);
+    goto done;
+  }
+  TPR_CHECK_GOTO(read_slopes(op, in[4], sl), rc, done);
+  TPR_CHECK_GOTO(paged_runs(in[5], in[6], NS, runs, &n_runs), rc, done);
+  float *qh = qkv, *kh = qkv + T * H * D, *vh = qkv + 2 * T * H * D;  // (H, T, D) each
+  heads_major(in[0], qh), heads_major(in[1], kh), heads_major(in[2], vh);
+  const int32_t *pos = tpr_tensor_data(in[6]);
+  for (int64_t r = 0; r < n_runs; r++) {
+    const int64_t t0 = runs[r].t0, n = runs[r].n;
+    float *S = P + runs[r].slot * H * D * D;  // the slot's (H, D, D), updated in place
+    if (pos[t0 * in[6]->stride[0]] == 0) memset(S, 0, (size_t)(H * D * D) * sizeof *S);  // a sequence's start
+#pragma omp parallel num_threads(nt) if (nt > 1 && n * D > 4096)
+    {
+      int64_t h0, h1;
+      tpr__omp_share(H, 1, &h0, &h1);
+      float *wt = w + omp_get_thread_num() * fwd_scratch(Bt, D);
+      for (int64_t h = h0; h < h1; h++)
+        prefill_head(qh + (h * T + t0) * D, kh + (h * T + t0) * D, vh + (h * T + t0) * D, S + h * D * D,
+                     o + t0 * H * D + h * D, H * D, n, D, Bt, sl[h], wt);
+    }
+  }
+done:
+  free(runs), free(sl), free(qkv), free(w);
+  return rc;
+}
+
 // ops.h: transformers' get_slope_rate.
 void tpr_lightning_slopes(int64_t heads, int64_t layer, int64_t n_layers, float *out) {
   const double base = 1.0 / pow(2.0, 8.0 / (double)heads);
@@ -316,5 +405,6 @@ const tpr__kernel_def tpr__lightning_cpu[] = {
     {TPR_OP_LIGHTNING_ATTENTION, cpu_lightning_attention},
     {TPR_OP_LIGHTNING_ATTENTION_BWD, cpu_lightning_attention_bwd},
     {TPR_OP_LIGHTNING_DECODE, cpu_lightning_decode},
+    {TPR_OP_LIGHTNING_PAGED, cpu_lightning_paged},
     {0},
 };

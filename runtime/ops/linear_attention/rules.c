@@ -72,9 +72,37 @@ TPR__OP_RULE(lightning_decode) {
   return TPR_OK;
 }
 
+// q, k, v (T, H, D), pool (NS, H, D, D), slopes (H) f32, state_slot (T) i32,
+// positions (T) i32; i[0] block -> o (T, H, D). The slot and position values
+// are run-time data: the kernel checks them.
+TPR__OP_RULE(lightning_paged) {
+  const char *op = "lightning_paged";
+  const tpr_tensor *pool = in[3];
+  TPR_CHECK(tpr__need_dtype(op, pool, TPR_F32, "pool"));
+  TPR_CHECK(tpr__need_ndim(op, pool, 4, "pool", "(NS, H, D, D)"));
+  // The state rule on one slot's (H, D, D) view.
+  tpr_tensor one = *pool;
+  one.ndim = 3;
+  for (int d = 0; d < 3; d++) one.shape[d] = pool->shape[d + 1], one.stride[d] = pool->stride[d + 1];
+  const tpr_tensor *sub[5] = {in[0], in[1], in[2], &one, in[4]};
+  int64_t H, D;
+  TPR_CHECK(need_qkv_state(op, sub, 3, &H, &D));
+  TPR_CHECK(need_block(op, attrs));
+  const int64_t T = in[0]->shape[0];
+  for (int i = 5; i < 7; i++) {
+    const char *which = i == 5 ? "state_slot" : "positions";
+    TPR_CHECK(tpr__need_dtype(op, in[i], TPR_I32, which));
+    if (in[i]->ndim != 1 || in[i]->shape[0] != T)
+      return TPR_FAIL(TPR_ERR_SHAPE, "%s: %s must be (T) = (%lld), one per token", op, which, (long long)T);
+  }
+  tpr__set_contiguous(out, TPR_F32, 3, in[0]->shape);
+  return TPR_OK;
+}
+
 const tpr__op_def tpr__lightning_ops[] = {
     {TPR_OP_LIGHTNING_ATTENTION, "lightning_attention", 5, false, infer_lightning_attention},
     {TPR_OP_LIGHTNING_ATTENTION_BWD, "lightning_attention_bwd", 6, false, infer_lightning_attention_bwd},
     {TPR_OP_LIGHTNING_DECODE, "lightning_decode", 5, false, infer_lightning_decode},
+    {TPR_OP_LIGHTNING_PAGED, "lightning_paged", 7, false, infer_lightning_paged},
     {0},
 };
