@@ -83,20 +83,19 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
 
 void tpr_cli_print_kv_pool(const tpr_session *s) {
   tpr_session_pool pool = tpr_session_pool_info(s);
-  printf("KV pool: %lld blocks x %lld tokens = %lld tokens per replica, %.1f MiB per rank; max batch %lld\n",
+  printf("KV pool: %lld blocks x %lld tokens = %lld tokens per replica, %.1f MiB per rank; max batch %lld",
          (long long)pool.blocks, (long long)pool.block_size, (long long)(pool.blocks * pool.block_size),
          (double)pool.bytes / (1 << 20), (long long)pool.batch);
   // What one sequence costs on a rank: KV rows grow with its length; a
   // hybrid model's recurrent state (its linear layers) is one slot whatever
-  // the length.
+  // the length. One line: scripts read the text after it.
   const double kv_token = (double)pool.bytes / (double)(pool.blocks * pool.block_size);
   const int64_t max_seq = tpr_session_max_seq(s);
-  printf("per sequence per rank: KV %.1f KiB per token (%.1f KiB at %lld tokens), recurrent state %.1f KiB",
-         kv_token / 1024, kv_token * (double)max_seq / 1024, (long long)max_seq,
-         (double)pool.state_slot_bytes / 1024);
+  printf("; per sequence per rank: KV %.1f KiB per token (%.1f KiB at %lld tokens)", kv_token / 1024,
+         kv_token * (double)max_seq / 1024, (long long)max_seq);
   if (pool.state_slots)
-    printf(" (state slots: %lld, %.1f MiB; no prefix caching)", (long long)pool.state_slots,
-           (double)pool.state_bytes / (1 << 20));
+    printf(", recurrent state %.1f KiB (state slots: %lld, %.1f MiB; no prefix caching)",
+           (double)pool.state_slot_bytes / 1024, (long long)pool.state_slots, (double)pool.state_bytes / (1 << 20));
   printf("\n");
 }
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "models/train_loss.h"
 #include "runtime/ops/rope/rope.h"
 #include "shard/mesh.h"
 
@@ -187,6 +188,17 @@ tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id g
   snprintf(name, sizeof name, "moe_router.%lld", (long long)L);
   if (v.gates != gates) TPR_CHECK(tpr_program_output(c->p, gates, name));
   return TPR_OK;
+}
+
+tpr_status tpr_fstep_finish(tpr_fstep *c, tpr_value_id x, tpr_value_id embed, const tpr_train_loss_opts *lo,
+                            const tpr_value_id *router_logits, int n_router) {
+  const tpr_model_config *cfg = &c->plan->config;
+  tpr_value_id fn, head = embed;
+  TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
+  TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
+  if (!cfg->tie_word_embeddings) TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
+  if (!lo) return tpr_fstep_logits(c, x, head);
+  return tpr_train_build_loss(c->p, c->plan, lo, c->rank, c->rank_tp, x, head, router_logits, n_router);
 }
 
 tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head) {

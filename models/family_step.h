@@ -94,6 +94,13 @@ tpr_status tpr_fstep_moe(tpr_fstep *c, int64_t L, tpr_value_id h, tpr_value_id g
 // "logits_t" (V', N) output.
 tpr_status tpr_fstep_logits(tpr_fstep *c, tpr_value_id x, tpr_value_id head);
 
+// The decoder's end on x (T, H): model.norm, then the lm head (tied: the
+// embedding `embed`): the logits of tpr_fstep_logits, or with lo the
+// training loss of models/train_loss.h over the MoE layers' router logits.
+struct tpr_train_loss_opts;
+tpr_status tpr_fstep_finish(tpr_fstep *c, tpr_value_id x, tpr_value_id embed, const struct tpr_train_loss_opts *lo,
+                            const tpr_value_id *router_logits, int n_router);
+
 // q or k (T, heads, D) rotated over the config's rotary dims: NeoX RoPE at
 // "positions", or MRoPE at "positions_3d" in the config's layout.
 tpr_status tpr_fstep_rope(tpr_fstep *c, tpr_value_id x, tpr_value_id *out);

@@ -212,7 +212,7 @@ static tpr_status build(mm *b) {
   tpr_fstep *c = &b->c;
   const tpr_model_config *cfg = &c->plan->config;
   int64_t D = cfg->head_dim, nr = cfg->num_heads / c->plan->tp;
-  tpr_value_id embed, x, fn, head;
+  tpr_value_id embed, x;
   if (b->o->training) {
     if (b->o->tokens < 1)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: %lld tokens per training run", (long long)b->o->tokens);
@@ -234,18 +234,12 @@ static tpr_status build(mm *b) {
   }
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   for (int64_t L = 0; L < cfg->num_layers; L++) TPR_CHECK(layer(b, L, x, &x));
-  TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
-  TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
-  if (cfg->tie_word_embeddings)
-    head = embed;
-  else
-    TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
-  if (!b->o->training) return tpr_fstep_logits(c, x, head);
+  if (!b->o->training) return tpr_fstep_finish(c, x, embed, NULL, NULL, 0);
   tpr_train_loss_opts lo = {.tokens = c->T,
                             .aux_coef = b->o->aux_coef,
                             .skip_head_mark = (b->o->skip_grad_marks & TPR_MINIMAX_MARKS_COLUMN) != 0,
                             .family = c->family->name};
-  return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, b->router_logits, b->n_router);
+  return tpr_fstep_finish(c, x, embed, &lo, b->router_logits, b->n_router);
 }
 
 tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_minimax_opts *o, tpr_program **out) {

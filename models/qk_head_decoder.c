@@ -293,7 +293,7 @@ static tpr_status check_supported(const tpr_qkhd_desc *d, const tpr_shard_plan *
 static tpr_status build(qkhd *b) {
   tpr_fstep *c = &b->c;
   const tpr_model_config *cfg = &c->plan->config;
-  tpr_value_id embed, x, fn, head;
+  tpr_value_id embed, x;
   TPR_CHECK(b->o->training ? begin_training(b) : tpr_fstep_begin(c));
   c->group = 0;  // FSDP prefetch groups: one per layer part
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
@@ -304,18 +304,12 @@ static tpr_status build(qkhd *b) {
     TPR_CHECK(mlp(b, L, x, &x));
   }
   c->group = (int)(1 + 2 * cfg->num_layers);
-  TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
-  TPR_CHECK(tpr_pb_rms_norm(c->p, x, fn, (float)cfg->rms_norm_eps, &x));
-  if (cfg->tie_word_embeddings)
-    head = embed;
-  else
-    TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
-  if (!b->o->training) return tpr_fstep_logits(c, x, head);
+  if (!b->o->training) return tpr_fstep_finish(c, x, embed, NULL, NULL, 0);
   tpr_train_loss_opts lo = {.tokens = c->T,
                             .aux_coef = b->o->aux_coef,
                             .skip_head_mark = (b->o->skip_grad_marks & TPR_QKHD_MARKS_COLUMN) != 0,
                             .family = c->family->name};
-  return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, b->router_logits, b->n_router);
+  return tpr_fstep_finish(c, x, embed, &lo, b->router_logits, b->n_router);
 }
 
 tpr_status tpr_qkhd_build(const tpr_qkhd_desc *d, const tpr_shard_plan *plan, const tpr_qkhd_opts *o,

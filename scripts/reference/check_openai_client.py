@@ -54,7 +54,10 @@ def check_tools(client, check):
         if ch.choices:
             parts.append(getattr(ch.choices[0].delta, "reasoning_content", None) or "")
     check("".join(parts) == reasoning, "tools, streamed: delta.reasoning_content concatenates to reasoning_content")
-    # tool_choice "required": the answer is decoded under the call's grammar, even from a random model.
+    # tool_choice "required": the answer is decoded under the call's grammar, even from a random model
+    # (whose strings can run on past any max_tokens: the city has a maxLength).
+    tools = [{"type": "function", "function": dict(tools[0]["function"], parameters={
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}})}]
     forced = client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required",
                                             max_tokens=1000, temperature=1, seed=3)
     fc = forced.choices[0]
