@@ -461,11 +461,14 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
       seq *q = &s->seqs[id];
       int64_t share = sibling_share(s, q);
       if (share == SIBLING_WAITS) break;  // FCFS: the sequences behind it wait too
-      if (s->o.prefix_cache) {  // a sibling's leader blocks are registered by now: the cache finds them
-        q->leader = -1;
-        TPR_CHECK(admit_cached(s, rp, q));
-      } else if (share > 0) {
+      // A sibling takes its leader's blocks even with the prefix cache: a
+      // leader's block that duplicated one registered before stays
+      // unregistered, and the cache misses it once that one is evicted.
+      if (share > 0) {
         TPR_CHECK(admit_sharing(s, rp, q, share));
+        if (s->o.prefix_cache) s->prefix_queried += q->len, s->prefix_hit += q->computed;
+      } else if (s->o.prefix_cache) {
+        TPR_CHECK(admit_cached(s, rp, q));
       }
       q->start = q->computed;
       int64_t left = q->len - q->computed;

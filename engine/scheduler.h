@@ -68,11 +68,13 @@
 // computed, so a registered block is never written again; it is only
 // evicted (taken for new rows) once no one holds it. A preempted sequence
 // looks its tokens up again when readmitted (its own blocks, if still
-// cached). Siblings keep their waiting rule, then are admitted through the
-// cache like any sequence: the leader's blocks it waited for are registered
-// once computed (or equal ones registered before them), so it finds them
-// (cached_blocks, not shared_blocks, counts them). Each lookup counts its len as queried tokens and its hits as hit
-// tokens (tpr_sched_prefix_stats).
+// cached). Siblings keep their waiting rule and take their leader's blocks
+// as with no cache (shared_blocks counts them, and they count as hit tokens):
+// the cache alone could miss them, since a block equal to one registered
+// before it stays unregistered, and is not found once that one is evicted.
+// A sibling whose leader no longer qualifies is looked up like any
+// sequence. Each lookup or sibling admission counts its len as queried tokens
+// and its hits as hit tokens (tpr_sched_prefix_stats).
 // A released sequence (tpr_sched_release) keeps a tombstone of a few words,
 // so ids are never reused.
 #ifndef TPR_ENGINE_SCHEDULER_H

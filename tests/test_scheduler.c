@@ -177,6 +177,7 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
   const int64_t bs = h->o.block_size;
   FAIL_IF(st->replicas != h->o.replicas, "step has %d replicas, want %d", st->replicas, h->o.replicas);
   bool *in_step = calloc((size_t)h->n + 1, 1), *used = calloc((size_t)h->o.pool_blocks, 1);
+  const int32_t **step_blocks = calloc((size_t)h->n + 1, sizeof *step_blocks);  // each planned seq's table
   const char *bad = NULL;
   int64_t total = 0;
   for (int r = 0; r < st->replicas && !bad; r++) {
@@ -195,6 +196,7 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
       if (c->seq < 0 || c->seq >= h->submitted) BAD("replica %d: unknown seq %lld", r, (long long)c->seq);
       if (in_step[c->seq]) BAD("seq %lld appears twice in one step", (long long)c->seq);
       in_step[c->seq] = true;
+      step_blocks[c->seq] = c->blocks;
       TT_OK(tpr_sched_seq(h->s, c->seq, &in));
       const exp_seq *e = &h->e[c->seq];
       if (in.replica != r || in.finished) BAD("seq %lld on replica %d (its own %d, finished %d)", (long long)c->seq, r, in.replica, in.finished);
@@ -213,10 +215,17 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
         BAD("seq %lld took %lld cached blocks (prefix cache %d, %lld sibling blocks)", (long long)c->seq,
             (long long)in.cached_blocks, h->o.prefix_cache, (long long)in.shared_blocks);
       if (admitted && in.shared_blocks > 0) {
-        if (lead < 0 || !h->running[lead] || h->shadow[lead] < shared * bs || h->n_table[lead] < shared)
+        // The leader computed them in earlier steps, or (prefix cache) it was
+        // admitted earlier in this step holding them as cached blocks.
+        tpr_sched_seq_info li = {0};
+        if (lead >= 0) TT_OK(tpr_sched_seq(h->s, lead, &li));
+        const int32_t *lead_table = lead < 0 ? NULL : h->running[lead] ? h->table[lead] : step_blocks[lead];
+        if (lead < 0 || !lead_table ||
+            (h->running[lead] ? h->shadow[lead] < shared * bs || h->n_table[lead] < shared
+                              : li.cached_blocks < shared))
           BAD("seq %lld took %lld blocks from leader %lld, which has not computed them", (long long)c->seq,
               (long long)shared, (long long)lead);
-        if (c->n_blocks < shared || memcmp(c->blocks, h->table[lead], (size_t)shared * sizeof *c->blocks) != 0)
+        if (c->n_blocks < shared || memcmp(c->blocks, lead_table, (size_t)shared * sizeof *c->blocks) != 0)
           BAD("seq %lld: its first %lld blocks are not its leader's", (long long)c->seq, (long long)shared);
       }
       if (admitted && shared == 0 && lead >= 0 && h->seen_pre[c->seq] == 0 && h->seen_pre[lead] == 0 &&
@@ -292,6 +301,7 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
     bad = h->err;
   }
   free(in_step);
+  free(step_blocks);
   free(used);
   return bad;
 }
@@ -505,7 +515,7 @@ static void random_runs(bool with_groups, bool prefix) {
     printf("  %lld admissions took %lld cached blocks\n", (long long)cached, (long long)cached_blocks);
     assert_true(cached > 0);
   }
-  if (with_groups && !prefix) {  // with the cache, siblings take their leader's blocks as cached ones
+  if (with_groups) {
     printf("  %lld siblings admitted sharing %lld leader blocks, %lld admitted alone (a prompt under one block, "
            "the leader preempted or finished, or the sibling readmitted after its own preemption)\n",
            (long long)shared, (long long)saved, (long long)alone);
