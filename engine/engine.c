@@ -11,6 +11,13 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: the session was opened for training");
   if (o->max_tokens_per_step < 0)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: --max-tokens-per-step %lld", (long long)o->max_tokens_per_step);
+  if (o->max_draft < 0 || o->max_draft > TPR_SPEC_MAX_K)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: max_draft %lld is outside [0, %d]", (long long)o->max_draft,
+                    TPR_SPEC_MAX_K);
+  if (o->max_draft > 0 && s->pool.state_slots)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: speculative decoding is not built for %s: its recurrent state "
+                    "would keep a rejected draft (a snapshot of the state per verification is not built)",
+                    s->family->name);
   tpr_engine *e = calloc(1, sizeof *e);
   if (!e) return TPR_FAIL(TPR_ERR_OOM, "engine");
   e->s = s;
@@ -32,19 +39,27 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
                                // A hybrid model's state slots rule the prefix cache out (scheduler.h).
                                .prefix_cache = !o->no_prefix_cache && !p->state_slots,
                                .state_slots = p->state_slots,
-                               .debug_fault = o->debug_prefix_first_token ? TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN
-                                                                          : TPR_SCHED_FAULT_NONE};
+                               .debug_fault = o->debug_prefix_first_token     ? TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN
+                                              : o->debug_keep_rejected_blocks ? TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS
+                                                                              : TPR_SCHED_FAULT_NONE};
   e->step_cap = T;
+  e->sample_cap = B;
+  if (o->max_draft > 0) {
+    e->sample_cap = pow2_at_least(B * (1 + o->max_draft));
+    if (e->sample_cap > T) e->sample_cap = T > B ? T : B;
+  }
+  const int64_t S = e->sample_cap;
   e->tokens = malloc((size_t)(6 * T + B * p->max_blocks) * sizeof(int32_t));
-  e->logits = malloc((size_t)(B * V) * sizeof *e->logits);
+  e->logits = malloc((size_t)(S * V) * sizeof *e->logits);
   e->row = malloc((size_t)V * sizeof *e->row);
   e->sample_scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
   e->proc_bias = malloc(TPR_MAX_LOGIT_BIAS * sizeof *e->proc_bias);
   e->proc_ids = malloc((size_t)(3 * max_seq) * sizeof *e->proc_ids);
-  e->send = malloc((size_t)(1 + B * (2 + 2 * TPR_MAX_TOP_LOGPROBS)) * sizeof *e->send);
+  e->send = malloc((size_t)(1 + S * (2 + 2 * TPR_MAX_TOP_LOGPROBS)) * sizeof *e->send);
+  e->draft = malloc((size_t)(o->max_draft + 1) * sizeof *e->draft);
   e->finished = malloc((size_t)(B * e->replicas) * sizeof *e->finished);
   tpr_status rc = e->tokens && e->logits && e->row && e->sample_scratch && e->proc_bias && e->proc_ids && e->send &&
-                          e->finished
+                          e->finished && e->draft
                       ? TPR_OK
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
@@ -79,7 +94,7 @@ void tpr_engine_free(tpr_engine *e) {
   for (int64_t i = 0; i < e->n_seqs; i++) forget_seq(&e->seqs[i]);
   free(e->seqs), free(e->tally), free(e->msg), free(e->tokens), free(e->logits), free(e->row);
   free(e->sample_scratch), free(e->proc_bias), free(e->proc_ids), free(e->send), free(e->gathered);
-  free(e->finished);
+  free(e->finished), free(e->draft), free(e->spec_ids);
   free(e);
 }
 
@@ -138,6 +153,12 @@ tpr_status tpr_engine_check_request(const tpr_engine *e, const int32_t *prompt, 
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: stop token %d is outside the vocabulary", g->stop_token);
   TPR_CHECK(tpr_sampling_check(&g->sampling));
   TPR_CHECK(check_processing(e, g));
+  TPR_CHECK(tpr_spec_check(&g->spec));
+  if (g->spec.kind == TPR_SPEC_EXTERNAL && !e->o.draft)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: an external drafter was asked for, the engine has none");
+  if (g->spec.kind != TPR_SPEC_NONE && g->spec.k > e->o.max_draft)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: speculative decoding with %d drafts per step, the engine was started "
+                    "for at most %lld (max_draft)", g->spec.k, (long long)e->o.max_draft);
   // Length, max_new, stop token's floor and the pool: the scheduler's own
   // check, on the engine's copy of its options.
   return tpr_sched_check_submit(&e->limits, prompt, len, g->max_new, g->stop_token);
@@ -172,6 +193,13 @@ tpr_status tpr_engine_submit_n(tpr_engine *e, const int32_t *prompt, int64_t len
     if (!q) return TPR_FAIL(TPR_ERR_OOM, "engine: sequence table");
     e->seqs = q, e->cap_seqs = cap;
   }
+  if (e->n_spec + n > e->cap_spec) {  // the drafters' list (engine_impl.h), reserved before anything is queued
+    int64_t cap = e->cap_spec ? 2 * e->cap_spec : 16;
+    while (cap < e->n_spec + n) cap *= 2;
+    int64_t *ids = realloc(e->spec_ids, (size_t)cap * sizeof *ids);
+    if (!ids) return TPR_FAIL(TPR_ERR_OOM, "engine: the speculating sequences' list");
+    e->spec_ids = ids, e->cap_spec = cap;
+  }
   int64_t *max_new = malloc((size_t)n * sizeof *max_new);
   int32_t *stop = malloc((size_t)n * sizeof *stop);
   engine_seq *added = e->seqs + e->n_seqs;
@@ -188,6 +216,8 @@ tpr_status tpr_engine_submit_n(tpr_engine *e, const int32_t *prompt, int64_t len
     for (int64_t i = 0; i < kept; i++) forget_seq(&added[i]);
     return tpr__propagate(rc, __FILE__, __LINE__);
   }
+  for (int64_t i = 0; i < n; i++)  // room reserved above: cannot fail
+    if (g[i].spec.kind != TPR_SPEC_NONE) e->spec_ids[e->n_spec++] = e->n_seqs + i;
   e->n_seqs += n;
   return TPR_OK;
 }
@@ -229,6 +259,9 @@ int64_t tpr_engine_blocks_in_use(const tpr_engine *e, int replica) {
 }
 
 int64_t tpr_engine_preemptions(const tpr_engine *e) { return e->sched ? tpr_sched_preemptions(e->sched) : 0; }
+tpr_sched_spec_stats tpr_engine_spec(const tpr_engine *e) {
+  return e->sched ? tpr_sched_spec(e->sched) : (tpr_sched_spec_stats){0};
+}
 int64_t tpr_engine_state_slots_in_use(const tpr_engine *e, int replica) {
   return e->sched ? tpr_sched_state_slots_in_use(e->sched, replica) : 0;
 }

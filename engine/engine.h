@@ -33,6 +33,7 @@
 #include "engine/token_constraint.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 #include "models/sampling.h"
 
 typedef struct tpr_engine_opts {
@@ -58,6 +59,21 @@ typedef struct tpr_engine_opts {
   // sequence run on the state slot of the step's next chunk, so sequences
   // continue each other's state.
   bool debug_wrong_state_slot;
+  // Speculative decoding: the most drafts any sequence may have verified in
+  // one step (tpr_gen_params.spec.k <= this); 0: speculation off. Sizes the
+  // step's sampled rows (max_batch * (1 + max_draft)).
+  int64_t max_draft;
+  // The external drafter (engine/speculative.h, TPR_SPEC_EXTERNAL; rank 0;
+  // NULL: sequences asking for it are refused): up to k drafts to follow
+  // sequence seq's tokens (len: prompt and output so far) into draft;
+  // returns how many (0..k).
+  int64_t (*draft)(void *ctx, int64_t seq, const int32_t *tokens, int64_t len, int64_t k, int32_t *draft);
+  void *draft_ctx;
+  // Test only (negative controls): a verification keeps the blocks of its
+  // rejected drafts (no rollback of the block table); every draft is
+  // accepted, whatever the model says (no verification).
+  bool debug_keep_rejected_blocks;
+  bool debug_accept_all_drafts;
 } tpr_engine_opts;
 
 // Every field but max_new, stop_token and sampling is off when zero, so
@@ -96,6 +112,18 @@ typedef struct tpr_gen_params {
   // grammar does not allow next get -inf. The caller owns it, one per
   // sequence, until the sequence is released.
   tpr_token_constraint *constraint;
+  // Speculative decoding (engine/speculative.h; kind NONE: off): before each
+  // decode step the drafter proposes up to spec.k tokens, the step verifies
+  // them with the model, and the sequence advances by the agreeing prefix
+  // plus the model's own next token. Greedy output is the same token for
+  // token as without; with temperature / top-k / top-p each token is
+  // accepted or redrawn by the speculative sampling rule
+  // (tpr_sample_verify), so the output has the same distribution (not the
+  // same draws: a draw's random numbers are spent differently). A sequence
+  // with logit processing, logprobs or a constraint gets no drafts (it
+  // decodes one token per step, as without). Hybrid models (recurrent
+  // state): refused, since a rejected draft's state cannot be rolled back.
+  tpr_spec spec;
 } tpr_gen_params;
 
 typedef struct tpr_engine tpr_engine;
@@ -186,6 +214,9 @@ typedef struct tpr_engine_prefix_stats {
 } tpr_engine_prefix_stats;
 tpr_engine_prefix_stats tpr_engine_prefix(const tpr_engine *e);
 int64_t tpr_engine_preemptions(const tpr_engine *e);
+// Rank 0: speculative decoding so far: drafts verified, accepted, and
+// verifications (decode steps of sequences with drafts).
+tpr_sched_spec_stats tpr_engine_spec(const tpr_engine *e);
 // Rank 0: recurrent state slots held on replica r (a hybrid model's running
 // sequences; 0 once every sequence has ended, and for other models).
 int64_t tpr_engine_state_slots_in_use(const tpr_engine *e, int replica);

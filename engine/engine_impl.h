@@ -45,6 +45,12 @@ struct tpr_engine {
   int32_t *gathered;            // (world * the step's words per rank)
   int64_t gathered_cap;
   int64_t *finished;            // rank 0: (B * replicas)
+  // Speculative decoding: a step samples up to sample_cap rows per replica
+  // (B, or B * (1 + max_draft) rounded to a power of two, within step_cap).
+  int64_t sample_cap;
+  int32_t *draft;               // rank 0: (max_draft) a drafter's output
+  int64_t *spec_ids;            // rank 0: (n_spec) unfinished sequences with a drafter, by id
+  int64_t n_spec, cap_spec;
 };
 
 // A step's token count is padded to a power of two (engine.h).

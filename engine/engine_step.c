@@ -28,8 +28,10 @@
 // of it. Every rank checks the whole plan (check_plan) before using any.
 enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
 // C_STATE: the sequence's recurrent state slot (a hybrid family's), else -1.
-enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_EXTRA,
-       CHUNK_WORDS };
+// C_DRAFT: a verification's drafts (its last C_DRAFT tokens; each of its
+// last 1 + C_DRAFT rows is sampled), else 0.
+enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_DRAFT,
+       C_EXTRA, CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
 enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
@@ -114,25 +116,58 @@ static int64_t extra_bound(const tpr_engine *e, const tpr_gen_params *g, int64_t
   return X_WORDS + 2 * g->n_logit_bias + 3 * len + (g->constraint ? tpr_mask_words(e->vocab) : 0);
 }
 
+// Rank 0, before planning: each speculating sequence's drafts
+// (engine/speculative.h) to the scheduler, which gives them to the step's
+// decodes. Sequences that finished leave the list.
+static tpr_status propose_drafts(tpr_engine *e) {
+  int64_t kept = 0;
+  for (int64_t i = 0; i < e->n_spec; i++) {
+    const int64_t id = e->spec_ids[i];
+    tpr_sched_seq_info si;
+    if (e->seqs[id].released) continue;
+    TPR_CHECK(tpr_sched_seq(e->sched, id, &si));
+    if (si.finished) continue;
+    e->spec_ids[kept++] = id;
+    const tpr_gen_params *g = &e->seqs[id].g;
+    if (needs_extra(g, si.len - si.prompt_len)) continue;  // processed rows are sampled one per step
+    int64_t k = g->spec.kind == TPR_SPEC_EXTERNAL
+                    ? e->o.draft(e->o.draft_ctx, id, si.tokens, si.len, g->spec.k, e->draft)
+                    : tpr_spec_draft(&g->spec, si.tokens, si.len, e->draft);
+    if (k < 0 || k > g->spec.k)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: the external drafter gave %lld drafts of %d", (long long)k,
+                      g->spec.k);
+    for (int64_t j = 0; j < k; j++)
+      if (e->draft[j] < 0 || e->draft[j] >= e->vocab)
+        return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: draft token %d is outside the vocabulary", e->draft[j]);
+    if (k > 0) TPR_CHECK(tpr_sched_set_draft(e->sched, id, e->draft, k));
+  }
+  e->n_spec = kept;
+  return TPR_OK;
+}
+
 // Rank 0: the scheduler's plan as words; e->msg_words = 0 when idle.
 static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
-  int64_t n = HDR_WORDS, most = 1, B = e->s->pool.batch;
+  int64_t n = HDR_WORDS, most = 1, most_samples = 0, B = e->s->pool.batch;
   for (int r = 0; r < st->replicas; r++) {
-    int64_t toks = 0;
+    int64_t toks = 0, samples = 0;
     n += 1;
     for (int64_t i = 0; i < st->n_chunks[r]; i++) {
       const tpr_sched_chunk *c = &st->chunks[r][i];
       n += CHUNK_WORDS + c->n + c->n_blocks;
       if (c->sample) n += extra_bound(e, &e->seqs[c->seq].g, c->pos0 + c->n);
       toks += c->n;
+      samples += c->sample ? 1 + c->n_draft : 0;
     }
     if (toks > most) most = toks;
+    if (samples > most_samples) most_samples = samples;
   }
   e->msg_words = 0;
   if (st->tokens == 0) return TPR_OK;
   TPR_CHECK(msg_reserve(e, n));
   int64_t *m = e->msg, T = pow2_at_least(most);
-  m[HDR_T] = T, m[HDR_N] = T < B ? T : B, m[HDR_REPLICAS] = st->replicas, m[HDR_TOP] = -1;
+  // Rows sampled: B as always, more (a power of two, <= T) when drafts need them.
+  m[HDR_T] = T, m[HDR_N] = most_samples <= B ? (T < B ? T : B) : pow2_at_least(most_samples);
+  m[HDR_REPLICAS] = st->replicas, m[HDR_TOP] = -1;
   int64_t at = HDR_WORDS;
   for (int r = 0; r < st->replicas; r++) {
     m[at++] = st->n_chunks[r];
@@ -146,6 +181,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
       w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
       w[C_TEMP] = f64_word(g->sampling.temperature), w[C_TOP_P] = f64_word(g->sampling.top_p);
       w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len, w[C_STATE] = c->state_slot;
+      w[C_DRAFT] = c->n_draft;
       at += CHUNK_WORDS;
       for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
       for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
@@ -197,7 +233,7 @@ static tpr_status check_plan(const tpr_engine *e) {
   const int64_t *m = e->msg, words = e->msg_words, B = p->batch;
   if (words < HDR_WORDS) return PLAN_BAD("%lld words", (long long)words);
   const int64_t T = m[HDR_T], N = m[HDR_N], top = m[HDR_TOP];
-  if (T < 1 || T > e->step_cap || N < 0 || N > B || N > T || m[HDR_REPLICAS] != e->replicas || top < -1 ||
+  if (T < 1 || T > e->step_cap || N < 0 || N > e->sample_cap || N > T || m[HDR_REPLICAS] != e->replicas || top < -1 ||
       top > TPR_MAX_TOP_LOGPROBS)
     return PLAN_BAD("header T %lld N %lld replicas %lld top %lld", (long long)T, (long long)N,
                     (long long)m[HDR_REPLICAS], (long long)top);
@@ -212,10 +248,12 @@ static tpr_status check_plan(const tpr_engine *e) {
           w[C_POS0] > nb * p->block_size - n || (w[C_SAMPLE] != 0 && w[C_SAMPLE] != 1) || extra < 0 ||
           (extra > 0 && !w[C_SAMPLE]) || w[C_GEN] < 0 || extra > words - at - CHUNK_WORDS - n - nb ||
           words - at - CHUNK_WORDS < n + nb ||
-          (p->state_slots ? w[C_STATE] < 0 || w[C_STATE] >= p->state_slots : w[C_STATE] != -1))
-        return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld", r,
-                        (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
-                        (long long)w[C_STATE]);
+          (p->state_slots ? w[C_STATE] < 0 || w[C_STATE] >= p->state_slots : w[C_STATE] != -1) ||
+          w[C_DRAFT] < 0 || w[C_DRAFT] > e->o.max_draft || w[C_DRAFT] >= n ||
+          (w[C_DRAFT] > 0 && (!w[C_SAMPLE] || extra > 0)))
+        return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld drafts %lld",
+                        r, (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
+                        (long long)w[C_STATE], (long long)w[C_DRAFT]);
       const int64_t *tok = w + CHUNK_WORDS, *blk = tok + n;
       if (!ids_in(tok, n, 1, 0, e->vocab) || !ids_in(blk, nb, 1, 0, p->blocks))
         return PLAN_BAD("replica %d chunk %lld: a token or block id out of range", r, (long long)i);
@@ -223,7 +261,7 @@ static tpr_status check_plan(const tpr_engine *e) {
         TPR_CHECK(check_extra(e, blk + nb, extra, top));
         if (blk[nb + X_LOGPROBS] > most_top) most_top = blk[nb + X_LOGPROBS];
       }
-      tokens += n, samples += w[C_SAMPLE];
+      tokens += n, samples += w[C_SAMPLE] ? 1 + w[C_DRAFT] : 0;
       at += CHUNK_WORDS + n + nb + extra;
     }
     if (tokens > T || samples > N)
@@ -314,7 +352,8 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
       e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
       e->state_slots[t] = (int32_t)w[C_STATE];
     }
-    if (w[C_SAMPLE]) e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1);
+    for (int64_t j = w[C_SAMPLE] ? w[C_DRAFT] : -1; j >= 0; j--)  // a verification samples its last 1 + drafts rows
+      e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1 - j);
   }
   if (e->o.debug_wrong_state_slot && p->state_slots) wrong_state_slots(e->state_slots, e->positions, st->n_tokens);
 }
@@ -342,19 +381,48 @@ static tpr_logit_proc read_processing(tpr_engine *e, const int64_t *x) {
 // 1 + 2 * top words (the logprob's f32 bits, then top (id, f32 bits) pairs).
 static int64_t record_words(int64_t top) { return 1 + 2 * top; }
 static int64_t gather_words(const tpr_engine *e) {
-  const int64_t B = e->s->pool.batch, top = e->msg[HDR_TOP];
-  return 1 + B + (top >= 0 ? B * record_words(top) : 0);
+  const int64_t N = e->msg[HDR_N], top = e->msg[HDR_TOP];
+  return 1 + N + (top >= 0 ? N * record_words(top) : 0);
 }
 
 // Sample slot k's logprob record from the raw row (n_top < 0: none asked).
 static void put_record(tpr_engine *e, int64_t k, const float *raw, int32_t token, int32_t n_top) {
-  const int64_t B = e->s->pool.batch, top = e->msg[HDR_TOP];
-  int32_t *r = e->send + 1 + B + k * record_words(top);
+  const int64_t N = e->msg[HDR_N], top = e->msg[HDR_TOP];
+  int32_t *r = e->send + 1 + N + k * record_words(top);
   tpr_token_logprob rec = {0};
   if (n_top >= 0) tpr_logprobs_of(raw, e->vocab, token, n_top, &rec);
   r[0] = f32_bits(rec.logprob);
   for (int32_t j = 0; j < top; j++)
     r[1 + 2 * j] = j < rec.n_top ? rec.top_ids[j] : -1, r[2 + 2 * j] = f32_bits(rec.top_logprobs[j]);
+}
+
+// The draw for generated token number gen depends on (seed, gen) only.
+static tpr_rng token_rng(uint64_t seed, int64_t gen) {
+  return (tpr_rng){seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(gen + 1))};
+}
+
+// A verification (speculative decoding) at sample slot k: row j's token is
+// drawn by the speculative rule against draft j (tpr_sample_verify); the
+// first rejection gives the target's own token and ends it, and if every
+// draft is accepted the last row gives one more. Slots after the last
+// token given hold -1 (tpr_sched_update's layout).
+static void verify_chunk(tpr_engine *e, const plan_chunk *c, const tpr_sampling *smp, int64_t k) {
+  const int64_t V = e->vocab, *w = c->w, nd = w[C_DRAFT];
+  for (int64_t j = 0; j <= nd; j++) {
+    const float *raw = e->logits + (k + j) * V;
+    tpr_rng rng = token_rng(smp->seed, w[C_GEN] + j);
+    if (e->o.on_logits) e->o.on_logits(e->o.ctx, w[C_SEQ], w[C_GEN] + j, raw, V);
+    bool accepted = false;
+    if (j < nd && e->o.debug_accept_all_drafts) {  // negative control
+      e->sampled[k + j] = (int32_t)c->tokens[1 + j];
+      continue;
+    }
+    if (j < nd)
+      e->sampled[k + j] = (int32_t)tpr_sample_verify(raw, V, smp, &rng, e->sample_scratch, c->tokens[1 + j], &accepted);
+    else
+      e->sampled[k + j] = (int32_t)tpr_sample(raw, V, smp, &rng, e->sample_scratch);
+    if (!accepted) break;
+  }
 }
 
 // Samples each sampled chunk of this rank's replica, in chunk order.
@@ -368,8 +436,12 @@ static void sample_replica(tpr_engine *e) {
     if (c.replica != e->replica || !w[C_SAMPLE]) continue;
     tpr_sampling smp = {.temperature = word_f64(w[C_TEMP]), .top_k = w[C_TOP_K], .top_p = word_f64(w[C_TOP_P]),
                         .seed = (uint64_t)w[C_SEED]};
-    // The draw depends on (seed, index of the generated token) only.
-    tpr_rng rng = {smp.seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(w[C_GEN] + 1))};
+    if (w[C_DRAFT] > 0) {  // no extras: drafts go only to sequences without processing (propose_drafts)
+      verify_chunk(e, &c, &smp, k);
+      k += 1 + w[C_DRAFT];
+      continue;
+    }
+    tpr_rng rng = token_rng(smp.seed, w[C_GEN]);
     const float *raw = e->logits + k * V, *row = raw;
     if (e->o.on_logits) e->o.on_logits(e->o.ctx, w[C_SEQ], w[C_GEN], raw, V);
     int32_t n_top = -1;
@@ -413,7 +485,7 @@ static tpr_status keep_record(tpr_engine *e, int64_t seq, int64_t gen, int32_t t
 
 // Every replica's sampled tokens (and logprob records) back to rank 0.
 static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_step_info *info) {
-  const int64_t B = e->s->pool.batch, world = tpr_comm_size(e->s->world), words = gather_words(e);
+  const int64_t N = e->msg[HDR_N], world = tpr_comm_size(e->s->world), words = gather_words(e);
   const int64_t top = e->msg[HDR_TOP];
   if (world * words > e->gathered_cap) {
     int32_t *g = realloc(e->gathered, (size_t)(world * words) * sizeof *g);
@@ -434,11 +506,12 @@ static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_
   plan_chunk c;
   while (top >= 0 && plan_next(&cur, &c)) {
     if (!c.w[C_SAMPLE]) continue;
-    int64_t slot = k[c.replica]++;
+    int64_t slot = k[c.replica];
+    k[c.replica] += 1 + c.w[C_DRAFT];
     if (!c.w[C_EXTRA] || c.extra[X_LOGPROBS] < 0) continue;
     const int32_t *toks = by_replica[c.replica];
     TPR_CHECK(keep_record(e, c.w[C_SEQ], c.w[C_GEN], toks[slot], (int32_t)c.extra[X_LOGPROBS],
-                          toks + B + slot * record_words(top), top));
+                          toks + N + slot * record_words(top), top));
   }
   // The plan's arrays die with the update: note the sampled sequences first.
   int64_t n = 0;
@@ -463,7 +536,8 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   int64_t words = 0;
   tpr_status rc = TPR_OK;
   if (e->sched) {
-    rc = tpr_sched_next(e->sched, &plan);
+    rc = propose_drafts(e);
+    if (rc == TPR_OK) rc = tpr_sched_next(e->sched, &plan);
     if (rc == TPR_OK) rc = encode_plan(e, &plan);
     words = rc == TPR_OK ? e->msg_words : -1;
     info->preempted = plan.preempted;
@@ -480,7 +554,7 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   TPR_CHECK(check_plan(e));
   tpr_step st;
   decode_plan(e, &st, info);
-  for (int64_t i = 0; i < e->s->pool.batch; i++) e->sampled[i] = -1;
+  for (int64_t i = 0; i < e->msg[HDR_N]; i++) e->sampled[i] = -1;
   // A replica with nothing to do still runs the (all padded) step: its
   // collectives pair with the other replicas' over ep.
   TPR_CHECK(tpr_session_step(e->s, &st, e->logits));

@@ -74,6 +74,7 @@ typedef struct seq {
   int64_t cached;    // prefix-cache hits of the last admission (the first `cached` of the table)
   bool released;   // a tombstone: tokens and table freed (tpr_sched_release)
   int32_t slot;    // the recurrent state slot it holds while running (opts.state_slots), else -1
+  int64_t n_draft; // speculative: draft tokens for the next step, at tokens[len..len + n_draft)
 } seq;
 
 // Sequence ids in a fixed order (admission order for running, arrival =
@@ -102,6 +103,7 @@ struct tpr_sched {
   const tpr_sched_chunk **chunks_out;  // (replicas)
   int64_t admit_counter, preemptions, unfinished;
   int64_t prefix_queried, prefix_hit;  // tokens looked up in the prefix cache, and found
+  int64_t drafted, accepted, verifications;  // speculative decoding so far (tpr_sched_spec_stats)
   bool pending;  // a non-empty plan awaits tpr_sched_update
 };
 
@@ -442,6 +444,21 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
     TPR_CHECK(add_chunk(s, rp, id, 1));
     budget--;
   }
+  // (1b) speculative decoding: each planned decode with drafts takes as
+  // many as the budget and the free blocks allow (never preempting for one).
+  for (int64_t i = 0; i < rp->n_chunks && budget > 0; i++) {
+    tpr_sched_chunk *c = &rp->chunks[i];
+    seq *q = &s->seqs[c->seq];
+    int64_t k = q->n_draft < budget ? q->n_draft : budget;
+    if (k < 1) continue;
+    k = fit_tokens(q, 1 + k, tpr_block_pool_free(&rp->pool), bs) - 1;
+    if (k < 1) continue;
+    int64_t nb = ceil_div(q->computed + 1 + k, bs);
+    TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, nb, sizeof *q->blocks, "a block table"));
+    while (q->n_blocks < nb) TPR_CHECK(tpr_block_pool_take(&rp->pool, &q->blocks[q->n_blocks++]));
+    c->n = 1 + k, c->n_draft = k, c->blocks = q->blocks, c->n_blocks = q->n_blocks;
+    budget -= k;
+  }
   // (2) running sequences still prefilling, in admission order.
   for (int64_t i = 0; i < rp->running.n && rp->n_chunks < max_batch && budget > 0; i++) {
     int64_t id = rp->running.ids[i];
@@ -505,6 +522,9 @@ tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out) {
   if (tokens == 0 && s->unfinished > 0)
     return TPR_FAIL(TPR_ERR_INTERNAL, "tpr_sched_next: planned nothing for %lld unfinished sequences",
                     (long long)s->unfinished);
+  // Drafts are for one step: the next one gets fresh ones (tpr_sched_set_draft).
+  for (int r = 0; r < s->o.replicas; r++)
+    for (int64_t i = 0; i < s->reps[r].running.n; i++) s->seqs[s->reps[r].running.ids[i]].n_draft = 0;
   s->pending = tokens > 0;
   *out = (tpr_sched_step){.replicas = s->o.replicas, .n_chunks = s->n_chunks_out,
                           .chunks = (const tpr_sched_chunk *const *)s->chunks_out, .tokens = tokens,
@@ -539,6 +559,41 @@ tpr_status tpr_sched_cancel(tpr_sched *s, int64_t id) {
   return TPR_OK;
 }
 
+// Speculative decoding: the tokens a verification gives (out: 1 + n_draft
+// entries, the accepted drafts then the target's own token, -1 after).
+static int64_t verified_tokens(const int32_t *out, int64_t n_draft) {
+  int64_t m = 0;
+  while (m <= n_draft && out[m] >= 0) m++;
+  return n_draft > 0 ? m : 1;
+}
+
+// A verification's tokens agree with its drafts: at least one token, the
+// first m - 1 equal to the drafts, nothing after a -1.
+static tpr_status check_verified(const tpr_sched *s, const tpr_sched_chunk *c, const int32_t *out, int r, int64_t i) {
+  (void)s;
+  const int64_t m = verified_tokens(out, c->n_draft);
+  bool ok = m >= 1;
+  for (int64_t j = 0; ok && j + 1 < m; j++) ok = out[j] == c->tokens[1 + j];
+  for (int64_t j = m; ok && j <= c->n_draft; j++) ok = out[j] == -1;
+  if (!ok)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                    "tpr_sched_update: replica %d chunk %lld (seq %lld): %lld verified tokens that are not its "
+                    "accepted drafts then one more, -1 after",
+                    r, (long long)i, (long long)c->seq, (long long)m);
+  return TPR_OK;
+}
+
+// Rollback of rejected drafts: blocks past the ones holding q's computed
+// rows go back to the pool (only q held them: positions >= computed at
+// planning time are never in a shared or cached block).
+static tpr_status drop_blocks_past(tpr_sched *s, seq *q) {
+  tpr_block_pool *pool = &s->reps[q->replica].pool;
+  const int64_t keep = ceil_div(q->computed, s->o.block_size);
+  if (s->o.debug_fault == TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS) return TPR_OK;  // negative control
+  while (q->n_blocks > keep) TPR_CHECK(tpr_block_pool_give(pool, q->blocks[--q->n_blocks]));
+  return TPR_OK;
+}
+
 tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int32_t *const *sampled) {
   if (!s || !step) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: NULL %s", s ? "step" : "scheduler");
   if (!s->pending) {
@@ -559,13 +614,14 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
     int64_t n_sample = 0;
     for (int64_t i = 0; i < rp->n_chunks; i++) {
       const tpr_sched_chunk *a = &step->chunks[r][i], *b = &rp->chunks[i];
-      if (a->seq != b->seq || a->pos0 != b->pos0 || a->n != b->n || a->sample != b->sample)
+      if (a->seq != b->seq || a->pos0 != b->pos0 || a->n != b->n || a->sample != b->sample || a->n_draft != b->n_draft)
         return TPR_FAIL(TPR_ERR_INVALID_ARG,
                         "tpr_sched_update: replica %d chunk %lld (seq %lld, pos0 %lld, n %lld, sample %d) differs "
                         "from the last plan (seq %lld, pos0 %lld, n %lld, sample %d)",
                         r, (long long)i, (long long)a->seq, (long long)a->pos0, (long long)a->n, a->sample,
                         (long long)b->seq, (long long)b->pos0, (long long)b->n, b->sample);
-      n_sample += b->sample;
+      if (b->n_draft > 0 && sampled && sampled[r]) TPR_CHECK(check_verified(s, b, sampled[r] + n_sample, r, i));
+      n_sample += b->sample ? 1 + b->n_draft : 0;
     }
     if (n_sample > 0 && (!sampled || !sampled[r]))
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_update: replica %d has %lld sampled chunks but no sampled tokens",
@@ -577,14 +633,26 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
     for (int64_t i = 0; i < rp->n_chunks; i++) {
       const tpr_sched_chunk *c = &rp->chunks[i];
       seq *q = &s->seqs[c->seq];
-      q->computed = c->pos0 + c->n;
+      // A verification keeps the rows of its first token and of its accepted
+      // drafts (m - 1 of them): the rejected drafts' rows are rolled back.
+      const int32_t *out = c->sample ? sampled[r] + k : NULL;
+      const int64_t m = c->sample ? verified_tokens(out, c->n_draft) : 0;
+      q->computed = c->pos0 + (c->n_draft > 0 ? m : c->n);
+      if (c->n_draft > 0) TPR_CHECK(drop_blocks_past(s, q));
       if (s->o.prefix_cache) TPR_CHECK(register_full(s, q));
       if (!c->sample) continue;
-      int32_t tok = sampled[r][k++];
-      TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + 1, sizeof *q->tokens, "a token list"));
-      q->tokens[q->len++] = tok;
-      q->generated++;
-      if (q->generated >= q->max_new || (q->stop >= 0 && tok == q->stop)) TPR_CHECK(finish(s, q, c->seq));
+      k += 1 + c->n_draft;
+      TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + m, sizeof *q->tokens, "a token list"));
+      for (int64_t j = 0; j < m; j++) {
+        const int32_t tok = out[j];
+        q->tokens[q->len++] = tok;
+        q->generated++;
+        if (q->generated >= q->max_new || (q->stop >= 0 && tok == q->stop)) {
+          TPR_CHECK(finish(s, q, c->seq));
+          break;
+        }
+      }
+      if (c->n_draft > 0) s->drafted += c->n_draft, s->accepted += m - 1, s->verifications++;
     }
     rp->n_chunks = 0;  // the plan is spent; its pointers are no longer valid
     s->n_chunks_out[r] = 0;
@@ -657,4 +725,29 @@ int64_t tpr_sched_cached_blocks(const tpr_sched *s, int replica) {
 int32_t tpr_sched_block_refs(const tpr_sched *s, int replica, int32_t id) {
   if (!s || replica < 0 || replica >= s->o.replicas) return -1;
   return tpr_block_pool_refs(&s->reps[replica].pool, id);
+}
+
+tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, int64_t k) {
+  if (!s || id < 0 || id >= s->n_seqs)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: no sequence %lld", (long long)id);
+  if (s->pending) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: a planned step is waiting");
+  if (k < 0 || (k > 0 && !draft)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: %lld drafts", (long long)k);
+  if (s->o.state_slots > 0)  // a rejected draft's rows roll back; its state would not
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "tpr_sched_set_draft: drafts with recurrent state slots");
+  seq *q = &s->seqs[id];
+  q->n_draft = 0;
+  // Only a running decode takes drafts, and no more than leave room for
+  // the token the target gives after them (max_new).
+  if (q->released || q->state != SEQ_RUNNING || q->len - q->computed != 1) return TPR_OK;
+  const int64_t room = q->max_new - q->generated - 1;
+  if (k > room) k = room;
+  if (k < 1) return TPR_OK;
+  TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + k, sizeof *q->tokens, "a token list"));
+  memcpy(q->tokens + q->len, draft, (size_t)k * sizeof *draft);
+  q->n_draft = k;
+  return TPR_OK;
+}
+
+tpr_sched_spec_stats tpr_sched_spec(const tpr_sched *s) {
+  return s ? (tpr_sched_spec_stats){s->drafted, s->accepted, s->verifications} : (tpr_sched_spec_stats){0};
 }

@@ -91,6 +91,8 @@ typedef enum tpr_sched_fault {
   TPR_SCHED_FAULT_FREE_SHARED,   // a holder letting go of a shared block frees it for every holder
   // Prefix-cache keys hold a block's first token alone: blocks that begin alike match.
   TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN,
+  // A verification keeps the blocks that hold only its rejected drafts' rows.
+  TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS,
 } tpr_sched_fault;
 
 typedef struct tpr_sched_opts {
@@ -126,6 +128,10 @@ typedef struct tpr_sched_chunk {
   const int32_t *blocks;      // (n_blocks) the block table, covering positions < pos0 + n
   int64_t n_blocks;
   int32_t state_slot;         // the sequence's state slot (opts.state_slots > 0), else -1
+  // Speculative decoding: a decode verifying drafts (tpr_sched_set_draft):
+  // its last n_draft tokens are drafts, and each of its 1 + n_draft rows is
+  // sampled. 0: an ordinary chunk.
+  int64_t n_draft;
 } tpr_sched_chunk;
 
 // A step's plan. Pointers stay valid until the next tpr_sched_next or
@@ -168,11 +174,19 @@ tpr_status tpr_sched_submit_n(tpr_sched *s, const int32_t *prompt, int64_t len, 
 // sequence is unfinished.
 tpr_status tpr_sched_next(tpr_sched *s, tpr_sched_step *out);
 
-// Applies a step's results: sampled[r][i] is the token sampled for the i-th
-// chunk of replica r that has sample set (in chunk order; arrays may be NULL
-// for replicas with none). Every chunk's tokens count as computed; a sequence
-// that reaches max_new generated tokens or samples its stop token finishes
-// and its blocks return to the pool. Token ids are not checked here.
+// Applies a step's results: sampled[r] holds, for each chunk of replica r
+// that has sample set (in chunk order), 1 + n_draft entries: the token
+// sampled after the chunk (n_draft 0), or for a verification its accepted
+// drafts, then the target's token after them, then -1 for each rejected
+// draft past the first (arrays may be NULL for replicas with none). Every
+// chunk's tokens count as computed, a verification's first token and
+// accepted drafts only: the rows of its rejected drafts are rolled back and
+// blocks holding nothing else go back to the pool. Tokens are appended one
+// by one: a sequence that reaches max_new generated tokens or samples its
+// stop token finishes there (later tokens of the same verification are
+// dropped) and its blocks return to the pool. Token ids are not checked
+// here; verified tokens that do not match the drafts are
+// TPR_ERR_INVALID_ARG, nothing applied.
 tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int32_t *const *sampled);
 
 // Ends sequence id now, as if it had finished: a running one returns its
@@ -199,6 +213,22 @@ typedef struct tpr_sched_seq_info {
   int64_t cached_blocks;  // prefix-cache hits of its last admission (0 once preempted or finished)
 } tpr_sched_seq_info;
 tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out);
+
+// Speculative decoding (the engine, rank 0, between steps): up to k draft
+// tokens to follow sequence id's last token in the next step, where they are
+// verified (tpr_sched_chunk.n_draft). Taken only by a running sequence with
+// just its last token left to compute (a decode), and at most
+// max_new - generated - 1 of them; the plan gives each planned decode as
+// many as the step's token budget and the free blocks allow, after every
+// decode is planned (a draft never preempts), and drops the rest. Drafts
+// last for one plan. An unknown id, k < 0 or a planned step waiting:
+// TPR_ERR_INVALID_ARG.
+tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, int64_t k);
+// Drafts verified so far, those accepted, and the verifications.
+typedef struct tpr_sched_spec_stats {
+  int64_t drafted, accepted, verifications;
+} tpr_sched_spec_stats;
+tpr_sched_spec_stats tpr_sched_spec(const tpr_sched *s);
 
 int64_t tpr_sched_unfinished(const tpr_sched *s);
 int64_t tpr_sched_waiting(const tpr_sched *s);  // unfinished sequences holding no blocks (queued or preempted)

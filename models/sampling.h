@@ -5,6 +5,7 @@
 #ifndef TPR_SAMPLING_H
 #define TPR_SAMPLING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/rng.h"
@@ -23,6 +24,15 @@ tpr_status tpr_sampling_check(const tpr_sampling *s);
 // logits (vocab) f32. scratch needs 2 * vocab entries (ids and probabilities).
 // Draws one uniform number from rng when temperature > 0.
 int64_t tpr_sample(const float *logits, int64_t vocab, const tpr_sampling *s, tpr_rng *rng, void *scratch);
+// Speculative sampling with a draft token whose draft distribution is all
+// on it (a deterministic drafter): the standard rule (accept with
+// min(1, p/q), else draw from the normalised max(0, p - q)) is then: accept
+// with probability p(draft), else draw from p without the draft. p is the
+// distribution tpr_sample draws from. The token returned has p's
+// distribution whatever the draft. Greedy: the argmax, accepted when it is
+// the draft. *accepted tells which; draws one or two uniform numbers.
+int64_t tpr_sample_verify(const float *logits, int64_t vocab, const tpr_sampling *s, tpr_rng *rng, void *scratch,
+                          int64_t draft, bool *accepted);
 #define TPR_SAMPLE_SCRATCH_BYTES(vocab) ((size_t)(vocab) * (sizeof(int64_t) + sizeof(double)))
 
 #endif
