@@ -157,8 +157,8 @@ tpr_status tpr_engine_check_request(const tpr_engine *e, const int32_t *prompt, 
   if (g->spec.kind == TPR_SPEC_EXTERNAL && !e->o.draft)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: an external drafter was asked for, the engine has none");
   if (g->spec.kind != TPR_SPEC_NONE && g->spec.k > e->o.max_draft)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: speculative decoding with %d drafts per step, the engine was started "
-                    "for at most %lld (max_draft)", g->spec.k, (long long)e->o.max_draft);
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: speculative decoding with %d drafts per step; this engine verifies "
+                    "at most %lld (--speculative's k sets it)", g->spec.k, (long long)e->o.max_draft);
   // Length, max_new, stop token's floor and the pool: the scheduler's own
   // check, on the engine's copy of its options.
   return tpr_sched_check_submit(&e->limits, prompt, len, g->max_new, g->stop_token);

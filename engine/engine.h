@@ -168,9 +168,11 @@ int64_t tpr_engine_vocab(const tpr_engine *e);      // the model's vocabulary (i
 // What one step did (the same on every rank but `finished`).
 typedef struct tpr_engine_step_info {
   bool idle;               // nothing to run: every sequence has finished
-  int64_t tokens;          // real tokens run, over every replica
+  int64_t tokens;          // real tokens run, over every replica (drafts apart: draft_tokens)
   int64_t prefill_tokens;  // of which prompt (or recomputed) tokens
-  int64_t decode_tokens;   // of which single-token decodes
+  int64_t decode_tokens;   // of which decodes (one per sequence; a verification's drafts not counted)
+  int64_t draft_tokens;    // drafts verified (speculative decoding), beside tokens
+  int64_t accepted;        // rank 0: of which accepted: the step generated decode_tokens + accepted tokens by decodes
   int64_t sequences;       // chunks run
   int64_t program_tokens;  // T: the padded token count of the program
   int64_t preempted;       // sequences preempted while planning

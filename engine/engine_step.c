@@ -339,10 +339,13 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
     const int64_t *w = c.w, n = w[C_N], i = c.index;
     info->tokens += n;
     info->sequences++;
-    if (n == 1 && !w[C_FIRST])
+    if (n - w[C_DRAFT] == 1 && !w[C_FIRST]) {  // a decode, or a verification of its drafts
       info->decode_tokens++;
-    else
+      info->draft_tokens += w[C_DRAFT];
+      info->tokens -= w[C_DRAFT];
+    } else {
       info->prefill_tokens += n;
+    }
     if (c.replica != e->replica) continue;
     for (int64_t b = 0; b < w[C_NBLOCKS]; b++) e->blocks[i * MB + b] = (int32_t)c.blocks[b];
     for (int64_t j = 0; j < n; j++) {
@@ -518,7 +521,9 @@ static tpr_status collect(tpr_engine *e, const tpr_sched_step *plan, tpr_engine_
   for (int r = 0; r < plan->replicas; r++)
     for (int64_t i = 0; i < plan->n_chunks[r]; i++)
       if (plan->chunks[r][i].sample) e->finished[n++] = plan->chunks[r][i].seq;
+  const int64_t accepted = tpr_sched_spec(e->sched).accepted;
   TPR_CHECK(tpr_sched_update(e->sched, plan, by_replica));
+  info->accepted = tpr_sched_spec(e->sched).accepted - accepted;
   for (int64_t i = 0; i < n; i++) {
     tpr_sched_seq_info si;
     TPR_CHECK(tpr_sched_seq(e->sched, e->finished[i], &si));

@@ -28,11 +28,14 @@
 #include "launch/args.h"
 #include "launch/bench_model.h"
 #include "launch/bench_model_profile.h"
+#include "launch/bench_spec.h"
 #include "launch/cli_util.h"
 #include "launch/model_cli.h"
+#include "runtime/file_io.h"
 #include "runtime/rng.h"
 #include "shard/checkpoint_gen.h"
 #include "shard/shard_plan.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct roofline {
   double gemm_gflops;  // sgemm 1024^3 on this rank's threads
@@ -457,9 +460,34 @@ static tpr_status random_checkpoint(tpr_world *w, const char *config, uint64_t s
   return TPR_OK;
 }
 
+// --speculative: the prompt every sequence gets: --prompt-file's text in
+// the model's tokens, or a copy-heavy one of P random tokens (a span of
+// `span` repeated).
+static tpr_status spec_prompt(const char *model, const char *file, int64_t P, int64_t span, int64_t vocab,
+                              uint64_t seed, int32_t **ids, int64_t *len) {
+  if (!file) {
+    if (!(*ids = malloc((size_t)P * sizeof **ids))) return TPR_FAIL(TPR_ERR_OOM, "bench prompt");
+    tpr_bench_spec_copy_prompt(*ids, P, span, vocab, seed);
+    *len = P;
+    return TPR_OK;
+  }
+  uint8_t *text = NULL;
+  size_t n = 0;
+  tpr_tokenizer *tok = NULL;
+  size_t count = 0;
+  TPR_CHECK(tpr_file_read(file, &text, &n));
+  tpr_status rc = tpr_tokenizer_load(model, &tok);
+  if (rc == TPR_OK) rc = tpr_tokenizer_encode(tok, (const char *)text, n, true, ids, &count);
+  if (rc == TPR_OK && count == 0) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--prompt-file %s holds no tokens", file);
+  *len = (int64_t)count;
+  tpr_tokenizer_free(tok);
+  free(text);
+  return rc;
+}
+
 int tpr_bench_model(int argc, char **argv) {
-  const char *config = NULL, *model = NULL, *context = NULL;
-  int64_t batch = 1, P = 32, G = 16, seed = 1, ctx[MAX_CONTEXTS];
+  const char *config = NULL, *model = NULL, *context = NULL, *prompt_file = NULL;
+  int64_t batch = 1, P = 32, G = 16, seed = 1, ctx[MAX_CONTEXTS], repeat = 3, span = 8;
   int n_ctx = 0;
   bool random_weights = false, json = false, profile = false;
   tpr_world_opts wo = TPR_WORLD_OPTS_DEFAULT;
@@ -478,12 +506,18 @@ int tpr_bench_model(int argc, char **argv) {
       {"context", TPR_ARG_STR, &context,
        "long-context run: lengths C1,C2,... (e.g. 1024,8192,32768): per C, prefill to C tokens, decode --gen-len; "
        "decode tok/s and KV + recurrent state bytes per sequence (replaces --prompt-len; not with --profile)"},
+      {"prompt-file", TPR_ARG_STR, &prompt_file,
+       "with --speculative: every sequence's prompt, this text in the model's tokens (--model; default: "
+       "--prompt-len random tokens, a span of --copy-span repeated)"},
+      {"copy-span", TPR_ARG_SIZE, &span, "with --speculative and no --prompt-file: the repeated span (default 8)"},
+      {"repeat", TPR_ARG_SIZE, &repeat, "with --speculative: runs per mode, the best kept (default 3)"},
       TPR_MODEL_MESH_ARGS(mesh),
       TPR_MODEL_ENGINE_ARGS(eng),
       TPR_WORLD_ARGS(wo),
   };
   const char *usage = "usage: [mpirun -np N] tpr bench model (--config FILE --random-weights | --model DIR) "
-                      "[--batch B --prompt-len P --gen-len G | --context C1,C2,...] [--profile] [--json]";
+                      "[--batch B --prompt-len P --gen-len G | --context C1,C2,... | --speculative lookup:n:k "
+                      "[--prompt-file F]] [--profile] [--json]";
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
   if ((!model) == (!(config && random_weights)) || batch < 1 || P < 1 || G < 1) {
@@ -496,7 +530,30 @@ int tpr_bench_model(int argc, char **argv) {
             profile ? "not with --profile" : "give positive lengths separated by commas, at most 16", usage);
     return 2;
   }
+  tpr_spec spec = {0};
+  if (tpr_cli_speculative(&eng, &spec) != TPR_OK || ((prompt_file || repeat != 3) && !spec.kind) ||
+      (spec.kind && (n_ctx || profile)) || repeat < 1 || span < 1) {
+    fprintf(stderr, "tpr bench model: %s\n%s\n",
+            eng.speculative && !spec.kind && strcmp(eng.speculative, "off") ? tpr_last_error()
+            : spec.kind ? "--speculative: not with --context or --profile; --repeat and --copy-span >= 1"
+                        : "--prompt-file and --repeat go with --speculative",
+            usage);
+    return 2;
+  }
+  int32_t *spec_ids = NULL;
+  int64_t spec_len = 0;
+  if (spec.kind && prompt_file && !model) {
+    fprintf(stderr, "tpr bench model: --prompt-file needs --model (its tokenizer)\n%s\n", usage);
+    return 2;
+  }
   for (int i = 0; i < n_ctx; i++) P = i == 0 || ctx[i] > P ? ctx[i] : P;  // the longest: max_seq
+  if (spec.kind && prompt_file) {  // every rank reads it: the prompt's length sizes max_seq
+    if (spec_prompt(model, prompt_file, P, span, 0, (uint64_t)seed, &spec_ids, &spec_len) != TPR_OK) {
+      fprintf(stderr, "tpr bench model: %s\n", tpr_last_error());
+      return 2;
+    }
+    P = spec_len;
+  }
   const int64_t tokens[2] = {batch, P + G};  // every sequence's prompt and generated tokens: the engine's rows
   if (!tpr_cli_sizes_ok("tpr bench model", "--batch x (--prompt-len + --gen-len)", 2, tokens, INT32_MAX)) return 2;
   tpr_world w;
@@ -524,6 +581,20 @@ int tpr_bench_model(int argc, char **argv) {
     peak_before_probe = peak_rss_kb();
     measure_read(threads > 0 ? threads : omp_get_max_threads(), &rf);
     if (!reset_peak_rss()) peak_before_probe = 0;  // the probe's buffer stays in the peak
+    if (spec.kind) {
+      if (!spec_ids) rc = spec_prompt(model, NULL, P, span, tpr_session_config(s)->vocab_size, (uint64_t)seed,
+                                      &spec_ids, &spec_len);
+      tpr_bench_spec_opts so = {.spec = spec, .batch = batch, .gen_len = G, .repeat = repeat, .prompt = spec_ids,
+                                .prompt_len = spec_len, .prompt_what = prompt_file ? prompt_file : "copy-heavy, random",
+                                .json = json};
+      if (rc == TPR_OK) rc = tpr_bench_spec(s, &w, &eng, &so);
+      free(spec_ids), free(rss), free(prof);
+      tpr_session_close(s);
+      if (model == dir && w.rank == 0) remove_flat_dir(dir);
+      if (rc != TPR_OK) return tpr_world_fail(&w, "bench model");
+      tpr_world_finish(&w);
+      return 0;
+    }
     if (n_ctx) {
       rc = run_contexts(s, &w, &eng, batch, ctx, n_ctx, G, (uint64_t)seed, json);
       free(rss), free(prof);

@@ -46,13 +46,13 @@ static tpr_status step_all(tpr_engine *e, int rank, bool json, run_text *text, r
     if (info.idle) return TPR_OK;
     tot->steps++;
     tot->preempted += info.preempted;
-    tot->generated += info.decode_tokens;
+    tot->generated += info.decode_tokens + info.accepted;
     if (info.prefill_tokens > 0) {
       tot->prefill_s += info.seconds;
       tot->prefill_tokens += info.prefill_tokens;
-    } else {
+    } else {  // a verification's accepted drafts are generated tokens too (rank 0 counts them)
       tot->decode_s += info.seconds;
-      tot->decode_tokens += info.decode_tokens;
+      tot->decode_tokens += info.decode_tokens + info.accepted;
     }
     for (int i = 0; rank == 0 && text && i < text->n; i++) TPR_CHECK(run_text_update(text, e, i));
     for (int64_t i = 0; rank == 0 && !json && !text && i < info.n_finished; i++) {
@@ -203,8 +203,11 @@ int tpr_cmd_run(int argc, char **argv) {
   if (rc == TPR_OK) rc = tpr_cli_open_engine_model(&w, model, &mesh, max_seq, &eng, &dbg, &s);
   run_totals tot = {0};
   tpr_engine *e = NULL;
-  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache};
-  tpr_gen_params g = {.max_new = max_new, .stop_token = (int32_t)stop_token, .sampling = smp};
+  tpr_spec spec = {0};
+  if (rc == TPR_OK) rc = tpr_cli_speculative(&eng, &spec);
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache,
+                        .max_draft = spec.kind ? spec.k : 0};
+  tpr_gen_params g = {.max_new = max_new, .stop_token = (int32_t)stop_token, .sampling = smp, .spec = spec};
   if (stop_token < -1 || stop_token > INT32_MAX) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--stop-token %lld", (long long)stop_token);
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   if (rc == TPR_OK && w.rank == 0 && !json) {
@@ -247,6 +250,15 @@ int tpr_cmd_run(int argc, char **argv) {
              dec, (unsigned long long)st->weight_bytes, (long long)tot.steps, (long long)tot.preempted,
              (long long)pool.blocks, (long long)pool.block_size, (unsigned long long)pool.bytes, (long long)pool.batch,
              (unsigned long long)pool.state_slot_bytes);
+      if (spec.kind) {
+        char name[32];
+        tpr_sched_spec_stats sp = tpr_engine_spec(e);
+        printf(",\"speculative\":{\"drafter\":\"%s\",\"drafted\":%lld,\"accepted\":%lld,\"verifications\":%lld,"
+               "\"acceptance_rate\":%.4f,\"tokens_per_verification\":%.4f}",
+               tpr_spec_format(&spec, name, sizeof name), (long long)sp.drafted, (long long)sp.accepted,
+               (long long)sp.verifications, sp.drafted ? (double)sp.accepted / (double)sp.drafted : 0.0,
+               sp.verifications ? 1.0 + (double)sp.accepted / (double)sp.verifications : 0.0);
+      }
       if (mesh.moe_stats) {
         printf(",\"moe_stats\":");
         tpr_moe_stats_json(&ms, stdout);
@@ -266,6 +278,15 @@ int tpr_cmd_run(int argc, char **argv) {
              "%.1f tok/s | decode steps %lld tokens, %.1f tok/s\n", pl->tp, pl->dp, pl->ep, pl->etp, st->load_s,
              (long long)tot.steps, (long long)tot.preempted, (long long)tot.prefill_tokens, pre,
              (long long)tot.decode_tokens, dec);
+      if (spec.kind) {
+        char name[32];
+        tpr_sched_spec_stats sp = tpr_engine_spec(e);
+        printf("speculative %s: %lld drafts in %lld verifications, %lld accepted (%.1f%%), %.2f tokens per "
+               "verification step\n", tpr_spec_format(&spec, name, sizeof name), (long long)sp.drafted,
+               (long long)sp.verifications, (long long)sp.accepted,
+               sp.drafted ? 100.0 * (double)sp.accepted / (double)sp.drafted : 0.0,
+               sp.verifications ? 1.0 + (double)sp.accepted / (double)sp.verifications : 0.0);
+      }
       if (mesh.moe_stats) tpr_moe_stats_print(&ms, stdout);
     }
   }

@@ -165,12 +165,16 @@ int tpr_cmd_serve(int argc, char **argv) {
   if (rc == TPR_OK && w.rank == 0) rc = tpr_tokenizer_load(model, &tok);
   if (rc == TPR_OK && w.rank == 0 && eos < 0) eos = tpr_tokenizer_eos_id(tok);
   rc = rc == TPR_OK ? tpr_comm_agree(w.host, rc) : rc;
-  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache};
+  tpr_spec spec = {0};
+  if (rc == TPR_OK) rc = tpr_cli_speculative(&eng, &spec);
+  tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache,
+                        .max_draft = spec.kind ? spec.k : 0};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
                        .port_file = port_file, .pid_file = pid_file, .max_connections = (int)max_connections,
                        .eos = (int32_t)eos, .max_seq = s ? tpr_session_max_seq(s) : 0,
-                       .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout};
+                       .chat_template = tmpl, .request_timeout = request_timeout, .drain_timeout = drain_timeout,
+                       .speculative = spec};
   if (rc == TPR_OK && w.rank == 0 && tmpl_warn[0])
     fprintf(stderr, "tpr serve: warning: %s; until then chat requests get 400\n", tmpl_warn);
   if (rc == TPR_OK && w.rank == 0) tpr_cli_print_kv_pool(s);

@@ -115,3 +115,8 @@ tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_
   o.kv_cache_fraction = g->kv_cache_fraction;
   return family_note(w, tpr_session_open(&o, w->host, w->be, out), out);  // reads *out after the open
 }
+
+tpr_status tpr_cli_speculative(const tpr_model_engine *g, tpr_spec *out) {
+  *out = (tpr_spec){0};
+  return g->speculative ? tpr_spec_parse(g->speculative, out) : TPR_OK;
+}

@@ -8,6 +8,7 @@
 
 #include "launch/world.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 
 // "1,2,3" -> ids (malloc'ed, *n entries). Empty lists, non-numbers, negative
 // ids and ids beyond int32 are TPR_ERR_INVALID_ARG naming the flag and item.
@@ -62,6 +63,7 @@ typedef struct tpr_model_engine {
   int64_t kv_cache_bytes;       // KV pool per rank (0: see tpr_session_opts)
   double kv_cache_fraction;     // of the memory left after the weights (0: unused)
   bool no_prefix_cache;         // automatic prefix caching off (tpr_engine_opts)
+  const char *speculative;      // speculative decoding's drafter (engine/speculative.h); NULL: off
 } tpr_model_engine;
 #define TPR_MODEL_ENGINE_ARGS(g)                                                                                  \
   {"max-batch", TPR_ARG_SIZE, &(g).max_batch, "sequences a replica runs per step (default: all the prompts)"},      \
@@ -73,7 +75,9 @@ typedef struct tpr_model_engine {
   {"kv-cache-fraction", TPR_ARG_FLOAT, &(g).kv_cache_fraction,                                                   \
    "KV pool as this fraction of the memory free after loading (instead of --kv-cache-bytes)"},                   \
   {"no-prefix-cache", TPR_ARG_FLAG, &(g).no_prefix_cache,                                                        \
-   "turn automatic prefix caching off (default on: full KV blocks of earlier prompts are reused, so a shared prefix is prefilled once)"}
+   "turn automatic prefix caching off (default on: full KV blocks of earlier prompts are reused, so a shared prefix is prefilled once)"}, \
+  {"speculative", TPR_ARG_STR, &(g).speculative,                                                                 \
+   "lookup:n:k | off: speculative decoding: up to k draft tokens per step from prompt lookup (the last n or fewer tokens matched earlier in the prompt and output), verified by the model in one step; greedy output is unchanged, sampling keeps its distribution (default off)"}
 
 // The session options the flags give (sizes checked against the world; an
 // unknown --moe-dispatch is TPR_ERR_INVALID_ARG).
@@ -87,6 +91,9 @@ tpr_status tpr_cli_open_model(tpr_world *w, const char *model, const tpr_model_m
                               const tpr_model_debug *d, tpr_session **out);
 // "KV pool: N blocks x B tokens = ... per replica, X MiB per rank; max batch M" (stdout).
 void tpr_cli_print_kv_pool(const tpr_session *s);
+// --speculative as a drafter (off when not given); a bad value is
+// TPR_ERR_INVALID_ARG (TPR_ERR_UNSUPPORTED for a drafter not built).
+tpr_status tpr_cli_speculative(const tpr_model_engine *g, tpr_spec *out);
 tpr_status tpr_cli_open_engine_model(tpr_world *w, const char *model, const tpr_model_mesh *m, int64_t max_seq,
                                      const tpr_model_engine *g, const tpr_model_debug *d, tpr_session **out);
 

@@ -125,6 +125,7 @@ static void publish(serve_state *st, active_list *a) {
   b->gauges.blocks_in_use = blocks;
   b->gauges.preemptions = tpr_engine_preemptions(st->e);
   b->gauges.prefix = tpr_engine_prefix(st->e);
+  b->gauges.spec = tpr_engine_spec(st->e);
   pthread_mutex_unlock(&b->mu);
   if (any) uv_async_send(&b->wake_http);
 }

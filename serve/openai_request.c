@@ -38,7 +38,7 @@ static const struct field {
     {"modalities", CHAT},     {"prediction", CHAT},        {"reasoning_effort", CHAT},
     {"service_tier", CHAT},   {"store", CHAT},             {"metadata", CHAT},
     {"web_search_options", CHAT}, {"verbosity", CHAT},     {"prompt_cache_key", CHAT},
-    {"safety_identifier", CHAT},
+    {"safety_identifier", CHAT},  {"speculative", BOTH},
 };
 
 void tpr_oai_request_free(tpr_oai_request *r) {
@@ -428,6 +428,18 @@ static bool parse_sampling(const cJSON *j, bool chat, tpr_oai_request *out, tpr_
   return true;
 }
 
+// tpr's extension: "speculative": "lookup:n:k" | "off" for this request
+// (the server's --speculative otherwise; k at most the server's).
+static bool parse_speculative(const cJSON *j, tpr_oai_request *out, tpr_oai_error *e) {
+  const cJSON *v = get(j, "speculative");
+  if (!v) return true;
+  if (!cJSON_IsString(v)) return fail(e, 400, "speculative", "'speculative' must be a string: lookup:n:k or off");
+  if (tpr_spec_parse(v->valuestring, &out->spec) != TPR_OK)
+    return fail(e, 400, "speculative", "%s", tpr_last_error());
+  out->spec_given = true;
+  return true;
+}
+
 static bool parse_stream(const cJSON *j, bool chat, tpr_oai_request *out, tpr_oai_error *e) {
   const cJSON *so = get(j, "stream_options");
   if (so && !cJSON_IsObject(so)) return fail(e, 400, "stream_options", "'stream_options' must be an object");
@@ -476,7 +488,7 @@ bool tpr_oai_parse(const char *body, size_t len, bool chat, const tpr_chat_rende
        (!chat || parse_tools(j, tmpl, out, e)) &&
        parse_prompt(j, body, len, chat, tmpl, out, e) &&
        parse_sampling(j, chat, out, e) && parse_logprobs(j, chat, out, e) && parse_stream(j, chat, out, e) &&
-       parse_stop(j, out, e) && parse_logit_bias(j, out, e);
+       parse_stop(j, out, e) && parse_logit_bias(j, out, e) && parse_speculative(j, out, e);
   // A grammar decodes the answer from its first token: no reasoning to
   // separate first, even after a generation prompt that opens <think>.
   if (ok && out->grammar) out->reasoning = false;

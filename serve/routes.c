@@ -129,6 +129,12 @@ static void metrics(serve_state *st, tpr_http_conn *c) {
        g.prefix.hit_tokens},
       {"tpr_prefix_cache_blocks", "gauge", "KV blocks held in the prefix cache, in use or free (all dp replicas).",
        g.prefix.cached_blocks},
+      // vLLM's spec_decode names: acceptance rate = accepted / draft tokens.
+      {"tpr_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified (speculative decoding).",
+       g.spec.drafted},
+      {"tpr_spec_decode_num_accepted_tokens_total", "counter", "Of which accepted by the model.", g.spec.accepted},
+      {"tpr_spec_decode_num_verifications_total", "counter",
+       "Decode steps of sequences with drafts (each gives 1 + its accepted drafts tokens).", g.spec.verifications},
       {"tpr_open_connections", "gauge", "Open client connections (this one included).", tpr_http_open_conns(st->http)},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {

@@ -184,6 +184,8 @@ typedef struct tpr_oai_request {
   // named function, decoded under this grammar (engine/json_grammar.h).
   struct tpr_json_grammar *grammar;
   const char *grammar_what;  // "response_format" or "tool_choice": for messages
+  tpr_spec spec;           // "speculative" (tpr's extension), when spec_given; else the server's
+  bool spec_given;
 } tpr_oai_request;
 
 // Parses a body (every parameter OpenAI or vLLM defines for the endpoint
@@ -281,6 +283,7 @@ typedef struct tpr_serve_opts {
   tpr_chat_renderer chat_template;
   double request_timeout;  // seconds for a request to arrive whole (408 after)
   double drain_timeout;    // seconds SIGTERM waits for in-flight requests; then they are cut off (503)
+  tpr_spec speculative;    // every request's drafter unless it names one (--speculative; kind NONE: off)
 } tpr_serve_opts;
 
 // Collective: serves until SIGTERM/SIGINT (rank 0) and the drain.

@@ -109,6 +109,7 @@ typedef struct serve_metrics {
 typedef struct serve_gauges {
   int64_t running, waiting, blocks_in_use, preemptions, steps;
   tpr_engine_prefix_stats prefix;  // the prefix cache (all 0 with --no-prefix-cache)
+  tpr_sched_spec_stats spec;       // speculative decoding (all 0 without drafts)
   double step_seconds;  // rank 0's time inside engine steps, summed
   double mask_seconds;  // of which computing grammar masks
 } serve_gauges;

@@ -79,7 +79,8 @@ static tpr_status gen_params(const serve_state *st, int64_t max_new, serve_req *
                                .n_logit_bias = q->n_bias,
                                .logprobs = q->logprobs,
                                .top_logprobs = q->top_logprobs,
-                               .constraint = r->constraints ? &r->constraints[i] : NULL};
+                               .constraint = r->constraints ? &r->constraints[i] : NULL,
+                               .spec = q->spec_given ? q->spec : st->o->speculative};
   return TPR_OK;
 }
 
