@@ -14,6 +14,10 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   if (o->max_draft < 0 || o->max_draft > TPR_SPEC_MAX_K)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: max_draft %lld is outside [0, %d]", (long long)o->max_draft,
                     TPR_SPEC_MAX_K);
+  if (o->draft_layers < 0 || o->draft_layers >= s->cfg.num_layers || (o->draft_layers && !o->max_draft))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: self-speculative drafts of %lld layers (the model has %lld; 1 to "
+                    "%lld, with max_draft > 0)", (long long)o->draft_layers, (long long)s->cfg.num_layers,
+                    (long long)s->cfg.num_layers - 1);
   if (o->max_draft > 0 && s->pool.state_slots)
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: speculative decoding is not built for %s: its recurrent state "
                     "would keep a rejected draft (a snapshot of the state per verification is not built)",
@@ -57,9 +61,10 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
   e->proc_ids = malloc((size_t)(3 * max_seq) * sizeof *e->proc_ids);
   e->send = malloc((size_t)(1 + S * (2 + 2 * TPR_MAX_TOP_LOGPROBS)) * sizeof *e->send);
   e->draft = malloc((size_t)(o->max_draft + 1) * sizeof *e->draft);
+  e->draft_words = malloc((size_t)B * sizeof *e->draft_words);
   e->finished = malloc((size_t)(B * e->replicas) * sizeof *e->finished);
   tpr_status rc = e->tokens && e->logits && e->row && e->sample_scratch && e->proc_bias && e->proc_ids && e->send &&
-                          e->finished && e->draft
+                          e->finished && e->draft && e->draft_words
                       ? TPR_OK
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
@@ -94,7 +99,7 @@ void tpr_engine_free(tpr_engine *e) {
   for (int64_t i = 0; i < e->n_seqs; i++) forget_seq(&e->seqs[i]);
   free(e->seqs), free(e->tally), free(e->msg), free(e->tokens), free(e->logits), free(e->row);
   free(e->sample_scratch), free(e->proc_bias), free(e->proc_ids), free(e->send), free(e->gathered);
-  free(e->finished), free(e->draft), free(e->spec_ids);
+  free(e->finished), free(e->draft), free(e->draft_words), free(e->spec_ids);
   free(e);
 }
 
@@ -154,6 +159,9 @@ tpr_status tpr_engine_check_request(const tpr_engine *e, const int32_t *prompt, 
   TPR_CHECK(tpr_sampling_check(&g->sampling));
   TPR_CHECK(check_processing(e, g));
   TPR_CHECK(tpr_spec_check(&g->spec));
+  if (g->spec.kind == TPR_SPEC_SELF && g->spec.n != e->o.draft_layers)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: self-speculative drafts of %d layers; this engine drafts with %lld "
+                    "(--speculative self:N:k sets it; 0: none)", g->spec.n, (long long)e->o.draft_layers);
   if (g->spec.kind == TPR_SPEC_EXTERNAL && !e->o.draft)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: an external drafter was asked for, the engine has none");
   if (g->spec.kind != TPR_SPEC_NONE && g->spec.k > e->o.max_draft)

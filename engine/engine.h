@@ -63,6 +63,9 @@ typedef struct tpr_engine_opts {
   // one step (tpr_gen_params.spec.k <= this); 0: speculation off. Sizes the
   // step's sampled rows (max_batch * (1 + max_draft)).
   int64_t max_draft;
+  // Self-speculative drafts (TPR_SPEC_SELF): the decoder layers they run
+  // (1 .. layers - 1); every request's self:N:k must have this N. 0: none.
+  int64_t draft_layers;
   // The external drafter (engine/speculative.h, TPR_SPEC_EXTERNAL; rank 0;
   // NULL: sequences asking for it are refused): up to k drafts to follow
   // sequence seq's tokens (len: prompt and output so far) into draft;

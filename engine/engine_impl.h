@@ -49,6 +49,7 @@ struct tpr_engine {
   // (B, or B * (1 + max_draft) rounded to a power of two, within step_cap).
   int64_t sample_cap;
   int32_t *draft;               // rank 0: (max_draft) a drafter's output
+  int64_t **draft_words;        // (B) self-speculation: the plan word each draft row's argmax goes to
   int64_t *spec_ids;            // rank 0: (n_spec) unfinished sequences with a drafter, by id
   int64_t n_spec, cap_spec;
 };

@@ -29,9 +29,11 @@
 enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
 // C_STATE: the sequence's recurrent state slot (a hybrid family's), else -1.
 // C_DRAFT: a verification's drafts (its last C_DRAFT tokens; each of its
-// last 1 + C_DRAFT rows is sampled), else 0.
+// last 1 + C_DRAFT rows is sampled), else 0. C_SELF: 1 when every rank of
+// its replica drafts them first (self-speculation, self_drafts) over the
+// placeholders rank 0 sent.
 enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_DRAFT,
-       C_EXTRA, CHUNK_WORDS };
+       C_SELF, C_EXTRA, CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
 enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
@@ -130,6 +132,10 @@ static tpr_status propose_drafts(tpr_engine *e) {
     e->spec_ids[kept++] = id;
     const tpr_gen_params *g = &e->seqs[id].g;
     if (needs_extra(g, si.len - si.prompt_len)) continue;  // processed rows are sampled one per step
+    if (g->spec.kind == TPR_SPEC_SELF) {  // drafted by the model after planning (self_drafts)
+      TPR_CHECK(tpr_sched_set_draft(e->sched, id, NULL, g->spec.k));
+      continue;
+    }
     int64_t k = g->spec.kind == TPR_SPEC_EXTERNAL
                     ? e->o.draft(e->o.draft_ctx, id, si.tokens, si.len, g->spec.k, e->draft)
                     : tpr_spec_draft(&g->spec, si.tokens, si.len, e->draft);
@@ -181,7 +187,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
       w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
       w[C_TEMP] = f64_word(g->sampling.temperature), w[C_TOP_P] = f64_word(g->sampling.top_p);
       w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len, w[C_STATE] = c->state_slot;
-      w[C_DRAFT] = c->n_draft;
+      w[C_DRAFT] = c->n_draft, w[C_SELF] = c->drafts_later;
       at += CHUNK_WORDS;
       for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
       for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
@@ -250,6 +256,7 @@ static tpr_status check_plan(const tpr_engine *e) {
           words - at - CHUNK_WORDS < n + nb ||
           (p->state_slots ? w[C_STATE] < 0 || w[C_STATE] >= p->state_slots : w[C_STATE] != -1) ||
           w[C_DRAFT] < 0 || w[C_DRAFT] > e->o.max_draft || w[C_DRAFT] >= n ||
+          (w[C_SELF] != 0 && w[C_SELF] != 1) || (w[C_SELF] && (!w[C_DRAFT] || !e->o.draft_layers)) ||
           (w[C_DRAFT] > 0 && (!w[C_SAMPLE] || extra > 0)))
         return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld drafts %lld",
                         r, (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
@@ -322,6 +329,55 @@ static void wrong_state_slots(int32_t *ss, const int32_t *pos, int64_t n) {
     for (int64_t k = start[i]; k < n && orig[k] == orig[start[i]]; k++) ss[k] = orig[start[(i + 1) % m]];
 done:
   free(orig), free(start);
+}
+
+static int64_t argmax_row(const float *x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+// Self-speculation (every rank): the C_SELF chunks of this rank's replica
+// get their drafts, written over rank 0's placeholders in the plan words.
+// Round i runs one row per such chunk with drafts left -- its token at
+// position pos0 + i: the chunk's first token, then draft i - 1 -- through
+// the first draft_layers layers (their KV rows written in the chunk's own
+// blocks, which the plan took for every draft), and draft i is the row's
+// argmax. Every replica runs the same rounds at the same shape, so the
+// programs' collectives pair up.
+static tpr_status self_drafts(tpr_engine *e) {
+  const tpr_session_pool *p = &e->s->pool;
+  const int64_t V = e->vocab, MB = p->max_blocks, bs = p->block_size;
+  int64_t rounds = 0, most = 0, count = 0;
+  int replica = -1;
+  plan_cursor cur = plan_begin(e);
+  plan_chunk c;
+  while (plan_next(&cur, &c)) {
+    if (c.replica != replica) replica = c.replica, count = 0;
+    if (!c.w[C_SELF]) continue;
+    most = ++count > most ? count : most;
+    rounds = c.w[C_DRAFT] > rounds ? c.w[C_DRAFT] : rounds;
+  }
+  const int64_t T = pow2_at_least(most);
+  for (int64_t i = 0; i < rounds; i++) {
+    memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
+    tpr_step st = {.T = T, .N = T, .tokens = e->tokens, .positions = e->positions, .slots = e->slots, .seq = e->seq,
+                   .block_tables = e->blocks, .sample_rows = e->rows, .layers = e->o.draft_layers};
+    for (cur = plan_begin(e); plan_next(&cur, &c);) {
+      const int64_t *w = c.w;
+      if (c.replica != e->replica || !w[C_SELF] || w[C_DRAFT] <= i) continue;
+      const int64_t t = st.n_tokens++, pos = w[C_POS0] + i;
+      for (int64_t b = 0; b < w[C_NBLOCKS]; b++) e->blocks[c.index * MB + b] = (int32_t)c.blocks[b];
+      e->tokens[t] = (int32_t)c.tokens[i], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)c.index;
+      e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
+      e->rows[st.n_samples++] = (int32_t)t;
+      e->draft_words[t] = (int64_t *)(c.tokens + 1 + i);  // the plan's own copy on this rank
+    }
+    TPR_CHECK(tpr_session_step(e->s, &st, e->logits));
+    for (int64_t t = 0; t < st.n_samples; t++) *e->draft_words[t] = argmax_row(e->logits + t * V, V);
+  }
+  return TPR_OK;
 }
 
 // Lays this rank's replica's chunks out as a session step; fills info.
@@ -557,6 +613,7 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   TPR_CHECK(tpr_comm_broadcast(e->s->world, e->msg, e->msg, (size_t)words, TPR_I64, 0));
   e->msg_words = words;
   TPR_CHECK(check_plan(e));
+  TPR_CHECK(self_drafts(e));
   tpr_step st;
   decode_plan(e, &st, info);
   for (int64_t i = 0; i < e->msg[HDR_N]; i++) e->sampled[i] = -1;

@@ -75,6 +75,7 @@ typedef struct seq {
   bool released;   // a tombstone: tokens and table freed (tpr_sched_release)
   int32_t slot;    // the recurrent state slot it holds while running (opts.state_slots), else -1
   int64_t n_draft; // speculative: draft tokens for the next step, at tokens[len..len + n_draft)
+  bool drafts_later;  // the engine writes them after planning (tpr_sched_set_draft with NULL)
 } seq;
 
 // Sequence ids in a fixed order (admission order for running, arrival =
@@ -456,7 +457,7 @@ static tpr_status plan_replica(tpr_sched *s, replica *rp, int64_t *preempted) {
     int64_t nb = ceil_div(q->computed + 1 + k, bs);
     TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, nb, sizeof *q->blocks, "a block table"));
     while (q->n_blocks < nb) TPR_CHECK(tpr_block_pool_take(&rp->pool, &q->blocks[q->n_blocks++]));
-    c->n = 1 + k, c->n_draft = k, c->blocks = q->blocks, c->n_blocks = q->n_blocks;
+    c->n = 1 + k, c->n_draft = k, c->blocks = q->blocks, c->n_blocks = q->n_blocks, c->drafts_later = q->drafts_later;
     budget -= k;
   }
   // (2) running sequences still prefilling, in admission order.
@@ -573,7 +574,7 @@ static tpr_status check_verified(const tpr_sched *s, const tpr_sched_chunk *c, c
   (void)s;
   const int64_t m = verified_tokens(out, c->n_draft);
   bool ok = m >= 1;
-  for (int64_t j = 0; ok && j + 1 < m; j++) ok = out[j] == c->tokens[1 + j];
+  for (int64_t j = 0; ok && !c->drafts_later && j + 1 < m; j++) ok = out[j] == c->tokens[1 + j];
   for (int64_t j = m; ok && j <= c->n_draft; j++) ok = out[j] == -1;
   if (!ok)
     return TPR_FAIL(TPR_ERR_INVALID_ARG,
@@ -731,7 +732,7 @@ tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, i
   if (!s || id < 0 || id >= s->n_seqs)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: no sequence %lld", (long long)id);
   if (s->pending) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: a planned step is waiting");
-  if (k < 0 || (k > 0 && !draft)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: %lld drafts", (long long)k);
+  if (k < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: %lld drafts", (long long)k);
   if (s->o.state_slots > 0)  // a rejected draft's rows roll back; its state would not
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "tpr_sched_set_draft: drafts with recurrent state slots");
   seq *q = &s->seqs[id];
@@ -743,8 +744,12 @@ tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, i
   if (k > room) k = room;
   if (k < 1) return TPR_OK;
   TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + k, sizeof *q->tokens, "a token list"));
-  memcpy(q->tokens + q->len, draft, (size_t)k * sizeof *draft);
+  if (draft)
+    memcpy(q->tokens + q->len, draft, (size_t)k * sizeof *draft);
+  else
+    memset(q->tokens + q->len, 0, (size_t)k * sizeof *q->tokens);  // placeholders until the engine drafts
   q->n_draft = k;
+  q->drafts_later = !draft;
   return TPR_OK;
 }
 

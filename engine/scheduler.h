@@ -132,6 +132,7 @@ typedef struct tpr_sched_chunk {
   // its last n_draft tokens are drafts, and each of its 1 + n_draft rows is
   // sampled. 0: an ordinary chunk.
   int64_t n_draft;
+  bool drafts_later;  // its drafts are the engine's to write (tpr_sched_set_draft with NULL)
 } tpr_sched_chunk;
 
 // A step's plan. Pointers stay valid until the next tpr_sched_next or
@@ -223,6 +224,9 @@ tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out
 // decode is planned (a draft never preempts), and drops the rest. Drafts
 // last for one plan. An unknown id, k < 0 or a planned step waiting:
 // TPR_ERR_INVALID_ARG.
+// draft NULL: k drafts the engine writes into the planned chunk's tokens
+// itself after planning (self-speculation); tpr_sched_update then does not
+// compare the verified tokens with them.
 tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, int64_t k);
 // Drafts verified so far, those accepted, and the verifications.
 typedef struct tpr_sched_spec_stats {

@@ -115,7 +115,7 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
   if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, tpr__session_alloc_pool(s));  // collective inside
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
-  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, tpr__session_program_for(s, 1, 1, &decode));
+  if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, tpr__session_program_for(s, 1, 1, 0, &decode));
   if (rc != TPR_OK) {
     tpr_session_close(s);
     return rc;

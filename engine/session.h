@@ -120,6 +120,10 @@ typedef struct tpr_step {
   const int32_t *state_slots;
   int64_t n_samples;
   const int32_t *sample_rows;            // (n_samples) token rows whose logits come out
+  // The first `layers` decoder layers only, then the final norm and lm head
+  // (0: every layer): a self-speculative draft. Only those layers' KV rows
+  // are written. Not for families with a recurrent state.
+  int64_t layers;
 } tpr_step;
 // logits (n_samples, vocab) f32 (NULL: not copied out).
 tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits);

@@ -22,7 +22,7 @@
 enum { STEP_TOKENS, STEP_POSITIONS, STEP_SLOTS, STEP_SEQ, STEP_BLOCKS, STEP_SAMPLES, STEP_INPUTS };
 
 typedef struct step_program {
-  int64_t T, N;
+  int64_t T, N, layers;  // layers: tpr_step.layers (0: all)
   tpr_program *program;
   tpr_exec *exec;
   tpr_tensor *in[STEP_INPUTS];  // i32: tokens, positions, slot_mapping, seq (T), block_tables (B, MB), sample_rows (N)
@@ -81,7 +81,7 @@ tpr_status tpr__session_alloc_pool(tpr_session *s);
 
 // session_programs.c. The step program of shape (T, N), built on first use
 // and kept (collective when built); all of them freed.
-tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_program **out);
+tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, int64_t layers, step_program **out);
 void tpr__session_free_programs(tpr_session *s);
 
 // session_moe_stats.c. Adds the routing of a step's n real tokens (rows past

@@ -1,4 +1,5 @@
-// The program cache: one step program and its exec per step shape (T, N),
+// The program cache: one step program and its exec per step shape (T, N,
+// layers),
 // built on first use (rank 0's bytes broadcast, or every rank's own build
 // with the hashes compared), at most MAX_PROGRAMS of them.
 #include <stdio.h>
@@ -7,38 +8,46 @@
 
 #include "engine/session_impl.h"
 
-tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) {
+// A name the exec's program lacks is skipped when `partial` (a draft's
+// program of the first layers declares only what it reads), else an error.
+static tpr_status bind(tpr_exec *e, bool partial, const char *name, const tpr_tensor *t) {
+  return partial && !tpr_exec_has(e, name) ? TPR_OK : tpr_exec_bind(e, name, t);
+}
+
+static tpr_status bind_params(tpr_session *s, tpr_exec *e, bool partial) {
   char name[160];
   for (int64_t i = 0; i < s->weights.n; i++) {
-    if (s->item_tensors[i]) TPR_CHECK(tpr_exec_bind(e, s->weights.items[i].name, s->item_tensors[i]));
+    if (s->item_tensors[i]) TPR_CHECK(bind(e, partial, s->weights.items[i].name, s->item_tensors[i]));
     if (!s->item_scales || !s->item_scales[i]) continue;
     snprintf(name, sizeof name, "%s.scale", s->weights.items[i].name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->item_scales[i]));
+    TPR_CHECK(bind(e, partial, name, s->item_scales[i]));
   }
   for (int64_t L = 0; L < s->cfg.num_layers; L++) {
     // Released experts (tpr__session_release_weights) are bound by the caller.
     tpr_family_expert_name(L, "w13", name, sizeof name);
-    if (s->experts[2 * L]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L]));
+    if (s->experts[2 * L]) TPR_CHECK(bind(e, partial, name, s->experts[2 * L]));
     tpr_family_expert_name(L, "w2", name, sizeof name);
-    if (s->experts[2 * L + 1]) TPR_CHECK(tpr_exec_bind(e, name, s->experts[2 * L + 1]));
+    if (s->experts[2 * L + 1]) TPR_CHECK(bind(e, partial, name, s->experts[2 * L + 1]));
     tpr_tensor **sc = s->experts + 2 * s->cfg.num_layers + 2 * L;  // FP8: the stacked scales
     tpr_family_expert_name(L, "w13.scale", name, sizeof name);
-    if (sc[0]) TPR_CHECK(tpr_exec_bind(e, name, sc[0]));
+    if (sc[0]) TPR_CHECK(bind(e, partial, name, sc[0]));
     tpr_family_expert_name(L, "w2.scale", name, sizeof name);
-    if (sc[1]) TPR_CHECK(tpr_exec_bind(e, name, sc[1]));
+    if (sc[1]) TPR_CHECK(bind(e, partial, name, sc[1]));
     if (!s->o.training && s->states && s->states[L]) {  // a recurrent layer's state slots
       tpr_family_state_name(L, name, sizeof name);
-      TPR_CHECK(tpr_exec_bind(e, name, s->states[L]));
+      TPR_CHECK(bind(e, partial, name, s->states[L]));
     }
     if (s->o.training || !s->pools[2 * L]) continue;  // training programs and lightning layers hold no KV pool
     tpr_family_pool_name(L, "k", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L]));
+    TPR_CHECK(bind(e, partial, name, s->pools[2 * L]));
     tpr_family_pool_name(L, "v", name, sizeof name);
-    TPR_CHECK(tpr_exec_bind(e, name, s->pools[2 * L + 1]));
+    TPR_CHECK(bind(e, partial, name, s->pools[2 * L + 1]));
   }
-  for (int i = 0; i < s->consts.n; i++) TPR_CHECK(tpr_exec_bind(e, s->consts.names[i], s->consts.t[i]));
-  return tpr_exec_bind(e, "rank", s->rank);
+  for (int i = 0; i < s->consts.n; i++) TPR_CHECK(bind(e, partial, s->consts.names[i], s->consts.t[i]));
+  return bind(e, partial, "rank", s->rank);
 }
+
+tpr_status tpr__session_bind_params(tpr_session *s, tpr_exec *e) { return bind_params(s, e, false); }
 
 // Rank 0 builds and serializes; everyone receives the bytes and deserializes.
 static tpr_status receive_program(tpr_session *s, tpr__build_fn build, const void *opts, tpr_program **out) {
@@ -89,9 +98,9 @@ static const char *const step_input_names[STEP_INPUTS] = {"tokens", "positions",
                                                           "block_tables", "sample_rows"};
 
 // The program of step shape (T, N), built on first use. Collective.
-tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_program **out) {
+tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, int64_t layers, step_program **out) {
   for (int i = 0; i < s->n_programs; i++)
-    if (s->programs[i].T == T && s->programs[i].N == N) {
+    if (s->programs[i].T == T && s->programs[i].N == N && s->programs[i].layers == layers) {
       *out = &s->programs[i];
       return TPR_OK;
     }
@@ -102,7 +111,7 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_p
   }
   step_program *m = &s->programs[s->n_programs];
   memset(m, 0, sizeof *m);
-  m->T = T, m->N = N;
+  m->T = T, m->N = N, m->layers = layers;
   const tpr_session_pool *pl = &s->pool;
   tpr_step_build_opts bo = {.shape = {.tokens = T,
                                       .samples = N,
@@ -110,9 +119,10 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_p
                                       .max_blocks = pl->max_blocks,
                                       .pool_blocks = pl->blocks,
                                       .block_size = pl->block_size,
-                                      .state_slots = pl->state_slots},
+                                      .state_slots = pl->state_slots,
+                                      .layers = layers},
                             .moe = s->o.moe,
-                            .moe_stats = s->o.moe_stats,
+                            .moe_stats = s->o.moe_stats && !layers,  // a draft's routing is not counted
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
                             .mrope_layout_control = s->o.mrope_layout_control,
                             .kind_dtype = s->kind_dtype,
@@ -122,7 +132,7 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, step_p
   TPR_CHECK(rc);
   TPR_CHECK(tpr_exec_new(m->program, s->be, &m->exec));
   tpr_exec_set_collectives(m->exec, &s->hook);
-  TPR_CHECK(tpr__session_bind_params(s, m->exec));
+  TPR_CHECK(bind_params(s, m->exec, layers > 0));
   for (int i = 0; i < STEP_INPUTS; i++) {
     int64_t shape[2] = {i == STEP_BLOCKS ? pl->batch : i == STEP_SAMPLES ? N : T, pl->max_blocks};
     TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, i == STEP_BLOCKS ? 2 : 1, shape, &m->in[i]));

@@ -88,10 +88,14 @@ tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits) {
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: the session was opened for training");
   TPR_CHECK(check_step(s, st));
   step_program *m;
-  TPR_CHECK(tpr__session_program_for(s, st->T, st->N, &m));
+  if (st->layers < 0 || st->layers > s->cfg.num_layers || (st->layers && s->pool.state_slots))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: %lld layers of %lld%s", (long long)st->layers,
+                    (long long)s->cfg.num_layers, s->pool.state_slots ? " (a recurrent family runs every layer)" : "");
+  const int64_t layers = st->layers == s->cfg.num_layers ? 0 : st->layers;
+  TPR_CHECK(tpr__session_program_for(s, st->T, st->N, layers, &m));
   TPR_CHECK(upload_step(s, m, st));
   TPR_CHECK(tpr_exec_run(m->exec));
-  if (s->o.moe_stats) TPR_CHECK(tpr__session_count_routing(s, m, st->n_tokens));
+  if (s->o.moe_stats && !layers) TPR_CHECK(tpr__session_count_routing(s, m, st->n_tokens));
   if (!logits || st->n_samples == 0) return TPR_OK;
   const int64_t V = s->cfg.vocab_size, Vp = s->plan.vocab_padded, N = m->N;
   const tpr_tensor *out;

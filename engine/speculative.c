@@ -8,8 +8,10 @@
 
 tpr_status tpr_spec_check(const tpr_spec *s) {
   if (s->kind == TPR_SPEC_NONE) return TPR_OK;
-  if (s->kind != TPR_SPEC_LOOKUP && s->kind != TPR_SPEC_EXTERNAL)
+  if (s->kind != TPR_SPEC_LOOKUP && s->kind != TPR_SPEC_SELF && s->kind != TPR_SPEC_EXTERNAL)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative: unknown drafter %d", (int)s->kind);
+  if (s->kind == TPR_SPEC_SELF && s->n < 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative self:N:k: N %d layers must be >= 1", s->n);
   if (s->kind == TPR_SPEC_LOOKUP && (s->n < 1 || s->n > TPR_SPEC_MAX_N))
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative lookup:n:k: n %d is outside [1, %d]", s->n, TPR_SPEC_MAX_N);
   if (s->k < 1 || s->k > TPR_SPEC_MAX_K)
@@ -33,13 +35,12 @@ tpr_status tpr_spec_parse(const char *text, tpr_spec *out) {
   *out = (tpr_spec){0};
   if (!text) return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative: no value");
   if (!strcmp(text, "off") || !strcmp(text, "none")) return TPR_OK;
-  if (!strncmp(text, "self:", 5))
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "speculative '%s': the self-speculative drafter (self:N:k) is not built yet; "
-                    "use lookup:n:k", text);
-  const char *a = strncmp(text, "lookup:", 7) ? NULL : text + 7, *colon = a ? strchr(a, ':') : NULL;
-  tpr_spec s = {.kind = TPR_SPEC_LOOKUP};
+  const bool self = !strncmp(text, "self:", 5);
+  const char *a = self ? text + 5 : strncmp(text, "lookup:", 7) ? NULL : text + 7, *colon = a ? strchr(a, ':') : NULL;
+  tpr_spec s = {.kind = self ? TPR_SPEC_SELF : TPR_SPEC_LOOKUP};
   if (!colon || !parse_int(a, (size_t)(colon - a), &s.n) || !parse_int(colon + 1, strlen(colon + 1), &s.k))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative '%s': expected lookup:n:k (e.g. lookup:3:4) or off", text);
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "speculative '%s': expected lookup:n:k (e.g. lookup:3:4), self:N:k (e.g. "
+                    "self:2:3) or off", text);
   TPR_CHECK(tpr_spec_check(&s));
   *out = s;
   return TPR_OK;
@@ -48,6 +49,8 @@ tpr_status tpr_spec_parse(const char *text, tpr_spec *out) {
 const char *tpr_spec_format(const tpr_spec *s, char *buf, size_t size) {
   if (s->kind == TPR_SPEC_LOOKUP)
     snprintf(buf, size, "lookup:%d:%d", s->n, s->k);
+  else if (s->kind == TPR_SPEC_SELF)
+    snprintf(buf, size, "self:%d:%d", s->n, s->k);
   else if (s->kind == TPR_SPEC_EXTERNAL)
     snprintf(buf, size, "external:%d", s->k);
   else

@@ -20,7 +20,8 @@ typedef struct spec_run {
 static tpr_status run_once(tpr_session *s, tpr_world *w, const tpr_model_engine *g, const tpr_bench_spec_opts *o,
                            bool speculative, spec_run *r) {
   tpr_engine_opts eo = {.max_tokens_per_step = g->max_tokens_per_step, .no_prefix_cache = g->no_prefix_cache,
-                        .max_draft = speculative ? o->spec.k : 0};
+                        .max_draft = speculative ? o->spec.k : 0,
+                        .draft_layers = speculative && o->spec.kind == TPR_SPEC_SELF ? o->spec.n : 0};
   tpr_engine *e = NULL;
   TPR_CHECK(tpr_engine_new(s, &eo, &e));
   tpr_gen_params gp = {.max_new = o->gen_len, .stop_token = -1, .sampling = {.temperature = 0, .top_p = 1},

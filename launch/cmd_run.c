@@ -206,7 +206,8 @@ int tpr_cmd_run(int argc, char **argv) {
   tpr_spec spec = {0};
   if (rc == TPR_OK) rc = tpr_cli_speculative(&eng, &spec);
   tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache,
-                        .max_draft = spec.kind ? spec.k : 0};
+                        .max_draft = spec.kind ? spec.k : 0,
+                        .draft_layers = spec.kind == TPR_SPEC_SELF ? spec.n : 0};
   tpr_gen_params g = {.max_new = max_new, .stop_token = (int32_t)stop_token, .sampling = smp, .spec = spec};
   if (stop_token < -1 || stop_token > INT32_MAX) rc = TPR_FAIL(TPR_ERR_INVALID_ARG, "--stop-token %lld", (long long)stop_token);
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);

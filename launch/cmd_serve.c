@@ -168,7 +168,8 @@ int tpr_cmd_serve(int argc, char **argv) {
   tpr_spec spec = {0};
   if (rc == TPR_OK) rc = tpr_cli_speculative(&eng, &spec);
   tpr_engine_opts eo = {.max_tokens_per_step = eng.max_tokens_per_step, .no_prefix_cache = eng.no_prefix_cache,
-                        .max_draft = spec.kind ? spec.k : 0};
+                        .max_draft = spec.kind ? spec.k : 0,
+                        .draft_layers = spec.kind == TPR_SPEC_SELF ? spec.n : 0};
   if (rc == TPR_OK) rc = tpr_engine_new(s, &eo, &e);
   tpr_serve_opts so = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .model_id = name,
                        .port_file = port_file, .pid_file = pid_file, .max_connections = (int)max_connections,

@@ -77,7 +77,7 @@ typedef struct tpr_model_engine {
   {"no-prefix-cache", TPR_ARG_FLAG, &(g).no_prefix_cache,                                                        \
    "turn automatic prefix caching off (default on: full KV blocks of earlier prompts are reused, so a shared prefix is prefilled once)"}, \
   {"speculative", TPR_ARG_STR, &(g).speculative,                                                                 \
-   "lookup:n:k | off: speculative decoding: up to k draft tokens per step from prompt lookup (the last n or fewer tokens matched earlier in the prompt and output), verified by the model in one step; greedy output is unchanged, sampling keeps its distribution (default off)"}
+   "lookup:n:k | self:N:k | off: speculative decoding: up to k draft tokens per step, from prompt lookup (the last n or fewer tokens matched earlier in the prompt and output) or from the model's own first N layers, verified by the whole model in one step; greedy output is unchanged, sampling keeps its distribution (default off)"}
 
 // The session options the flags give (sizes checked against the world; an
 // unknown --moe-dispatch is TPR_ERR_INVALID_ARG).

@@ -45,7 +45,16 @@ typedef struct tpr_step_shape {
   int64_t pool_blocks;  // NB: blocks in the pool
   int64_t block_size;   // bs: token rows per block
   int64_t state_slots;  // NS: recurrent state slots (families with tpr_family.state_shape; else 0)
+  // The decoder layers run: the first `layers` (0: all), then the final norm
+  // and lm head. Fewer: a self-speculative draft (engine/speculative.h),
+  // writing the KV rows of those layers only.
+  int64_t layers;
 } tpr_step_shape;
+
+// The layers a step of shape s runs, of a model's `all`.
+static inline int64_t tpr_step_layers(const tpr_step_shape *s, int64_t all) {
+  return s->layers > 0 && s->layers < all ? s->layers : all;
+}
 
 typedef struct tpr_step_build_opts {
   tpr_step_shape shape;

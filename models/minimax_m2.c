@@ -271,7 +271,7 @@ static tpr_status build(m2_ctx *c) {
   TPR_CHECK(tpr_program_value(c->p, x, &ev));
   if (ev.dtype != TPR_F32) TPR_CHECK(tpr_pb_cast(c->p, x, TPR_F32, &x));  // a bf16 table's rows, widened
   TPR_CHECK(all_reduce(c, TPR_AXIS_TP, tp, x, &x));
-  for (int64_t L = 0; L < cfg->num_layers; L++) {
+  for (int64_t L = 0; L < tpr_step_layers(&c->o->step, cfg->num_layers); L++) {
     c->group = (int)(1 + 2 * L);
     TPR_CHECK(attention(c, L, x, &x));
     c->group = (int)(2 + 2 * L);

@@ -297,7 +297,7 @@ static tpr_status build(qkhd *b) {
   TPR_CHECK(b->o->training ? begin_training(b) : tpr_fstep_begin(c));
   c->group = 0;  // FSDP prefetch groups: one per layer part
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
-  for (int64_t L = 0; L < cfg->num_layers; L++) {
+  for (int64_t L = 0; L < tpr_step_layers(&c->o->shape, cfg->num_layers); L++) {
     c->group = (int)(1 + 2 * L);
     TPR_CHECK(attention(b, L, x, &x));
     c->group = (int)(2 + 2 * L);

@@ -231,6 +231,11 @@ tpr_status tpr_exec_bind(tpr_exec *e, const char *name, const tpr_tensor *t) {
   return TPR_OK;
 }
 
+bool tpr_exec_has(const tpr_exec *e, const char *name) {
+  const tpr_value_id v = name ? tpr__program_find(e->p, name) : -1;
+  return v >= 0 && e->p->values[v].kind != TPR_VALUE_NODE;
+}
+
 // Views of inputs follow whatever is bound now, so they are rebuilt per run.
 static tpr_status refresh_views(tpr_exec *e) {
   for (int v = 0; v < e->p->n_values; v++) {

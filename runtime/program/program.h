@@ -231,6 +231,9 @@ void tpr_exec_free(tpr_exec *e);
 // backend, with the declared dtype and shape; it must stay alive (tpr keeps
 // no reference) while runs use it.
 tpr_status tpr_exec_bind(tpr_exec *e, const char *name, const tpr_tensor *t);
+// Whether the program has an input or param of this name (a program of part
+// of a model declares only the weights it reads).
+bool tpr_exec_has(const tpr_exec *e, const char *name);
 tpr_status tpr_exec_run(tpr_exec *e);
 // A named output of the last run; owned by the exec, valid until the next run.
 tpr_status tpr_exec_output(tpr_exec *e, const char *name, const tpr_tensor **out);
