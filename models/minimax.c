@@ -164,10 +164,12 @@ static tpr_status layer(mm *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   bool linear = tpr_model_config_layer_is_linear(cfg, L);
   tpr_value_id ln, h, a, logits, gates, y;
   tpr_fweight router;
+  c->group = (int)(1 + 2 * L);  // FSDP: the attention's params, its input norm's included
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   TPR_CHECK(linear ? lightning(b, L, h, &a) : softmax_attention(b, L, h, &a));
   TPR_CHECK(weighted(b, h, cfg->attn_alpha[linear], a, cfg->attn_beta[linear], &x));
+  c->group = (int)(2 + 2 * L);  // FSDP: the MoE part's params
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &router));  // (E, H)
@@ -232,8 +234,10 @@ static tpr_status build(mm *b) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
     TPR_CHECK(tpr_program_param(c->p, SIGMOID_PAIR, TPR_F32, 2, (const int64_t[]){1, 2}, &b->pair));
   }
+  c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   for (int64_t L = 0; L < cfg->num_layers; L++) TPR_CHECK(layer(b, L, x, &x));
+  c->group = (int)(1 + 2 * cfg->num_layers);
   if (!b->o->training) return tpr_fstep_finish(c, x, embed, NULL, NULL, 0);
   tpr_train_loss_opts lo = {.tokens = c->T,
                             .aux_coef = b->o->aux_coef,
@@ -247,9 +251,8 @@ tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_minimax_opts 
   if ((unsigned)o->control > TPR_MINIMAX_CONTROL_LOCAL_NORM)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: unknown control %d", (int)o->control);
   TPR_CHECK(check_supported(plan));
-  static const tpr_fsdp_opts no_fsdp = {0};  // the trainer refuses FSDP for the family
   mm b = {.c = {.plan = plan, .o = &o->step, .family = &tpr_family_minimax, .training = o->training,
-                .fsdp = o->training ? &no_fsdp : NULL},
+                .fsdp = o->training ? &o->fsdp : NULL},
           .o = o};
   if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
     return TPR_FAIL(TPR_ERR_OOM, "minimax: router logits");

@@ -147,7 +147,7 @@ static const struct trainable {
     {TPR_FAMILY_HUNYUAN_V1_MOE, &tpr_hunyuan_moe_desc, true},
     {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
     {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
-    {TPR_FAMILY_MINIMAX, NULL, false},  // its own builder (models/minimax.c), without FSDP
+    {TPR_FAMILY_MINIMAX, NULL, true},  // its own builder (models/minimax.c)
 };
 #define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
 
@@ -220,7 +220,8 @@ static tpr_status make_program(tpr_train_state *t) {
                            .training = true,
                            .tokens = T,
                            .aux_coef = coef,
-                           .skip_grad_marks = so->skip_grad_marks};
+                           .skip_grad_marks = so->skip_grad_marks,
+                           .fsdp = t->o.fsdp};
     return tpr__session_make_program(t->s, build_minimax, &mo, &t->program);
   }
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone
