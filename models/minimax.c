@@ -25,6 +25,7 @@ typedef struct mm {
   tpr_value_id state0, pair;
   tpr_value_id state_slot;      // inference: (T) i32 each row's state slot (-1 padded)
   tpr_value_id start;           // training: (1) i32 the first position (0)
+  tpr_value_id attn_lo;         // packed training: (T) i32 each token's document start
   tpr_value_id *router_logits;  // training: each layer's (T, E) router logits, for the aux loss
   int n_router;
 } mm;
@@ -88,7 +89,11 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 0, D, &q));  // (T, nr, D) strided views
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, D, D, &k));
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 2 * D, D, &v));
-  if (b->o->training) {  // one whole sequence from the zero state
+  if (b->o->training && b->o->pack && !b->o->debug_carry_state) {  // packed documents: zeros at each one's start
+    TPR_CHECK(tpr_pb_lightning_attention_docs(c->p, q, k, v, b->state0, sl, b->attn_lo, cfg->linear_block_size, &o,
+                                              &st));
+    TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
+  } else if (b->o->training) {  // one whole sequence from the zero state
     TPR_CHECK(tpr_pb_lightning_attention(c->p, q, k, v, b->state0, sl, cfg->linear_block_size, &o, &st));
     TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
   } else {  // the step's sequences, each from its state slot (zeros at position 0), written back in place
@@ -142,9 +147,14 @@ static tpr_status softmax_attention(mm *b, int64_t L, tpr_value_id h, tpr_value_
   TPR_CHECK(tpr_fstep_rope(c, q, &q));
   TPR_CHECK(tpr_fstep_rope(c, k, &k));
   if (!b->o->training) return tpr_fstep_attend_out(c, L, q, k, v, &wo, out);
-  // Training: one whole sequence per run, attention over this run's k and v.
+  // Training: one whole sequence per run, attention over this run's k and v
+  // (packed documents: never across a document's start).
   tpr_value_id att;
-  TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, (float)(1.0 / sqrt((double)D)), &att));  // (T, qr, D)
+  const float scale = (float)(1.0 / sqrt((double)D));
+  if (b->o->pack)
+    TPR_CHECK(tpr_pb_attention_docs(c->p, q, k, v, b->start, b->attn_lo, scale, &att));  // (T, qr, D)
+  else
+    TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, scale, &att));  // (T, qr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   TPR_CHECK(tpr_fstep_linear(c->p, att, &wo, &att));  // (T, H) partial over tp
   return tpr_pb_all_reduce(c->p, att, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
@@ -220,6 +230,8 @@ static tpr_status build(mm *b) {
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: %lld tokens per training run", (long long)b->o->tokens);
     TPR_CHECK(tpr_fstep_begin_tokens(c, b->o->tokens));
     TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
+    if (b->o->pack)
+      TPR_CHECK(tpr_program_input(c->p, "attn_lo", TPR_I32, 1, (const int64_t[]){b->o->tokens}, &b->attn_lo));
   } else {
     TPR_CHECK(tpr_fstep_begin(c));
     // Lightning layers need state slots; a config with none (every layer

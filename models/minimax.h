@@ -11,7 +11,7 @@
 //       o = lightning_paged(q, k, v, the layer's state slots, the rank's slopes)  (T, nh/tp*D)
 //           each sequence's chunk from its slot's state (zeros at position 0), the
 //           state after it written back to the slot (training: lightning_attention
-//           from the zero state)
+//           from the zero state; packed documents: from zeros at each document's start)
 //       o = o * rsqrt(allreduce_tp(sum o^2) / (nh*D) + 1e-6) * norm_w[rank's slice]
 //                                       the RMSNorm is over all heads: all-reduce
 //       a = allreduce_tp((sigmoid(h Wgate_r^T) * o) Wout_r^T)
@@ -66,6 +66,10 @@ typedef struct tpr_minimax_opts {
   // form) and the lightning layers restart from the zero state at each one
   // (lightning attention's document form, ops.h).
   bool pack;
+  // Packed training's negative control (never in real runs): the lightning
+  // layers' plain form, their state carried across documents (the softmax
+  // layers' mask kept).
+  bool debug_carry_state;
   // Training: params sharded over dp, experts over edp (shard/fsdp.h): each
   // trained param is declared as this rank's chunk "<name>" and gathered
   // before its layer part (prefetch group 0 the embedding, 1 + 2L layer L's

@@ -391,12 +391,8 @@ static const control minimax_controls[] = {
     {"column inputs' all-reduce left out", 2, false, MESH("--debug-skip-grad-marks", "column"), true},
     {"lightning norm over each rank's heads", 2, false, MESH("--debug-per-rank-qk-norm"), false},
 };
-static const refusal minimax_refusals[] = {
-    {"packed documents", 1,
-     MESH("train", "--model", MINIMAX_MODEL, "--data", MINIMAX_FIX "/tokens.npy", "--seq-len", "16", "--pack",
-          "--eos-id", "1"),
-     "--pack is not built for minimax"},
-};
+// (FSDP and --pack, refused before, are built: tests/test_fsdp_qkhd.c's
+// minimax group and tests/test_train_pack.c's minimax family.)
 // FSDP (the step-0 meshes at dp 2 run it too, the trainer's default there):
 // the fixture's AdamW steps at dp 2 (one window per replica) and dp 2 x tp 2,
 // every step's loss and the saved parameters against PyTorch's, the saves
@@ -449,7 +445,7 @@ static const family families[] = {
      .model_type = "minimax", .step0 = moe_meshes, .n_step0 = N(moe_meshes),
      .steps_np = {1, 2}, .steps_mesh = STEPS_TP2_EP2,
      .controls = minimax_controls, .n_controls = N(minimax_controls),
-     .refusals = minimax_refusals, .n_refusals = N(minimax_refusals),
+     .refusals = NULL, .n_refusals = 0,
      .tests = minimax_tests, .n_tests = N(minimax_tests)},
 };
 
