@@ -192,8 +192,9 @@ int tpr_cmd_train(int argc, char **argv) {
        "(default: the text rule, every axis the position)"},
       {"pack", TPR_ARG_FLAG, &pack,
        "packed documents: the token stream's documents are separated by EOS (tpr data prepare --append-eos); in "
-       "each window positions restart after every EOS, attention never crosses one, and the loss skips the EOS "
-       "positions (Megatron-LM's reset_position_ids, reset_attention_mask, eod_mask_loss)"},
+       "each window positions restart after every EOS, attention (and a lightning layer's state) never crosses one, "
+       "and the loss skips the EOS positions (Megatron-LM's reset_position_ids, reset_attention_mask, "
+       "eod_mask_loss)"},
       {"eos-id", TPR_ARG_INT, &eos_id, "with --pack: the EOS token id (default: the checkpoint tokenizer's eos_token)"},
       {"debug-pack", TPR_ARG_STR, &debug_pack,
        "test only: no-mask | no-positions | no-mask-no-positions | no-state-reset: --pack without its attention "
