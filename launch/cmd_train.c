@@ -192,12 +192,14 @@ int tpr_cmd_train(int argc, char **argv) {
        "(default: the text rule, every axis the position)"},
       {"pack", TPR_ARG_FLAG, &pack,
        "packed documents: the token stream's documents are separated by EOS (tpr data prepare --append-eos); in "
-       "each window positions restart after every EOS, attention never crosses one, and the loss skips the EOS "
-       "positions (Megatron-LM's reset_position_ids, reset_attention_mask, eod_mask_loss)"},
+       "each window positions restart after every EOS, attention (and a lightning layer's state) never crosses one, "
+       "and the loss skips the EOS positions (Megatron-LM's reset_position_ids, reset_attention_mask, "
+       "eod_mask_loss)"},
       {"eos-id", TPR_ARG_INT, &eos_id, "with --pack: the EOS token id (default: the checkpoint tokenizer's eos_token)"},
       {"debug-pack", TPR_ARG_STR, &debug_pack,
-       "test only: no-mask | no-positions | no-mask-no-positions: --pack without its attention mask, without "
-       "restarting the positions, or without both (negative controls)"},
+       "test only: no-mask | no-positions | no-mask-no-positions | no-state-reset: --pack without its attention "
+       "mask, without restarting the positions, without both, or (lightning attention layers) without restarting "
+       "their state at each document (negative controls)"},
       {"dump-grads", TPR_ARG_STR, &dump, "test only: write step 0's gradients (full tensors) to this safetensors file"},
       {"debug-skip-grad-marks", TPR_ARG_STR, &skip_marks,
        "test only: column | qk-norm | shared-mlp | all: leave out those backward all-reduces; bias-wrong: add one "
@@ -273,7 +275,9 @@ int tpr_cmd_train(int argc, char **argv) {
   else if (debug_pack && !strcmp(debug_pack, "no-positions")) pack_debug = TPR_PACK_DEBUG_NO_POSITIONS;
   else if (debug_pack && !strcmp(debug_pack, "no-mask-no-positions"))
     pack_debug = TPR_PACK_DEBUG_NO_MASK | TPR_PACK_DEBUG_NO_POSITIONS;
-  else if (debug_pack) return usage_error("--debug-pack must be no-mask, no-positions or no-mask-no-positions");
+  else if (debug_pack && !strcmp(debug_pack, "no-state-reset")) pack_debug = TPR_PACK_DEBUG_NO_STATE_RESET;
+  else if (debug_pack)
+    return usage_error("--debug-pack must be no-mask, no-positions, no-mask-no-positions or no-state-reset");
   tpr_fsdp_opts fo = {.on = fsdp, .prefetch = !no_prefetch, .reshard = !no_reshard};
   if (!strcmp(param_dtype, "f32")) fo.param_dtype = TPR_F32;
   else if (!strcmp(param_dtype, "bf16")) fo.param_dtype = TPR_BF16;

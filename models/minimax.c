@@ -25,6 +25,7 @@ typedef struct mm {
   tpr_value_id state0, pair;
   tpr_value_id state_slot;      // inference: (T) i32 each row's state slot (-1 padded)
   tpr_value_id start;           // training: (1) i32 the first position (0)
+  tpr_value_id attn_lo;         // packed training: (T) i32 each token's document start
   tpr_value_id *router_logits;  // training: each layer's (T, E) router logits, for the aux loss
   int n_router;
 } mm;
@@ -88,7 +89,11 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 0, D, &q));  // (T, nr, D) strided views
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, D, D, &k));
   TPR_CHECK(tpr_pb_slice(c->p, qkv, 2, 2 * D, D, &v));
-  if (b->o->training) {  // one whole sequence from the zero state
+  if (b->o->training && b->o->pack && !b->o->debug_carry_state) {  // packed documents: zeros at each one's start
+    TPR_CHECK(tpr_pb_lightning_attention_docs(c->p, q, k, v, b->state0, sl, b->attn_lo, cfg->linear_block_size, &o,
+                                              &st));
+    TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
+  } else if (b->o->training) {  // one whole sequence from the zero state
     TPR_CHECK(tpr_pb_lightning_attention(c->p, q, k, v, b->state0, sl, cfg->linear_block_size, &o, &st));
     TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
   } else {  // the step's sequences, each from its state slot (zeros at position 0), written back in place
@@ -142,9 +147,14 @@ static tpr_status softmax_attention(mm *b, int64_t L, tpr_value_id h, tpr_value_
   TPR_CHECK(tpr_fstep_rope(c, q, &q));
   TPR_CHECK(tpr_fstep_rope(c, k, &k));
   if (!b->o->training) return tpr_fstep_attend_out(c, L, q, k, v, &wo, out);
-  // Training: one whole sequence per run, attention over this run's k and v.
+  // Training: one whole sequence per run, attention over this run's k and v
+  // (packed documents: never across a document's start).
   tpr_value_id att;
-  TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, (float)(1.0 / sqrt((double)D)), &att));  // (T, qr, D)
+  const float scale = (float)(1.0 / sqrt((double)D));
+  if (b->o->pack)
+    TPR_CHECK(tpr_pb_attention_docs(c->p, q, k, v, b->start, b->attn_lo, scale, &att));  // (T, qr, D)
+  else
+    TPR_CHECK(tpr_pb_attention(c->p, q, k, v, b->start, scale, &att));  // (T, qr, D)
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   TPR_CHECK(tpr_fstep_linear(c->p, att, &wo, &att));  // (T, H) partial over tp
   return tpr_pb_all_reduce(c->p, att, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
@@ -164,10 +174,12 @@ static tpr_status layer(mm *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   bool linear = tpr_model_config_layer_is_linear(cfg, L);
   tpr_value_id ln, h, a, logits, gates, y;
   tpr_fweight router;
+  c->group = (int)(1 + 2 * L);  // FSDP: the attention's params, its input norm's included
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   TPR_CHECK(linear ? lightning(b, L, h, &a) : softmax_attention(b, L, h, &a));
   TPR_CHECK(weighted(b, h, cfg->attn_alpha[linear], a, cfg->attn_beta[linear], &x));
+  c->group = (int)(2 + 2 * L);  // FSDP: the MoE part's params
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.block_sparse_moe.gate.weight", L, &router));  // (E, H)
@@ -218,6 +230,8 @@ static tpr_status build(mm *b) {
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: %lld tokens per training run", (long long)b->o->tokens);
     TPR_CHECK(tpr_fstep_begin_tokens(c, b->o->tokens));
     TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
+    if (b->o->pack)
+      TPR_CHECK(tpr_program_input(c->p, "attn_lo", TPR_I32, 1, (const int64_t[]){b->o->tokens}, &b->attn_lo));
   } else {
     TPR_CHECK(tpr_fstep_begin(c));
     // Lightning layers need state slots; a config with none (every layer
@@ -232,8 +246,10 @@ static tpr_status build(mm *b) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
     TPR_CHECK(tpr_program_param(c->p, SIGMOID_PAIR, TPR_F32, 2, (const int64_t[]){1, 2}, &b->pair));
   }
+  c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   for (int64_t L = 0; L < cfg->num_layers; L++) TPR_CHECK(layer(b, L, x, &x));
+  c->group = (int)(1 + 2 * cfg->num_layers);
   if (!b->o->training) return tpr_fstep_finish(c, x, embed, NULL, NULL, 0);
   tpr_train_loss_opts lo = {.tokens = c->T,
                             .aux_coef = b->o->aux_coef,
@@ -247,9 +263,8 @@ tpr_status tpr_minimax_build(const tpr_shard_plan *plan, const tpr_minimax_opts 
   if ((unsigned)o->control > TPR_MINIMAX_CONTROL_LOCAL_NORM)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "minimax: unknown control %d", (int)o->control);
   TPR_CHECK(check_supported(plan));
-  static const tpr_fsdp_opts no_fsdp = {0};  // the trainer refuses FSDP for the family
   mm b = {.c = {.plan = plan, .o = &o->step, .family = &tpr_family_minimax, .training = o->training,
-                .fsdp = o->training ? &no_fsdp : NULL},
+                .fsdp = o->training ? &o->fsdp : NULL},
           .o = o};
   if (o->training && !(b.router_logits = calloc((size_t)plan->config.num_layers + 1, sizeof *b.router_logits)))
     return TPR_FAIL(TPR_ERR_OOM, "minimax: router logits");

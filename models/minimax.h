@@ -11,7 +11,7 @@
 //       o = lightning_paged(q, k, v, the layer's state slots, the rank's slopes)  (T, nh/tp*D)
 //           each sequence's chunk from its slot's state (zeros at position 0), the
 //           state after it written back to the slot (training: lightning_attention
-//           from the zero state)
+//           from the zero state; packed documents: from zeros at each document's start)
 //       o = o * rsqrt(allreduce_tp(sum o^2) / (nh*D) + 1e-6) * norm_w[rank's slice]
 //                                       the RMSNorm is over all heads: all-reduce
 //       a = allreduce_tp((sigmoid(h Wgate_r^T) * o) Wout_r^T)
@@ -33,6 +33,7 @@
 #define TPR_MINIMAX_H
 
 #include "models/family.h"
+#include "shard/fsdp.h"
 
 // Negative controls of the parity tests (never in real runs).
 typedef enum tpr_minimax_control {
@@ -49,16 +50,32 @@ enum { TPR_MINIMAX_MARKS_COLUMN = 1, TPR_MINIMAX_MARKS_NORM = 2 };
 typedef struct tpr_minimax_opts {
   tpr_step_build_opts step;  // inference: the step; training: the moe options (step.shape unused)
   tpr_minimax_control control;
-  // Training program (run by the trainer; no FSDP): inputs "tokens",
-  // "positions" (T) i32, "start" (1) i32 (0), "targets"; the softmax layers
-  // attend this run's k and v, the lightning layers start from the zero
-  // state; outputs "loss", "ce", "aux", per layer "moe_load.L" (E) i32 and
-  // "grad:<param>" for every trained param (models/train_loss.h) -- not the
-  // family's constants, which are named "const:..." and never trained.
+  // Training program (run by the trainer): inputs "tokens", "positions"
+  // (T) i32, "start" (1) i32 (0), "targets"; the softmax layers attend this
+  // run's k and v, the lightning layers start from the zero state; outputs
+  // "loss", "ce", "aux", per layer "moe_load.L" (E) i32 and "grad:<param>"
+  // for every trained param (models/train_loss.h) -- not the family's
+  // constants, which are named "const:..." and never trained.
   bool training;
   int64_t tokens;       // T, training
   double aux_coef;      // the load-balancing loss's weight, training
   int skip_grad_marks;  // TPR_MINIMAX_MARKS_* negative controls, training
+  // Training on packed sequences (docs/training.md "Packed sequences"): one
+  // more input "attn_lo" (T) i32, each token's document start; the softmax
+  // layers never attend across a document's start (attention's document
+  // form) and the lightning layers restart from the zero state at each one
+  // (lightning attention's document form, ops.h).
+  bool pack;
+  // Packed training's negative control (never in real runs): the lightning
+  // layers' plain form, their state carried across documents (the softmax
+  // layers' mask kept).
+  bool debug_carry_state;
+  // Training: params sharded over dp, experts over edp (shard/fsdp.h): each
+  // trained param is declared as this rank's chunk "<name>" and gathered
+  // before its layer part (prefetch group 0 the embedding, 1 + 2L layer L's
+  // attention, lightning or softmax, 2 + 2L its MoE, 1 + 2*layers the final
+  // norm and lm head). The family's constants are never chunked.
+  tpr_fsdp_opts fsdp;
 } tpr_minimax_opts;
 
 // The step program (models/family.h's interface) or the training program.

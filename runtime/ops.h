@@ -122,9 +122,11 @@ typedef enum tpr_op_kind {
   // tpr_lightning_attention): per head h with decay lambda_h = exp(-slopes[h]) and a (D, D) f32 state S,
   // S_t = lambda_h S_{t-1} + k_t^T v_t, o_t = q_t S_t, computed in blocks of i[0] tokens as transformers does.
   TPR_OP_LIGHTNING_ATTENTION = 66,  // in (q, k, v (T, H, D), state (H, D, D), slopes (H)) f32; i[0] block size;
-                                    // out packed (o (T*H*D) | final state (H*D*D)) f32
+                                    // out packed (o (T*H*D) | final state (H*D*D)) f32; document form
+                                    // (tpr_lightning_attention_docs): i[1] = 1, + lo (T) i32 after slopes
   TPR_OP_LIGHTNING_ATTENTION_BWD = 67,  // in (q, k, v, state, slopes, dout packed like the forward's out);
-                                        // i[0] block; out packed (dq | dk | dv | dstate (H*D*D)); no dslopes
+                                        // i[0] block; out packed (dq | dk | dv | dstate (H*D*D)); no dslopes;
+                                        // document form as the forward's: i[1] = 1, + lo (T) i32 after dout
   TPR_OP_LIGHTNING_DECODE = 68,  // in (q, k, v (B, H, D), state (B, H, D, D), slopes (H)) f32: one token of each
                                  // of B sequences; out packed (o (B*H*D) | new states (B*H*D*D)) f32
   // The engine's form (tpr_pb_lightning_paged): the rows of many sequences, each sequence's state in a slot
@@ -278,6 +280,17 @@ tpr_status tpr_cache_write(tpr_backend *be, tpr_tensor *cache, const tpr_tensor 
 tpr_status tpr_lightning_attention(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
                                    const tpr_tensor *state, const tpr_tensor *slopes, int64_t block_size,
                                    tpr_tensor *out);
+// The document form (packed training sequences): lo (T) i32, each token's
+// document start, as attention's document form takes it: lo[0] = 0, and
+// lo[t] = lo[t-1] (the same document) or lo[t] = t (a new one), else
+// TPR_ERR_INVALID_ARG at run time. The first document starts from `state`,
+// every later one from the zero state, so no token's output depends on an
+// earlier document; each document runs the block loop from its own first
+// token. The state out is the one after the last document. (CPU only: the
+// CUDA kernels refuse the form.)
+tpr_status tpr_lightning_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k,
+                                        const tpr_tensor *v, const tpr_tensor *state, const tpr_tensor *slopes,
+                                        const tpr_tensor *lo, int64_t block_size, tpr_tensor *out);
 // One decode step of B sequences (transformers' cached path): q, k, v
 // (B, H, D), state (B, H, D, D) f32, slopes (H); per sequence and head
 // S' = exp(-s) S + k^T v, o = q S'; out (B*H*D + B*H*D*D) packed: o (B, H, D)

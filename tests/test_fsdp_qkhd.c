@@ -11,6 +11,10 @@
 //   qwen3_vl_moe:   MRoPE with the fixture's positions_3d, which FSDP leaves
 //                   as they are.
 //   qwen2_vl:       no experts; its q/k/v biases chunked like any param.
+//   minimax:        its own builder (models/minimax.c): lightning layers
+//                   (whole-width norm weights, the family's constants never
+//                   chunked) beside a softmax layer; run alone as
+//                   `test_fsdp_qkhd minimax` (ctest test_fsdp_minimax).
 // Every run reads the windows in a permutation seeded from TPR_TEST_SEED
 // (fresh data each run; the same windows for every layout of one check).
 #include "test_util.h"
@@ -52,6 +56,9 @@ static const family QWEN2_VL = {"qwen2_vl", TPR_FIXTURES "/qwen2_vl_tiny", TPR_F
 static const family QWEN3_VL = {"qwen3_vl_moe", TPR_FIXTURES "/qwen3_vl_moe_tiny",
                                 TPR_FIXTURES "/qwen3_vl_moe_train/tokens.npy",
                                 TPR_FIXTURES "/qwen3_vl_moe_train/positions_3d.npy"};
+
+static const family MINIMAX = {"minimax", TPR_FIXTURES "/minimax_tiny", TPR_FIXTURES "/minimax_train/tokens.npy",
+                                NULL};
 
 typedef struct dir_name { char s[512]; } dir_name;
 static dir_name dir_of(const char *name) {
@@ -200,6 +207,21 @@ static void test_qwen2_vl(void **state) {
   check(&QWEN2_VL, 2, DP2, ARGS("--fsdp", "--debug-fsdp", "wrong-shard"), &r, rd.s, true);
 }
 
+// minimax: dp 2, dp 2 x tp 2 (2 lightning heads per rank), dp 2 x ep 2, and
+// dp 2 without prefetch/reshard; both negative controls (a rank keeping the
+// next rank's chunk, gradients summed instead of averaged).
+static void test_minimax(void **state) {
+  (void)state;
+  dir_name rd = dir_of("ref_minimax");
+  run r = reference(&MINIMAX, rd.s);
+  check(&MINIMAX, 2, DP2, FSDP, &r, rd.s, false);
+  check(&MINIMAX, 4, DP2_TP2, FSDP, &r, rd.s, false);
+  check(&MINIMAX, 2, DP2_EP2, FSDP, &r, rd.s, false);
+  check(&MINIMAX, 2, DP2, ARGS("--fsdp", "--no-prefetch", "--no-reshard"), &r, rd.s, false);
+  check(&MINIMAX, 2, DP2, ARGS("--fsdp", "--debug-fsdp", "wrong-shard"), &r, rd.s, true);
+  check(&MINIMAX, 2, DP2, ARGS("--fsdp", "--debug-fsdp", "sum-grads"), &r, rd.s, true);
+}
+
 // bf16 params (FSDP only, so no plain run to compare with): dp 2 and dp 2 x
 // tp 2 against dp 1 with the same bf16 params, to BF16_BOUND: an f32 master
 // one rounding step away (the reduction order) can round to the
@@ -297,12 +319,22 @@ static int teardown(void **state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
-int main(void) {
+// No argument: the per-head QK-norm families; "minimax": that family alone
+// (its own ctest, so either can be run without the other).
+int main(int argc, char **argv) {
   snprintf(seed_arg, sizeof seed_arg, "%llu", (unsigned long long)(tt_seed_from_env() % 1000000007ULL));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_qwen3),  cmocka_unit_test(test_hunyuan), cmocka_unit_test(test_qwen3_vl),
       cmocka_unit_test(test_qwen2_vl),
       cmocka_unit_test(test_bf16),   cmocka_unit_test(test_reshard), cmocka_unit_test(test_memory),
   };
+  const struct CMUnitTest minimax[] = {cmocka_unit_test(test_minimax)};
+  if (argc == 2 && !strcmp(argv[1], "minimax")) {
+    return cmocka_run_group_tests_name("test_fsdp_minimax", minimax, setup, teardown);
+  }
+  if (argc != 1) {
+    fprintf(stderr, "usage: test_fsdp_qkhd [minimax]\n");
+    return 2;
+  }
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,7 +19,9 @@
 //             in the layout transformers' class writes (fused experts)
 //   minimax   MiniMaxForCausalLM: lightning attention layers (their
 //             backward through the block loop, the full-hidden norm's
-//             all-reduce) beside a softmax layer, weighted residuals; no FSDP
+//             all-reduce) beside a softmax layer, weighted residuals; the
+//             AdamW steps under FSDP at dp 2 and dp 2 x tp 2 too, saved in
+//             transformers' names (test_fsdp_steps)
 //   qwen2_vl  Qwen2VLForConditionalGeneration's text decoder: dense, q/k/v
 //             biases, sectioned MRoPE, no router (the loss is the
 //             cross-entropy alone); the text rule; --save; and the CLI of a
@@ -389,17 +391,20 @@ static const control minimax_controls[] = {
     {"column inputs' all-reduce left out", 2, false, MESH("--debug-skip-grad-marks", "column"), true},
     {"lightning norm over each rank's heads", 2, false, MESH("--debug-per-rank-qk-norm"), false},
 };
-static const refusal minimax_refusals[] = {
-    {"FSDP", 2,
-     MESH("train", "--model", MINIMAX_MODEL, "--data", MINIMAX_FIX "/tokens.npy", "--seq-len", "16", "--dp", "2",
-          "--tp", "1", "--fsdp"),
-     "FSDP is not built for minimax"},
-    {"packed documents", 1,
-     MESH("train", "--model", MINIMAX_MODEL, "--data", MINIMAX_FIX "/tokens.npy", "--seq-len", "16", "--pack",
-          "--eos-id", "1"),
-     "--pack is not built for minimax"},
-};
-static const struct CMUnitTest minimax_tests[] = {cmocka_unit_test(test_step0_meshes), COMMON_TESTS};
+// (FSDP and --pack, refused before, are built: tests/test_fsdp_qkhd.c's
+// minimax group and tests/test_train_pack.c's minimax family.)
+// FSDP (the step-0 meshes at dp 2 run it too, the trainer's default there):
+// the fixture's AdamW steps at dp 2 (one window per replica) and dp 2 x tp 2,
+// every step's loss and the saved parameters against PyTorch's, the saves
+// under transformers' names with a config naming the family.
+static void test_fsdp_steps(void **state) {
+  (void)state;
+  const int nps[2] = {2, 4};
+  const char *const *meshes[2] = {MESH("--dp", "2", "--fsdp"), MESH("--dp", "2", "--tp", "2", "--fsdp")};
+  th_check_steps_meshes(2, nps, meshes, aux(), F->min_tensors, F->model_type);
+}
+static const struct CMUnitTest minimax_tests[] = {cmocka_unit_test(test_step0_meshes), COMMON_TESTS,
+                                                  cmocka_unit_test(test_fsdp_steps)};
 
 #define N(a) (sizeof(a) / sizeof *(a))
 #define STEPS_TP2_EP2 {MESH(GA2), MESH(GA2, "--tp", "2", "--ep", "2", "--etp", "1")}
@@ -440,7 +445,7 @@ static const family families[] = {
      .model_type = "minimax", .step0 = moe_meshes, .n_step0 = N(moe_meshes),
      .steps_np = {1, 2}, .steps_mesh = STEPS_TP2_EP2,
      .controls = minimax_controls, .n_controls = N(minimax_controls),
-     .refusals = minimax_refusals, .n_refusals = N(minimax_refusals),
+     .refusals = NULL, .n_refusals = 0,
      .tests = minimax_tests, .n_tests = N(minimax_tests)},
 };
 

@@ -2,17 +2,23 @@
 // against PyTorch: transformers' own class run with a 4-D block-diagonal
 // causal mask, position_ids restarting per document and the EOS inputs'
 // targets at -100 (scripts/reference/make_pack_train_fixture.py,
-// tests/fixtures/<family>_pack; Qwen2-VL's text decoder for an MRoPE family),
-// one family per run:
-// `test_train_pack qwen3_moe|minimax_m2|qwen2_vl`, registered as ctest
+// tests/fixtures/<family>_pack; Qwen2-VL's text decoder for an MRoPE family;
+// MiniMax, whose lightning layers take no mask, as each document run alone
+// through transformers' class and joined -- the lightning state must restart
+// at every document's first token), one family per run:
+// `test_train_pack qwen3_moe|minimax_m2|qwen2_vl|minimax`, registered as ctest
 // test_train_pack_<family>. Step 0 of two windows with 2-3 EOS each (one at a
 // window's first input): the loss within 1e-5 and the gradients of every
 // attention, norm and router tensor (the fixture leaves out the MLPs, the
-// embedding and the lm head to stay small) within 1e-4, at tp 1, tp 2 and dp 2.
+// embedding and the lm head to stay small) within 1e-4, at tp 1, tp 2 and dp 2
+// (FSDP).
 //
-// Negative controls: without the attention mask (--debug-pack no-mask) the
-// loss and the gradients must miss PyTorch's by far, and so must a run
-// without --pack. Restarted positions cannot be seen under the mask (RoPE
+// Negative controls: without the attention mask (--debug-pack no-mask; for
+// minimax also without the lightning state's reset, which the same input
+// drives) the loss and the gradients must miss PyTorch's by far, and so must
+// a run without --pack. Minimax alone: with the mask kept but the lightning
+// state carried across documents (--debug-pack no-state-reset) they must
+// miss as well; the other families refuse that control. Restarted positions cannot be seen under the mask (RoPE
 // scores depend on position differences only, and the mask keeps both in one
 // document: the fixture records that), so they are checked without it: the
 // no-mask run's loss must equal PyTorch's with a plain causal mask and the
@@ -32,16 +38,19 @@
 typedef struct family {
   const char *name, *fix, *model;
   int min_tensors;  // tensors a gradient comparison must cover (more than this)
+  bool lightning;   // lightning attention layers: their state restarts at each document
 } family;
 
 #define FIXTURE(dir) TPR_FIXTURES "/" dir
 #define GA2 "--grad-accum", "2"
 
 static const family families[] = {
-    {"qwen3_moe", FIXTURE("qwen3_moe_pack"), FIXTURE("qwen3_moe_tiny"), 35},  // 36 kept: 4 layers' attention, norms, routers
-    {"minimax_m2", FIXTURE("minimax_m2_pack"), FIXTURE("minimax_m2_tiny"), 18},  // 19 kept: 2 layers'
+    {"qwen3_moe", FIXTURE("qwen3_moe_pack"), FIXTURE("qwen3_moe_tiny"), 35, false},  // 36 kept: 4 layers' attention, norms, routers
+    {"minimax_m2", FIXTURE("minimax_m2_pack"), FIXTURE("minimax_m2_tiny"), 18, false},  // 19 kept: 2 layers'
     // MRoPE: every row of positions_3d restarts alike (the text rule per document); dense, no aux loss.
-    {"qwen2_vl", FIXTURE("qwen2_vl_pack"), FIXTURE("qwen2_vl_tiny"), 18},  // 19 kept: 2 layers' with q/k/v biases
+    {"qwen2_vl", FIXTURE("qwen2_vl_pack"), FIXTURE("qwen2_vl_tiny"), 18, false},  // 19 kept: 2 layers' with q/k/v biases
+    // Lightning layers 0, 2, 3 (qkv_proj, output_gate, out_proj, their norm) beside softmax layer 1.
+    {"minimax", FIXTURE("minimax_pack"), FIXTURE("minimax_tiny"), 28, true},  // 29 kept: 4 layers', the final norm
 };
 static const family *F;
 
@@ -85,6 +94,13 @@ static void test_controls(void **state) {
          "and %.0e)\n", le_mask, ge_mask, le_plain, ge_plain, 100 * TH_GRAD_BOUND);
   assert_true(le_mask > 1e-3 && ge_mask > 100 * TH_GRAD_BOUND);
   assert_true(le_plain > 1e-3 && ge_plain > 100 * TH_GRAD_BOUND);
+  if (F->lightning) {  // the softmax mask kept, the lightning state carried across documents
+    double le_state;
+    const double ge_state = th_step0(1, MESH(GA2), aux(), pack_args("no-state-reset"), F->min_tensors, &le_state);
+    printf("  control: lightning state not restarted at documents: loss rel err %.2e, worst gradient %.2e (must "
+           "exceed 1e-3 and %.0e)\n", le_state, ge_state, 100 * TH_GRAD_BOUND);
+    assert_true(le_state > 1e-3 && ge_state > 100 * TH_GRAD_BOUND);
+  }
 
   // The positions, seen without the mask.
   const double want = th_meta_at("records.controls.no_mask.loss", -1);
@@ -204,6 +220,10 @@ static void test_refusals(void **state) {
   th_check_refusal("--eos-id without --pack", 1, MESH(TRAIN, "--eos-id", "3"), "--eos-id and --debug-pack go with --pack");
   th_check_refusal("a bad control", 1, MESH(TRAIN, "--pack", "--eos-id", "3", "--debug-pack", "x"),
                    "--debug-pack must be");
+  if (!F->lightning)
+    th_check_refusal("a lightning control without lightning layers", 1,
+                     MESH(TRAIN, "--pack", "--eos-id", "3", "--debug-pack", "no-state-reset"),
+                     "has no lightning attention layers");
   th_check_refusal("--pack with --positions-3d", 1, MESH(TRAIN, "--pack", "--eos-id", "3", "--positions-3d", data),
                    "give one or the other");
 #undef TRAIN
@@ -222,7 +242,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; argc == 2 && i < sizeof families / sizeof *families; i++)
     if (!strcmp(argv[1], families[i].name)) F = &families[i];
   if (!F) {
-    fprintf(stderr, "usage: test_train_pack qwen3_moe|minimax_m2|qwen2_vl\n");
+    fprintf(stderr, "usage: test_train_pack qwen3_moe|minimax_m2|qwen2_vl|minimax\n");
     return 2;
   }
   tt_seed_from_env();

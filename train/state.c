@@ -147,7 +147,7 @@ static const struct trainable {
     {TPR_FAMILY_HUNYUAN_V1_MOE, &tpr_hunyuan_moe_desc, true},
     {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
     {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
-    {TPR_FAMILY_MINIMAX, NULL, false},  // its own builder (models/minimax.c), without FSDP
+    {TPR_FAMILY_MINIMAX, NULL, true},  // its own builder (models/minimax.c)
 };
 #define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
 
@@ -187,6 +187,9 @@ static tpr_status make_program(tpr_train_state *t) {
   int64_t T = t->o.seq_len;
   double coef = t->o.aux_coef >= 0 ? t->o.aux_coef : t->cfg->router_aux_loss_coef;
   const char *fam = tpr_model_family_name(family);
+  if (family != TPR_FAMILY_MINIMAX && (t->o.pack_debug & TPR_PACK_DEBUG_NO_STATE_RESET))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --debug-pack no-state-reset: %s has no lightning attention layers",
+                    fam);
   if (family == TPR_FAMILY_MINIMAX_M2) {
     tpr_m2_build_opts bo = {.tokens = T,
                             .per_rank_qk_norm = so->per_rank_qk_norm,
@@ -210,17 +213,17 @@ static tpr_status make_program(tpr_train_state *t) {
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is not built for %s; train it with --no-fsdp (plain data "
                     "parallelism)", fam);
   if (family == TPR_FAMILY_MINIMAX) {
-    // Packed documents would need the lightning state reset at each
-    // document's first token: the op has no document form yet.
-    if (t->o.pack)
-      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: --pack is not built for %s (its lightning attention layers would "
-                      "carry their state across documents)", fam);
+    // Packed documents: the softmax layers' mask and the lightning layers'
+    // state reset both stop at each document's first token ("attn_lo").
     tpr_minimax_opts mo = {.step = {.moe = so->moe},
                            .control = so->per_rank_qk_norm ? TPR_MINIMAX_CONTROL_LOCAL_NORM : TPR_MINIMAX_CONTROL_NONE,
                            .training = true,
                            .tokens = T,
                            .aux_coef = coef,
-                           .skip_grad_marks = so->skip_grad_marks};
+                           .pack = packed_attention(t),
+                           .debug_carry_state = (t->o.pack_debug & TPR_PACK_DEBUG_NO_STATE_RESET) != 0,
+                           .skip_grad_marks = so->skip_grad_marks,
+                           .fsdp = t->o.fsdp};
     return tpr__session_make_program(t->s, build_minimax, &mo, &t->program);
   }
   // transformers' HunYuanMoEV1ForCausalLM trains on the cross-entropy alone

@@ -40,8 +40,10 @@ typedef struct tpr_train_state_opts {
 } tpr_train_state_opts;
 
 // Tests' negative controls of packing: attention left plain causal across
-// documents, or positions left 0..T-1 (the rest of packing kept).
-enum { TPR_PACK_DEBUG_NO_MASK = 1, TPR_PACK_DEBUG_NO_POSITIONS = 2 };
+// documents, or positions left 0..T-1, or (families with lightning attention
+// layers) their state carried across documents with the softmax layers'
+// mask kept (the rest of packing kept).
+enum { TPR_PACK_DEBUG_NO_MASK = 1, TPR_PACK_DEBUG_NO_POSITIONS = 2, TPR_PACK_DEBUG_NO_STATE_RESET = 4 };
 
 // One trained tensor of this rank, in the rank's layout (host f32).
 typedef struct tpr_train_param {

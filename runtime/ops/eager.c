@@ -140,6 +140,13 @@ tpr_status tpr_lightning_attention(tpr_backend *be, const tpr_tensor *q, const t
   tpr_op_attrs at = {.n_i = 1, .i = {block_size}};
   return tpr_op_run(be, TPR_OP_LIGHTNING_ATTENTION, (const tpr_tensor *const[]){q, k, v, state, slopes}, 5, &at, out);
 }
+tpr_status tpr_lightning_attention_docs(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k,
+                                        const tpr_tensor *v, const tpr_tensor *state, const tpr_tensor *slopes,
+                                        const tpr_tensor *lo, int64_t block_size, tpr_tensor *out) {
+  tpr_op_attrs at = {.n_i = 2, .i = {block_size, 1}};
+  return tpr_op_run(be, TPR_OP_LIGHTNING_ATTENTION, (const tpr_tensor *const[]){q, k, v, state, slopes, lo}, 6, &at,
+                    out);
+}
 
 tpr_status tpr_lightning_decode(tpr_backend *be, const tpr_tensor *q, const tpr_tensor *k, const tpr_tensor *v,
                                 const tpr_tensor *state, const tpr_tensor *slopes, tpr_tensor *out) {

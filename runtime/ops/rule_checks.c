@@ -92,7 +92,11 @@ int tpr__fp8_extra_inputs(tpr_op_kind op) {
 }
 
 bool tpr__attention_docs_attr(tpr_op_kind op, const tpr_op_attrs *at) {
-  return at && (op == TPR_OP_ATTENTION || op == TPR_OP_ATTENTION_BWD) && at->n_i > 0 && at->i[0] != 0;
+  if (!at) return false;
+  if (op == TPR_OP_ATTENTION || op == TPR_OP_ATTENTION_BWD) return at->n_i > 0 && at->i[0] != 0;
+  // Lightning attention's prefill: i[0] is the block size, i[1] the flag.
+  if (op == TPR_OP_LIGHTNING_ATTENTION || op == TPR_OP_LIGHTNING_ATTENTION_BWD) return at->n_i > 1 && at->i[1] != 0;
+  return false;
 }
 
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,

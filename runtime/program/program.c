@@ -311,6 +311,15 @@ tpr_status tpr_pb_lightning_attention(tpr_program *p, tpr_value_id q, tpr_value_
                            &packed));
   return split_packed(p, packed, q, state, o, state_out);
 }
+tpr_status tpr_pb_lightning_attention_docs(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                           tpr_value_id state, tpr_value_id slopes, tpr_value_id lo,
+                                           int64_t block_size, tpr_value_id *o, tpr_value_id *state_out) {
+  tpr_op_attrs at = {.n_i = 2, .i = {block_size, 1}};
+  tpr_value_id packed;
+  TPR_CHECK(tpr_program_op(p, TPR_OP_LIGHTNING_ATTENTION, (const tpr_value_id[]){q, k, v, state, slopes, lo}, 6,
+                           &at, &packed));
+  return split_packed(p, packed, q, state, o, state_out);
+}
 tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                                    tpr_value_id state, tpr_value_id slopes, tpr_value_id *o, tpr_value_id *state_out) {
   tpr_value_id packed;

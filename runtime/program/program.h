@@ -114,6 +114,12 @@ tpr_status tpr_pb_rope_ex(tpr_program *p, tpr_value_id x, tpr_value_id positions
 tpr_status tpr_pb_lightning_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                                       tpr_value_id state, tpr_value_id slopes, int64_t block_size, tpr_value_id *o,
                                       tpr_value_id *state_out);
+// Its document form (tpr_lightning_attention_docs; packed training
+// sequences): lo (T) i32 each token's document start, where the state
+// restarts from zero (the first document from `state`).
+tpr_status tpr_pb_lightning_attention_docs(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                           tpr_value_id state, tpr_value_id slopes, tpr_value_id lo,
+                                           int64_t block_size, tpr_value_id *o, tpr_value_id *state_out);
 // One decode step of B sequences (tpr_lightning_decode): o (B, H, D) and the
 // new states (B, H, D, D) as views.
 tpr_status tpr_pb_lightning_decode(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,

@@ -23,6 +23,15 @@
 // and d(initial state) is the last G. The slopes are constants (transformers
 // keeps them as buffers): they get no gradient.
 //
+// The document form (packed sequences; ops.h, tpr_lightning_attention_docs)
+// cuts the T tokens into documents at their starts: each runs the loop
+// above from its first token, the first from the given state, every later
+// one from zeros. The backward runs the documents last to first: the
+// gradient of a document's end state is d(final state) for the last and
+// zero for the others (their end states feed nothing), and the gradient of
+// a later document's zero start state is dropped; the first document's is
+// d(initial state).
+//
 // Heads are independent: threads take whole heads (tpr__omp_share), each
 // with its own scratch, so results do not depend on the thread count.
 #include <cblas.h>
@@ -116,6 +125,35 @@ static void prefill_head(const float *q, const float *k, const float *v, float *
   }
 }
 
+// The documents of a prefill: starts[i] the first token of document i
+// (starts[0] = 0), *n of them. Without the document form (n_in the plain
+// form's count) one document of all T tokens. lo is run-time data: checked.
+static tpr_status doc_starts(const char *op, const tpr_tensor *const *in, int n_in, int lo_at, int64_t T,
+                             int64_t *starts, int64_t *n) {
+  *n = 1, starts[0] = 0;
+  if (n_in <= lo_at) return TPR_OK;
+  const tpr_tensor *lt = in[lo_at];
+  const int32_t *lo = tpr_tensor_data(lt);
+  const int64_t ls = lt->stride[0];
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t v = lo[t * ls], prev = t ? lo[(t - 1) * ls] : 0;
+    if (t == 0 && v != 0)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: lo[0] = %lld; the first token starts a document (lo[0] = 0)", op,
+                      (long long)v);
+    if (v != prev && v != t)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: lo[%lld] = %lld after lo[%lld] = %lld; a token's document starts "
+                      "where the previous token's does or at the token itself (lo[0] = 0)", op, (long long)t,
+                      (long long)v, (long long)(t ? t - 1 : 0), (long long)prev);
+    if (t > 0 && v == t) starts[(*n)++] = t;
+  }
+  return TPR_OK;
+}
+
+// Document i's length of T tokens.
+static int64_t doc_len(const int64_t *starts, int64_t n, int64_t i, int64_t T) {
+  return (i + 1 < n ? starts[i + 1] : T) - starts[i];
+}
+
 // Threads for H heads of `work` elements each (tpr__cpu_nt), at most H.
 static int head_threads(const void *ctx, int64_t H, int64_t work) {
   const int nt = tpr__cpu_nt(ctx, H * work);
@@ -129,10 +167,9 @@ static tpr_status check_sizes(const char *op, int64_t H, int64_t D, int64_t B) {
   return TPR_OK;
 }
 
-// q, k, v (T, H, D), state (H, D, D), slopes (H); i[0] block;
+// q, k, v (T, H, D), state (H, D, D), slopes (H) [, lo (T) i32]; i[0] block;
 // out packed (o (T, H, D) | state (H, D, D)).
 TPR_CPU_KERNEL(lightning_attention) {
-  (void)n_in;
   const tpr_tensor *st = in[3];
   const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];
   const int64_t Bt = T < B ? T : B;  // the largest block this call forms
@@ -144,13 +181,15 @@ TPR_CPU_KERNEL(lightning_attention) {
   const int nt = head_threads(ctx, H, T * D * (D + Bt));
   float *sl = malloc((size_t)H * sizeof *sl), *qkv = malloc((size_t)(3 * T * H * D) * sizeof *qkv);
   float *w = malloc((size_t)(nt * fwd_scratch(Bt, D)) * sizeof *w);
+  int64_t *starts = malloc((size_t)T * sizeof *starts), nd = 1;
   tpr_status rc = TPR_OK;
-  if (!sl || !qkv || !w) {
+  if (!sl || !qkv || !w || !starts) {
     rc = TPR_FAIL(TPR_ERR_OOM, "lightning_attention (cpu): scratch for T = %lld, H = %lld, D = %lld", (long long)T,
                   (long long)H, (long long)D);
     goto done;
   }
   TPR_CHECK_GOTO(read_slopes("lightning_attention", in[4], sl), rc, done);
+  TPR_CHECK_GOTO(doc_starts("lightning_attention", in, n_in, 5, T, starts, &nd), rc, done);
   float *qh = qkv, *kh = qkv + T * H * D, *vh = qkv + 2 * T * H * D;  // (H, T, D) each
   heads_major(in[0], qh), heads_major(in[1], kh), heads_major(in[2], vh);
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -159,11 +198,15 @@ TPR_CPU_KERNEL(lightning_attention) {
     tpr__omp_share(H, 1, &h0, &h1);
     float *wt = w + omp_get_thread_num() * fwd_scratch(Bt, D);
     for (int64_t h = h0; h < h1; h++)
-      prefill_head(qh + h * T * D, kh + h * T * D, vh + h * T * D, S + h * D * D, o + h * D, H * D, T, D, Bt, sl[h],
-                   wt);
+      for (int64_t d = 0; d < nd; d++) {
+        const int64_t t0 = starts[d], r = h * T * D + t0 * D;
+        if (d > 0) memset(S + h * D * D, 0, (size_t)(D * D) * sizeof *S);  // a later document: the zero state
+        prefill_head(qh + r, kh + r, vh + r, S + h * D * D, o + t0 * H * D + h * D, H * D, doc_len(starts, nd, d, T),
+                     D, Bt, sl[h], wt);
+      }
   }
 done:
-  free(sl), free(qkv), free(w);
+  free(sl), free(qkv), free(w), free(starts);
   return rc;
 }
 
@@ -216,9 +259,9 @@ static void backward_head(const float *q, const float *k, const float *v, const 
 }
 
 // q, k, v (T, H, D), state (H, D, D), slopes (H), dout packed (T*H*D |
-// H*D*D); i[0] block; out packed (dq | dk | dv (T, H, D) | dstate (H, D, D)).
+// H*D*D) [, lo (T) i32]; i[0] block; out packed (dq | dk | dv (T, H, D) |
+// dstate (H, D, D)).
 TPR_CPU_KERNEL(lightning_attention_bwd) {
-  (void)n_in;
   const tpr_tensor *st = in[3], *dout = in[5];
   const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];
   const int64_t Bt = T < B ? T : B, n = T * H * D;
@@ -233,13 +276,16 @@ TPR_CPU_KERNEL(lightning_attention_bwd) {
   const int nt = head_threads(ctx, H, T * D * (D + Bt));
   float *sl = malloc((size_t)H * sizeof *sl), *buf = malloc((size_t)(4 * n + H * D * D) * sizeof *buf);
   float *w = malloc((size_t)(nt * bwd_scratch(nb, Bt, D)) * sizeof *w);
+  int64_t *starts = malloc((size_t)T * sizeof *starts), nd = 1;
+  float *zeros = calloc((size_t)(D * D), sizeof *zeros);  // a later document's start state
   tpr_status rc = TPR_OK;
-  if (!sl || !buf || !w) {
+  if (!sl || !buf || !w || !starts || !zeros) {
     rc = TPR_FAIL(TPR_ERR_OOM, "lightning_attention_bwd (cpu): scratch for T = %lld, H = %lld, D = %lld, %lld blocks",
                   (long long)T, (long long)H, (long long)D, (long long)nb);
     goto done;
   }
   TPR_CHECK_GOTO(read_slopes("lightning_attention_bwd", in[4], sl), rc, done);
+  TPR_CHECK_GOTO(doc_starts("lightning_attention_bwd", in, n_in, 6, T, starts, &nd), rc, done);
   float *qh = buf, *kh = buf + n, *vh = buf + 2 * n, *dh = buf + 3 * n, *S0 = buf + 4 * n;  // (H, T, D), (H, D, D)
   heads_major(in[0], qh), heads_major(in[1], kh), heads_major(in[2], vh);
   const int64_t dys[3] = {H * D * dstr[0], D * dstr[0], dstr[0]}, dyc[3] = {D, T * D, 1}, shp[3] = {T, H, D};
@@ -251,14 +297,17 @@ TPR_CPU_KERNEL(lightning_attention_bwd) {
     int64_t h0, h1;
     tpr__omp_share(H, 1, &h0, &h1);
     float *wt = w + omp_get_thread_num() * bwd_scratch(nb, Bt, D);
-    for (int64_t h = h0; h < h1; h++) {
-      const head_grads g = {dq + h * D, dk + h * D, dv + h * D, H * D, dS + h * D * D};
-      const int64_t o = h * T * D;
-      backward_head(qh + o, kh + o, vh + o, dh + o, S0 + h * D * D, &g, T, D, Bt, sl[h], wt);
-    }
+    for (int64_t h = h0; h < h1; h++)
+      for (int64_t d = nd - 1; d >= 0; d--) {  // G: d(final state), then zero for each earlier document's end
+        const int64_t t0 = starts[d], r = h * T * D + t0 * D, at = t0 * H * D + h * D;
+        const head_grads g = {dq + at, dk + at, dv + at, H * D, dS + h * D * D};
+        backward_head(qh + r, kh + r, vh + r, dh + r, d ? zeros : S0 + h * D * D, &g, doc_len(starts, nd, d, T), D,
+                      Bt, sl[h], wt);
+        if (d > 0) memset(g.G, 0, (size_t)(D * D) * sizeof *g.G);  // a zero start state: its gradient is dropped
+      }
   }
 done:
-  free(sl), free(buf), free(w);
+  free(sl), free(buf), free(w), free(starts), free(zeros);
   return rc;
 }
 

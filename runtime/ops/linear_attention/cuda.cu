@@ -147,13 +147,23 @@ static tpr_status check_sizes(const char *op, int64_t H, int64_t D, int64_t T) {
   return TPR_OK;
 }
 
+// The document form (ops.h, tpr_lightning_attention_docs: packed training
+// sequences) has no CUDA kernel yet: refused by name rather than run as the
+// plain form, which would carry the state across documents.
+static tpr_status refuse_docs(const char *op, int n_in, int plain) {
+  if (n_in > plain)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "%s (cuda): the document form (packed sequences) runs on the CPU backend "
+                    "only", op);
+  return TPR_OK;
+}
+
 // ---- kernels
 
 // q, k, v (T, H, D), state (H, D, D), slopes (H); i[0] block;
 // out packed (o (T, H, D) | state (H, D, D)).
 TPR_CUDA_KERNEL(lightning_attention) {
-  (void)n_in;
   static const char *op = "lightning_attention";
+  TPR_CHECK(refuse_docs(op, n_in, 5));
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   const tpr_tensor *st = in[3];
   const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];
@@ -190,8 +200,8 @@ TPR_CUDA_KERNEL(lightning_attention) {
 // q, k, v (T, H, D), state (H, D, D), slopes (H), dout packed (T*H*D |
 // H*D*D); i[0] block; out packed (dq | dk | dv (T, H, D) | dstate (H, D, D)).
 TPR_CUDA_KERNEL(lightning_attention_bwd) {
-  (void)n_in;
   static const char *op = "lightning_attention_bwd";
+  TPR_CHECK(refuse_docs(op, n_in, 6));
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   const tpr_tensor *st = in[3], *dout = in[5];
   const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];

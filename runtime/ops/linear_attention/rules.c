@@ -42,21 +42,43 @@ static tpr_status need_block(const char *op, const tpr_op_attrs *at) {
   return TPR_OK;
 }
 
-// q, k, v (T, H, D), state (H, D, D), slopes (H); i[0] block -> (T*H*D + H*D*D).
+// The document form's lo (T) i32 (ops.h), when i[1] asks for it. Its values
+// (document starts) are data: the kernels check them at run time.
+static tpr_status need_docs_lo(const char *op, const tpr_tensor *const *in, int at_index, const tpr_op_attrs *at,
+                               int64_t T) {
+  if (at->n_i > 1 && at->i[1] != 0 && at->i[1] != 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[1] = %lld; the document flag is 0 or 1", op, (long long)at->i[1]);
+  if (at->n_i < 2 || at->i[1] == 0) return TPR_OK;
+  const tpr_tensor *lo = in[at_index];  // present: tpr__op_infer counted the form's inputs
+  TPR_CHECK(tpr__need_dtype(op, lo, TPR_I32, "lo"));
+  if (lo->ndim != 1 || lo->shape[0] != T) {
+    char got[128];
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: lo must be (T = %lld) i32, got %s", op, (long long)T,
+                    tpr_tensor_describe(lo, got, sizeof got));
+  }
+  return TPR_OK;
+}
+
+// q, k, v (T, H, D), state (H, D, D), slopes (H) [, lo (T) i32 with i[1] = 1];
+// i[0] block -> (T*H*D + H*D*D).
 TPR__OP_RULE(lightning_attention) {
   int64_t H, D;
   TPR_CHECK(need_qkv_state("lightning_attention", in, 3, &H, &D));
   TPR_CHECK(need_block("lightning_attention", attrs));
+  TPR_CHECK(need_docs_lo("lightning_attention", in, 5, attrs, in[0]->shape[0]));
   const int64_t n = in[0]->shape[0] * H * D + H * D * D;
   tpr__set_contiguous(out, TPR_F32, 1, &n);
   return TPR_OK;
 }
 
-// The forward's inputs, then dout packed like its output -> (3*T*H*D + H*D*D).
+// The forward's inputs, then dout packed like its output [, then the
+// document form's lo] -> (3*T*H*D + H*D*D).
 TPR__OP_RULE(lightning_attention_bwd) {
   const char *op = "lightning_attention_bwd";
   tpr_tensor y;
-  TPR_CHECK(tpr__need_forward(op, TPR_OP_LIGHTNING_ATTENTION, in, 5, attrs, &y));
+  const bool docs = tpr__attention_docs_attr(TPR_OP_LIGHTNING_ATTENTION_BWD, attrs);
+  const tpr_tensor *fwd[6] = {in[0], in[1], in[2], in[3], in[4], docs ? in[6] : NULL};
+  TPR_CHECK(tpr__need_forward(op, TPR_OP_LIGHTNING_ATTENTION, fwd, 5 + docs, attrs, &y));
   TPR_CHECK(tpr__need_like(op, in[5], &y, "dout (d o | d final state)"));
   const int64_t n = 3 * tpr_tensor_numel(in[0]) + tpr_tensor_numel(in[3]);  // dq | dk | dv | dstate
   tpr__set_contiguous(out, TPR_F32, 1, &n);
