@@ -75,7 +75,9 @@ static void run(tpr_session *s, const workload *w, const tpr_spec *spec, control
   memset(&rec, 0, sizeof rec);
   memset(out, 0, sizeof *out);
   tpr_engine_opts eo = {.max_tokens_per_step = 16, .on_logits = em_on_logits, .ctx = &rec,
-                        .max_draft = spec ? spec->k : 0, .debug_accept_all_drafts = c.accept_all,
+                        .max_draft = spec ? spec->k : 0,
+                        .draft_layers = spec && spec->kind == TPR_SPEC_SELF ? spec->n : 0,
+                        .debug_accept_all_drafts = c.accept_all,
                         .debug_keep_rejected_blocks = c.keep_blocks};
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &eo, &e));
@@ -187,7 +189,8 @@ static void test_greedy_equal(void **state) {
   tpr_rng rng = {em_shared_seed()};
   make_workload(&w, &rng, 10, 16, false);
   run(s, &w, NULL, (controls){0}, &plain);
-  const tpr_spec drafters[] = {{TPR_SPEC_LOOKUP, 3, 4}, {TPR_SPEC_LOOKUP, 1, 2}, {TPR_SPEC_LOOKUP, 2, 7}};
+  const tpr_spec drafters[] = {{TPR_SPEC_LOOKUP, 3, 4}, {TPR_SPEC_LOOKUP, 1, 2}, {TPR_SPEC_LOOKUP, 2, 7},
+                               {TPR_SPEC_SELF, 1, 3}, {TPR_SPEC_SELF, 1, 1}};
   for (size_t d = 0; d < sizeof drafters / sizeof *drafters; d++) {
     char what[64], name[24];
     snprintf(what, sizeof what, "greedy, %s", tpr_spec_format(&drafters[d], name, sizeof name));
@@ -208,10 +211,14 @@ static void test_preemption_and_cancel(void **state) {
   make_workload(&w, &rng, 8, 14, false);
   for (int i = 0; i < w.n; i++) w.q[i].arrive_step = 0;
   w.q[3].cancel_step = 5;
-  const tpr_spec d = {TPR_SPEC_LOOKUP, 2, 4};
+  const tpr_spec d[] = {{TPR_SPEC_LOOKUP, 2, 4}, {TPR_SPEC_SELF, 1, 2}};
   run(s, &w, NULL, (controls){0}, &plain);
-  run(s, &w, &d, (controls){0}, &spec);
-  expect_same(&w, &spec, &plain, "greedy under preemption and a cancel, lookup:2:4");
+  for (int i = 0; i < 2; i++) {
+    char what[96], name[24];
+    snprintf(what, sizeof what, "greedy under preemption and a cancel, %s", tpr_spec_format(&d[i], name, sizeof name));
+    run(s, &w, &d[i], (controls){0}, &spec);
+    expect_same(&w, &spec, &plain, what);
+  }
   assert_true(plain.preemptions > 0);
   tpr_session_close(s);
 }

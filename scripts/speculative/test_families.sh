@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Speculative decoding on every family's fixture through `tpr run`: greedy
+# tokens with --speculative lookup:2:4 and self:1:3 equal those without, at
+# tp 1 and under mpirun -np 2 (tp 2, and ep 2 for the MoE families), and
+# each run verified drafts (so the comparison is not empty). The hybrid
+# family (minimax: recurrent state) is refused with a clear message.
+# usage: test_families.sh TPR FIXTURES MPIEXEC
+set -euo pipefail
+TPR=$1 FIX=$2 MPI=$3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fails=0
+pass() { echo "ok: $*"; }
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# generated ids of every prompt, and the drafts verified ("-" without).
+summary() {
+  python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(";".join(",".join(map(str, p["generated"])) for p in d["prompts"]), d.get("speculative", {}).get("drafted", "-"))' "$1"
+}
+
+run() {  # out mesh-args... -- run-args...
+  local out=$1; shift
+  local np=$1; shift
+  if [ "$np" = 1 ]; then
+    "$TPR" run "$@" --json > "$out" 2> "$out.err"
+  else
+    "$MPI" -np "$np" --oversubscribe "$TPR" run "$@" --json > "$out" 2> "$out.err"
+  fi
+}
+
+PROMPTS=(--prompt-ids 5,17,9,5,17,9,5,17 --prompt-ids 3,1,4,1,5,9,2,6,5,3,5)
+for fam in minimax_m2_tiny qwen3_moe_tiny hunyuan_moe_tiny qwen2_vl_tiny qwen3_vl_moe_tiny demo_model; do
+  moe=1
+  [ "$fam" = qwen2_vl_tiny ] && moe=0
+  meshes=("1" "2 --tp 2")
+  [ $moe = 1 ] && meshes+=("2 --tp 1 --dp 2 --ep 2")
+  for mesh in "${meshes[@]}"; do
+    set -- $mesh
+    np=$1; shift
+    args=(--model "$FIX/$fam" "${PROMPTS[@]}" --max-new-tokens 16 "$@")
+    if ! run "$W/plain" "$np" "${args[@]}"; then fail "$fam [$mesh]: plain run failed: $(tail -3 "$W/plain.err")"; continue; fi
+    read -r want _ < <(summary "$W/plain")
+    for spec in lookup:2:4 self:1:3; do
+      if ! run "$W/spec" "$np" "${args[@]}" --speculative "$spec"; then
+        fail "$fam [$mesh] $spec: run failed: $(tail -3 "$W/spec.err")"
+        continue
+      fi
+      read -r got drafted < <(summary "$W/spec")
+      if [ "$got" = "$want" ] && [ "$drafted" != "-" ] && [ "$drafted" -gt 0 ]; then
+        pass "$fam [np $mesh] $spec: tokens equal, $drafted drafts verified"
+      else
+        fail "$fam [np $mesh] $spec: got $got (drafts $drafted), want $want"
+      fi
+    done
+  done
+done
+
+# The hybrid family: refused by name, exit 2 or 1, nothing generated.
+if "$TPR" run --model "$FIX/minimax_tiny" --prompt-ids 5,17,9 --max-new-tokens 4 --speculative lookup:2:4 \
+  > "$W/hy" 2> "$W/hy.err"; then
+  fail "minimax (hybrid) with --speculative: accepted"
+elif grep -q "speculative decoding is not built for minimax" "$W/hy.err"; then
+  pass "minimax (hybrid) refused: $(grep -o 'speculative decoding is not built[^(]*' "$W/hy.err" | head -1)"
+else
+  fail "minimax (hybrid): unclear error: $(cat "$W/hy.err")"
+fi
+# Bad values: a clear message, exit 2.
+for bad in lookup:0:4 lookup:2 self:9:2 self:1:99 nonsense; do
+  rc=0
+  "$TPR" run --model "$FIX/minimax_m2_tiny" --prompt-ids 5,17,9 --max-new-tokens 4 --speculative "$bad" \
+    > "$W/bad" 2> "$W/bad.err" || rc=$?
+  if [ $rc -ne 0 ] && grep -qi "speculative\|self-speculative" "$W/bad.err"; then
+    pass "--speculative $bad refused (exit $rc): $(grep -i speculative "$W/bad.err" | head -1 | cut -c1-150)"
+  else
+    fail "--speculative $bad: exit $rc, $(cat "$W/bad.err")"
+  fi
+done
+[ $fails = 0 ] && echo "all passed" || { echo "$fails failed"; exit 1; }
