@@ -131,6 +131,12 @@ typedef enum tpr_op_kind {
   // of a pool, read and written IN PLACE.
   TPR_OP_LIGHTNING_PAGED = 69,  // in (q, k, v (T, H, D), pool (NS, H, D, D), slopes (H) f32, state_slot (T) i32,
                                 // positions (T) i32); i[0] block size; out o (T, H, D) f32
+  // InfLLM-v2 block-sparse attention (MiniCPM-SALA's sparse layers; runtime/ops/sparse_attention/, exact
+  // semantics at tpr_pb_sparse_attention_paged): paged_attention's operands, each query attending only the
+  // key blocks it selects from compressed keys (init and local blocks always; the rest by top-k).
+  TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
+                                       // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
+                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
