@@ -295,6 +295,13 @@ tpr_status tpr_lightning_decode(tpr_backend *be, const tpr_tensor *q, const tpr_
 // slope[h] = base^(h + 1) * (1 - layer / (n_layers - 1 + 1e-5) + 1e-5),
 // computed in double, rounded to f32. A tensor-parallel rank takes its slice.
 void tpr_lightning_slopes(int64_t heads, int64_t layer, int64_t n_layers, float *out);
+// MiniCPM-SALA's lightning slopes (its modeling code's _build_slope_tensor,
+// docs/minicpm-sala.md): ALiBi's, the same in every layer. For n a power of
+// two, start = 2^(-8/n) and slope[h] = start * start^h; otherwise the slopes
+// of the largest power of two c < n, then every other slope of 2c's up to n
+// heads. Computed in double, rounded to f32. The linear layers then run
+// tpr_lightning_attention with q scaled by 1/sqrt(D) (that op has no scale).
+void tpr_alibi_slopes(int64_t heads, float *out);
 // MiniMax-M2 router. logits (T, E), bias (E) f32; 1 <= k <= E; out (T, E) f32
 // dense combine weights: s = 1 / (1 + expf(-logit)); per row the k experts
 // with the largest s + bias are chosen (ties: the lower expert index wins; a

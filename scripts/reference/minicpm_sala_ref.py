@@ -210,6 +210,20 @@ class Cache:
         self.state = [None] * cfg.layers
 
 
+def lightning_core(q, k, v, slopes, scale, S):
+    """Simple gated linear attention with a fixed decay per head, the
+    recurrence fla's simple GLA computes in chunks: q, k, v (T, H, D), slopes
+    (H), S (H, D, D) the state before; S_t = exp(-slope_h) S_{t-1} + k_t^T v_t,
+    o_t = scale q_t S_t. Returns o (T, H, D) and the state after."""
+    decay = torch.exp(-slopes)[:, None, None]
+    o = torch.empty_like(q)
+    S = S.clone()
+    for t in range(q.shape[0]):
+        S = decay * S + k[t, :, :, None] * v[t, :, None, :]
+        o[t] = torch.einsum("hd,hde->he", q[t], S) * scale
+    return o, S
+
+
 def lightning(cfg, W, pre, x, pos, state):
     """x (T, hidden) normed input; returns (T, hidden) and the new state."""
     T, H, D = x.shape[0], cfg.heads, cfg.head_dim
@@ -222,12 +236,8 @@ def lightning(cfg, W, pre, x, pos, state):
         q, k = rope(q, pos, cfg.theta), rope(k, pos, cfg.theta)
     rep = H // cfg.lightning_nkv
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    S = torch.zeros(H, D, D, dtype=torch.float64) if state is None else state.clone()
-    decay = torch.exp(-cfg.slopes)[:, None, None]
-    o = torch.empty(T, H, D, dtype=torch.float64)
-    for t in range(T):  # the recurrence simple GLA computes in chunks
-        S = decay * S + k[t, :, :, None] * v[t, :, None, :]
-        o[t] = torch.einsum("hd,hde->he", q[t], S) / math.sqrt(D)
+    S = torch.zeros(H, D, D, dtype=torch.float64) if state is None else state
+    o, S = lightning_core(q, k, v, cfg.slopes, 1 / math.sqrt(D), S)
     o = o.reshape(T, H * D)
     if cfg.d.get("use_output_norm", False):
         o = rms_norm(o, W[pre + "o_norm.weight"], cfg.eps)  # one norm over every head's output together
@@ -379,7 +389,7 @@ def main():
            "logits_long_dense": logits_dense.float(), "tokens_short": torch.tensor(short, dtype=torch.int32),
            "logits_short": logits_short.float(), "greedy_long": torch.tensor(gen_ids, dtype=torch.int32)}
     save_file(ref, os.path.join(args.out_dir, "reference.safetensors"),
-              metadata={"seed": str(args.seed), "torch": torch.__version__})
+              metadata={"generator": f"minicpm_sala_ref.py --seed {args.seed}, torch {torch.__version__}"})
     print(f"wrote {args.out_dir}: sparse-vs-dense logit gap {gap:.3f}, greedy {gen_ids}")
 
 
