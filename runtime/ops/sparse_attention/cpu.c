@@ -75,8 +75,9 @@ typedef struct sa_scratch {
   double *S;      // (max n_c) group-summed chunk probabilities
   double *score;  // (max blocks) candidate scores
   char *sel;      // (max blocks) 1 = attended
-  double *w;      // (max ctx) attention weights of one head
-  double *acc;    // (D)
+  double *w;      // (G, cap) the group's attention logits; stage 1's chunk logits too
+  double *acc;    // (G, D) the weighted sums
+  double *mz;     // (2G) each head's max logit, then its sum of exps
   double *qd;     // (G, D) the group's queries in double
 } sa_scratch;
 
@@ -128,39 +129,65 @@ static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t
   }
 }
 
-// out rows of token t, heads of group g := softmax over the picked keys <= p, times v.
-static void attend(const sa_cfg *cf, const sa_kv *kv, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t D,
-                   sa_scratch *sc, float *out_t) {
-  const int64_t qb = p / cf->bs, dk = kv->ks[3], dv = kv->vs[3];
-  for (int64_t h = 0; h < G; h++) {
-    const double *q = sc->qd + h * D;
-    double m = -INFINITY, z = 0;
-    int64_t n = 0;
-    for (int64_t b = 0; b <= qb; b++) {
-      if (!sc->sel[b]) continue;
-      const int64_t end = (b + 1) * cf->bs < p + 1 ? (b + 1) * cf->bs : p + 1;
-      for (int64_t r = b * cf->bs; r < end; r++, n++) {
-        const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
-        double dot = 0;
-        for (int64_t d = 0; d < D; d++) dot += q[d] * k[d * dk];
-        sc->w[n] = dot * cf->scale;
-        m = sc->w[n] > m ? sc->w[n] : m;
-      }
-    }
-    for (int64_t d = 0; d < D; d++) sc->acc[d] = 0;
-    n = 0;
-    for (int64_t b = 0; b <= qb; b++) {
-      if (!sc->sel[b]) continue;
-      const int64_t end = (b + 1) * cf->bs < p + 1 ? (b + 1) * cf->bs : p + 1;
-      for (int64_t r = b * cf->bs; r < end; r++, n++) {
-        const double e = exp(sc->w[n] - m);
-        const float *v = kv_row(kv->v, kv->vs, kv, sq, r, g);
-        z += e;
-        for (int64_t d = 0; d < D; d++) sc->acc[d] += e * v[d * dv];
-      }
-    }
-    for (int64_t d = 0; d < D; d++) out_t[h * D + d] = (float)(sc->acc[d] / z);
+// q . k in double: four interleaved partial sums combined in one fixed tree
+// when k is contiguous (a deterministic order the compiler can vectorise),
+// else in order.
+static inline double dot_qk(const double *q, const float *k, int64_t dk, int64_t D) {
+  if (dk != 1) {
+    double dot = 0;
+    for (int64_t d = 0; d < D; d++) dot += q[d] * k[d * dk];
+    return dot;
   }
+  double a[4] = {0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 4 <= D; d += 4)
+    for (int l = 0; l < 4; l++) a[l] += q[d + l] * k[d + l];
+  for (int l = 0; d < D; d++, l++) a[l] += q[d] * k[d];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+// out rows of token t, heads of group g := softmax over the picked keys <= p,
+// times v. Keys outer, the group's heads inner: each key and value row is read
+// once for the whole group. Per head, the weighted sum runs over the keys in
+// ascending order.
+static void attend(const sa_cfg *cf, const sa_kv *kv, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t D,
+                   int64_t cap, sa_scratch *sc, float *out_t) {
+  const int64_t qb = p / cf->bs, dk = kv->ks[3], dv = kv->vs[3];
+  double *m = sc->mz, *z = sc->mz + G;
+  for (int64_t h = 0; h < G; h++) m[h] = -INFINITY, z[h] = 0;
+  int64_t n = 0;  // keys attended
+  for (int64_t b = 0; b <= qb; b++) {
+    if (!sc->sel[b]) continue;
+    const int64_t end = (b + 1) * cf->bs < p + 1 ? (b + 1) * cf->bs : p + 1;
+    for (int64_t r = b * cf->bs; r < end; r++, n++) {
+      const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
+      for (int64_t h = 0; h < G; h++) {
+        const double w = dot_qk(sc->qd + h * D, k, dk, D) * cf->scale;
+        sc->w[h * cap + n] = w;
+        m[h] = w > m[h] ? w : m[h];
+      }
+    }
+  }
+  for (int64_t e = 0; e < G * D; e++) sc->acc[e] = 0;
+  n = 0;
+  for (int64_t b = 0; b <= qb; b++) {
+    if (!sc->sel[b]) continue;
+    const int64_t end = (b + 1) * cf->bs < p + 1 ? (b + 1) * cf->bs : p + 1;
+    for (int64_t r = b * cf->bs; r < end; r++, n++) {
+      const float *v = kv_row(kv->v, kv->vs, kv, sq, r, g);
+      for (int64_t h = 0; h < G; h++) {
+        const double e = exp(sc->w[h * cap + n] - m[h]);
+        double *acc = sc->acc + h * D;
+        z[h] += e;
+        if (dv == 1)
+          for (int64_t d = 0; d < D; d++) acc[d] += e * v[d];
+        else
+          for (int64_t d = 0; d < D; d++) acc[d] += e * v[d * dv];
+      }
+    }
+  }
+  for (int64_t h = 0; h < G; h++)
+    for (int64_t d = 0; d < D; d++) out_t[h * D + d] = (float)(sc->acc[h * D + d] / z[h]);
 }
 
 // Lengths per sequence and every index the kernel reads, checked; the flat
@@ -199,7 +226,9 @@ static tpr_status plan(const char *op, const tpr_tensor *bt, const tpr_tensor *s
   return TPR_OK;
 }
 
-static void free_scratch(sa_scratch *sc) { free(sc->S), free(sc->score), free(sc->sel), free(sc->w), free(sc->acc), free(sc->qd); }
+static void free_scratch(sa_scratch *sc) {
+  free(sc->S), free(sc->score), free(sc->sel), free(sc->w), free(sc->acc), free(sc->qd), free(sc->mz);
+}
 
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
 // i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
@@ -237,16 +266,18 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
   const float *qb = tpr_tensor_data(q);
   const int64_t *qs = q->stride, max_blk = max_len / cf.bs + 1;
   const int64_t items = rc == TPR_OK ? T * Hkv : 0;
+  const int64_t cap = max_len > max_c ? max_len : max_c + 1;  // keys one query attends at most, and chunks
   int oom = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && items > 1)
   {
     sa_scratch sc = {.S = malloc((size_t)(max_c + 1) * sizeof(double)),
                      .score = malloc((size_t)max_blk * sizeof(double)),
                      .sel = malloc((size_t)max_blk),
-                     .w = malloc((size_t)(max_len > max_c ? max_len : max_c + 1) * sizeof(double)),
-                     .acc = malloc((size_t)(D + 1) * sizeof(double)),
-                     .qd = malloc((size_t)(G * D + 1) * sizeof(double))};
-    const int ok = sc.S && sc.score && sc.sel && sc.w && sc.acc && sc.qd;
+                     .w = malloc((size_t)(G * cap + 1) * sizeof(double)),
+                     .acc = malloc((size_t)(G * D + 1) * sizeof(double)),
+                     .qd = malloc((size_t)(G * D + 1) * sizeof(double)),
+                     .mz = malloc((size_t)(2 * G + 1) * sizeof(double))};
+    const int ok = sc.S && sc.score && sc.sel && sc.w && sc.acc && sc.qd && sc.mz;
     if (!ok) {
 #pragma omp atomic write
       oom = 1;
@@ -259,7 +290,7 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) sc.qd[h * D + d] = qb[t * qs[0] + (g * G + h) * qs[1] + d * qs[2]];
       select_blocks(&cf, &sq[s], p, g, G, Hkv, D, &sc);
-      attend(&cf, &kv, &sq[s], p, g, G, D, &sc, o + (t * Hq + g * G) * D);
+      attend(&cf, &kv, &sq[s], p, g, G, D, cap, &sc, o + (t * Hq + g * G) * D);
     }
     free_scratch(&sc);
   }
