@@ -133,6 +133,12 @@ typedef enum tpr_op_kind {
   // of a pool, read and written IN PLACE.
   TPR_OP_LIGHTNING_PAGED = 69,  // in (q, k, v (T, H, D), pool (NS, H, D, D), slopes (H) f32, state_slot (T) i32,
                                 // positions (T) i32); i[0] block size; out o (T, H, D) f32
+  // InfLLM-v2 block-sparse attention (MiniCPM-SALA's sparse layers; runtime/ops/sparse_attention/, exact
+  // semantics at tpr_pb_sparse_attention_paged): paged_attention's operands, each query attending only the
+  // key blocks it selects from compressed keys (init and local blocks always; the rest by top-k).
+  TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
+                                       // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
+                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
@@ -302,6 +308,13 @@ tpr_status tpr_lightning_decode(tpr_backend *be, const tpr_tensor *q, const tpr_
 // slope[h] = base^(h + 1) * (1 - layer / (n_layers - 1 + 1e-5) + 1e-5),
 // computed in double, rounded to f32. A tensor-parallel rank takes its slice.
 void tpr_lightning_slopes(int64_t heads, int64_t layer, int64_t n_layers, float *out);
+// MiniCPM-SALA's lightning slopes (its modeling code's _build_slope_tensor,
+// docs/minicpm-sala.md): ALiBi's, the same in every layer. For n a power of
+// two, start = 2^(-8/n) and slope[h] = start * start^h; otherwise the slopes
+// of the largest power of two c < n, then every other slope of 2c's up to n
+// heads. Computed in double, rounded to f32. The linear layers then run
+// tpr_lightning_attention with q scaled by 1/sqrt(D) (that op has no scale).
+void tpr_alibi_slopes(int64_t heads, float *out);
 // MiniMax-M2 router. logits (T, E), bias (E) f32; 1 <= k <= E; out (T, E) f32
 // dense combine weights: s = 1 / (1 + expf(-logit)); per row the k experts
 // with the largest s + bias are chosen (ties: the lower expert index wins; a

@@ -23,6 +23,7 @@ static const char *const family_names[TPR_FAMILY_COUNT] = {
     [TPR_FAMILY_QWEN3_VL_MOE] = "qwen3_vl_moe",
     [TPR_FAMILY_QWEN2_VL] = "qwen2_vl",
     [TPR_FAMILY_MINIMAX] = "minimax",
+    [TPR_FAMILY_MINICPM_SALA] = "minicpm_sala",
 };
 
 const char *tpr_model_family_name(tpr_model_family f) {
@@ -608,12 +609,18 @@ tpr_status tpr_model_config_parse(const char *json, size_t len, const char *orig
   } else if (strcmp(type, "minimax") == 0) {
     c.family = TPR_FAMILY_MINIMAX;
     TPR_CHECK_GOTO(parse_minimax(root, origin, &c), rc, done);
+  } else if (strcmp(type, "minicpm_sala") == 0) {
+    // No transformers class: the keys of the published config.json and modeling code (docs/minicpm-sala.md).
+    c.family = TPR_FAMILY_MINICPM_SALA;
+    TPR_CHECK_GOTO(parse_common(root, origin, &c), rc, done);
+    TPR_CHECK_GOTO(parse_attention(root, origin, false, 1e4, &c), rc, done);
+    TPR_CHECK_GOTO(tpr__model_config_sala(root, origin, &c), rc, done);
   } else if (strcmp(type, "hunyuan_v1_moe") == 0) {
     c.family = TPR_FAMILY_HUNYUAN_V1_MOE;
     TPR_CHECK_GOTO(parse_hunyuan_v1_moe(root, origin, &c), rc, done);
   } else {
     rc = TPR_FAIL(TPR_ERR_FORMAT, "%s: unknown \"model_type\" \"%s\" (known: minimax_m2, qwen3_moe, hunyuan_v1_moe, "
-                  "qwen3_vl_moe, qwen2_vl, qwen2_5_vl, minimax)", origin, type);
+                  "qwen3_vl_moe, qwen2_vl, qwen2_5_vl, minimax, minicpm_sala)", origin, type);
     goto done;
   }
   TPR_CHECK_GOTO(tpr_model_config_validate(&c, origin), rc, done);

@@ -25,6 +25,8 @@ typedef enum tpr_model_family {
   TPR_FAMILY_QWEN3_VL_MOE = 3,  // "qwen3_vl_moe": its text decoder (Qwen3-MoE + interleaved MRoPE)
   TPR_FAMILY_QWEN2_VL = 4,  // "qwen2_vl" (and "qwen2_5_vl"): its text decoder (dense Qwen2, q/k/v biases, sectioned MRoPE)
   TPR_FAMILY_MINIMAX = 5,   // "minimax" (MiniMax-Text-01): lightning attention layers beside softmax ones, MoE
+  TPR_FAMILY_MINICPM_SALA = 6,  // "minicpm_sala": lightning layers beside InfLLM-v2 sparse ones, dense MLP, muP
+                                // (parsed; the engine has no family for it yet)
   TPR_FAMILY_COUNT
 } tpr_model_family;
 
@@ -102,7 +104,32 @@ typedef struct tpr_model_config {
   // note the residual is the *normed* value. [0] softmax layers
   // (full_attn_*), [1] linear layers (linear_attn_*).
   double attn_alpha[2], attn_beta[2], mlp_alpha, mlp_beta;
+
+  // MiniCPM-SALA (model_config_sala.c, docs/minicpm-sala.md); zero in every
+  // other family. Its lightning layers are linear_mask's, the rest InfLLM-v2
+  // sparse attention; the decoder layer is pre-norm with scaled residuals:
+  //   x += residual_scale * attn(input_layernorm(x)); x += residual_scale * mlp(post_attention_layernorm(x)).
+  int64_t linear_kv_heads;   // lightning_nkv: the lightning layers' k/v heads (q has num_heads of head_dim)
+  bool linear_alibi_slopes;  // lightning decay slopes are ALiBi's in every layer (tpr_alibi_slopes), q scaled
+                             // by 1/sqrt(head_dim), not MiniMax's per-layer slopes
+  bool linear_rope;          // lightning_use_rope: RoPE on the lightning layers' q and k (after their norm)
+  bool linear_qk_norm;       // qk_norm: RMSNorm over head_dim of each lightning q and k head
+  bool linear_out_norm;      // use_output_norm: RMSNorm over all heads' outputs together (o_norm)
+  bool linear_out_gate;      // use_output_gate: o * sigmoid(z_proj(x))
+  bool attn_nope;            // the softmax (sparse) layers have no position encoding (attn_use_rope false)
+  bool attn_out_gate;        // attn_use_output_gate: o * sigmoid(o_gate(x)) before o_proj
+  // muP: embeddings times embed_scale (scale_emb), residual branches times
+  // residual_scale (scale_depth / sqrt(num_hidden_layers)), the lm head reads
+  // norm(h) / logit_divisor (hidden_size / dim_model_base). 0 where unused.
+  double embed_scale, residual_scale, logit_divisor;
+  // InfLLM-v2 sparse attention (sparse_config; tpr_pb_sparse_attention_paged's numbers).
+  int64_t sparse_kernel_size, sparse_kernel_stride, sparse_block_size, sparse_topk, sparse_init_blocks,
+      sparse_window_size, sparse_dense_len;
 } tpr_model_config;
+
+// MiniCPM-SALA's own keys (model_config_sala.c), after the shared ones:
+// `root` a cJSON object.
+tpr_status tpr__model_config_sala(const void *root, const char *origin, tpr_model_config *c);
 
 // Whether layer l runs lightning (linear) attention (minimax's layer_types).
 bool tpr_model_config_layer_is_linear(const tpr_model_config *c, int64_t l);
@@ -116,7 +143,7 @@ tpr_status tpr__model_config_mrope(const void *text_config, const char *origin, 
 // never in a model without experts.
 bool tpr_model_config_layer_is_moe(const tpr_model_config *c, int64_t l);
 
-// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe", "qwen3_vl_moe", "qwen2_vl", "minimax"; "?" if invalid.
+// "minimax_m2", "qwen3_moe", "hunyuan_v1_moe", "qwen3_vl_moe", "qwen2_vl", "minimax", "minicpm_sala"; "?" if invalid.
 const char *tpr_model_family_name(tpr_model_family f);
 
 // Loads `path`: a config.json file, or a directory holding one. Unknown

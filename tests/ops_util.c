@@ -2,6 +2,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 tpr_tensor *tt_new(tpr_dtype dt, int nd, const int64_t *shape) {
   tpr_tensor *t = NULL;
@@ -55,4 +56,29 @@ void tt_check_roundtrip(tt_build_fn build, int n_in, const tpr_tensor *const *in
   tpr_exec_free(e);
   tpr_program_free(p), tpr_program_free(q);
   free(b1), free(b2);
+}
+
+float *tt_read_npy_f32(const char *path, int64_t n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  unsigned char pre[10];
+  assert_int_equal(fread(pre, 1, 10, f), 10);
+  assert_memory_equal(pre, "\x93NUMPY\x01\x00", 8);  // version 1.0: a 2-byte header length
+  const size_t hl = pre[8] | (size_t)pre[9] << 8;
+  char *hdr = calloc(hl + 1, 1);
+  assert_int_equal(fread(hdr, 1, hl, f), hl);
+  assert_non_null(strstr(hdr, "'descr': '<f4'"));
+  assert_non_null(strstr(hdr, "'fortran_order': False"));
+  const char *sh = strstr(hdr, "'shape': (");
+  assert_non_null(sh);
+  int64_t numel = 1;
+  for (char *e = (char *)sh + 10; *e != ')';) {
+    numel *= strtoll(e, &e, 10);
+    while (*e == ',' || *e == ' ') e++;
+  }
+  if (numel != n) fail_msg("%s holds %lld elements, expected %lld", path, (long long)numel, (long long)n);
+  float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+  assert_int_equal(fread(x, sizeof *x, (size_t)n, f), (size_t)n);
+  fclose(f), free(hdr);
+  return x;
 }

@@ -20,4 +20,8 @@ typedef tpr_status (*tt_build_fn)(tpr_program *p, const tpr_value_id *in, tpr_va
 // attributes and the kernel all round-trip.
 void tt_check_roundtrip(tt_build_fn build, int n_in, const tpr_tensor *const *in, const tpr_tensor *eager);
 
+// A little-endian f32 C-order .npy (version 1.0, as numpy writes a fixture)
+// of exactly n elements, malloc'ed; fails the test otherwise.
+float *tt_read_npy_f32(const char *path, int64_t n);
+
 #endif

@@ -10,7 +10,8 @@
 // Bounds, max |cuda - cpu| / max |cpu| over the output:
 //   0 (bit for bit): cast, embedding, index_select, embedding_shard,
 //     cache_write -- byte moves and exact conversion rules;
-//   1e-5: elementwise, norms, sum_squares, softmax, rope, router -- the same
+//   1e-5: elementwise, norms, sum_squares, softmax, rope, router, sparse
+//     attention (double scores on both sides) -- the same
 //     formulas; only f32 sums run in another order and expf/sinf/cosf/powf
 //     differ from glibc's by an ulp or two;
 //   1e-4: matmul, attention, moe_experts, lightning attention (prefill, its
@@ -539,6 +540,39 @@ static void test_lightning(void **state) {
   }
 }
 
+// InfLLM-v2 sparse attention (ops.h sparse_attention_paged): a sparse
+// prefill past dense_len, a dense decode token and a padded token over a pool
+// whose blocks are shuffled; scores and softmax are double on both backends.
+static void test_sparse_attention(void **state) {
+  static const struct { int64_t Hq, Hkv, D, pbs; int layout; } cs[] = {{4, 2, 8, 4, 0}, {6, 2, 33, 16, L_SLICE}};
+  for (int c = 0; c < 2; c++) {
+    const int64_t L0 = 70, L1 = 21, T = L0 + 2, Hq = cs[c].Hq, Hkv = cs[c].Hkv, D = cs[c].D, pbs = cs[c].pbs;
+    const int64_t MB = (L0 + pbs - 1) / pbs, NB = 2 * MB + 1, qs[3] = {T, Hq, D}, ps[4] = {NB, pbs, Hkv, D};
+    const int64_t bts[2] = {2, MB};
+    int32_t *bt = hold_host(malloc((size_t)(2 * MB) * 4)), *seq = hold_host(malloc((size_t)T * 4));
+    int32_t *pos = hold_host(malloc((size_t)T * 4)), *perm = hold_host(malloc((size_t)NB * 4));
+    for (int64_t i = 0; i < NB; i++) perm[i] = (int32_t)i;
+    for (int64_t i = NB - 1; i > 0; i--) {
+      const int64_t j = tt_randint(0, i);
+      const int32_t x = perm[i];
+      perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t i = 0; i < 2 * MB; i++) bt[i] = perm[i];
+    for (int64_t t = 0; t < L0; t++) seq[t] = 0, pos[t] = (int32_t)t;  // sequence 0: a prefill of 70
+    seq[L0] = 1, pos[L0] = (int32_t)(L1 - 1);                           // sequence 1: one decode token (dense)
+    seq[L0 + 1] = -1, pos[L0 + 1] = 0;                                  // padding
+    const tpr_sparse_attn sa = {.kernel_size = 4, .kernel_stride = 2, .block_size = 8, .topk = 3, .init_blocks = 1,
+                                .window_size = 16, .dense_len = 48, .scale = 1.0f / sqrtf((float)D)};
+    const tpr_op_attrs at = tpr_sparse_attn_attrs(&sa);
+    pair in[6] = {rand_pair(3, qs, cs[c].layout ? L_PERM : 0), rand_pair(4, ps, cs[c].layout),
+                  rand_pair(4, ps, cs[c].layout), pair_from(TPR_I32, 2, bts, 0, bt), pair_from(TPR_I32, 1, &T, 0, seq),
+                  pair_from(TPR_I32, 1, &T, 0, pos)};
+    op_case *k = check(TPR_OP_SPARSE_ATTENTION_PAGED, &at, 6, in, "Hq=%lld Hkv=%lld D=%lld pool blocks of %lld",
+                       (long long)Hq, (long long)Hkv, (long long)D, (long long)pbs);
+    if (c == 0) negative(k, 0, (L0 - 1) * Hq * D, 1.0);  // the last prefill token's query
+  }
+}
+
 static void test_cache_write(void **state) {
   const int64_t S = 10, Hkv = 2, D = 4, cs[3] = {S, Hkv, D};
   static const int64_t Ts[] = {3, 1, 0};
@@ -716,7 +750,7 @@ int main(void) {
       T(test_matmul),       T(test_add_mul),          T(test_rms_norm_swiglu),  T(test_softmax),
       T(test_sum_squares_rms_scale), T(test_embedding), T(test_index_select),   T(test_cast),
       T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_attention_docs),   T(test_cache_write),
-      T(test_lightning),
+      T(test_lightning),    T(test_sparse_attention),
       T(test_router),       T(test_moe),              T(test_bad_indices),      T(test_missing_kernel),
       T(test_allocator_reuse),
   };

@@ -223,7 +223,7 @@ static tpr_backend_vtable make_vtable(void) {
   static const tpr__kernel_def *const lists[] = {
       tpr__matmul_cuda, tpr__elementwise_cuda, tpr__norm_cuda, tpr__softmax_cuda, tpr__gather_cuda, tpr__copy_cuda,
       tpr__rope_cuda, tpr__attention_cuda, tpr__router_cuda, tpr__moe_cuda, tpr__paged_attention_cuda,
-      tpr__lightning_cuda,
+      tpr__lightning_cuda, tpr__sparse_attention_cuda,
   };
   for (const tpr__kernel_def *const *l = lists; l < lists + sizeof lists / sizeof *lists; l++)
     for (const tpr__kernel_def *k = *l; k->fn; k++) vt.kernels[k->op] = k->fn;

@@ -47,7 +47,7 @@ typedef struct tpr_cuda_ctx {
 // The CUDA kernel files' lists (registry.h), which cuda_backend.cu reads.
 extern const tpr__kernel_def tpr__attention_cuda[], tpr__paged_attention_cuda[], tpr__copy_cuda[],
     tpr__elementwise_cuda[], tpr__gather_cuda[], tpr__matmul_cuda[], tpr__moe_cuda[], tpr__norm_cuda[],
-    tpr__rope_cuda[], tpr__router_cuda[], tpr__softmax_cuda[], tpr__lightning_cuda[];
+    tpr__rope_cuda[], tpr__router_cuda[], tpr__softmax_cuda[], tpr__lightning_cuda[], tpr__sparse_attention_cuda[];
 
 // ---- host helpers (cuda_backend.cu, or cuda_shared.cu where noted) --------
 

@@ -14,6 +14,7 @@ static const tpr__op_def *const rule_lists[] = {
     tpr__matmul_ops, tpr__elementwise_ops, tpr__norm_ops, tpr__softmax_ops, tpr__gather_ops, tpr__copy_ops,
     tpr__collective_ops, tpr__rope_ops, tpr__attention_ops, tpr__router_ops, tpr__moe_ops, tpr__reduce_ops,
     tpr__moe_bwd_ops, tpr__loss_ops, tpr__paged_attention_ops, tpr__lightning_ops,
+    tpr__sparse_attention_ops,
 };
 
 static tpr__op_def ops[TPR_OP_KIND_COUNT];

@@ -43,12 +43,12 @@ typedef struct tpr__kernel_def {
 extern const tpr__op_def tpr__attention_ops[], tpr__paged_attention_ops[], tpr__collective_ops[], tpr__copy_ops[],
     tpr__elementwise_ops[], tpr__gather_ops[], tpr__loss_ops[], tpr__matmul_ops[], tpr__moe_ops[],
     tpr__moe_bwd_ops[], tpr__norm_ops[], tpr__reduce_ops[], tpr__rope_ops[], tpr__router_ops[], tpr__softmax_ops[],
-    tpr__lightning_ops[];
+    tpr__lightning_ops[], tpr__sparse_attention_ops[];
 
 // CPU kernels, one list per kernel file.
 extern const tpr__kernel_def tpr__attention_cpu[], tpr__paged_attention_cpu[], tpr__copy_cpu[],
     tpr__elementwise_cpu[], tpr__gather_cpu[], tpr__moe_aux_cpu[], tpr__xent_cpu[], tpr__matmul_cpu[], tpr__moe_cpu[],
     tpr__moe_dispatch_cpu[], tpr__norm_cpu[], tpr__reduce_cpu[], tpr__rope_cpu[], tpr__router_cpu[],
-    tpr__softmax_cpu[], tpr__lightning_cpu[];
+    tpr__softmax_cpu[], tpr__lightning_cpu[], tpr__sparse_attention_cpu[];
 
 #endif

@@ -364,6 +364,20 @@ tpr_status tpr_pb_paged_attention(tpr_program *p, tpr_value_id q, tpr_value_id k
   return tpr_program_op(p, TPR_OP_PAGED_ATTENTION,
                         (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions}, 6, &at, out);
 }
+tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa) {
+  return (tpr_op_attrs){.n_i = 7,
+                        .i = {sa->kernel_size, sa->kernel_stride, sa->block_size, sa->topk, sa->init_blocks,
+                              sa->window_size, sa->dense_len},
+                        .n_f = 1,
+                        .f = {sa->scale}};
+}
+tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
+                                         tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
+                                         const tpr_sparse_attn *sa, tpr_value_id *out) {
+  const tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
+  return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED,
+                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions}, 6, &at, out);
+}
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
                                       tpr_value_id *out) {
   tpr_op_attrs at = {.n_i = 1, .i = {k}};

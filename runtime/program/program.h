@@ -194,6 +194,31 @@ tpr_status tpr_pb_paged_cache_write(tpr_program *p, tpr_value_id pool, tpr_value
 tpr_status tpr_pb_paged_attention(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
                                   tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions, float scale,
                                   tpr_value_id *out);
+// InfLLM-v2 sparse attention (MiniCPM-SALA's "minicpm4" layers; docs/minicpm-sala.md has the published
+// sources of every rule below). Operands, pools, padded tokens and index checks as paged_attention's; the
+// numbers of the model's sparse_config in `sa`. Per sequence s of the call, L_s = 1 + the largest position
+// of its tokens here (the cache and this call's rows: the published forward decides per call). With
+// L_s < dense_len every query attends causally to all keys (paged_attention's result up to rounding).
+// Otherwise, for the query at position p, KV head g (query heads G = Hq/Hkv of the group), B = block_size,
+// qb = p / B, and compressed keys c_j = mean(k[j*stride .. j*stride + kernel_size)) of head g:
+//   the chunks it may see: j with j*stride + kernel_size <= p + 1;
+//   S_j = sum over the group's heads h of softmax_j(q_h . c_j * scale) over those chunks;
+//   score of block b = max of S_j over the seen chunks overlapping it (j in
+//     [b*B/stride - kernel_size/stride + 1, (b+1)*B/stride)), 0 when none;
+//   always attended: init blocks b < init_blocks and local blocks qb - window_size/B < b <= qb;
+//   of the other blocks b <= qb, the topk - init_blocks highest scores (ties: the lower block index);
+// then softmax(q_h . k_r * scale) over the attended keys r <= p, times v. Scores and the softmax are
+// computed in double from the f32 operands, so the selection is that of a float64 reference away from
+// exact ties (which both break by index). kernel_size and block_size must be multiples of kernel_stride.
+typedef struct tpr_sparse_attn {
+  int64_t kernel_size, kernel_stride, block_size, topk, init_blocks, window_size, dense_len;
+  float scale;
+} tpr_sparse_attn;
+tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
+                                         tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
+                                         const tpr_sparse_attn *sa, tpr_value_id *out);
+// The attribute layout of sparse_attention_paged (ops.h) for sa.
+tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa);
 
 // The op of node n (0 <= n < tpr_program_num_nodes), for reports.
 tpr_op_kind tpr_program_node_op(const tpr_program *p, int n);

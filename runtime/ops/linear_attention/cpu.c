@@ -450,6 +450,20 @@ void tpr_lightning_slopes(int64_t heads, int64_t layer, int64_t n_layers, float 
   for (int64_t h = 0; h < heads; h++) out[h] = (float)(pow(base, (double)(h + 1)) * factor);
 }
 
+// ops.h: ALiBi's slopes as MiniCPM-SALA builds them: power-of-two m heads
+// give start_m * start_m^i, start_m = 2^(-2^-(log2 m - 3)); other counts
+// take c (the largest power of two below) of those, then every other one of
+// 2c's (index 2i: start_2c * start_2c^(2i)).
+static double alibi_start(int64_t m) { return pow(2.0, -pow(2.0, -(log2((double)m) - 3.0))); }
+
+void tpr_alibi_slopes(int64_t heads, float *out) {
+  int64_t c = 1;
+  while (c * 2 <= heads) c *= 2;
+  const double s = alibi_start(c), s2 = alibi_start(2 * c);
+  for (int64_t h = 0; h < heads; h++)
+    out[h] = (float)(h < c ? s * pow(s, (double)h) : s2 * pow(s2, (double)(2 * (h - c))));
+}
+
 const tpr__kernel_def tpr__lightning_cpu[] = {
     {TPR_OP_LIGHTNING_ATTENTION, cpu_lightning_attention},
     {TPR_OP_LIGHTNING_ATTENTION_BWD, cpu_lightning_attention_bwd},
