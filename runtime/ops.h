@@ -131,6 +131,11 @@ typedef enum tpr_op_kind {
   // of a pool, read and written IN PLACE.
   TPR_OP_LIGHTNING_PAGED = 69,  // in (q, k, v (T, H, D), pool (NS, H, D, D), slopes (H) f32, state_slot (T) i32,
                                 // positions (T) i32); i[0] block size; out o (T, H, D) f32
+  // The logistic function (minimax's output gate), from exp(-|x|) so that no x overflows (x = +-100 gives 1 and
+  // 3.7e-44, not inf / inf).
+  TPR_OP_SIGMOID = 70,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))
+  TPR_OP_SIGMOID_BWD = 71,  // in (x, dy) same shape; out dx (same shape) = dy * s (1 - s), s = sigmoid(x), as
+                            // dy * e / (1 + e)^2 with e = exp(-|x|): no 1 - s cancelling to 0 for large x
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 
