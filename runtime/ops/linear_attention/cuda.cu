@@ -30,8 +30,8 @@
 
 #include <vector>
 
-#include "paged_runs.h"
 #include "runtime/ops/cuda_kernels.h"
+#include "paged_runs.h"  // after cuda_kernels.h, which declares runtime/status.h's functions extern "C"
 
 // ---- device kernels
 

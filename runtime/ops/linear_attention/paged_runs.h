@@ -1,6 +1,7 @@
 // The runs of a lightning_paged step (ops.h), shared by cpu.c and cuda.cu
 // so both backends accept and refuse exactly the same steps with the same
-// messages. C and C++ (nvcc) alike.
+// messages. C and C++ (nvcc) alike; a .cu file includes it after
+// runtime/ops/cuda_kernels.h, which brings runtime/status.h in with C linkage.
 //
 // Rows of one state slot form one contiguous run of consecutive positions
 // (the engine lays a step out so: one chunk per sequence). A run is a
