@@ -42,14 +42,16 @@ import json, sys
 lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
 assert lines[-1] == 'data: [DONE]', 'no [DONE]'
 print(''.join(json.loads(l[6:])['choices'][0].get('text', '') for l in lines[:-1]), end='')"; }
-make_model() {  # make_model CONFIG SEED: random weights in $W/m for CONFIG with its vocab raised to the byte-level
-  # fixture tokenizer's 2006 ids (which include <|im_start|> / <|im_end|>), that tokenizer beside them; sets EOS
-  python3 - "$1" "$W/config.json" <<'PY'
+make_model() {  # make_model CONFIG SEED [make-checkpoint flags...]: random weights in $W/m for CONFIG with its vocab
+  # raised to the byte-level fixture tokenizer's 2006 ids (which include <|im_start|> / <|im_end|>), that tokenizer
+  # beside them; sets EOS
+  local config=$1 seed=$2; shift 2
+  python3 - "$config" "$W/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["vocab_size"] = 2006; json.dump(c, open(sys.argv[2], "w"))
 PY
-  "$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" --seed "$2" >/dev/null 2>&1 ||
-    "$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" >/dev/null || { echo "make-checkpoint failed"; exit 1; }
+  "$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" --seed "$seed" "$@" >/dev/null 2>&1 ||
+    "$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" "$@" >/dev/null || { echo "make-checkpoint failed"; exit 1; }
   cp "$FIX/tokenizer/bytelevel/tokenizer.json" "$FIX/tokenizer/bytelevel/tokenizer_config.json" "$W/m/"
   EOS=$("$TPR" tokenize --model "$W/m" --text "<|im_end|>")
 }

@@ -5,16 +5,17 @@
 #   test_serve_hybrid.sh TPR_BINARY FIXTURES_DIR MPIEXEC NP
 # The model is tests/fixtures/minimax_tiny's config (3 lightning layers of 4,
 # block_size 4) with its vocab raised to the byte-level fixture tokenizer's
-# 2006 ids, random weights from tpr make-checkpoint (seeded), the fixture
-# tokenizer copied beside them. The server runs 3 sequences at most (3
+# 2006 ids, random f32 weights from tpr make-checkpoint (seeded) with the
+# attention's projections scaled up so that answers depend on the context,
+# the fixture tokenizer copied beside them. The server runs 3 sequences at most (3
 # state slots) with a budget of 6 tokens a step, so prompts are prefilled in
 # chunks across steps (the state carried from chunk to chunk, across
 # lightning blocks) and the later of 12 concurrent clients wait for a slot.
 # Checks: /health; greedy completions of prompts of 1 to about 30 tokens equal
 # `tpr run --prompt-ids` on the tokenized prompt (detokenized); streamed
 # chunks concatenate to the completion; chat with ChatML equals the
-# completion of the rendered template, streamed too; a different prompt
-# answers differently (the comparison can fail); 12 concurrent clients x 2
+# completion of the rendered template, streamed too; a different prompt and
+# the last word alone answer differently (the comparison can fail); 12 concurrent clients x 2
 # requests (one streamed) all answer as alone, none lost or duplicated;
 # SIGTERM exits 0 on every rank.
 set -u
@@ -24,7 +25,27 @@ TEST_NAME=tpr_serve_hybrid_test
 
 seed=${TPR_TEST_SEED:-$RANDOM}
 echo "seed $seed (weights and prompts drawn from it)"
-make_model "$FIX/minimax_tiny/config.json" "$seed"
+make_model "$FIX/minimax_tiny/config.json" "$seed" --dtype f32 --files 1
+# Random weights of std 0.02 leave the attention's share of the last hidden
+# state too small to move a greedy token: the answer would be the last
+# prompt token's alone, and a lost state could not show. The attention's
+# projections scaled up (q, k x5, out x10) make every answer read the
+# context (a control below checks it).
+python3 - "$W/m" <<'PY'
+import array, glob, json, struct, sys
+scale = {"qkv_proj": 5.0, "q_proj": 5.0, "k_proj": 5.0, "out_proj": 10.0, "o_proj": 10.0}
+for f in glob.glob(sys.argv[1] + "/*.safetensors"):
+    b = bytearray(open(f, "rb").read())
+    n = struct.unpack("<Q", b[:8])[0]
+    for k, v in json.loads(b[8:8 + n]).items():
+        s = next((x for p, x in scale.items() if k.endswith(f".{p}.weight")), None)
+        if k == "__metadata__" or s is None:
+            continue
+        assert v["dtype"] == "F32", k
+        lo, hi = (8 + n + o for o in v["data_offsets"])
+        b[lo:hi] = array.array("f", (x * s for x in array.array("f", bytes(b[lo:hi])))).tobytes()
+    open(f, "wb").write(b)
+PY
 
 launch "$W/m" --max-batch 3 --max-tokens-per-step 6 --max-connections 48
 grep -q "recurrent state" "$W/server.log" && pass "the server holds recurrent state slots" ||
@@ -44,9 +65,14 @@ for P in "a" "$(prompt_for $((seed % 97)))" "$long"; do
   [ "$STREAMED" = "$GOT" ] && pass "streamed = the completion ($n-token prompt)" ||
     fail "streamed '$STREAMED' != '$GOT' ($n-token prompt)"
 done
-# Negative control: a different prompt gives a different answer.
+# Controls: the comparison can fail -- a different prompt answers
+# differently, and so does the long prompt's last word alone (the answer
+# reads the earlier chunks, through the state and the KV cache).
 OTHER=$(curl -s "$URL/v1/completions" -d "$(body "$long zz" 12 0)" | json 'd["choices"][0]["text"]')
 [ "$OTHER" != "$GOT" ] && pass "control: another prompt answers differently" || fail "control: same text for another prompt"
+LAST=$(curl -s "$URL/v1/completions" -d "$(body "${long##* }" 12 0)" | json 'd["choices"][0]["text"]')
+[ "$LAST" != "$GOT" ] && pass "control: the prompt's last word alone answers differently" ||
+  fail "control: the answer ignores the context"
 
 # -- chat: ChatML rendered, then the same as a completion of that text
 MSG='"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello world"}],"max_tokens":8,"temperature":0'
