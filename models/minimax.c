@@ -17,12 +17,11 @@
 #define LINEAR_NORM_EPS 1e-6f
 
 #define STATE0 TPR_FAMILY_CONST_PREFIX "minimax.linear_state0"   // (nh/tp, D, D) zeros: every step starts a sequence
-#define SIGMOID_PAIR TPR_FAMILY_CONST_PREFIX "minimax.sigmoid_pair"  // (1, 2) = [1, 0]
 
 typedef struct mm {
   tpr_fstep c;
   const tpr_minimax_opts *o;
-  tpr_value_id state0, pair;
+  tpr_value_id state0;
   tpr_value_id state_slot;      // inference: (T) i32 each row's state slot (-1 padded)
   tpr_value_id start;           // training: (1) i32 the first position (0)
   tpr_value_id attn_lo;         // packed training: (T) i32 each token's document start
@@ -48,19 +47,6 @@ static tpr_status rank_slice(mm *b, tpr_value_id w, int64_t per_rank, tpr_value_
   TPR_CHECK(tpr_pb_reshape(c->p, w, 2, (const int64_t[]){c->plan->tp, per_rank}, &w));  // (tp, per_rank)
   TPR_CHECK(tpr_pb_index_select(c->p, w, 0, c->rank_tp, &w));                           // (1, per_rank)
   return tpr_pb_reshape(c->p, w, 1, (const int64_t[]){per_rank}, out);
-}
-
-// g (T, n) -> sigmoid(g) = softmax([g, 0])[0]: no sigmoid op yet, so the
-// pair [g, 0] is g (T*n, 1) @ [1, 0] (1, 2), and softmax is exact for it.
-static tpr_status sigmoid(mm *b, tpr_value_id g, int64_t n, tpr_value_id *out) {
-  tpr_fstep *c = &b->c;
-  tpr_value_id x;
-  TPR_CHECK(tpr_pb_reshape(c->p, g, 2, (const int64_t[]){c->T * n, 1}, &x));
-  TPR_CHECK(tpr_pb_matmul(c->p, x, b->pair, false, false, &x));  // (T*n, 2) = [g, 0]
-  TPR_CHECK(tpr_pb_softmax(c->p, x, &x));
-  TPR_CHECK(tpr_pb_slice(c->p, x, 1, 0, 1, &x));  // (T*n, 1), a strided view
-  TPR_CHECK(tpr_pb_scale(c->p, x, 1.0f, &x));     // contiguous, for the reshape
-  return tpr_pb_reshape(c->p, x, 2, (const int64_t[]){c->T, n}, out);
 }
 
 // h (T, H) normed -> a (T, H), the lightning layer's output, replicated over tp.
@@ -121,7 +107,7 @@ static tpr_status lightning(mm *b, int64_t L, tpr_value_id h, tpr_value_id *out)
   TPR_CHECK(tpr_pb_rms_scale(c->p, o, ss, w, (float)divisor, LINEAR_NORM_EPS, &o));
   // The gate reads the layer's input h, column-parallel with the heads.
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));  // (T, nr*D)
-  TPR_CHECK(sigmoid(b, g, nr * D, &g));
+  TPR_CHECK(tpr_pb_sigmoid(c->p, g, &g));
   TPR_CHECK(tpr_pb_mul(c->p, g, o, &o));
   TPR_CHECK(tpr_fstep_linear(c->p, o, &wo, &a));  // (T, H) partial over tp
   return tpr_pb_all_reduce(c->p, a, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
@@ -244,7 +230,6 @@ static tpr_status build(mm *b) {
   }
   if (cfg->num_linear_layers) {
     TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
-    TPR_CHECK(tpr_program_param(c->p, SIGMOID_PAIR, TPR_F32, 2, (const int64_t[]){1, 2}, &b->pair));
   }
   c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
@@ -302,10 +287,10 @@ static tpr_status add_const(tpr_family_consts *k, tpr_backend *be, const char *n
 }
 
 // Each lightning layer's slopes (all heads: the program takes the rank's),
-// the zero initial state and the sigmoid's pair.
+// and the zero initial state.
 static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_family_consts *out) {
   const tpr_model_config *cfg = &plan->config;
-  int64_t nh = cfg->num_heads, D = cfg->head_dim, n = cfg->num_linear_layers + 2;
+  int64_t nh = cfg->num_heads, D = cfg->head_dim, n = cfg->num_linear_layers + 1;
   *out = (tpr_family_consts){0};
   if (!cfg->num_linear_layers) return TPR_OK;
   float *sl = malloc((size_t)nh * sizeof *sl);
@@ -320,7 +305,6 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
     rc = add_const(out, be, name, 1, (const int64_t[]){nh}, sl);
   }
   if (rc == TPR_OK) rc = add_const(out, be, STATE0, 3, (const int64_t[]){nh / plan->tp, D, D}, NULL);
-  if (rc == TPR_OK) rc = add_const(out, be, SIGMOID_PAIR, 2, (const int64_t[]){1, 2}, (const float[]){1.0f, 0.0f});
   free(sl);
   if (rc != TPR_OK) tpr_family_consts_free(out);
   return rc;

@@ -139,6 +139,11 @@ typedef enum tpr_op_kind {
   TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
                                        // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
                                        // i[6] dense_len; f[0] scale; out (T, Hq, D) f32
+  // The logistic function (minimax's output gate), from exp(-|x|) so that no x overflows (x = +-100 gives 1 and
+  // 3.7e-44, not inf / inf).
+  TPR_OP_SIGMOID = 71,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))
+  TPR_OP_SIGMOID_BWD = 72,  // in (x, dy) same shape; out dx (same shape) = dy * s (1 - s), s = sigmoid(x), as
+                            // dy * e / (1 + e)^2 with e = exp(-|x|): no 1 - s cancelling to 0 for large x
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 

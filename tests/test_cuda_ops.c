@@ -15,7 +15,7 @@
 //     formulas; only f32 sums run in another order and expf/sinf/cosf/powf
 //     differ from glibc's by an ulp or two;
 //   1e-4: matmul, attention, moe_experts, lightning attention (prefill, its
-//     backward, decode) -- GEMM-sized sums accumulated in
+//     backward, decode, the engine's paged step and its state pool) -- GEMM-sized sums accumulated in
 //     another order (cuBLAS vs OpenBLAS).
 //
 // Without a CUDA device it exits 77 (ctest: skipped). TPR_CUDA_OPS_SELFTEST=1
@@ -154,7 +154,7 @@ static double op_bound(tpr_op_kind op) {
     case TPR_OP_CAST: case TPR_OP_EMBEDDING: case TPR_OP_INDEX_SELECT: case TPR_OP_EMBEDDING_SHARD:
     case TPR_OP_CACHE_WRITE: return 0;
     case TPR_OP_MATMUL: case TPR_OP_ATTENTION: case TPR_OP_MOE_EXPERTS: case TPR_OP_LIGHTNING_ATTENTION:
-    case TPR_OP_LIGHTNING_ATTENTION_BWD: case TPR_OP_LIGHTNING_DECODE: return 1e-4;
+    case TPR_OP_LIGHTNING_ATTENTION_BWD: case TPR_OP_LIGHTNING_DECODE: case TPR_OP_LIGHTNING_PAGED: return 1e-4;
     default: return 1e-5;
   }
 }
@@ -202,6 +202,7 @@ typedef struct op_case {
   int n_in;
   pair in[TPR_OP_MAX_INPUTS], out;
   char what[160];
+  void *pool0;  // lightning_paged: its pool (input 3) before any run, restored before each GPU run
 } op_case;
 
 static tpr_status run_on(op_case *k, bool on_gpu) {
@@ -209,13 +210,17 @@ static tpr_status run_on(op_case *k, bool on_gpu) {
   for (int i = 0; i < k->n_in; i++) in[i] = on_gpu ? k->in[i].g : k->in[i].c;
   tpr_tensor *o = on_gpu ? k->out.g : k->out.c;
   if (on_gpu) TT_OK(gpu->vt->memset(gpu->ctx, tpr_tensor_data(o), 0xff, tpr_tensor_nbytes(o)));  // poison
+  if (on_gpu && k->pool0) TT_OK(tpr_tensor_from_host(k->in[3].rg, k->pool0, tpr_tensor_nbytes(k->in[3].rg)));
   return tpr_op_run(on_gpu ? gpu : tt_cpu(), k->op, in, k->n_in, &k->at, o);
 }
 
-// cache_write writes its input 0 in place: its whole base is compared too.
+// cache_write writes its input 0 in place, lightning_paged its input 3 (the
+// state pool): their whole bases are compared too.
 static double case_error(const op_case *k) {
   double e = compare(k->out.c, k->out.g, op_bound(k->op) == 0);
-  return k->op == TPR_OP_CACHE_WRITE ? fmax(e, compare(k->in[0].rc, k->in[0].rg, true)) : e;
+  if (k->op == TPR_OP_CACHE_WRITE) e = fmax(e, compare(k->in[0].rc, k->in[0].rg, true));
+  if (k->op == TPR_OP_LIGHTNING_PAGED) e = fmax(e, compare(k->in[3].rc, k->in[3].rg, false));
+  return e;
 }
 
 // Runs op on both backends and checks the outputs agree within the op's
@@ -234,6 +239,7 @@ __attribute__((format(printf, 5, 6))) static op_case *check(tpr_op_kind op, cons
   const tpr_tensor *cin[TPR_OP_MAX_INPUTS];
   for (int i = 0; i < n_in; i++) k.in[i] = in[i], cin[i] = in[i].c;
   k.out = out_pair(op, cin, n_in, &k.at);
+  if (op == TPR_OP_LIGHTNING_PAGED) k.pool0 = hold_host(tt_to_host(in[3].rg));
   TT_OK(run_on(&k, false));
   tpr_status rc = run_on(&k, true);
   if (rc != TPR_OK) fail_msg("%s: %s: %s", k.what, tpr_status_name(rc), tpr_last_error());
@@ -325,6 +331,18 @@ static void test_rms_norm_swiglu(void **state) {
       pair sw[2] = {rand_pair(nd, shape, layouts[l]), rand_pair(nd, shape, layouts[(l + 1) % N_LAYOUTS])};
       k = check(TPR_OP_SWIGLU, NULL, 2, sw, "shape #%d layout %d", s, layouts[l]);
       if (s == 0 && l == 1) negative(k, 1, 0, 1.0);
+      // sigmoid and its backward on fresh inputs (a negative control leaves
+      // its input changed on the GPU side), x from N(0, 30) with the edges
+      // +-100, +-17.5 and 0 first.
+      const int64_t n = tpr_shape_numel(nd, shape);
+      float *x = rand_f32(n);
+      static const float edge[] = {100.0f, -100.0f, 17.5f, -17.5f, 0.0f};
+      for (int64_t i = 0; i < n; i++) x[i] = i < 5 ? edge[i] : 30.0f * x[i];
+      pair sg[2] = {pair_from(TPR_F32, nd, shape, layouts[l], x), rand_pair(nd, shape, layouts[(l + 2) % N_LAYOUTS])};
+      k = check(TPR_OP_SIGMOID_BWD, NULL, 2, sg, "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 1, 4, 1.0);  // dy at x = 0, where the slope is 1/4
+      k = check(TPR_OP_SIGMOID, NULL, 1, sg, "shape #%d layout %d", s, layouts[l]);
+      if (s == 0 && l == 1) negative(k, 0, 4, 1.0);
     }
 }
 
@@ -570,6 +588,43 @@ static void test_sparse_attention(void **state) {
     op_case *k = check(TPR_OP_SPARSE_ATTENTION_PAGED, &at, 6, in, "Hq=%lld Hkv=%lld D=%lld pool blocks of %lld",
                        (long long)Hq, (long long)Hkv, (long long)D, (long long)pbs);
     if (c == 0) negative(k, 0, (L0 - 1) * Hq * D, 1.0);  // the last prefill token's query
+
+// lightning_paged (ops.h), the engine's step: sequences' rows one run per
+// state slot -- one starting at position 0 (its slot's old state must be
+// ignored), ones continuing from their slot's random state, a one-row decode
+// -- with padded rows between them and a slot no row uses (it must stay as
+// it was: the whole pool is compared). Blocks smaller and larger than the
+// runs; q, k, v strided. The pool is restored before each GPU run, so the
+// negative controls (a q element; the decode row's position set to 0, which
+// drops its state) differ only by the changed input.
+static void test_lightning_paged(void **state) {
+  static const struct { int64_t H, D, B, n[3]; } cs[] = {{2, 8, 4, {5, 3, 1}}, {3, 16, 64, {11, 1, 2}},
+                                                         {1, 33, 2, {1, 9, 1}}, {4, 64, 8, {20, 17, 1}}};
+  for (int c = 0; c < 4; c++) {
+    const int64_t H = cs[c].H, D = cs[c].D, NS = 5;
+    // Rows: a pad, run 0 (slot 3, from 0), a pad, run 1 (slot 0, from 7), run 2 (slot 4, from 30); slot 1, 2 unused.
+    const int64_t slot_of[3] = {3, 0, 4}, pos0[3] = {0, 7, 30};
+    int64_t T = 2 + cs[c].n[0] + cs[c].n[1] + cs[c].n[2];
+    int32_t *slot = hold_host(malloc((size_t)T * sizeof *slot)), *pos = hold_host(malloc((size_t)T * sizeof *pos));
+    int64_t t = 0, run2 = 0;  // run 2's first row
+    for (int r = 0; r < 3; r++) {
+      if (r < 2) slot[t] = -1, pos[t] = 0, t++;
+      if (r == 2) run2 = t;
+      for (int64_t i = 0; i < cs[c].n[r]; i++, t++) slot[t] = (int32_t)slot_of[r], pos[t] = (int32_t)(pos0[r] + i);
+    }
+    float *sl = hold_host(malloc((size_t)H * sizeof *sl));
+    tpr_lightning_slopes(H, c % 3, 3, sl);
+    const int64_t xs[3] = {T, H, D}, ps[4] = {NS, H, D, D};
+    const int l = c % 2 ? L_PERM : L_SLICE;
+    tpr_op_attrs at = {.n_i = 1, .i = {cs[c].B}};
+    pair in[7] = {rand_pair(3, xs, l), rand_pair(3, xs, 0), rand_pair(3, xs, l), rand_pair(4, ps, 0),
+                  pair_from(TPR_F32, 1, &H, 0, sl), pair_from(TPR_I32, 1, &T, c % 2 ? L_COL : 0, slot),
+                  pair_from(TPR_I32, 1, &T, 0, pos)};
+    op_case *k = check(TPR_OP_LIGHTNING_PAGED, &at, 7, in, "T=%lld H=%lld D=%lld block %lld runs %lld,%lld,%lld",
+                       (long long)T, (long long)H, (long long)D, (long long)cs[c].B, (long long)cs[c].n[0],
+                       (long long)cs[c].n[1], (long long)cs[c].n[2]);
+    if (c == 0) negative(k, 0, 1 * H * D, 1.0);  // q of run 0's first row
+    if (c == 2) negative(k, 6, run2, 0.0);       // the one-row run 2 restarts: its slot's state unread
   }
 }
 
@@ -750,7 +805,7 @@ int main(void) {
       T(test_matmul),       T(test_add_mul),          T(test_rms_norm_swiglu),  T(test_softmax),
       T(test_sum_squares_rms_scale), T(test_embedding), T(test_index_select),   T(test_cast),
       T(test_embedding_shard), T(test_rope),          T(test_attention),        T(test_attention_docs),   T(test_cache_write),
-      T(test_lightning),    T(test_sparse_attention),
+      T(test_lightning),    T(test_sparse_attention), T(test_lightning_paged),
       T(test_router),       T(test_moe),              T(test_bad_indices),      T(test_missing_kernel),
       T(test_allocator_reuse),
   };

@@ -1,4 +1,4 @@
-// Backward rules of the dense ops (rms_norm, swiglu, softmax, embedding,
+// Backward rules of the dense ops (rms_norm, swiglu, sigmoid, softmax, embedding,
 // embedding_shard, index_select, the views, cast, sum_squares, rms_scale)
 // against central finite differences on fresh random inputs (seed printed),
 // the distributed QK-norm chain simulated at tp = 2 in one program (with a
@@ -131,6 +131,47 @@ static void test_swiglu(void **state) {
   f.in[0] = rnd(2, (const int64_t[]){3, 10});
   check_case(&f);
   free_inputs(&f);
+}
+
+// ---- sigmoid: alone, on a transposed view (its output transposed back and
+// copied: a strided cotangent), and as minimax's output gate sigmoid(g) * o.
+static tpr_status build_sigmoid_strided(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
+  tpr_value_id xt, y, yt;
+  TPR_CHECK(tpr_pb_permute(p, in[0], (const int[]){1, 0}, &xt));
+  TPR_CHECK(tpr_pb_sigmoid(p, xt, &y));
+  TPR_CHECK(tpr_pb_permute(p, y, (const int[]){1, 0}, &yt));
+  return tpr_pb_cast(p, yt, TPR_F32, out);
+}
+
+static tpr_status build_sigmoid_gate(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
+  tpr_value_id s;
+  TPR_CHECK(tpr_pb_sigmoid(p, in[0], &s));
+  return tpr_pb_mul(p, s, in[1], out);
+}
+
+static void test_sigmoid(void **state) {
+  const int64_t shape[3] = {2, tt_randint(1, 5), tt_randint(2, 9)};
+  // Inputs N(0, 9): the probed points reach the flat tails (|x| ~ 6, slope ~ 2e-3).
+  float *big = malloc((size_t)(shape[0] * shape[1] * shape[2]) * sizeof *big);
+  tt_fill_normal(big, (size_t)(shape[0] * shape[1] * shape[2]), 3.0);
+  tt_grad_case c = {.name = "sigmoid", .n_in = 1, .diff = {true}, .op = TPR_OP_SIGMOID};
+  c.in[0] = f32_from(3, shape, big);
+  check_case(&c);
+  c.corrupt = 1.01;  // the bound catches a 1% error in the rule
+  double bad = tt_grad_check(&c);
+  printf("  control: sigmoid gradient off by 1%%: NMSE %.3e (must exceed %.0e)\n", bad, NMSE_BOUND);
+  assert_true(bad > NMSE_BOUND);
+  free_inputs(&c);
+  free(big);
+  tt_grad_case s = {.name = "sigmoid strided", .n_in = 1, .diff = {true}, .build = build_sigmoid_strided};
+  s.in[0] = rnd(2, (const int64_t[]){7, 3});
+  check_case(&s);
+  free_inputs(&s);
+  tt_grad_case g = {.name = "sigmoid gate", .n_in = 2, .diff = {true, true}, .build = build_sigmoid_gate};
+  g.in[0] = rnd(2, shape + 1);
+  g.in[1] = rnd(2, shape + 1);
+  check_case(&g);
+  free_inputs(&g);
 }
 
 // ---- softmax: over a transposed x, with the output transposed back so the
@@ -526,6 +567,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rms_norm),
       cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_sigmoid),
       cmocka_unit_test(test_softmax),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_embedding_shard),

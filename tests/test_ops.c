@@ -464,6 +464,68 @@ static void test_swiglu(void **state) {
   tpr_tensor_free(pt), tpr_tensor_free(qt), tpr_tensor_free(g), tpr_tensor_free(u);
 }
 
+// sigmoid and sigmoid_bwd against double references, element by element:
+// x from N(0, 1), N(0, 30) and the edges +-100 (where a naive exp(-x)
+// overflows f32), +-88, 0 and +-17.5 (where f32's s * (1 - s) would be 0, a
+// relative error of 1: the control on the backward's form). Bound 8u
+// relative: exp (< 1 ulp), 1 + e, a product and a division each round once,
+// and 1 + e >= 1 keeps e's error from growing; plus 2 subnormal steps
+// (2^-148) for results below f32's normal range (x < -87).
+static void check_sigmoid(const tpr_tensor *x, const float *X, const tpr_tensor *dy, const float *DY) {
+  const int64_t n = tpr_tensor_numel(x);
+  tpr_tensor *s = tt_new(TPR_F32, x->ndim, x->shape), *dx = tt_new(TPR_F32, x->ndim, x->shape);
+  TT_OK(tpr_op_run(tt_cpu(), TPR_OP_SIGMOID, (const tpr_tensor *[]){x}, 1, NULL, s));
+  TT_OK(tpr_op_run(tt_cpu(), TPR_OP_SIGMOID_BWD, (const tpr_tensor *[]){x, dy}, 2, NULL, dx));
+  float *gs = tt_to_host(s), *gd = tt_to_host(dx);
+  const double floor = 0x1p-148;
+  for (int64_t i = 0; i < n; i++) {
+    // s (1 - s) as e / (1 + e)^2, e = exp(-|x|): 1 - s would cancel even in double.
+    const double xv = X[i], sv = 1.0 / (1.0 + exp(-xv)), e = exp(-fabs(xv)), dref = DY[i] * e / ((1 + e) * (1 + e));
+    if (!(isfinite(gs[i]) && fabs(gs[i] - sv) <= 8 * U32 * sv + floor))
+      fail_msg("sigmoid(%.9g) = %.9g, want %.9g", xv, (double)gs[i], sv);
+    if (!(isfinite(gd[i]) && fabs(gd[i] - dref) <= 8 * U32 * fabs(dref) + floor * (1 + fabs(DY[i]))))
+      fail_msg("sigmoid_bwd(%.9g, dy %.9g) = %.9g, want %.9g", xv, (double)DY[i], (double)gd[i], dref);
+    if (xv >= 100) assert_true(gs[i] == 1.0f);
+  }
+  free(gs), free(gd);
+  tpr_tensor_free(s), tpr_tensor_free(dx);
+}
+
+static void test_sigmoid(void **state) {
+  const int64_t s[] = {5, 33};
+  for (int k = 0; k < 3; k++) {
+    float *X = rand_host(5 * 33, k == 1 ? 30.0 : 1.0), *DY = rand_host(5 * 33, 1.0);
+    if (k == 2) {
+      static const float edge[] = {100.0f, -100.0f, 88.0f, -88.0f, 80.0f, -80.0f, 0.0f, 17.5f, -17.5f};
+      memcpy(X, edge, sizeof edge);
+    }
+    tpr_tensor *x = tt_from_host(TPR_F32, 2, s, X), *dy = tt_from_host(TPR_F32, 2, s, DY);
+    check_sigmoid(x, X, dy, DY);
+    free(X), free(DY);
+    tpr_tensor_free(x), tpr_tensor_free(dy);
+  }
+  // Strided: x a transposed view, dy every other column of a wider matrix.
+  const int64_t ps[] = {33, 4}, qs[] = {4, 40}, os[] = {4, 33};
+  const int p10[] = {1, 0};
+  float *P, *Q, XT[4 * 33], DS[4 * 33];
+  tpr_tensor *pt = tt_random_f32(tt_cpu(), 2, ps, &P), *qt = tt_random_f32(tt_cpu(), 2, qs, &Q);
+  tpr_tensor *x = view_permute(pt, p10), *dy = view_slice(qt, 1, 5, 33);
+  host_permute(P, 4, 2, ps, p10, XT);
+  host_cols(Q, 4, 40, 5, 33, DS);
+  check_sigmoid(x, XT, dy, DS);
+  // Refusals: an i32 x (the shape rule), dy of another shape, the wrong input count.
+  tpr_tensor *ix = tt_new(TPR_I32, 2, os), *o = tt_new(TPR_F32, 2, os), *small = tt_new(TPR_F32, 2, s);
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SIGMOID, (const tpr_tensor *[]){ix}, 1, NULL, o), TPR_ERR_DTYPE);
+  assert_non_null(strstr(tpr_last_error(), "sigmoid"));
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SIGMOID_BWD, (const tpr_tensor *[]){x, small}, 2, NULL, o),
+                   TPR_ERR_SHAPE);
+  assert_non_null(strstr(tpr_last_error(), "sigmoid_bwd"));
+  assert_int_not_equal(tpr_op_run(tt_cpu(), TPR_OP_SIGMOID_BWD, (const tpr_tensor *[]){x}, 1, NULL, o), TPR_OK);
+  free(P), free(Q);
+  tpr_tensor *all[] = {pt, qt, x, dy, ix, o, small};
+  for (int i = 0; i < 7; i++) tpr_tensor_free(all[i]);
+}
+
 // ---------------------------------------------------------------- embedding, index_select
 
 // Host ids (n) of dtype dt from values v.
@@ -693,6 +755,7 @@ int main(void) {
       cmocka_unit_test(test_rms_norm),
       cmocka_unit_test(test_softmax),
       cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_sigmoid),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_index_select),
       cmocka_unit_test(test_gather_out_of_range),

@@ -188,6 +188,8 @@ static void test_elementwise(void **state) {
       assert_true(same_on_1_and_2("mul", TPR_OP_MUL, in, 2, NULL));
       assert_true(same_on_1_and_2("swiglu", TPR_OP_SWIGLU, in, 2, NULL));
       assert_true(same_on_1_and_2("swiglu_bwd", TPR_OP_SWIGLU_BWD, in, 3, NULL));
+      assert_true(same_on_1_and_2("sigmoid", TPR_OP_SIGMOID, in, 1, NULL));
+      assert_true(same_on_1_and_2("sigmoid_bwd", TPR_OP_SIGMOID_BWD, in, 2, NULL));
       tin bc[2] = {in[0], f32_in(1, rs, false, 1.0)};  // a broadcast row
       assert_true(same_on_1_and_2("add (broadcast)", TPR_OP_ADD, bc, 2, NULL));
       free(bc[1].h);

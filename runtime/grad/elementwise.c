@@ -1,4 +1,4 @@
-// Backward rules of add, mul and swiglu. The cotangent of a broadcast
+// Backward rules of add, mul, swiglu and sigmoid. The cotangent of a broadcast
 // operand of add or mul is summed back down to its shape.
 #include "grad.h"
 
@@ -37,9 +37,19 @@ TPR__BWD_RULE(swiglu) {
   return tpr__grad_take(g, packed, &off, n->in[1]);
 }
 
+// dx = sigmoid_bwd(x, dy): the kernel recomputes s from x (no saved output).
+TPR__BWD_RULE(sigmoid) {
+  if (!tpr_grad_wanted(g, n->in[0])) return TPR_OK;
+  tpr_value_id dx;
+  TPR_CHECK(tpr_program_op(tpr_grad_program(g), TPR_OP_SIGMOID_BWD, (const tpr_value_id[]){n->in[0], n->dout}, 2,
+                           NULL, &dx));
+  return tpr_grad_add(g, n->in[0], dx);
+}
+
 const tpr__grad_def tpr__elementwise_grad[] = {
     {TPR_OP_ADD, bwd_add},
     {TPR_OP_MUL, bwd_mul},
     {TPR_OP_SWIGLU, bwd_swiglu},
+    {TPR_OP_SIGMOID, bwd_sigmoid},
     {0},
 };

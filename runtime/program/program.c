@@ -189,6 +189,7 @@ tpr_status tpr_pb_swiglu(tpr_program *p, tpr_value_id gate, tpr_value_id up, tpr
   return OP2(TPR_OP_SWIGLU, gate, up, NULL);
 }
 tpr_status tpr_pb_softmax(tpr_program *p, tpr_value_id x, tpr_value_id *out) { return OP1(TPR_OP_SOFTMAX, x, NULL); }
+tpr_status tpr_pb_sigmoid(tpr_program *p, tpr_value_id x, tpr_value_id *out) { return OP1(TPR_OP_SIGMOID, x, NULL); }
 tpr_status tpr_pb_embedding(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id *out) {
   return OP2(TPR_OP_EMBEDDING, table, ids, NULL);
 }

@@ -63,6 +63,8 @@ tpr_status tpr_pb_add(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_
 tpr_status tpr_pb_mul(tpr_program *p, tpr_value_id a, tpr_value_id b, tpr_value_id *out);
 tpr_status tpr_pb_rms_norm(tpr_program *p, tpr_value_id x, tpr_value_id weight, float eps, tpr_value_id *out);
 tpr_status tpr_pb_swiglu(tpr_program *p, tpr_value_id gate, tpr_value_id up, tpr_value_id *out);
+// sigmoid(x) elementwise, stable for any x (ops.h TPR_OP_SIGMOID).
+tpr_status tpr_pb_sigmoid(tpr_program *p, tpr_value_id x, tpr_value_id *out);
 tpr_status tpr_pb_softmax(tpr_program *p, tpr_value_id x, tpr_value_id *out);
 tpr_status tpr_pb_embedding(tpr_program *p, tpr_value_id table, tpr_value_id ids, tpr_value_id *out);
 tpr_status tpr_pb_index_select(tpr_program *p, tpr_value_id x, int dim, tpr_value_id index, tpr_value_id *out);

@@ -25,29 +25,8 @@ TEST_NAME=tpr_serve_test
 
 seed=${TPR_TEST_SEED:-$RANDOM}
 echo "seed $seed (prompts drawn from it)"
-python3 - "$FIX/minimax_m2_tiny/config.json" "$W/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); c["vocab_size"] = 2006; json.dump(c, open(sys.argv[2], "w"))
-PY
-"$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" --seed "$seed" >/dev/null 2>&1 ||
-  "$TPR" make-checkpoint --config "$W/config.json" --out "$W/m" >/dev/null || { echo "make-checkpoint failed"; exit 1; }
-cp "$FIX/tokenizer/bytelevel/tokenizer.json" "$FIX/tokenizer/bytelevel/tokenizer_config.json" "$W/m/"
-EOS=$("$TPR" tokenize --model "$W/m" --text "<|im_end|>")
+make_model "$FIX/minimax_m2_tiny/config.json" "$seed"
 
-launch() {  # launch MODEL_DIR [extra serve flags...]: starts the server, waits for its port
-  local dir=$1; shift
-  rm -f "$W/port"
-  if [ "$NP" -gt 1 ]; then
-    "$MPIEXEC" ${MPI_ARGS:-} -np "$NP" --oversubscribe "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" \
-      >"$W/server.log" 2>&1 &
-  else
-    "$TPR" serve --model "$dir" --port 0 --port-file "$W/port" "$@" >"$W/server.log" 2>&1 &
-  fi
-  SERVER=$!
-  for _ in $(seq 300); do [ -s "$W/port" ] && break; sleep 0.1; done
-  [ -s "$W/port" ] || { cat "$W/server.log"; echo "server did not start"; exit 1; }
-  URL="http://127.0.0.1:$(cat "$W/port")"
-}
 launch "$W/m" --request-timeout 2 --max-connections 48
 
 # -- health and models
@@ -55,23 +34,6 @@ launch "$W/m" --request-timeout 2 --max-connections 48
 [ "$(curl -s "$URL/v1/models" | json 'd["data"][0]["id"]')" = m ] && pass "/v1/models lists 'm'" || fail "/v1/models"
 
 # -- completions against tpr run (greedy): the same ids, detokenized
-words=(hello world the model tokens stream chat 42 café 日本 batch engine)
-prompt_for() { local s=$1 p=""; for k in 0 1 2 3; do p+="${words[$(( (s * 7 + k * 13 + k * s) % ${#words[@]} ))]} "; done; echo -n "${p% }"; }
-expected() {  # expected PROMPT MAX_NEW: tpr run's greedy text (stopping at EOS, which is dropped as special)
-  local ids gen
-  ids=$("$TPR" tokenize --model "$W/m" --text "$1")
-  gen=$("$TPR" run --model "$W/m" --prompt-ids "$ids" --max-new-tokens "$2" --stop-token "$EOS" --json |
-    json '",".join(map(str, d["prompts"][0]["generated"]))')
-  "$TPR" detokenize --model "$W/m" --ids "$gen" --skip-special 2>/dev/null ||
-    "$TPR" detokenize --model "$W/m" --ids "$gen"
-}
-body() { python3 -c "import json,sys; print(json.dumps({'prompt': sys.argv[1], 'max_tokens': int(sys.argv[2]), 'temperature': 0, 'stream': sys.argv[3] == '1'}))" "$@"; }
-sse_text() { python3 -c "
-import json, sys
-lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
-assert lines[-1] == 'data: [DONE]', 'no [DONE]'
-print(''.join(json.loads(l[6:])['choices'][0].get('text', '') for l in lines[:-1]), end='')"; }
-
 P=$(prompt_for $((seed % 97)))
 EXP=$(expected "$P" 12)
 GOT=$(curl -s "$URL/v1/completions" -d "$(body "$P" 12 0)" | json 'd["choices"][0]["text"]')
@@ -143,36 +105,12 @@ for c in $(seq 0 31); do
   (
     for k in 0 1; do
       curl -s "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 0)" | json 'json.dumps([d["id"], d["choices"][0]["text"]])' >"$W/c$c.$k.a"
-      curl -sN "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 1)" | python3 -c "
-import json, sys
-lines = [l for l in sys.stdin.read().split('\n') if l.startswith('data: ')]
-assert lines[-1] == 'data: [DONE]', 'no [DONE]'
-chunks = [json.loads(l[6:]) for l in lines[:-1]]
-assert len({c['id'] for c in chunks}) == 1, 'chunks of one stream carry different ids'
-print(json.dumps([chunks[0]['id'], ''.join(c['choices'][0].get('text', '') for c in chunks)]))" >"$W/c$c.$k.b"
+      curl -sN "$URL/v1/completions" -d "$(body "${CP[$c]}" 10 1)" | sse_id_text >"$W/c$c.$k.b"
     done
   ) &
 done
 wait $(jobs -p | grep -v "^$SERVER$") 2>/dev/null
-read -r ok NIDS BAD < <(python3 - "$W" <<'PY'
-import json, sys
-w, ok, ids, bad = sys.argv[1], 0, [], []
-for c in range(32):
-    want = open(f"{w}/e{c}", newline="").read()  # keep "\r\n" and NUL as they are
-    want = want[:-1] if want.endswith("\n") else want  # tpr detokenize ends its line
-    for k in (0, 1):
-        for s in "ab":
-            try:
-                rid, text = json.load(open(f"{w}/c{c}.{k}.{s}"))
-            except Exception:
-                continue
-            ok += text == want
-            if text != want and str(c) not in bad:
-                bad.append(str(c))
-            ids.append(rid)
-print(ok, len(set(ids)), " ".join(bad[:4]))
-PY
-)
+read -r ok NIDS BAD < <(tally 32)
 OK1=$(( $(req_ok) - 1 ))  # the first /metrics read counted itself after it was rendered
 [ $ok -eq 128 ] && [ "$NIDS" -eq 128 ] && [ $((OK1 - OK0)) -eq 128 ] &&
   pass "32 concurrent clients x 4 requests: 128/128 as alone, 128 distinct ids, 128 answered" ||
@@ -402,15 +340,7 @@ for p in $PIDS; do
   echo "idle rank pid $p: ${pct}% of a core over 3 s (/proc stat)"
   [ $pct -le 30 ] && pass "idle rank pid $p sleeps (${pct}% CPU)" || fail "idle rank pid $p spins: ${pct}% CPU"
 done
-T0=$(date +%s.%N)
-if [ "$NP" -gt 1 ]; then kill -TERM $PIDS; else kill -TERM "$SERVER"; fi
-for _ in $(seq 100); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$SERVER" 2>/dev/null; then fail "still running 10 s after SIGTERM"; else
-  wait "$SERVER"; RC=$?
-  echo "exit after SIGTERM: $(python3 -c "print(f'{$(date +%s.%N) - $T0:.2f}')") s, status $RC"
-  [ $RC -eq 0 ] && pass "SIGTERM: exit 0 on every rank" || { fail "SIGTERM: exit $RC"; cat "$W/server.log"; }
-fi
-SERVER=""
+terminate "$PIDS"
 
 # -- a second server: context 4096, a MiniMax-M2-style chat template declared
 # by the checkpoint (rendered by --chat-template auto as transformers renders

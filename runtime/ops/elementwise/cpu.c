@@ -1,4 +1,4 @@
-// Elementwise CPU kernels: add, mul (numpy broadcasting) and swiglu.
+// Elementwise CPU kernels: add, mul (numpy broadcasting), swiglu and sigmoid.
 //
 // Every input is read through strides (a broadcast dim reads with stride 0),
 // and the strided iterator merges dims so contiguous operands run one long
@@ -84,14 +84,22 @@ static tpr_status run_binary(const void *ctx, const char *op, binary_row_fn row,
 TPR_CPU_KERNEL(add) { return run_binary(ctx, "add", add_row, in, n_in, out); }
 TPR_CPU_KERNEL(mul) { return run_binary(ctx, "mul", mul_row, in, n_in, out); }
 
-// silu(g) * u with sigmoid(g) from exp(-|g|), which never overflows: for
-// g >= 0 it is 1 / (1 + e), for g < 0 it is e / (1 + e). (g = -inf gives NaN
-// from -inf * 0.)
-static inline float swiglu1(float g, float u) {
+// sigmoid(g) from e = exp(-|g|), which never overflows: for g >= 0 it is
+// 1 / (1 + e), for g < 0 it is e / (1 + e).
+static inline float sigmoid1(float g) {
   float e = expf(-fabsf(g));
-  float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
-  return g * s * u;
+  return (g >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
+
+// sigmoid'(x) = s (1 - s) = e / (1 + e)^2 with e = exp(-|x|) (it is even):
+// no 1 - s, which would cancel to 0 for x > 17 where the true value is e.
+static inline float dsigmoid1(float x) {
+  float e = expf(-fabsf(x)), d = 1.0f + e;
+  return e / (d * d);
+}
+
+// silu(g) * u with sigmoid1. (g = -inf gives NaN from -inf * 0.)
+static inline float swiglu1(float g, float u) { return g * sigmoid1(g) * u; }
 
 typedef struct swiglu_arg {
   float *o;
@@ -137,7 +145,7 @@ static void swiglu_bwd_piece(const tpr__iter *it, int64_t col, int64_t len, int6
   for (int64_t i = col, k = q; i < col + len; i++, k++) {  // the iterator keeps row-major order: k is the packed index
     float gv = p->g[it->off[0] + i * it->inner[0]], uv = p->u[it->off[1] + i * it->inner[1]];
     float dv = p->d[it->off[2] + i * it->inner[2]];
-    float e = expf(-fabsf(gv)), s = (gv >= 0.0f ? 1.0f : e) / (1.0f + e);
+    float s = sigmoid1(gv);
     p->dg[k] = dv * uv * s * (1.0f + gv * (1.0f - s));
     p->du[k] = dv * gv * s;
   }
@@ -160,10 +168,53 @@ TPR_CPU_KERNEL(swiglu_bwd) {
   return TPR_OK;
 }
 
+typedef struct sigmoid_arg {
+  float *o;  // out (n) row-major
+  const float *x, *dy;  // dy: NULL for the forward
+} sigmoid_arg;
+
+static void sigmoid_piece(const tpr__iter *it, int64_t col, int64_t len, int64_t q, void *arg) {
+  const sigmoid_arg *p = arg;
+  float *orow = p->o + it->off[0] + col * it->inner[0];
+  const int64_t sx = it->inner[1];
+  const float *xrow = p->x + it->off[1] + col * sx;
+  if (!p->dy) {
+    for (int64_t i = 0; i < len; i++) orow[i] = sigmoid1(xrow[i * sx]);
+    return;
+  }
+  const int64_t sd = it->inner[2];
+  const float *drow = p->dy + it->off[2] + col * sd;
+  for (int64_t i = 0; i < len; i++) orow[i] = drow[i * sd] * dsigmoid1(xrow[i * sx]);
+}
+
+// x (...) and, for the backward, dy (...) of x's shape, any strides; out
+// (...) contiguous: sigmoid(x), or dy * sigmoid'(x).
+static tpr_status run_sigmoid(const void *ctx, const char *op, const tpr_tensor *const *in, int n_in, int want,
+                              tpr_tensor *out) {
+  if (n_in != want) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cpu): expected %d inputs, got %d", op, want, n_in);
+  TPR_CHECK(check_f32(op, in, n_in, out));
+  for (int k = 0; k < n_in; k++)
+    if (!tpr_tensor_same_shape(in[k], out))
+      return TPR_FAIL(TPR_ERR_SHAPE, "%s (cpu): input %d shape differs from the output", op, k);
+  int64_t so[TPR_MAX_DIMS];
+  tpr__contig_strides(out->ndim, out->shape, so);
+  const int64_t *st[3] = {so, in[0]->stride, n_in > 1 ? in[1]->stride : so};
+  tpr__iter it;
+  if (!tpr__iter_init(&it, out->ndim, out->shape, n_in + 1, st)) return TPR_OK;
+  sigmoid_arg arg = {tpr_tensor_data(out), tpr_tensor_data(in[0]), n_in > 1 ? tpr_tensor_data(in[1]) : NULL};
+  tpr__par_pieces(ctx, &it, sigmoid_piece, &arg);
+  return TPR_OK;
+}
+
+TPR_CPU_KERNEL(sigmoid) { return run_sigmoid(ctx, "sigmoid", in, n_in, 1, out); }
+TPR_CPU_KERNEL(sigmoid_bwd) { return run_sigmoid(ctx, "sigmoid_bwd", in, n_in, 2, out); }
+
 const tpr__kernel_def tpr__elementwise_cpu[] = {
     {TPR_OP_ADD, cpu_add},
     {TPR_OP_MUL, cpu_mul},
     {TPR_OP_SWIGLU, cpu_swiglu},
     {TPR_OP_SWIGLU_BWD, cpu_swiglu_bwd},
+    {TPR_OP_SIGMOID, cpu_sigmoid},
+    {TPR_OP_SIGMOID_BWD, cpu_sigmoid_bwd},
     {0},
 };

@@ -1,5 +1,5 @@
 // Elementwise CUDA kernels (cpu.c's twin): add, mul (numpy
-// broadcasting) and swiglu. One thread per output element; each input is
+// broadcasting), swiglu, sigmoid and its backward. One thread per output element; each input is
 // read through its own strides over out's shape (a broadcast dim has stride
 // 0), so any layout works without copies. An input sharing out's buffer
 // (in place, same shape) is fine: each element is read before it is written
@@ -58,13 +58,20 @@ static tpr_status run_binary(tpr_cuda_ctx *c, const char *op, const tpr_tensor *
 TPR_CUDA_KERNEL(add) { return run_binary<false>((tpr_cuda_ctx *)ctx, "add", in, n_in, out); }
 TPR_CUDA_KERNEL(mul) { return run_binary<true>((tpr_cuda_ctx *)ctx, "mul", in, n_in, out); }
 
-// silu(g) * u exactly as cpu.c's swiglu1: sigmoid from exp(-|g|),
-// which never overflows, then (g * s) * u.
-static __device__ __forceinline__ float swiglu1(float g, float u) {
+// sigmoid(g) exactly as cpu.c's sigmoid1: from exp(-|g|), which never overflows.
+static __device__ __forceinline__ float sigmoid1(float g) {
   float e = expf(-fabsf(g));
-  float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
-  return g * s * u;
+  return (g >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
+
+// sigmoid'(x) as cpu.c's dsigmoid1: e / (1 + e)^2, no cancelling 1 - s.
+static __device__ __forceinline__ float dsigmoid1(float x) {
+  float e = expf(-fabsf(x)), d = 1.0f + e;
+  return e / (d * d);
+}
+
+// silu(g) * u as cpu.c's swiglu1: (g * s) * u.
+static __device__ __forceinline__ float swiglu1(float g, float u) { return g * sigmoid1(g) * u; }
 
 static __global__ void swiglu_kernel(float *o, const float *g, tpr__cuda_desc gd, const float *u, tpr__cuda_desc ud,
                                      int64_t n) {
@@ -90,9 +97,46 @@ TPR_CUDA_KERNEL(swiglu) {
   return TPR_OK;
 }
 
+// o = sigmoid(x), or (BWD) o = dy * sigmoid'(x); o contiguous.
+template <bool BWD>
+static __global__ void sigmoid_kernel(float *o, const float *x, tpr__cuda_desc xd, const float *dy,
+                                      tpr__cuda_desc dd, int64_t n) {
+  TPR_CUDA_GRID_STRIDE(i, n) {
+    const float v = x[tpr__cuda_offset(xd, i)];
+    o[i] = BWD ? dy[tpr__cuda_offset(dd, i)] * dsigmoid1(v) : sigmoid1(v);
+  }
+}
+
+// x (...) [, dy (...)] any strides, out (...) contiguous, all one shape.
+template <bool BWD>
+static tpr_status run_sigmoid(tpr_cuda_ctx *c, const char *op, const tpr_tensor *const *in, int n_in,
+                              tpr_tensor *out) {
+  const int want = BWD ? 2 : 1;
+  if (n_in != want) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cuda): expected %d inputs, got %d", op, want, n_in);
+  TPR_CHECK(check_f32(op, in, n_in, out));
+  for (int k = 0; k < n_in; k++)
+    if (!tpr_tensor_same_shape(in[k], out))
+      return TPR_FAIL(TPR_ERR_SHAPE, "%s (cuda): input %d shape differs from the output", op, k);
+  const int64_t n = tpr_tensor_numel(out);
+  if (n == 0) return TPR_OK;
+  TPR_CUDA_TRY(cudaSetDevice(c->device), op, "set device");
+  const tpr__cuda_desc xd = tpr__cuda_tensor_desc(in[0]), dd = tpr__cuda_tensor_desc(in[n_in - 1]);
+  const int th = 256;
+  sigmoid_kernel<BWD><<<tpr__cuda_blocks(n, th), th, 0, c->stream>>>(
+      (float *)tpr_tensor_data(out), (const float *)tpr_tensor_data(in[0]), xd,
+      (const float *)tpr_tensor_data(in[n_in - 1]), dd, n);
+  TPR_CUDA_LAUNCHED(op, "sigmoid kernel");
+  return TPR_OK;
+}
+
+TPR_CUDA_KERNEL(sigmoid) { return run_sigmoid<false>((tpr_cuda_ctx *)ctx, "sigmoid", in, n_in, out); }
+TPR_CUDA_KERNEL(sigmoid_bwd) { return run_sigmoid<true>((tpr_cuda_ctx *)ctx, "sigmoid_bwd", in, n_in, out); }
+
 const tpr__kernel_def tpr__elementwise_cuda[] = {
     {TPR_OP_ADD, cuda_add},
     {TPR_OP_MUL, cuda_mul},
     {TPR_OP_SWIGLU, cuda_swiglu},
+    {TPR_OP_SIGMOID, cuda_sigmoid},
+    {TPR_OP_SIGMOID_BWD, cuda_sigmoid_bwd},
     {},
 };

@@ -1,5 +1,5 @@
 // Shape rules of the elementwise ops (ops.h): add and mul (numpy
-// broadcasting), swiglu and swiglu_bwd.
+// broadcasting), swiglu, sigmoid and their backwards.
 #include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
 
@@ -49,10 +49,29 @@ TPR__OP_RULE(swiglu_bwd) {
   return TPR_OK;
 }
 
+// x (...) f32 -> (...).
+TPR__OP_RULE(sigmoid) {
+  TPR_CHECK(tpr__need_dtype("sigmoid", in[0], TPR_F32, "x"));
+  tpr__set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
+  return TPR_OK;
+}
+
+// in (x, dy) same shape -> dx (...).
+TPR__OP_RULE(sigmoid_bwd) {
+  const char *op = "sigmoid_bwd";
+  TPR_CHECK(tpr__need_dtype(op, in[0], TPR_F32, "x"));
+  TPR_CHECK(tpr__need_dtype(op, in[1], TPR_F32, "dy"));
+  TPR_CHECK(tpr__need_same_shape(op, in[0], "x", in[1], "dy"));
+  tpr__set_contiguous(out, TPR_F32, in[0]->ndim, in[0]->shape);
+  return TPR_OK;
+}
+
 const tpr__op_def tpr__elementwise_ops[] = {
     {TPR_OP_ADD, "add", 2, false, infer_add},
     {TPR_OP_MUL, "mul", 2, false, infer_mul},
     {TPR_OP_SWIGLU, "swiglu", 2, false, infer_swiglu},
     {TPR_OP_SWIGLU_BWD, "swiglu_bwd", 3, false, infer_swiglu_bwd},
+    {TPR_OP_SIGMOID, "sigmoid", 1, false, infer_sigmoid},
+    {TPR_OP_SIGMOID_BWD, "sigmoid_bwd", 2, false, infer_sigmoid_bwd},
     {0},
 };

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_runs.h"
 #include "runtime/ops/cpu_threads.h"
 
 static bool fits_blasint(int64_t v) { return (int64_t)(blasint)v == v; }
@@ -356,46 +357,9 @@ done:
 
 // ---- The engine's form: q, k, v (T, H, D) rows of many sequences, pool
 // (NS, H, D, D) contiguous, slopes (H), state_slot (T) i32 (-1: a padded
-// row), positions (T) i32; i[0] block; out o (T, H, D).
-// Rows of one slot form one contiguous run of consecutive positions (the
-// engine lays a step out so: one chunk per sequence). A run is a prefill
-// from the slot's state -- from zeros when its first position is 0 -- and
-// leaves the state after its last row in the slot. Padded rows output 0.
-typedef struct la_run {
-  int64_t t0, n, slot;
-} la_run;
-
-// The runs of a step, every index checked against the pool before anything is written.
-static tpr_status paged_runs(const tpr_tensor *slot_t, const tpr_tensor *pos_t, int64_t NS, la_run *runs,
-                             int64_t *n_runs) {
-  const char *op = "lightning_paged";
-  const int32_t *sl = tpr_tensor_data(slot_t), *pos = tpr_tensor_data(pos_t);
-  const int64_t T = slot_t->shape[0], ss = slot_t->stride[0], ps = pos_t->stride[0];
-  int64_t n = 0;
-  for (int64_t t = 0; t < T; t++) {
-    const int64_t s = sl[t * ss], p = pos[t * ps];
-    if (s < 0) continue;
-    if (s >= NS || p < 0)
-      return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: row %lld has state slot %lld of a pool of %lld, position %lld", op,
-                      (long long)t, (long long)s, (long long)NS, (long long)p);
-    if (n && runs[n - 1].slot == s && runs[n - 1].t0 + runs[n - 1].n == t) {
-      if (p != pos[(t - 1) * ps] + 1)
-        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: row %lld of state slot %lld is position %lld after %d: a slot's "
-                        "rows must be consecutive positions", op, (long long)t, (long long)s, (long long)p,
-                        pos[(t - 1) * ps]);
-      runs[n - 1].n++;
-      continue;
-    }
-    for (int64_t i = 0; i < n; i++)
-      if (runs[i].slot == s)
-        return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: state slot %lld has two runs of rows (at %lld and %lld): one "
-                        "chunk per sequence and step", op, (long long)s, (long long)runs[i].t0, (long long)t);
-    runs[n++] = (la_run){.t0 = t, .n = 1, .slot = s};
-  }
-  *n_runs = n;
-  return TPR_OK;
-}
-
+// row), positions (T) i32; i[0] block; out o (T, H, D). Each run of a
+// slot's rows (paged_runs.h) is a prefill from the slot's state, written
+// back in place. Padded rows output 0.
 TPR_CPU_KERNEL(lightning_paged) {
   (void)n_in;
   const char *op = "lightning_paged";
@@ -409,7 +373,7 @@ TPR_CPU_KERNEL(lightning_paged) {
   memset(o, 0, (size_t)(T * H * D) * sizeof *o);  // padded rows
   if (T == 0 || H == 0 || D == 0) return TPR_OK;
   const int nt = head_threads(ctx, H, T * D * (D + Bt));
-  la_run *runs = malloc((size_t)T * sizeof *runs);
+  tpr__la_run *runs = malloc((size_t)T * sizeof *runs);
   float *sl = malloc((size_t)H * sizeof *sl), *qkv = malloc((size_t)(3 * T * H * D) * sizeof *qkv);
   float *w = malloc((size_t)(nt * fwd_scratch(Bt, D)) * sizeof *w);
   int64_t n_runs = 0;
@@ -420,10 +384,10 @@ TPR_CPU_KERNEL(lightning_paged) {
     goto done;
   }
   TPR_CHECK_GOTO(read_slopes(op, in[4], sl), rc, done);
-  TPR_CHECK_GOTO(paged_runs(in[5], in[6], NS, runs, &n_runs), rc, done);
+  const int32_t *slot = tpr_tensor_data(in[5]), *pos = tpr_tensor_data(in[6]);
+  TPR_CHECK_GOTO(tpr__la_paged_runs(slot, in[5]->stride[0], pos, in[6]->stride[0], T, NS, runs, &n_runs), rc, done);
   float *qh = qkv, *kh = qkv + T * H * D, *vh = qkv + 2 * T * H * D;  // (H, T, D) each
   heads_major(in[0], qh), heads_major(in[1], kh), heads_major(in[2], vh);
-  const int32_t *pos = tpr_tensor_data(in[6]);
   for (int64_t r = 0; r < n_runs; r++) {
     const int64_t t0 = runs[r].t0, n = runs[r].n;
     float *S = P + runs[r].slot * H * D * D;  // the slot's (H, D, D), updated in place

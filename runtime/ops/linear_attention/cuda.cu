@@ -1,6 +1,7 @@
 // Lightning attention CUDA kernels (cpu.c's twin; ops.h,
 // tpr_lightning_attention). NOT YET RUN ON A GPU: compiled (sm_90) only;
-// tests/test_cuda_ops.c has no case for them yet (docs/lightning-attention.md).
+// tests/test_cuda_ops.c compares them with the CPU kernels where a GPU
+// exists (docs/lightning-attention.md).
 //
 // The prefill and its backward are cpu.c's block loops with every head of a
 // block in one strided-batched cuBLAS sgemm (full f32) where the CPU calls one
@@ -12,6 +13,12 @@
 // ((T / block, H, D, D) scratch), no (T, T) buffer. The block loop runs on
 // the host: a handful of launches per block.
 //
+// The engine's form (lightning_paged): the step's state_slot and positions
+// are read back (2T ints) and cut into runs on the host exactly as the CPU
+// does (paged_runs.h, the same checks and messages); each run is the
+// prefill's block loop on its slot of the pool, in place, from zeros when
+// the run starts a sequence. Padded rows are zeroed.
+//
 // Decode: one thread block per (sequence, head), thread c owns column c of
 // the state: S[a][c] = exp(-s) S[a][c] + k[a] v[c], then o[c] = sum over a
 // ascending of q[a] S[a][c] -- the CPU's order.
@@ -21,7 +28,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <vector>
+
 #include "runtime/ops/cuda_kernels.h"
+#include "paged_runs.h"  // after cuda_kernels.h, which declares runtime/status.h's functions extern "C"
 
 // ---- device kernels
 
@@ -159,6 +169,30 @@ static tpr_status refuse_docs(const char *op, int n_in, int plain) {
 
 // ---- kernels
 
+// The prefill's block loop over n rows for every head at once, from the
+// state S (H, D, D), updated in place: qh, kh, vh point at the first row of
+// head 0 in heads-major copies whose heads are hs floats apart; o at the
+// first row's output in (rows, H, D) layout. rows (H, Bt, D) and a (H, Bt,
+// Bt) are scratch.
+static tpr_status prefill_blocks(tpr_cuda_ctx *c, const char *op, const float *qh, const float *kh, const float *vh,
+                                 int64_t hs, int64_t n, float *S, float *o, const float *sl, int64_t H, int64_t D,
+                                 int64_t Bt, float *rows, float *a) {
+  for (int64_t t0 = 0; t0 < n; t0 += Bt) {
+    const int64_t b = n - t0 < Bt ? n - t0 : Bt;
+    const float *qb = qh + t0 * D, *kb = kh + t0 * D, *vb = vh + t0 * D;
+    float *ob = o + t0 * H * D;  // head h's rows at ob + h * D, leading dim H * D
+    TPR_CHECK(decay_rows(c, op, rows, b * D, D, qb, hs, D, sl, H, b, D, 1, 1));
+    TPR_CHECK(gemm(c, op, false, false, b, D, D, rows, D, b * D, S, D, D * D, 0.0f, ob, H * D, D, H));  // inter
+    TPR_CHECK(gemm(c, op, false, true, b, b, D, qb, D, hs, kb, D, hs, 0.0f, a, b, b * b, H));          // Q K^T
+    TPR_CHECK(diag_decay(c, op, a, sl, H, b));
+    TPR_CHECK(gemm(c, op, false, false, b, D, b, a, b, b * b, vb, D, hs, 1.0f, ob, H * D, D, H));  // + intra
+    TPR_CHECK(scale_state(c, op, S, sl, H, D, b));
+    TPR_CHECK(decay_rows(c, op, rows, b * D, D, kb, hs, D, sl, H, b, D, b - 1, -1));
+    TPR_CHECK(gemm(c, op, true, false, D, D, b, rows, D, b * D, vb, D, hs, 1.0f, S, D, D * D, H));
+  }
+  return TPR_OK;
+}
+
 // q, k, v (T, H, D), state (H, D, D), slopes (H); i[0] block;
 // out packed (o (T, H, D) | state (H, D, D)).
 TPR_CUDA_KERNEL(lightning_attention) {
@@ -181,20 +215,7 @@ TPR_CUDA_KERNEL(lightning_attention) {
   TPR_CHECK(heads_major(c, op, in[0], qh));
   TPR_CHECK(heads_major(c, op, in[1], kh));
   TPR_CHECK(heads_major(c, op, in[2], vh));
-  for (int64_t t0 = 0; t0 < T; t0 += Bt) {
-    const int64_t b = T - t0 < Bt ? T - t0 : Bt;
-    const float *qb = qh + t0 * D, *kb = kh + t0 * D, *vb = vh + t0 * D;
-    float *ob = o + t0 * H * D;  // head h's rows at ob + h * D, leading dim H * D
-    TPR_CHECK(decay_rows(c, op, rows, b * D, D, qb, T * D, D, sl, H, b, D, 1, 1));
-    TPR_CHECK(gemm(c, op, false, false, b, D, D, rows, D, b * D, S, D, D * D, 0.0f, ob, H * D, D, H));  // inter
-    TPR_CHECK(gemm(c, op, false, true, b, b, D, qb, D, T * D, kb, D, T * D, 0.0f, a, b, b * b, H));    // Q K^T
-    TPR_CHECK(diag_decay(c, op, a, sl, H, b));
-    TPR_CHECK(gemm(c, op, false, false, b, D, b, a, b, b * b, vb, D, T * D, 1.0f, ob, H * D, D, H));  // + intra
-    TPR_CHECK(scale_state(c, op, S, sl, H, D, b));
-    TPR_CHECK(decay_rows(c, op, rows, b * D, D, kb, T * D, D, sl, H, b, D, b - 1, -1));
-    TPR_CHECK(gemm(c, op, true, false, D, D, b, rows, D, b * D, vb, D, T * D, 1.0f, S, D, D * D, H));
-  }
-  return TPR_OK;
+  return prefill_blocks(c, op, qh, kh, vh, T * D, T, S, o, sl, H, D, Bt, rows, a);
 }
 
 // q, k, v (T, H, D), state (H, D, D), slopes (H), dout packed (T*H*D |
@@ -284,9 +305,57 @@ TPR_CUDA_KERNEL(lightning_decode) {
   return TPR_OK;
 }
 
+// q, k, v (T, H, D), pool (NS, H, D, D) contiguous, slopes (H), state_slot
+// (T) i32, positions (T) i32; i[0] block; out o (T, H, D); the pool's slots
+// of the step's runs are written in place.
+TPR_CUDA_KERNEL(lightning_paged) {
+  (void)n_in;
+  static const char *op = "lightning_paged";
+  tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
+  const tpr_tensor *pool = in[3];
+  const int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2], B = attrs->i[0];
+  const int64_t NS = pool->shape[0], Bt = T < B ? T : B, n = T * H * D;
+  if (!tpr_tensor_is_contiguous(pool))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s (cuda): the state pool must be contiguous (it is written in place)", op);
+  TPR_CHECK(check_sizes(op, H, D, T));
+  TPR_CUDA_TRY(cudaSetDevice(c->device), op, "set device");
+  float *o = (float *)tpr_tensor_data(out), *P = (float *)tpr_tensor_data(pool);
+  TPR_CUDA_TRY(cudaMemsetAsync(o, 0, (size_t)n * sizeof(float), c->stream), op, "zero output");  // padded rows
+  if (T == 0 || H == 0 || D == 0) return TPR_OK;
+  // The slots and positions, contiguous on the device, then on the host for the runs.
+  tpr__cuda_scratch ids(c);
+  TPR_CHECK(ids.alloc((size_t)(2 * T) * sizeof(int32_t)));
+  int32_t *dslot = (int32_t *)ids.p, *dpos = dslot + T;
+  const int64_t one = 1;
+  TPR_CHECK(tpr__cuda_strided_copy(c, op, dslot, &one, tpr_tensor_data(in[5]), in[5]->stride, 1, &T, 4));
+  TPR_CHECK(tpr__cuda_strided_copy(c, op, dpos, &one, tpr_tensor_data(in[6]), in[6]->stride, 1, &T, 4));
+  std::vector<int32_t> idx((size_t)(2 * T));  // slots (T) | positions (T)
+  std::vector<tpr__la_run> runs((size_t)T);
+  int64_t n_runs = 0;
+  TPR_CHECK(tpr__cuda_read(c, op, idx.data(), dslot, idx.size() * sizeof(int32_t)));
+  TPR_CHECK(tpr__la_paged_runs(idx.data(), 1, idx.data() + T, 1, T, NS, runs.data(), &n_runs));
+  tpr__cuda_scratch scr(c);  // slopes (H) | q, k, v (H, T, D) | rows (H, Bt, D) | scores (H, Bt, Bt)
+  TPR_CHECK(scr.alloc((size_t)(H + 3 * n + H * Bt * D + H * Bt * Bt) * sizeof(float)));
+  float *sl = (float *)scr.p, *qh = sl + H, *kh = qh + n, *vh = kh + n, *rows = vh + n, *a = rows + H * Bt * D;
+  TPR_CHECK(load_slopes(c, op, in[4], sl));
+  TPR_CHECK(heads_major(c, op, in[0], qh));
+  TPR_CHECK(heads_major(c, op, in[1], kh));
+  TPR_CHECK(heads_major(c, op, in[2], vh));
+  for (int64_t r = 0; r < n_runs; r++) {
+    const int64_t t0 = runs[r].t0;
+    float *S = P + runs[r].slot * H * D * D;  // the slot's (H, D, D), updated in place
+    if (idx[(size_t)(T + t0)] == 0)           // a sequence's start
+      TPR_CUDA_TRY(cudaMemsetAsync(S, 0, (size_t)(H * D * D) * sizeof(float), c->stream), op, "zero a state slot");
+    TPR_CHECK(prefill_blocks(c, op, qh + t0 * D, kh + t0 * D, vh + t0 * D, T * D, runs[r].n, S, o + t0 * H * D, sl,
+                             H, D, Bt, rows, a));
+  }
+  return TPR_OK;
+}
+
 const tpr__kernel_def tpr__lightning_cuda[] = {
     {TPR_OP_LIGHTNING_ATTENTION, cuda_lightning_attention},
     {TPR_OP_LIGHTNING_ATTENTION_BWD, cuda_lightning_attention_bwd},
     {TPR_OP_LIGHTNING_DECODE, cuda_lightning_decode},
+    {TPR_OP_LIGHTNING_PAGED, cuda_lightning_paged},
     {},
 };
