@@ -588,6 +588,8 @@ static void test_sparse_attention(void **state) {
     op_case *k = check(TPR_OP_SPARSE_ATTENTION_PAGED, &at, 6, in, "Hq=%lld Hkv=%lld D=%lld pool blocks of %lld",
                        (long long)Hq, (long long)Hkv, (long long)D, (long long)pbs);
     if (c == 0) negative(k, 0, (L0 - 1) * Hq * D, 1.0);  // the last prefill token's query
+  }
+}
 
 // lightning_paged (ops.h), the engine's step: sequences' rows one run per
 // state slot -- one starting at position 0 (its slot's old state must be

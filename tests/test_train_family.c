@@ -397,11 +397,28 @@ static const control minimax_controls[] = {
 // the fixture's AdamW steps at dp 2 (one window per replica) and dp 2 x tp 2,
 // every step's loss and the saved parameters against PyTorch's, the saves
 // under transformers' names with a config naming the family.
+// FSDP's AdamW steps against PyTorch's, allowed up to twice the distance
+// plain data parallelism of the same mesh has from PyTorch (if above
+// TH_STEPS_BOUND): six Adam steps amplify the last bits of a gradient whose
+// second moment is tiny, and a reduce-scatter sums in another order than an
+// all-reduce. A sharding bug is off by 1 or more (test_fsdp_minimax's
+// controls).
 static void test_fsdp_steps(void **state) {
   (void)state;
   const int nps[2] = {2, 4};
-  const char *const *meshes[2] = {MESH("--dp", "2", "--fsdp"), MESH("--dp", "2", "--tp", "2", "--fsdp")};
-  th_check_steps_meshes(2, nps, meshes, aux(), F->min_tensors, F->model_type);
+  const char *const *fsdp[2] = {MESH("--dp", "2", "--fsdp"), MESH("--dp", "2", "--tp", "2", "--fsdp")};
+  const char *const *plain[2] = {MESH("--dp", "2", "--no-fsdp"), MESH("--dp", "2", "--tp", "2", "--no-fsdp")};
+  const int total = (int)th_meta_at("optimizer.steps", -1);
+  for (int m = 0; m < 2; m++) {
+    char save[600];
+    snprintf(save, sizeof save, "%s/plain_steps_%d", th.tmp_dir, m);
+    const double allowance = fmax(TH_STEPS_BOUND, 2 * th_steps_distance(nps[m], plain[m], total, aux(), save,
+                                                                          F->min_tensors));
+    snprintf(save, sizeof save, "%s/fsdp_steps_%d", th.tmp_dir, m);
+    const double d = th_steps_distance(nps[m], fsdp[m], total, aux(), save, F->min_tensors);
+    printf("  FSDP %.2e of its allowance %.2e\n", d, allowance);
+    assert_true(d <= allowance);
+  }
 }
 static const struct CMUnitTest minimax_tests[] = {cmocka_unit_test(test_step0_meshes), COMMON_TESTS,
                                                   cmocka_unit_test(test_fsdp_steps)};

@@ -86,6 +86,9 @@ void th_check_step0(const th_mesh_case *cases, size_t n, double aux, int min_ten
 // mesh, saved to `save`: every step's loss and the saved parameters against
 // PyTorch's within TH_STEPS_BOUND; prints both.
 void th_check_steps(int np, const char *const *mesh, int total, double aux, const char *save, int min_tensors);
+// The same, the losses checked; returns the parameters' distance from
+// PyTorch's (the worst tensor's max |difference| / max |value|).
+double th_steps_distance(int np, const char *const *mesh, int total, double aux, const char *save, int min_tensors);
 // A tp 2 run of `total` steps stopped after total/2 and resumed from its
 // checkpoint reaches the uninterrupted run's weights and moments bit for bit.
 void th_check_resume(int total, double aux);
