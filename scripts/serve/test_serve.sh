@@ -279,14 +279,15 @@ AFTER=$(curl -s "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 3}' 
   pass "22 clients gone (20 mid-stream, 1 before its first token, 1 waiting): blocks back to 0, next request answered" ||
   fail "hang-ups: $HANG/20 streams started, blocks '$BLOCKS', next request '$AFTER'"
 
-# -- 100 /health calls, then a request: no slower than alone (x2, + 50 ms
-# for curl and a loaded machine); /health answered while a stream runs.
+# -- 100 /health calls, then a request: not stalled (at most 4 x alone + 0.5 s:
+# a stall is seconds, while a loaded 2-core machine under the sanitizer has
+# made a 0.09 s request take 0.36 s); /health answered while a stream runs.
 req_time() { curl -s -o /dev/null -w '%{time_total}' "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 4, "temperature": 0}'; }
 median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 ALONE=$(median3 "$(req_time)" "$(req_time)" "$(req_time)")
 for _ in $(seq 100); do curl -s -o /dev/null "$URL/health"; done
 AFTER_H=$(median3 "$(req_time)" "$(req_time)" "$(req_time)")
-python3 -c "import sys; sys.exit(not $AFTER_H <= 2 * $ALONE + 0.05)" &&
+python3 -c "import sys; sys.exit(not $AFTER_H <= 4 * $ALONE + 0.5)" &&
   pass "after 100 /health calls a request takes $AFTER_H s (alone $ALONE s)" ||
   fail "after 100 /health calls a request takes $AFTER_H s (alone $ALONE s)"
 curl -sN "$URL/v1/completions" -d '{"prompt": "hello", "max_tokens": 200, "stream": true, "ignore_eos": true}' >/dev/null &
