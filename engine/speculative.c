@@ -59,15 +59,19 @@ const char *tpr_spec_format(const tpr_spec *s, char *buf, size_t size) {
 }
 
 // Prompt lookup: the latest start j < len - m of the last m tokens, for the
-// longest m <= n that occurs earlier; the tokens after that occurrence.
+// longest m <= n that occurs earlier; the k tokens after that occurrence
+// (those past the end repeat the ones drafted: the span from the match on
+// taken as periodic, so "a b a b" drafts "a b a ..." in full).
 static int64_t lookup_draft(const tpr_spec *s, const int32_t *tok, int64_t len, int32_t *draft) {
   for (int64_t m = s->n < len ? s->n : len - 1; m >= 1; m--) {
     const int32_t *tail = tok + len - m;
     for (int64_t j = len - m - 1; j >= 0; j--) {
       if (tok[j] != tail[0] || memcmp(tok + j, tail, (size_t)m * sizeof *tok) != 0) continue;
-      int64_t from = j + m, n = len - from < s->k ? len - from : s->k;
-      memcpy(draft, tok + from, (size_t)n * sizeof *draft);
-      return n;
+      // What followed the match, continued past the end by the draft
+      // itself: a span repeating with period len - from drafts all k.
+      const int64_t from = j + m;
+      for (int64_t i = 0; i < s->k; i++) draft[i] = from + i < len ? tok[from + i] : draft[from + i - len];
+      return s->k;
     }
   }
   return 0;

@@ -7,8 +7,10 @@
 //   lookup:n:k  prompt lookup (vLLM's "ngram"): the sequence's last m
 //               tokens, for m = n down to 1, are looked for earlier in its
 //               prompt and output so far; at the latest earlier match, the
-//               up to k tokens that followed it are the draft. Rank 0 alone,
-//               from the token history: no model runs.
+//               k tokens that followed it are the draft (past the end of
+//               the sequence they repeat the span from the match on, so a
+//               loop "a b c a b c" drafts its next k in full). Rank 0
+//               alone, from the token history: no model runs.
 //   self:N:k    self-speculation (seed 002): the model's own first N
 //               decoder layers, then its final norm and lm head, run k
 //               times (one token each, greedy) to draft k tokens. They
