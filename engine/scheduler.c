@@ -42,6 +42,12 @@
 //    above holds with "free" meaning plain and cached free blocks alike.
 //    Blocks are registered in tpr_sched_update, after the step that wrote
 //    their last row, so a hit never reads a row of the step being planned.
+//  - State rollback (scheduler.h, state_slots): a sequence rolled back is
+//    mid-"prompt" again (its kept tokens and the new one are left), so
+//    several running sequences may be so at once. The stall argument still
+//    holds: it keeps the blocks of its kept rows, so its next chunk gets at
+//    least those rows without a free block, and once they are recomputed it
+//    is a decode, which may preempt.
 //  - tpr_sched_update compares the step it is given (replicas, chunk counts,
 //    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
 //    or broadcast and rebuilt is accepted, a stale or edited one refused.
