@@ -6,6 +6,24 @@
 #include "engine/engine_impl.h"
 #include "engine/session_impl.h"
 
+// Speculative decoding on a hybrid model: a snapshot pool shaped as each
+// recurrent layer's state pool (NS slots, this rank's heads), where a
+// verification keeps its slot's state from before the step (engine_step.c,
+// copy_state). NS = max_batch, so every sequence of a step has its own
+// place; a snapshot is only read back in the step that took it.
+static tpr_status alloc_snapshots(tpr_engine *e) {
+  const tpr_session *s = e->s;
+  if (!(e->snap = calloc((size_t)s->cfg.num_layers, sizeof *e->snap)))
+    return TPR_FAIL(TPR_ERR_OOM, "engine: state snapshot handles");
+  for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    const tpr_tensor *st = s->states ? s->states[L] : NULL;
+    if (!st) continue;
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, st->ndim, st->shape, &e->snap[L]));
+    TPR_CHECK(tpr_tensor_fill_zero(e->snap[L]));
+  }
+  return TPR_OK;
+}
+
 tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine **out) {
   *out = NULL;
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: the session was opened for training");
@@ -18,10 +36,11 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: self-speculative drafts of %lld layers (the model has %lld; 1 to "
                     "%lld, with max_draft > 0)", (long long)o->draft_layers, (long long)s->cfg.num_layers,
                     (long long)s->cfg.num_layers - 1);
-  if (o->max_draft > 0 && s->pool.state_slots)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: speculative decoding is not built for %s: its recurrent state "
-                    "would keep a rejected draft (a snapshot of the state per verification is not built)",
-                    s->family->name);
+  // Self-speculation's draft layers would advance the lightning layers'
+  // states too (a second snapshot per draft round): not built.
+  if (o->draft_layers && s->pool.state_slots)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: self-speculative drafts are not built for %s (a recurrent state "
+                    "per sequence): use lookup:n:k or an external drafter", s->family->name);
   tpr_engine *e = calloc(1, sizeof *e);
   if (!e) return TPR_FAIL(TPR_ERR_OOM, "engine");
   e->s = s;
@@ -77,6 +96,7 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
     rc = tpr_sched_new(&e->limits, &e->sched);
     if (rc == TPR_OK && !(e->tally = calloc((size_t)V, sizeof *e->tally))) rc = TPR_FAIL(TPR_ERR_OOM, "engine tally");
   }
+  if (rc == TPR_OK && o->max_draft > 0 && p->state_slots) rc = alloc_snapshots(e);
   if (rc != TPR_OK) {
     tpr_engine_free(e);
     return rc;
@@ -100,6 +120,8 @@ void tpr_engine_free(tpr_engine *e) {
   free(e->seqs), free(e->tally), free(e->msg), free(e->tokens), free(e->logits), free(e->row);
   free(e->sample_scratch), free(e->proc_bias), free(e->proc_ids), free(e->send), free(e->gathered);
   free(e->finished), free(e->draft), free(e->draft_words), free(e->spec_ids);
+  for (int64_t L = 0; e->snap && L < e->s->cfg.num_layers; L++) tpr_tensor_free(e->snap[L]);
+  free(e->snap);
   free(e);
 }
 

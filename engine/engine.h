@@ -77,6 +77,10 @@ typedef struct tpr_engine_opts {
   // accepted, whatever the model says (no verification).
   bool debug_keep_rejected_blocks;
   bool debug_accept_all_drafts;
+  // Test only (a negative control): a hybrid model's verification with a
+  // rejected draft does not restore its state slot from the snapshot (the
+  // kept tokens are still recomputed, from a state that absorbed the drafts).
+  bool debug_skip_state_restore;
 } tpr_engine_opts;
 
 // Every field but max_new, stop_token and sampling is off when zero, so
@@ -125,7 +129,10 @@ typedef struct tpr_gen_params {
   // same draws: a draw's random numbers are spent differently). A sequence
   // with logit processing, logprobs or a constraint gets no drafts (it
   // decodes one token per step, as without). Hybrid models (recurrent
-  // state): refused, since a rejected draft's state cannot be rolled back.
+  // state): lookup and external drafts only; a verification snapshots the
+  // sequence's state slot and, when a draft is rejected, restores it and
+  // recomputes the kept tokens in the next step (docs/engine.md,
+  // "Speculative decoding on hybrid models"). self:N:k is refused there.
   tpr_spec spec;
 } tpr_gen_params;
 
@@ -171,16 +178,18 @@ int64_t tpr_engine_vocab(const tpr_engine *e);      // the model's vocabulary (i
 // What one step did (the same on every rank but `finished`).
 typedef struct tpr_engine_step_info {
   bool idle;               // nothing to run: every sequence has finished
-  int64_t tokens;          // real tokens run, over every replica (drafts apart: draft_tokens)
-  int64_t prefill_tokens;  // of which prompt (or recomputed) tokens
+  int64_t tokens;          // real tokens run, over every replica (drafts and recomputed rows apart)
+  int64_t prefill_tokens;  // of which prompt (or recomputed after a preemption) tokens
   int64_t decode_tokens;   // of which decodes (one per sequence; a verification's drafts not counted)
   int64_t draft_tokens;    // drafts verified (speculative decoding), beside tokens
   int64_t accepted;        // rank 0: of which accepted: the step generated decode_tokens + accepted tokens by decodes
+  int64_t recomputed_tokens;  // rows run again after a hybrid model's state rollback (speculative), beside tokens
   int64_t sequences;       // chunks run
   int64_t program_tokens;  // T: the padded token count of the program
   int64_t preempted;       // sequences preempted while planning
   double seconds;          // this rank's wall time of the step
   double mask_seconds;     // rank 0: of which computing grammar masks (structured output, token_constraint.h)
+  double state_copy_seconds;  // of which snapshotting and restoring a hybrid model's state slots (speculative)
   const int64_t *finished; // rank 0: sequences that finished in this step
   int64_t n_finished;
 } tpr_engine_step_info;
@@ -220,7 +229,8 @@ typedef struct tpr_engine_prefix_stats {
 tpr_engine_prefix_stats tpr_engine_prefix(const tpr_engine *e);
 int64_t tpr_engine_preemptions(const tpr_engine *e);
 // Rank 0: speculative decoding so far: drafts verified, accepted, and
-// verifications (decode steps of sequences with drafts).
+// verifications (decode steps of sequences with drafts); for a hybrid model
+// also the verifications rolled back and the tokens recomputed after them.
 tpr_sched_spec_stats tpr_engine_spec(const tpr_engine *e);
 // Rank 0: recurrent state slots held on replica r (a hybrid model's running
 // sequences; 0 once every sequence has ended, and for other models).

@@ -52,6 +52,10 @@ struct tpr_engine {
   int64_t **draft_words;        // (B) self-speculation: the plan word each draft row's argmax goes to
   int64_t *spec_ids;            // rank 0: (n_spec) unfinished sequences with a drafter, by id
   int64_t n_spec, cap_spec;
+  // Hybrid models with drafts: (layers) each recurrent layer's snapshot
+  // pool, shaped as s->states[L] (NULL for other layers); NULL otherwise.
+  tpr_tensor **snap;
+  double state_copy_s;          // this step's time in snapshot copies so far
 };
 
 // A step's token count is padded to a power of two (engine.h).

@@ -31,9 +31,10 @@ enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
 // C_DRAFT: a verification's drafts (its last C_DRAFT tokens; each of its
 // last 1 + C_DRAFT rows is sampled), else 0. C_SELF: 1 when every rank of
 // its replica drafts them first (self-speculation, self_drafts) over the
-// placeholders rank 0 sent.
+// placeholders rank 0 sent. C_RECOMP: its first C_RECOMP tokens run again
+// after a state rollback (tpr_sched_chunk.recompute), else 0.
 enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_DRAFT,
-       C_SELF, C_EXTRA, CHUNK_WORDS };
+       C_SELF, C_RECOMP, C_EXTRA, CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
 enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
@@ -187,7 +188,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
       w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
       w[C_TEMP] = f64_word(g->sampling.temperature), w[C_TOP_P] = f64_word(g->sampling.top_p);
       w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len, w[C_STATE] = c->state_slot;
-      w[C_DRAFT] = c->n_draft, w[C_SELF] = c->drafts_later;
+      w[C_DRAFT] = c->n_draft, w[C_SELF] = c->drafts_later, w[C_RECOMP] = c->recompute;
       at += CHUNK_WORDS;
       for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
       for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
@@ -257,7 +258,8 @@ static tpr_status check_plan(const tpr_engine *e) {
           (p->state_slots ? w[C_STATE] < 0 || w[C_STATE] >= p->state_slots : w[C_STATE] != -1) ||
           w[C_DRAFT] < 0 || w[C_DRAFT] > e->o.max_draft || w[C_DRAFT] >= n ||
           (w[C_SELF] != 0 && w[C_SELF] != 1) || (w[C_SELF] && (!w[C_DRAFT] || !e->o.draft_layers)) ||
-          (w[C_DRAFT] > 0 && (!w[C_SAMPLE] || extra > 0)))
+          (w[C_DRAFT] > 0 && (!w[C_SAMPLE] || extra > 0)) || w[C_RECOMP] < 0 || w[C_RECOMP] > n ||
+          (w[C_RECOMP] > 0 && (!p->state_slots || w[C_DRAFT] > 0)))
         return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld drafts %lld",
                         r, (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
                         (long long)w[C_STATE], (long long)w[C_DRAFT]);
@@ -393,15 +395,15 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
   plan_chunk c;
   while (plan_next(&cur, &c)) {
     const int64_t *w = c.w, n = w[C_N], i = c.index;
-    info->tokens += n;
+    const int64_t fresh = n - w[C_DRAFT] - w[C_RECOMP];  // rows run for the first time, drafts apart
+    info->tokens += fresh;
     info->sequences++;
-    if (n - w[C_DRAFT] == 1 && !w[C_FIRST]) {  // a decode, or a verification of its drafts
+    info->draft_tokens += w[C_DRAFT];
+    info->recomputed_tokens += w[C_RECOMP];
+    if (fresh == 1 && !w[C_FIRST])  // a decode (after its recomputed rows), or a verification of its drafts
       info->decode_tokens++;
-      info->draft_tokens += w[C_DRAFT];
-      info->tokens -= w[C_DRAFT];
-    } else {
-      info->prefill_tokens += n;
-    }
+    else
+      info->prefill_tokens += fresh;
     if (c.replica != e->replica) continue;
     for (int64_t b = 0; b < w[C_NBLOCKS]; b++) e->blocks[i * MB + b] = (int32_t)c.blocks[b];
     for (int64_t j = 0; j < n; j++) {
@@ -415,6 +417,60 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
       e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1 - j);
   }
   if (e->o.debug_wrong_state_slot && p->state_slots) wrong_state_slots(e->state_slots, e->positions, st->n_tokens);
+}
+
+// ---- a hybrid model's state rollback (speculative decoding; every rank)
+
+// Copies state slot `slot` of every recurrent layer's pool to its snapshot
+// (save) or back. Each rank copies its own heads' share of the state (tp
+// shards it by heads); a backend copy, so the state never leaves the device.
+static tpr_status copy_state(tpr_engine *e, int64_t slot, bool save) {
+  tpr_session *s = e->s;
+  const int64_t NS = s->pool.state_slots;
+  for (int64_t L = 0; L < s->cfg.num_layers; L++) {
+    if (!e->snap[L]) continue;
+    const size_t bytes = (size_t)(tpr_tensor_numel(s->states[L]) / NS) * sizeof(float);
+    char *live = (char *)tpr_tensor_data(s->states[L]) + (size_t)slot * bytes;
+    char *kept = (char *)tpr_tensor_data(e->snap[L]) + (size_t)slot * bytes;
+    TPR_CHECK(s->be->vt->copy_device(s->be->ctx, save ? kept : live, save ? live : kept, bytes));
+  }
+  return TPR_OK;
+}
+
+// Before the step: the state slot of each verification of this rank's
+// replica, as it is before its k + 1 rows run (they absorb every draft).
+static tpr_status snapshot_states(tpr_engine *e) {
+  if (!e->snap) return TPR_OK;
+  const double t0 = now_s();
+  plan_cursor cur = plan_begin(e);
+  plan_chunk c;
+  while (plan_next(&cur, &c))
+    if (c.replica == e->replica && c.w[C_DRAFT] > 0) TPR_CHECK(copy_state(e, c.w[C_STATE], true));
+  e->state_copy_s += now_s() - t0;
+  return TPR_OK;
+}
+
+// After sampling (every rank of a replica has the same tokens): a
+// verification that rejected a draft gets its slot's state back from the
+// snapshot; the scheduler has the kept tokens recomputed from it in the next
+// step (scheduler.h, state_slots). One that accepted every draft keeps its
+// state: it has absorbed exactly the tokens kept.
+static tpr_status restore_states(tpr_engine *e) {
+  if (!e->snap || e->o.debug_skip_state_restore) return TPR_OK;  // the negative control skips it
+  const double t0 = now_s();
+  plan_cursor cur = plan_begin(e);
+  plan_chunk c;
+  int64_t k = 0;
+  while (plan_next(&cur, &c)) {
+    const int64_t nd = c.w[C_DRAFT];
+    if (c.replica != e->replica || !c.w[C_SAMPLE]) continue;
+    int64_t m = 0;  // tokens the verification gives (sample_replica's layout: -1 after the last)
+    while (m <= nd && e->sampled[k + m] >= 0) m++;
+    if (nd > 0 && m - 1 < nd) TPR_CHECK(copy_state(e, c.w[C_STATE], false));
+    k += 1 + nd;
+  }
+  e->state_copy_s += now_s() - t0;
+  return TPR_OK;
 }
 
 // ---- sampling (every rank of a replica alike)
@@ -617,12 +673,16 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   tpr_step st;
   decode_plan(e, &st, info);
   for (int64_t i = 0; i < e->msg[HDR_N]; i++) e->sampled[i] = -1;
+  e->state_copy_s = 0;
+  TPR_CHECK(snapshot_states(e));
   // A replica with nothing to do still runs the (all padded) step: its
   // collectives pair with the other replicas' over ep.
   TPR_CHECK(tpr_session_step(e->s, &st, e->logits));
   sample_replica(e);
+  TPR_CHECK(restore_states(e));
   TPR_CHECK(collect(e, &plan, info));
   info->seconds = now_s() - t0;
   info->mask_seconds = e->mask_s;
+  info->state_copy_seconds = e->state_copy_s;
   return TPR_OK;
 }

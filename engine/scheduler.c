@@ -42,6 +42,12 @@
 //    above holds with "free" meaning plain and cached free blocks alike.
 //    Blocks are registered in tpr_sched_update, after the step that wrote
 //    their last row, so a hit never reads a row of the step being planned.
+//  - State rollback (scheduler.h, state_slots): a sequence rolled back is
+//    mid-"prompt" again (its kept tokens and the new one are left), so
+//    several running sequences may be so at once. The stall argument still
+//    holds: it keeps the blocks of its kept rows, so its next chunk gets at
+//    least those rows without a free block, and once they are recomputed it
+//    is a decode, which may preempt.
 //  - tpr_sched_update compares the step it is given (replicas, chunk counts,
 //    each chunk's seq, pos0, n, sample) with the last plan, so a step copied
 //    or broadcast and rebuilt is accepted, a stale or edited one refused.
@@ -76,6 +82,9 @@ typedef struct seq {
   int32_t slot;    // the recurrent state slot it holds while running (opts.state_slots), else -1
   int64_t n_draft; // speculative: draft tokens for the next step, at tokens[len..len + n_draft)
   bool drafts_later;  // the engine writes them after planning (tpr_sched_set_draft with NULL)
+  // A hybrid model's state rollback (scheduler.h, state_slots): positions
+  // [computed, redo) are recomputed from the restored state; 0 when none.
+  int64_t redo;
 } seq;
 
 // Sequence ids in a fixed order (admission order for running, arrival =
@@ -105,6 +114,7 @@ struct tpr_sched {
   int64_t admit_counter, preemptions, unfinished;
   int64_t prefix_queried, prefix_hit;  // tokens looked up in the prefix cache, and found
   int64_t drafted, accepted, verifications;  // speculative decoding so far (tpr_sched_spec_stats)
+  int64_t rollbacks, recomputed;             // state rollbacks, and tokens planned again after them
   bool pending;  // a non-empty plan awaits tpr_sched_update
 };
 
@@ -311,7 +321,7 @@ static tpr_status preempt(tpr_sched *s, int64_t id) {
   replica *rp = &s->reps[q->replica];
   TPR_CHECK(release_blocks(s, q));
   release_slot(s, q);
-  q->computed = q->start = 0;
+  q->computed = q->start = q->redo = 0;
   q->leader = -1;  // recomputes its whole prompt as any sequence does
   q->state = SEQ_WAITING;
   q->preemptions++;
@@ -336,10 +346,12 @@ static tpr_status add_chunk(tpr_sched *s, replica *rp, int64_t id, int64_t n) {
   TPR_CHECK(grow((void **)&q->blocks, &q->blocks_cap, nb, sizeof *q->blocks, "a block table"));
   while (q->n_blocks < nb) TPR_CHECK(tpr_block_pool_take(&rp->pool, &q->blocks[q->n_blocks++]));
   TPR_CHECK(grow((void **)&rp->chunks, &rp->chunks_cap, rp->n_chunks + 1, sizeof *rp->chunks, "a step's chunks"));
+  const int64_t redo = q->redo > q->computed ? (q->redo - q->computed < n ? q->redo - q->computed : n) : 0;
+  s->recomputed += redo;
   rp->chunks[rp->n_chunks++] = (tpr_sched_chunk){
       .seq = id, .pos0 = q->computed, .n = n, .tokens = q->tokens + q->computed,
       .sample = q->computed + n == q->len, .first = q->computed == q->start, .blocks = q->blocks, .n_blocks = q->n_blocks,
-      .state_slot = q->slot};
+      .state_slot = q->slot, .recompute = redo};
   return TPR_OK;
 }
 
@@ -584,12 +596,12 @@ static tpr_status check_verified(const tpr_sched *s, const tpr_sched_chunk *c, c
   return TPR_OK;
 }
 
-// Rollback of rejected drafts: blocks past the ones holding q's computed
-// rows go back to the pool (only q held them: positions >= computed at
-// planning time are never in a shared or cached block).
-static tpr_status drop_blocks_past(tpr_sched *s, seq *q) {
+// Rollback of rejected drafts: blocks past the ones holding q's first
+// `rows` rows go back to the pool (only q held them: positions >= computed
+// at planning time are never in a shared or cached block).
+static tpr_status drop_blocks_past(tpr_sched *s, seq *q, int64_t rows) {
   tpr_block_pool *pool = &s->reps[q->replica].pool;
-  const int64_t keep = ceil_div(q->computed, s->o.block_size);
+  const int64_t keep = ceil_div(rows, s->o.block_size);
   if (s->o.debug_fault == TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS) return TPR_OK;  // negative control
   while (q->n_blocks > keep) TPR_CHECK(tpr_block_pool_give(pool, q->blocks[--q->n_blocks]));
   return TPR_OK;
@@ -639,7 +651,15 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
       const int32_t *out = c->sample ? sampled[r] + k : NULL;
       const int64_t m = c->sample ? verified_tokens(out, c->n_draft) : 0;
       q->computed = c->pos0 + (c->n_draft > 0 ? m : c->n);
-      if (c->n_draft > 0) TPR_CHECK(drop_blocks_past(s, q));
+      if (c->n_draft > 0) TPR_CHECK(drop_blocks_past(s, q, q->computed));
+      // A hybrid model's state absorbed every draft: unless all were
+      // accepted, the engine restored the slot's state from before the step
+      // (its snapshot) and the kept rows [pos0, pos0 + m) run again from it
+      // in the next chunk (their KV rows rewritten with the same values).
+      if (c->n_draft > 0 && s->o.state_slots > 0 && m - 1 < c->n_draft) {
+        q->redo = q->computed, q->computed = c->pos0;
+        s->rollbacks++;
+      }
       if (s->o.prefix_cache) TPR_CHECK(register_full(s, q));
       if (!c->sample) continue;
       k += 1 + c->n_draft;
@@ -733,8 +753,6 @@ tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, i
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: no sequence %lld", (long long)id);
   if (s->pending) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: a planned step is waiting");
   if (k < 0) return TPR_FAIL(TPR_ERR_INVALID_ARG, "tpr_sched_set_draft: %lld drafts", (long long)k);
-  if (s->o.state_slots > 0)  // a rejected draft's rows roll back; its state would not
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "tpr_sched_set_draft: drafts with recurrent state slots");
   seq *q = &s->seqs[id];
   q->n_draft = 0;
   // Only a running decode takes drafts, and no more than leave room for
@@ -754,5 +772,6 @@ tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, i
 }
 
 tpr_sched_spec_stats tpr_sched_spec(const tpr_sched *s) {
-  return s ? (tpr_sched_spec_stats){s->drafted, s->accepted, s->verifications} : (tpr_sched_spec_stats){0};
+  return s ? (tpr_sched_spec_stats){s->drafted, s->accepted, s->verifications, s->rollbacks, s->recomputed}
+           : (tpr_sched_spec_stats){0};
 }

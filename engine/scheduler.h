@@ -112,6 +112,14 @@ typedef struct tpr_sched_opts {
   // start past position 0 on someone else's blocks: prefix_cache must be off
   // (tpr_sched_new refuses both) and siblings do not share their leader's
   // blocks (each computes its whole prompt).
+  // Speculative decoding with state slots: a verification's state has
+  // absorbed every draft, so one with a rejected draft is rolled back by
+  // recompute: the engine restores the slot's state from a snapshot taken
+  // before the step, and the sequence's computed goes back to the
+  // verification's pos0, so its next chunk runs the kept tokens (the first
+  // and the accepted drafts: m rows, chunk.recompute) again before the new
+  // one. Its blocks for those rows are kept. One with every draft accepted
+  // keeps its state as it is.
   int64_t state_slots;
   // Test only (negative controls of the sharing checks); 0 in real runs.
   tpr_sched_fault debug_fault;
@@ -133,6 +141,10 @@ typedef struct tpr_sched_chunk {
   // sampled. 0: an ordinary chunk.
   int64_t n_draft;
   bool drafts_later;  // its drafts are the engine's to write (tpr_sched_set_draft with NULL)
+  // State rollback (opts.state_slots): the first `recompute` tokens run
+  // again after a verification rejected a draft (their rows were computed
+  // before, from the state the engine restored); 0: none.
+  int64_t recompute;
 } tpr_sched_chunk;
 
 // A step's plan. Pointers stay valid until the next tpr_sched_next or
@@ -228,9 +240,12 @@ tpr_status tpr_sched_seq(const tpr_sched *s, int64_t id, tpr_sched_seq_info *out
 // itself after planning (self-speculation); tpr_sched_update then does not
 // compare the verified tokens with them.
 tpr_status tpr_sched_set_draft(tpr_sched *s, int64_t id, const int32_t *draft, int64_t k);
-// Drafts verified so far, those accepted, and the verifications.
+// Drafts verified so far, those accepted, and the verifications; with state
+// slots, the verifications rolled back (a draft rejected) and the tokens
+// planned again after them (chunk.recompute, summed at planning).
 typedef struct tpr_sched_spec_stats {
   int64_t drafted, accepted, verifications;
+  int64_t rollbacks, recomputed;
 } tpr_sched_spec_stats;
 tpr_sched_spec_stats tpr_sched_spec(const tpr_sched *s);
 

@@ -255,10 +255,12 @@ int tpr_cmd_run(int argc, char **argv) {
         char name[32];
         tpr_sched_spec_stats sp = tpr_engine_spec(e);
         printf(",\"speculative\":{\"drafter\":\"%s\",\"drafted\":%lld,\"accepted\":%lld,\"verifications\":%lld,"
-               "\"acceptance_rate\":%.4f,\"tokens_per_verification\":%.4f}",
+               "\"acceptance_rate\":%.4f,\"tokens_per_verification\":%.4f,\"state_rollbacks\":%lld,"
+               "\"recomputed_tokens\":%lld}",
                tpr_spec_format(&spec, name, sizeof name), (long long)sp.drafted, (long long)sp.accepted,
                (long long)sp.verifications, sp.drafted ? (double)sp.accepted / (double)sp.drafted : 0.0,
-               sp.verifications ? 1.0 + (double)sp.accepted / (double)sp.verifications : 0.0);
+               sp.verifications ? 1.0 + (double)sp.accepted / (double)sp.verifications : 0.0,
+               (long long)sp.rollbacks, (long long)sp.recomputed);
       }
       if (mesh.moe_stats) {
         printf(",\"moe_stats\":");
@@ -287,6 +289,9 @@ int tpr_cmd_run(int argc, char **argv) {
                (long long)sp.verifications, (long long)sp.accepted,
                sp.drafted ? 100.0 * (double)sp.accepted / (double)sp.drafted : 0.0,
                sp.verifications ? 1.0 + (double)sp.accepted / (double)sp.verifications : 0.0);
+        if (tpr_session_pool_info(s).state_slots)  // a hybrid model: rejected drafts roll the state back by recompute
+          printf("  state rollbacks %lld of %lld verifications, %lld tokens recomputed\n", (long long)sp.rollbacks,
+                 (long long)sp.verifications, (long long)sp.recomputed);
       }
       if (mesh.moe_stats) tpr_moe_stats_print(&ms, stdout);
     }

@@ -17,7 +17,16 @@
 //    once, the others still equal alone;
 //  - the prefix cache is off for a hybrid model (nothing looked up);
 //  - negative control: continuing chunks run on the state slot of the step's
-//    next chunk must break the bound.
+//    next chunk must break the bound;
+//  - speculative decoding (a verification snapshots its state slot; one that
+//    rejects a draft restores it and recomputes the kept tokens): with
+//    lookup:2:4 drafts on repetitive prompts, and with an external drafter
+//    that proposes the plain run's next tokens spoiled from a random point
+//    on (so verifications accept all, some or none), greedy tokens equal
+//    the plain run's, every row within the bound of the sequence alone,
+//    the external drafter's drafts accepted and rolled back (recomputed);
+//    also under preemption;
+//    negative control: skipping the restore must break the bound.
 // The seed is fresh each run (printed; TPR_TEST_SEED reproduces it).
 #include "test_util.h"
 
@@ -68,6 +77,8 @@ static void make_workload(workload *w, int n, uint64_t seed) {
 
 typedef struct run_opts {
   int64_t budget;
+  const tpr_spec *spec;  // speculative decoding for every sequence (NULL: off)
+  bool skip_restore;     // the speculative negative control
   bool wrong_slot;   // the negative control
   int cancel_id;     // >= 0: cancelled before step cancel_step
   int cancel_step;
@@ -75,15 +86,37 @@ typedef struct run_opts {
 
 typedef struct run_out {
   int64_t preempted, prefix_queried;
+  tpr_sched_spec_stats spec;  // drafted, accepted, verifications, rollbacks, recomputed
   int64_t slots_after_cancel;  // rank 0: slots held just after the cancel (-1: none)
   int64_t slots_before_cancel;
 } run_out;
+
+// The external drafter's reference: the plain run's tokens of each sequence.
+static int32_t REF[MAX_SEQS][MAX_SEQ_LEN];
+static int64_t REF_LEN[MAX_SEQS];
+static tpr_rng DRAFT_RNG;
+
+// Up to k of the reference's next tokens, each from a random point on
+// replaced by another id (a cut at k: all right; at 0: all wrong), so
+// verifications accept every draft, some or none. Past the reference (a
+// sampled sequence that went its own way): whatever the spoiled ids are.
+static int64_t spoiled_drafter(void *ctx, int64_t seq, const int32_t *tokens, int64_t len, int64_t k, int32_t *draft) {
+  (void)ctx, (void)tokens;
+  const int64_t cut = (int64_t)(tpr_rng_next(&DRAFT_RNG) % (uint64_t)(k + 1));
+  for (int64_t j = 0; j < k; j++) {
+    const int32_t ref = len + j < REF_LEN[seq] ? REF[seq][len + j] : (int32_t)(j * 7 % V);
+    draft[j] = j < cut ? ref : (ref + 1 + (int32_t)(tpr_rng_next(&DRAFT_RNG) % (V - 1))) % V;
+  }
+  return k;
+}
 
 // Runs the workload; every rank gets the final token lists back.
 static void run_engine(tpr_session *s, const workload *w, const run_opts *ro, em_recorded *rec,
                        int32_t tokens[MAX_SEQS][MAX_SEQ_LEN], int64_t *len, run_out *out) {
   tpr_engine_opts eo = {.max_tokens_per_step = ro->budget, .on_logits = em_on_logits, .ctx = rec,
-                        .debug_wrong_state_slot = ro->wrong_slot};  // the prefix cache left on: the engine turns it off
+                        .debug_wrong_state_slot = ro->wrong_slot,  // the prefix cache left on: the engine turns it off
+                        .max_draft = ro->spec ? ro->spec->k : 0, .draft = spoiled_drafter,
+                        .debug_skip_state_restore = ro->skip_restore};
   tpr_engine *e = NULL;
   TT_OK(tpr_engine_new(s, &eo, &e));
   *out = (run_out){.slots_after_cancel = -1, .slots_before_cancel = -1};
@@ -92,7 +125,9 @@ static void run_engine(tpr_session *s, const workload *w, const run_opts *ro, em
     for (int i = 0; R == 0 && i < w->n; i++)
       if (w->arrive_step[i] == step) {
         int64_t id;
-        TT_OK(tpr_engine_submit(e, w->prompt[i], w->len[i], &w->g[i], &id));
+        tpr_gen_params g = w->g[i];
+        if (ro->spec) g.spec = *ro->spec;
+        TT_OK(tpr_engine_submit(e, w->prompt[i], w->len[i], &g, &id));
         assert_int_equal(id, i);
       }
     if (R == 0 && step == ro->cancel_step && ro->cancel_id >= 0) {
@@ -115,10 +150,13 @@ static void run_engine(tpr_session *s, const workload *w, const run_opts *ro, em
     }
     out->preempted = tpr_engine_preemptions(e);
     out->prefix_queried = tpr_engine_prefix(e).queried_tokens;
+    out->spec = tpr_engine_spec(e);
   }
-  int64_t words[2] = {out->preempted, out->prefix_queried};
-  TT_OK(tpr_comm_broadcast(world, words, words, 2, TPR_I64, 0));
+  int64_t words[7] = {out->preempted,        out->prefix_queried,    out->spec.drafted,   out->spec.accepted,
+                      out->spec.verifications, out->spec.rollbacks, out->spec.recomputed};
+  TT_OK(tpr_comm_broadcast(world, words, words, 7, TPR_I64, 0));
   out->preempted = words[0], out->prefix_queried = words[1];
+  out->spec = (tpr_sched_spec_stats){words[2], words[3], words[4], words[5], words[6]};
   em_share_results(e, w->n, tokens, len, NULL, NULL);
   tpr_engine_free(e);
 }
@@ -263,6 +301,105 @@ static void test_wrong_slot_caught(void **state) {
   tpr_session_close(s);
 }
 
+static int64_t LOOKUP_DRAFTED;  // lookup drafts verified over spec_round calls
+
+// Speculative decoding on the workload W (set by the caller): a plain run
+// first (the reference: its tokens feed the external drafter), then each
+// drafter; greedy tokens equal the plain run's, every row within the bound
+// of the sequence alone. Returns the worst error over the drafters.
+static double spec_round(tpr_session *s, int64_t budget, const char *what, bool want_preempted) {
+  run_opts plain = {.budget = budget, .cancel_id = -1};
+  run_out out;
+  double err = run_and_compare(s, &plain, true, &out);
+  assert_true(err <= BOUND);
+  memcpy(REF, TOKENS, sizeof REF), memcpy(REF_LEN, LEN, sizeof REF_LEN);
+  const tpr_spec specs[2] = {{TPR_SPEC_LOOKUP, 2, 4}, {TPR_SPEC_EXTERNAL, 0, 3}};
+  double worst = 0;
+  for (int d = 0; d < 2; d++) {
+    DRAFT_RNG = (tpr_rng){em_shared_seed()};
+    run_opts ro = {.budget = budget, .spec = &specs[d], .cancel_id = -1};
+    err = run_and_compare(s, &ro, true, &out);
+    int same = 0, greedy = 0;
+    for (int i = 0; i < W.n; i++) {
+      if (W.g[i].sampling.temperature != 0) continue;
+      greedy++;
+      same += LEN[i] == REF_LEN[i] && memcmp(TOKENS[i], REF[i], (size_t)LEN[i] * sizeof(int32_t)) == 0;
+    }
+    if (R == 0)
+      printf("# %s, %s: %d/%d greedy sequences equal plain; %lld drafted, %lld accepted in %lld verifications, "
+             "%lld rolled back, %lld tokens recomputed, %lld preemptions; max err %.3g (bound %g)\n",
+             what, d ? "external (spoiled)" : "lookup:2:4", same, greedy, (long long)out.spec.drafted,
+             (long long)out.spec.accepted, (long long)out.spec.verifications, (long long)out.spec.rollbacks,
+             (long long)out.spec.recomputed, (long long)out.preempted, err, BOUND);
+    assert_int_equal(same, greedy);
+    if (d == 0) LOOKUP_DRAFTED += out.spec.drafted;  // few on a random model: summed by the caller
+    // The spoiled drafter's drafts are right up to their cut: some accepted, some rejected.
+    if (d == 1) assert_true(out.spec.drafted > 0 && out.spec.accepted > 0 && out.spec.rollbacks > 0 && out.spec.recomputed >= out.spec.rollbacks);
+    if (want_preempted) assert_true(out.preempted > 0);
+    worst = fmax(worst, err);
+  }
+  return worst;
+}
+
+// Prompts of a repeated 3-token pattern (lookup finds drafts), mostly greedy.
+static void repetitive_prompts(int n, int64_t len, int64_t max_new) {
+  make_workload(&W, n, em_shared_seed());
+  for (int i = 0; i < W.n; i++) {
+    W.len[i] = len + i % 3, W.g[i].max_new = max_new, W.arrive_step[i] = i / 2;
+    for (int64_t t = 3; t < W.len[i]; t++) W.prompt[i][t] = W.prompt[i][t - 3];
+    if (i % 4 != 3) W.g[i].sampling.temperature = 0;  // one sampled sequence in four
+  }
+}
+
+static void test_speculative(void **state) {
+  (void)state;
+  const char *dirs[2] = {FIX, FIX_B};
+  LOOKUP_DRAFTED = 0;
+  for (int f = 0; f < 2; f++) {
+    tpr_session *s = em_open_session_dir(dirs[f], 4, 4, 0);
+    repetitive_prompts(8, 7, 9);
+    double err = spec_round(s, 5 + (int64_t)(em_shared_seed() % 20), dirs[f] + strlen(TPR_FIXTURES) + 1, false);
+    assert_true(err <= BOUND);
+    tpr_session_close(s);
+  }
+  assert_true(LOOKUP_DRAFTED > 0);  // the lookup comparisons were not empty
+}
+
+static void test_speculative_preemption(void **state) {
+  (void)state;
+  tpr_session *probe = em_open_session_dir(FIX, 1, 4, 0);
+  tpr_session_pool p = tpr_session_pool_info(probe);
+  tpr_session_close(probe);
+  // 8 blocks of 4 rows: one whole sequence (at most 5 blocks) fits, the batch does not.
+  tpr_session *s = em_open_session_dir(FIX, 4, 4, (int64_t)(8 * (p.bytes / (uint64_t)p.blocks)));
+  assert_int_equal(tpr_session_pool_info(s).blocks, 8);
+  repetitive_prompts(5, 9, 9);
+  for (int i = 0; i < W.n; i++) W.arrive_step[i] = 0;
+  double err = spec_round(s, 32, "pool of 8 blocks", true);
+  assert_true(err <= BOUND);
+  tpr_session_close(s);
+}
+
+static void test_speculative_skip_restore_caught(void **state) {
+  (void)state;
+  tpr_session *s = em_open_session_dir(FIX, 4, 4, 0);
+  repetitive_prompts(4, 7, 9);
+  run_opts plain = {.budget = 16, .cancel_id = -1};
+  run_out out;
+  run_and_compare(s, &plain, true, &out);
+  memcpy(REF, TOKENS, sizeof REF), memcpy(REF_LEN, LEN, sizeof REF_LEN);
+  const tpr_spec ext = {TPR_SPEC_EXTERNAL, 0, 3};
+  DRAFT_RNG = (tpr_rng){em_shared_seed()};
+  run_opts ro = {.budget = 16, .spec = &ext, .skip_restore = true, .cancel_id = -1};
+  double err = run_and_compare(s, &ro, false, &out);
+  if (R == 0)
+    printf("# negative control (no state restore after %lld rollbacks): err %.3g, must exceed %g\n",
+           (long long)out.spec.rollbacks, err, BOUND);
+  assert_true(out.spec.rollbacks > 0);
+  assert_true(err > 1e-3);
+  tpr_session_close(s);
+}
+
 int main(int argc, char **argv) {
   em_init(&argc, &argv);
   world = em.world, R = em.R, dp = em.dp;
@@ -270,6 +407,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mixed_batches), cmocka_unit_test(test_chunk_sizes), cmocka_unit_test(test_preemption),
       cmocka_unit_test(test_cancel),        cmocka_unit_test(test_wrong_slot_caught),
+      cmocka_unit_test(test_speculative),   cmocka_unit_test(test_speculative_preemption),
+      cmocka_unit_test(test_speculative_skip_restore_caught),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   return tt_mpi_finish(world, failed);

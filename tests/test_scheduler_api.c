@@ -4,7 +4,10 @@
 // counts; the pool's prefix cache (keys, LRU eviction, hits) and the
 // scheduler's use of it (a repeated prompt starts after its cached blocks
 // and never writes them); recurrent state slots (one per running sequence,
-// freed on cancel, preemption and finish; no sharing with them).
+// freed on cancel, preemption and finish; no sharing with them); their
+// rollback after a verification that rejects a draft (computed back to the
+// verification's first position, the kept tokens planned again as the next
+// chunk's `recompute`, their blocks kept), none when every draft is accepted.
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,13 +399,68 @@ static void test_state_slots(void **state) {
   tpr_sched_free(s);
 }
 
+// Plans one step of a single sequence and applies `out` as its sampled tokens.
+static tpr_sched_chunk one_chunk(tpr_sched *s, const int32_t *out) {
+  tpr_sched_step st;
+  TT_OK(tpr_sched_next(s, &st));
+  assert_int_equal(st.n_chunks[0], 1);
+  tpr_sched_chunk c = st.chunks[0][0];
+  const int32_t *sp[1] = {out};
+  TT_OK(tpr_sched_update(s, &st, sp));
+  return c;
+}
+
+static void test_state_rollback(void **state) {
+  (void)state;
+  tpr_sched_opts o = opts(1, 64, 4, 1, 64, 32);
+  o.state_slots = 1;
+  tpr_sched *s = NULL;
+  TT_OK(tpr_sched_new(&o, &s));
+  const int32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+  int64_t id;
+  TT_OK(tpr_sched_submit(s, prompt, 6, 12, -1, &id));
+  const int32_t first[1] = {7};
+  tpr_sched_chunk c = one_chunk(s, first);  // the prompt: len 7, 6 rows computed
+  assert_int_equal(c.n, 6);
+  // Three drafts, the first accepted, the second rejected (the target gave 99).
+  const int32_t drafts[3] = {11, 12, 13}, out[4] = {11, 99, -1, -1};
+  TT_OK(tpr_sched_set_draft(s, id, drafts, 3));
+  c = one_chunk(s, out);
+  assert_int_equal(c.pos0, 6), assert_int_equal(c.n, 4), assert_int_equal(c.n_draft, 3);
+  assert_int_equal(c.recompute, 0);
+  tpr_sched_spec_stats sp = tpr_sched_spec(s);
+  assert_int_equal(sp.rollbacks, 1);
+  assert_int_equal(tpr_sched_blocks_in_use(s, 0), 2);  // rows 0..7 (the kept ones) stay: 2 blocks of 4
+  // The next chunk runs the kept tokens 7 and 11 again, then the new 99.
+  const int32_t next[1] = {5};
+  TT_OK(tpr_sched_set_draft(s, id, drafts, 3));  // no drafts for it: it is not a single-token decode
+  c = one_chunk(s, next);
+  assert_int_equal(c.pos0, 6), assert_int_equal(c.n, 3), assert_int_equal(c.recompute, 2);
+  assert_int_equal(c.n_draft, 0), assert_true(c.sample);
+  assert_int_equal(c.tokens[0], 7), assert_int_equal(c.tokens[1], 11), assert_int_equal(c.tokens[2], 99);
+  assert_int_equal(tpr_sched_spec(s).recomputed, 2);
+  // Every draft accepted: no rollback, the next step a plain decode.
+  const int32_t d2[2] = {1, 2}, all[3] = {1, 2, 3};
+  TT_OK(tpr_sched_set_draft(s, id, d2, 2));
+  c = one_chunk(s, all);
+  assert_int_equal(c.pos0, 9), assert_int_equal(c.n_draft, 2);
+  const int32_t last[1] = {4};
+  c = one_chunk(s, last);
+  assert_int_equal(c.pos0, 12), assert_int_equal(c.n, 1), assert_int_equal(c.recompute, 0);
+  sp = tpr_sched_spec(s);
+  assert_int_equal(sp.rollbacks, 1), assert_int_equal(sp.recomputed, 2), assert_int_equal(sp.verifications, 2);
+  assert_int_equal(sp.accepted, 3);
+  tpr_sched_free(s);
+  printf("state rollback: computed back to pos0, 2 kept tokens recomputed; none when every draft is accepted\n");
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_args), cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_block_pool_refs), cmocka_unit_test(test_release),
       cmocka_unit_test(test_block_pool_cache), cmocka_unit_test(test_sched_prefix_cache),
-      cmocka_unit_test(test_state_slots),
+      cmocka_unit_test(test_state_slots), cmocka_unit_test(test_state_rollback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
