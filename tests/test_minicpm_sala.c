@@ -20,6 +20,9 @@
 //    call through the state slots and the paged KV, equals the reference's
 //    greedy continuation; the batched engine (tpr run's path, two sequences)
 //    generates the same tokens;
+//  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
+//    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
+//    a model without sparse layers (minimax) is refused with a clear error;
 //  - refusals: a tp the lightning heads do not split over; a tp the sparse
 //    layers' kv heads neither divide nor are divided by.
 #include "test_util.h"
@@ -29,6 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+#include <unistd.h>
+
+#include "cli_util.h"
 #include "engine/engine.h"
 #include "family_parity.h"
 #include "m2_ref.h"
@@ -189,6 +196,41 @@ static void test_engine_greedy(void **state) {
   if (fp.R == 0) printf("engine, two sequences, tp %d: %d greedy tokens each equal the reference's\n", fp.tp, NG);
 }
 
+// tpr run's generated tokens (--json) for the long prompt.
+static void run_cli(const char *tpr, const char *tmp, int np, bool dense) {
+  char ids[1024] = "";
+  m2_ids_text(tok_long, TL, ids);
+  const char *args[] = {"run", "--model", FIX, "--prompt-ids", ids, "--max-new-tokens", "6", "--json",
+                        "--tp", np > 1 ? "4" : "1", dense ? "--dense-sparse-layers" : NULL, NULL};
+  run_result r = tt_run(tpr, tmp, args, &(tt_run_opts){.np = np, .timeout_s = 120});
+  if (r.code != 0) fail_msg("tpr run (np %d): exit %d, stderr:\n%s", np, r.code, r.err);
+  cJSON *j = tt_json_of(r);
+  const cJSON *gen = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "prompts"), 0), "generated");
+  assert_int_equal(cJSON_GetArraySize(gen), NG);
+  for (int i = 0; i < NG; i++) assert_int_equal((int)cJSON_GetArrayItem(gen, i)->valuedouble, greedy[i]);
+  cJSON_Delete(j);
+  printf("tpr run%s%s: %d greedy tokens equal the reference's\n", np > 1 ? " --tp 4 (mpirun -np 4)" : "",
+         dense ? " --dense-sparse-layers" : "", NG);
+}
+
+static void test_cli_run(void **state) {
+  (void)state;
+  if (tpr_comm_size(fp.world) != 1) return;  // once, from the one-rank run
+  char tpr[4096], tmp[] = "/tmp/tpr_test_minicpm_sala_XXXXXX";
+  if (tt_tpr_path(tpr, sizeof tpr, "test_minicpm_sala") != 0) fail_msg("tpr is not built");
+  assert_non_null(mkdtemp(tmp));
+  run_cli(tpr, tmp, 0, false);
+  run_cli(tpr, tmp, 0, true);
+  const char *bad[] = {"run", "--model", TPR_FIXTURES "/minimax_tiny", "--prompt-ids", "1,2,3", "--dense-sparse-layers",
+                       NULL};
+  run_result r = tt_run(tpr, tmp, bad, &(tt_run_opts){.timeout_s = 120});
+  if (r.code == 0 || !strstr(r.err, "--dense-sparse-layers: only minicpm_sala"))
+    fail_msg("--dense-sparse-layers on minimax: exit %d, stderr:\n%s", r.code, r.err);
+  printf("refused: %s", r.err);
+  tt_run_done(&r);
+  unlink(tt_path(tmp, "stdout")), unlink(tt_path(tmp, "stderr")), rmdir(tmp);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   if (fp.R != 0) return;
@@ -221,7 +263,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),        cmocka_unit_test(test_dense_sparse_layers),
       cmocka_unit_test(test_controls),      cmocka_unit_test(test_greedy_cached),
-      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_cli_run),
+      cmocka_unit_test(test_refusals),
   };
   int rc = fp_run(tests, sizeof tests / sizeof *tests, NULL);
   free(ref_long), free(ref_dense), free(ref_short);
