@@ -20,6 +20,11 @@
 //    call through the state slots and the paged KV, equals the reference's
 //    greedy continuation; the batched engine (tpr run's path, two sequences)
 //    generates the same tokens;
+//  - chunked prefill: the 72-token prompt in calls of 44 and 28 tokens (the
+//    first dense: it ends below dense_len) equals the reference called the
+//    same way, which differs from its one-call logits; the batched engine
+//    with --max-tokens-per-step 44 generates that run's greedy tokens, its
+//    first generated row within the bound of the reference's;
 //  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
 //    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
 //    a model without sparse layers (minimax) is refused with a clear error;
@@ -49,8 +54,10 @@
 #define TS 21  // the dense prompt
 #define NG 6
 
-static int32_t tok_long[TL], tok_short[TS], greedy[NG];
-static float *ref_long, *ref_dense, *ref_short;
+#define CHUNK 44  // the chunked prefill: 44 + 28 tokens
+
+static int32_t tok_long[TL], tok_short[TS], greedy[NG], greedy_chunked[NG];
+static float *ref_long, *ref_dense, *ref_short, *ref_chunked;
 
 static void read_i32(const tpr_st_set *set, const char *name, int64_t n, int32_t *dst) {
   const tpr_st_tensor *t = tpr_st_find(set, name);
@@ -64,6 +71,9 @@ static void load_ref(void) {
   read_i32(set, "tokens_long", TL, tok_long);
   read_i32(set, "tokens_short", TS, tok_short);
   read_i32(set, "greedy_long", NG, greedy);
+  read_i32(set, "greedy_long_chunked", NG, greedy_chunked);
+  ref_chunked = malloc(TL * V * sizeof(float));
+  m2_read_f32(set, "logits_long_chunked", TL, V, ref_chunked);
   ref_long = malloc(TL * V * sizeof(float)), ref_dense = malloc(TL * V * sizeof(float));
   ref_short = malloc(TS * V * sizeof(float));
   m2_read_f32(set, "logits_long", TL, V, ref_long);
@@ -162,6 +172,65 @@ static void test_greedy_cached(void **state) {
   free(l);
   if (fp.R == 0) printf("greedy through the session (72-token prefill, 1 token per call), tp %d: %d tokens equal\n",
                         fp.tp, NG);
+}
+
+typedef struct first_row {
+  float row[V];
+  bool got;
+} first_row;
+
+static void keep_first(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
+  first_row *f = ctx;
+  (void)seq;
+  if (gen == 0 && vocab >= V) memcpy(f->row, logits, sizeof f->row), f->got = true;
+}
+
+static void test_chunked_prefill(void **state) {
+  (void)state;
+  tpr_session_opts o = opts(0, false);
+  tpr_session *s = fp_open(&o, NULL);
+  float *l = malloc(TL * V * sizeof *l);
+  TT_OK(tpr_session_forward(s, tok_long, CHUNK, 0, l));
+  TT_OK(tpr_session_forward(s, tok_long + CHUNK, TL - CHUNK, CHUNK, l + CHUNK * V));
+  tpr_session_close(s);
+  double e = m2_rel_err(l, ref_chunked, TL * V), gap = m2_rel_err(ref_long, ref_chunked, TL * V);
+  free(l);
+  if (fp.R == 0)
+    printf("chunked prefill (44 + 28) tp %d: %.3g vs the reference called the same way (its one-call logits "
+           "differ by %.3g)\n", fp.tp, e, gap);
+  if (!(e <= BOUND)) fail_msg("chunked prefill differs from the reference's chunked calls by %.3g", e);
+  assert_true(gap > 100 * BOUND);
+  // The engine with a 44-token step budget chunks the prompt the same way.
+  tpr_session_opts so = opts(0, false);
+  s = fp_open(&so, NULL);
+  first_row f = {.got = false};
+  tpr_engine *en = NULL;
+  tpr_engine_opts eo = {.max_tokens_per_step = CHUNK, .on_logits = keep_first, .ctx = &f};
+  TT_OK(tpr_engine_new(s, &eo, &en));
+  int64_t id = -1;
+  tpr_gen_params g = {.max_new = NG, .stop_token = -1, .sampling = {.top_p = 1}};
+  tpr_status sub = fp.R == 0 ? tpr_engine_submit(en, tok_long, TL, &g, &id) : TPR_OK;
+  for (int guard = 0; guard < 64; guard++) {
+    tpr_engine_step_info info;
+    TT_OK(tpr_engine_step(en, &info));
+    if (info.idle) break;
+  }
+  if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
+  if (fp.R == 0) {
+    tpr_sched_seq_info r;
+    TT_OK(tpr_engine_result(en, id, &r));
+    assert_int_equal(r.len, TL + NG);
+    for (int j = 0; j < NG; j++)
+      if (r.tokens[TL + j] != greedy_chunked[j])
+        fail_msg("engine, chunked: generated token %d is %d, the reference's %d", j, r.tokens[TL + j], greedy_chunked[j]);
+    assert_true(f.got);
+    double er = m2_rel_err(f.row, ref_chunked + (TL - 1) * V, V);
+    printf("engine, --max-tokens-per-step 44, tp %d: %d greedy tokens equal the chunked reference's, the prompt's "
+           "last row %.3g\n", fp.tp, NG, er);
+    if (!(er <= BOUND)) fail_msg("engine's last prompt row differs from the chunked reference by %.3g", er);
+  }
+  tpr_engine_free(en);
+  tpr_session_close(s);
 }
 
 // tpr run's path: the batched engine, two sequences of the long prompt in one batch.
@@ -263,10 +332,10 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),        cmocka_unit_test(test_dense_sparse_layers),
       cmocka_unit_test(test_controls),      cmocka_unit_test(test_greedy_cached),
-      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_cli_run),
+      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_cli_run),
       cmocka_unit_test(test_refusals),
   };
   int rc = fp_run(tests, sizeof tests / sizeof *tests, NULL);
-  free(ref_long), free(ref_dense), free(ref_short);
+  free(ref_long), free(ref_dense), free(ref_short), free(ref_chunked);
   return rc;
 }

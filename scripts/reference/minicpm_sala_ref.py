@@ -283,10 +283,22 @@ def forward(cfg, W, ids, cache, force_dense=False):
     return (h / cfg.head_scale) @ W["lm_head.weight"].T
 
 
-def greedy(cfg, W, prompt, n):
-    """Prefill in one call, then one token per call; returns the n new ids."""
+def chunked(cfg, W, prompt, chunks, cache):
+    """The prompt in calls of the given sizes (each call decides dense or sparse
+    from its own last position, as the published forward does); (T, V) logits."""
+    out, at = [], 0
+    for n in chunks:
+        out.append(forward(cfg, W, prompt[at:at + n], cache))
+        at += n
+    assert at == len(prompt)
+    return torch.cat(out)
+
+
+def greedy(cfg, W, prompt, n, chunks=None):
+    """Prefill in one call (or in calls of `chunks` tokens), then one token per
+    call; returns the n new ids."""
     cache = Cache(cfg)
-    logits = forward(cfg, W, prompt, cache)
+    logits = forward(cfg, W, prompt, cache) if chunks is None else chunked(cfg, W, prompt, chunks, cache)
     out = []
     for _ in range(n):
         out.append(int(logits[-1].argmax()))
@@ -379,6 +391,15 @@ def main():
     if gap < 1e-3:  # the sparse selection must matter on this prompt, else the fixture checks nothing
         raise SystemExit(f"sparse and dense logits differ by only {gap:.2e}: pick another seed")
     gen_ids = greedy(cfg, W, long, 6)
+    # A chunked prefill (the engine's with --max-tokens-per-step 44): 44 + 28
+    # tokens, the first call dense (it ends below dense_len 48; its queries in
+    # block 5 would drop a block if sparse), the second sparse.
+    chunks = [44, 28]
+    logits_chunked = chunked(cfg, W, long, chunks, Cache(cfg))
+    gen_chunked = greedy(cfg, W, long, 6, chunks)
+    cgap = (logits_chunked - logits_long).abs().max().item()
+    if cgap < 1e-3:
+        raise SystemExit(f"chunked and one-call logits differ by only {cgap:.2e}: the chunked case checks nothing")
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(d, f, indent=1)
@@ -387,10 +408,13 @@ def main():
               metadata={"format": "pt"})
     ref = {"tokens_long": torch.tensor(long, dtype=torch.int32), "logits_long": logits_long.float(),
            "logits_long_dense": logits_dense.float(), "tokens_short": torch.tensor(short, dtype=torch.int32),
-           "logits_short": logits_short.float(), "greedy_long": torch.tensor(gen_ids, dtype=torch.int32)}
+           "logits_short": logits_short.float(), "greedy_long": torch.tensor(gen_ids, dtype=torch.int32),
+           "logits_long_chunked": logits_chunked.float(),
+           "greedy_long_chunked": torch.tensor(gen_chunked, dtype=torch.int32)}
     save_file(ref, os.path.join(args.out_dir, "reference.safetensors"),
               metadata={"generator": f"minicpm_sala_ref.py --seed {args.seed}, torch {torch.__version__}"})
-    print(f"wrote {args.out_dir}: sparse-vs-dense logit gap {gap:.3f}, greedy {gen_ids}")
+    print(f"wrote {args.out_dir}: sparse-vs-dense logit gap {gap:.3f}, greedy {gen_ids}; chunked {chunks}: "
+          f"gap {cgap:.3f}, greedy {gen_chunked}")
 
 
 if __name__ == "__main__":
