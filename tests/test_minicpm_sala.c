@@ -4,7 +4,10 @@
 // tests/fixtures/minicpm_sala_tiny: layers sparse, lightning, lightning,
 // sparse; 4 q heads, 2 kv heads in both layer kinds; sparse_config scaled so
 // a 72-token prompt is past dense_len 48 with more candidate blocks than
-// slots), under mpirun at the mesh on the command line (--tp):
+// slots; and minicpm_sala_tiny_b: lightning, sparse, lightning; 8 q heads of
+// D 4, 8 lightning kv heads, 4 sparse kv heads; no QK-norm, RoPE or output
+// gates, the output norm kept; dense_len 40, a one-block window), under
+// mpirun at the mesh on the command line (--tp, --dp); every check on both:
 //  - parity: the whole-prompt logits of the 72-token (sparse) prompt and the
 //    21-token (dense) prompt within 1e-4 of max |logit|; the 72-token prompt
 //    with --dense-sparse-layers (session option dense_sparse_layers) equal to
@@ -15,16 +18,17 @@
 //    output norm over the rank's heads only (no all-reduce; at tp 1 it is the
 //    model), at tp 4 (kv heads replicated: each query group split over two
 //    ranks) the block selection scored by the rank's own heads only (no
-//    gather; at tp 1 and 2 it is the model);
+//    gather; at tp 1 and 2, and on the second fixture, it is the model);
 //  - greedy: the 72-token prompt prefilled in one call, then one token per
 //    call through the state slots and the paged KV, equals the reference's
 //    greedy continuation; the batched engine (tpr run's path, two sequences)
 //    generates the same tokens;
-//  - chunked prefill: the 72-token prompt in calls of 44 and 28 tokens (the
-//    first dense: it ends below dense_len) equals the reference called the
-//    same way, which differs from its one-call logits; the batched engine
-//    with --max-tokens-per-step 44 generates that run's greedy tokens, its
-//    first generated row within the bound of the reference's;
+//  - chunked prefill: the 72-token prompt in calls of dense_len - 4 tokens
+//    and the rest (the first dense: it ends below dense_len) equals the
+//    reference called the same way, which differs from its one-call logits;
+//    the batched engine with that --max-tokens-per-step generates that run's
+//    greedy tokens, its first generated row within the bound of the
+//    reference's;
 //  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
 //    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
 //    a model without sparse layers (minimax) is refused with a clear error;
@@ -48,16 +52,35 @@
 #include "shard/model_config.h"
 
 #define FIX TPR_FIXTURES "/minicpm_sala_tiny"
+#define FIX_B TPR_FIXTURES "/minicpm_sala_tiny_b"  // other sizes, optional pieces off, 4 sparse KV heads
 #define BOUND 1e-4  // max|d| <= BOUND * max|ref|: the TP parity tolerance of every family
 #define V 64
 #define TL 72  // the sparse prompt
 #define TS 21  // the dense prompt
 #define NG 6
 
-#define CHUNK 44  // the chunked prefill: 44 + 28 tokens
+// A fixture's reference; the tests loop over both, `use` makes one current.
+typedef struct fixture {
+  const char *dir;
+  int32_t tl[TL], ts[TS], g[NG], gc[NG], chunks[2];
+  float *l, *d, *s, *c;
+  int64_t sparse_kv;  // num_key_value_heads: tp above it splits a query group over ranks
+} fixture;
+static fixture fxs[2] = {{.dir = FIX}, {.dir = FIX_B}};
 
-static int32_t tok_long[TL], tok_short[TS], greedy[NG], greedy_chunked[NG];
-static float *ref_long, *ref_dense, *ref_short, *ref_chunked;
+static const char *fix_dir;
+static const int32_t *tok_long, *tok_short, *greedy, *greedy_chunked;
+static const float *ref_long, *ref_dense, *ref_short, *ref_chunked;
+static int chunk;  // the chunked prefill's first call (dense_len - 4 tokens), then the rest
+static int64_t sparse_kv;
+
+static void use(int i) {
+  fixture *f = &fxs[i];
+  fix_dir = f->dir, tok_long = f->tl, tok_short = f->ts, greedy = f->g, greedy_chunked = f->gc;
+  ref_long = f->l, ref_dense = f->d, ref_short = f->s, ref_chunked = f->c, chunk = f->chunks[0];
+  sparse_kv = f->sparse_kv;
+  if (fp.R == 0) printf("%s:\n", f->dir);
+}
 
 static void read_i32(const tpr_st_set *set, const char *name, int64_t n, int32_t *dst) {
   const tpr_st_tensor *t = tpr_st_find(set, name);
@@ -65,25 +88,31 @@ static void read_i32(const tpr_st_set *set, const char *name, int64_t n, int32_t
   TT_OK(tpr_st_read(set, name, NULL, NULL, TPR_I32, dst));
 }
 
-static void load_ref(void) {
+static void load_ref(fixture *f) {
   tpr_st_set *set;
-  TT_OK(tpr_st_open(FIX "/reference.safetensors", &set));
-  read_i32(set, "tokens_long", TL, tok_long);
-  read_i32(set, "tokens_short", TS, tok_short);
-  read_i32(set, "greedy_long", NG, greedy);
-  read_i32(set, "greedy_long_chunked", NG, greedy_chunked);
-  ref_chunked = malloc(TL * V * sizeof(float));
-  m2_read_f32(set, "logits_long_chunked", TL, V, ref_chunked);
-  ref_long = malloc(TL * V * sizeof(float)), ref_dense = malloc(TL * V * sizeof(float));
-  ref_short = malloc(TS * V * sizeof(float));
-  m2_read_f32(set, "logits_long", TL, V, ref_long);
-  m2_read_f32(set, "logits_long_dense", TL, V, ref_dense);
-  m2_read_f32(set, "logits_short", TS, V, ref_short);
+  char path[512];
+  snprintf(path, sizeof path, "%s/reference.safetensors", f->dir);
+  TT_OK(tpr_st_open(path, &set));
+  read_i32(set, "tokens_long", TL, f->tl);
+  read_i32(set, "tokens_short", TS, f->ts);
+  read_i32(set, "greedy_long", NG, f->g);
+  read_i32(set, "greedy_long_chunked", NG, f->gc);
+  read_i32(set, "chunks", 2, f->chunks);
+  assert_int_equal(f->chunks[0] + f->chunks[1], TL);
+  f->l = malloc(TL * V * sizeof(float)), f->d = malloc(TL * V * sizeof(float));
+  f->s = malloc(TS * V * sizeof(float)), f->c = malloc(TL * V * sizeof(float));
+  m2_read_f32(set, "logits_long", TL, V, f->l);
+  m2_read_f32(set, "logits_long_dense", TL, V, f->d);
+  m2_read_f32(set, "logits_short", TS, V, f->s);
+  m2_read_f32(set, "logits_long_chunked", TL, V, f->c);
   tpr_st_close(set);
+  tpr_model_config cfg;
+  TT_OK(tpr_model_config_load(f->dir, &cfg));
+  f->sparse_kv = cfg.num_kv_heads;
 }
 
 static tpr_session_opts opts(int control, bool dense) {
-  tpr_session_opts o = fp_session_opts(FIX, TL + NG);
+  tpr_session_opts o = fp_session_opts(fix_dir, TL + NG);
   o.family_control = control;
   o.dense_sparse_layers = dense;
   return o;
@@ -105,8 +134,7 @@ static errs run_both(const tpr_session_opts *o, const float *want_long) {
   return e;
 }
 
-static void test_parity(void **state) {
-  (void)state;
+static void test_parity_of(void) {
   tpr_session_opts o = opts(0, false);
   errs e = run_both(&o, ref_long);
   if (fp.R == 0)
@@ -119,14 +147,23 @@ static void test_parity(void **state) {
   assert_true(gap > 100 * BOUND);
 }
 
-static void test_dense_sparse_layers(void **state) {
+static void test_parity(void **state) {
   (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_parity_of();
+}
+
+static void test_dense_sparse_layers_of(void) {
   tpr_session_opts o = opts(0, true);
   errs e = run_both(&o, ref_dense);
   if (fp.R == 0)
     printf("--dense-sparse-layers tp %d: 72-token prompt vs the reference's forced-dense run %.3g, 21-token %.3g\n",
            fp.tp, e.lng, e.shrt);
   if (!(e.lng <= BOUND && e.shrt <= BOUND)) fail_msg("dense sparse layers differ: %.3g, %.3g", e.lng, e.shrt);
+}
+
+static void test_dense_sparse_layers(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_dense_sparse_layers_of();
 }
 
 // A control must break the bound on some prompt; `model` says it builds the
@@ -142,22 +179,25 @@ static void control(int c, const char *what, bool model) {
   if (!model && !(worst > BOUND)) fail_msg("%s passed the parity bound (%.3g)", what, worst);
 }
 
-static void test_controls(void **state) {
-  (void)state;
+static void test_controls_of(void) {
   control(TPR_SALA_CONTROL_NO_MUP, "muP residual scale dropped", false);
   control(TPR_SALA_CONTROL_SPARSE_ROPE, "RoPE in the sparse layers", false);
   control(TPR_SALA_CONTROL_LOCAL_NORM, "lightning output norm per rank", fp.tp == 1);
-  control(TPR_SALA_CONTROL_LOCAL_GROUP, "block selection by the rank's heads only", fp.tp < 4);
+  control(TPR_SALA_CONTROL_LOCAL_GROUP, "block selection by the rank's heads only", fp.tp <= sparse_kv);
+}
+
+static void test_controls(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_controls_of();
 }
 
 // Prefill in one call, then one token per call: the reference's greedy().
-static void test_greedy_cached(void **state) {
-  (void)state;
+static void test_greedy_cached_of(void) {
   tpr_session_opts o = opts(0, false);
   tpr_session *s = fp_open(&o, NULL);
   float *l = malloc(TL * V * sizeof *l);
   int32_t seq[TL + NG];
-  memcpy(seq, tok_long, sizeof tok_long);
+  memcpy(seq, tok_long, TL * sizeof *seq);
   TT_OK(tpr_session_forward(s, seq, TL, 0, l));
   const float *last = l + (TL - 1) * V;
   for (int g = 0; g < NG; g++) {
@@ -174,6 +214,11 @@ static void test_greedy_cached(void **state) {
                         fp.tp, NG);
 }
 
+static void test_greedy_cached(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_greedy_cached_of();
+}
+
 typedef struct first_row {
   float row[V];
   bool got;
@@ -185,27 +230,26 @@ static void keep_first(void *ctx, int64_t seq, int64_t gen, const float *logits,
   if (gen == 0 && vocab >= V) memcpy(f->row, logits, sizeof f->row), f->got = true;
 }
 
-static void test_chunked_prefill(void **state) {
-  (void)state;
+static void test_chunked_prefill_of(void) {
   tpr_session_opts o = opts(0, false);
   tpr_session *s = fp_open(&o, NULL);
   float *l = malloc(TL * V * sizeof *l);
-  TT_OK(tpr_session_forward(s, tok_long, CHUNK, 0, l));
-  TT_OK(tpr_session_forward(s, tok_long + CHUNK, TL - CHUNK, CHUNK, l + CHUNK * V));
+  TT_OK(tpr_session_forward(s, tok_long, chunk, 0, l));
+  TT_OK(tpr_session_forward(s, tok_long + chunk, TL - chunk, chunk, l + chunk * V));
   tpr_session_close(s);
   double e = m2_rel_err(l, ref_chunked, TL * V), gap = m2_rel_err(ref_long, ref_chunked, TL * V);
   free(l);
   if (fp.R == 0)
-    printf("chunked prefill (44 + 28) tp %d: %.3g vs the reference called the same way (its one-call logits "
-           "differ by %.3g)\n", fp.tp, e, gap);
+    printf("chunked prefill (%d + %d) tp %d: %.3g vs the reference called the same way (its one-call logits "
+           "differ by %.3g)\n", chunk, TL - chunk, fp.tp, e, gap);
   if (!(e <= BOUND)) fail_msg("chunked prefill differs from the reference's chunked calls by %.3g", e);
   assert_true(gap > 100 * BOUND);
-  // The engine with a 44-token step budget chunks the prompt the same way.
+  // The engine with a `chunk`-token step budget chunks the prompt the same way.
   tpr_session_opts so = opts(0, false);
   s = fp_open(&so, NULL);
   first_row f = {.got = false};
   tpr_engine *en = NULL;
-  tpr_engine_opts eo = {.max_tokens_per_step = CHUNK, .on_logits = keep_first, .ctx = &f};
+  tpr_engine_opts eo = {.max_tokens_per_step = chunk, .on_logits = keep_first, .ctx = &f};
   TT_OK(tpr_engine_new(s, &eo, &en));
   int64_t id = -1;
   tpr_gen_params g = {.max_new = NG, .stop_token = -1, .sampling = {.top_p = 1}};
@@ -225,17 +269,22 @@ static void test_chunked_prefill(void **state) {
         fail_msg("engine, chunked: generated token %d is %d, the reference's %d", j, r.tokens[TL + j], greedy_chunked[j]);
     assert_true(f.got);
     double er = m2_rel_err(f.row, ref_chunked + (TL - 1) * V, V);
-    printf("engine, --max-tokens-per-step 44, tp %d: %d greedy tokens equal the chunked reference's, the prompt's "
-           "last row %.3g\n", fp.tp, NG, er);
+    printf("engine, --max-tokens-per-step %d, tp %d: %d greedy tokens equal the chunked reference's, the prompt's "
+           "last row %.3g (the one-call row: %.3g away)\n", chunk, fp.tp, NG, er,
+           m2_rel_err(ref_long + (TL - 1) * V, ref_chunked + (TL - 1) * V, V));
     if (!(er <= BOUND)) fail_msg("engine's last prompt row differs from the chunked reference by %.3g", er);
   }
   tpr_engine_free(en);
   tpr_session_close(s);
 }
 
-// tpr run's path: the batched engine, two sequences of the long prompt in one batch.
-static void test_engine_greedy(void **state) {
+static void test_chunked_prefill(void **state) {
   (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_chunked_prefill_of();
+}
+
+// tpr run's path: the batched engine, two sequences of the long prompt in one batch.
+static void test_engine_greedy_of(void) {
   tpr_session_opts so = opts(0, false);
   so.max_batch = 2;
   tpr_session *s = fp_open(&so, NULL);
@@ -265,6 +314,11 @@ static void test_engine_greedy(void **state) {
   if (fp.R == 0) printf("engine, two sequences, tp %d: %d greedy tokens each equal the reference's\n", fp.tp, NG);
 }
 
+static void test_engine_greedy(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_engine_greedy_of();
+}
+
 // tpr run's generated tokens (--json) for the long prompt.
 static void run_cli(const char *tpr, const char *tmp, int np, bool dense) {
   char ids[1024] = "";
@@ -287,6 +341,7 @@ static void test_cli_run(void **state) {
   if (tpr_comm_size(fp.world) != 1) return;  // once, from the one-rank run
   char tpr[4096], tmp[] = "/tmp/tpr_test_minicpm_sala_XXXXXX";
   if (tt_tpr_path(tpr, sizeof tpr, "test_minicpm_sala") != 0) fail_msg("tpr is not built");
+  use(0);
   assert_non_null(mkdtemp(tmp));
   run_cli(tpr, tmp, 0, false);
   run_cli(tpr, tmp, 0, true);
@@ -328,7 +383,8 @@ static void test_refusals(void **state) {
 
 int main(int argc, char **argv) {
   fp_init(&argc, &argv);
-  load_ref();
+  load_ref(&fxs[0]);
+  load_ref(&fxs[1]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),        cmocka_unit_test(test_dense_sparse_layers),
       cmocka_unit_test(test_controls),      cmocka_unit_test(test_greedy_cached),
@@ -336,6 +392,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_refusals),
   };
   int rc = fp_run(tests, sizeof tests / sizeof *tests, NULL);
-  free(ref_long), free(ref_dense), free(ref_short), free(ref_chunked);
+  for (int i = 0; i < 2; i++) free(fxs[i].l), free(fxs[i].d), free(fxs[i].s), free(fxs[i].c);
   return rc;
 }
