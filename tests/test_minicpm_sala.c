@@ -32,6 +32,9 @@
 //  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
 //    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
 //    a model without sparse layers (minimax) is refused with a clear error;
+//  - a converted checkpoint (tp > 1, dp 1: rank 0 runs tpr convert --tp tp,
+//    every rank opens the converted directory): the same parity, so the
+//    plan's two kinds per shared name survive the manifest;
 //  - refusals: a tp the lightning heads do not split over; a tp the sparse
 //    layers' kv heads neither divide nor are divided by.
 #include "test_util.h"
@@ -355,6 +358,41 @@ static void test_cli_run(void **state) {
   unlink(tt_path(tmp, "stdout")), unlink(tt_path(tmp, "stderr")), rmdir(tmp);
 }
 
+static void test_converted(void **state) {
+  (void)state;
+  if (fp.tp == 1 || fp.dp != 1) return;
+  char tpr[4096], tmp[] = "/tmp/tpr_test_minicpm_sala_conv_XXXXXX", out[600], tp[8];
+  int ok = 1;
+  if (fp.R == 0) {
+    if (tt_tpr_path(tpr, sizeof tpr, "test_minicpm_sala") != 0 || !mkdtemp(tmp)) ok = 0;
+  }
+  TT_OK(tpr_comm_broadcast(fp.world, tmp, tmp, sizeof tmp, TPR_U8, 0));
+  snprintf(out, sizeof out, "%s/ckpt", tmp);
+  snprintf(tp, sizeof tp, "%d", fp.tp);
+  for (int i = 0; i < 2; i++) {
+    use(i);
+    if (fp.R == 0 && ok) {
+      const char *args[] = {"convert", "--model", fix_dir, "--out", out, "--tp", tp, "--force", NULL};
+      run_result r = tt_run(tpr, tmp, args, &(tt_run_opts){.timeout_s = 120});
+      if (r.code != 0) printf("tpr convert: exit %d: %s\n", r.code, r.err), ok = 0;
+      tt_run_done(&r);
+    }
+    TT_OK(tpr_comm_all_reduce(fp.world, &ok, &ok, 1, TPR_I32, TPR_MIN));
+    if (!ok) fail_msg("tpr convert --tp %d failed", fp.tp);
+    tpr_session_opts o = opts(0, false);
+    o.model_dir = out, o.etp = 1;  // convert's default expert split
+    errs e = run_both(&o, ref_long);
+    if (fp.R == 0) printf("converted for tp %d: %.3g, %.3g\n", fp.tp, e.lng, e.shrt);
+    if (!(e.lng <= BOUND && e.shrt <= BOUND)) fail_msg("converted checkpoint: %.3g, %.3g", e.lng, e.shrt);
+  }
+  TT_OK(tpr_comm_barrier(fp.world));
+  if (fp.R == 0) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) printf("could not remove %s\n", tmp);
+  }
+}
+
 static void test_refusals(void **state) {
   (void)state;
   if (fp.R != 0) return;
@@ -389,7 +427,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_parity),        cmocka_unit_test(test_dense_sparse_layers),
       cmocka_unit_test(test_controls),      cmocka_unit_test(test_greedy_cached),
       cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_cli_run),
-      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_converted),     cmocka_unit_test(test_refusals),
   };
   int rc = fp_run(tests, sizeof tests / sizeof *tests, NULL);
   for (int i = 0; i < 2; i++) free(fxs[i].l), free(fxs[i].d), free(fxs[i].s), free(fxs[i].c);
