@@ -32,6 +32,7 @@
 //  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
 //    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
 //    a model without sparse layers (minimax) is refused with a clear error;
+//    tpr plan --json names each kind's layer set (q_proj: lightning, sparse);
 //  - a converted checkpoint (tp > 1, dp 1: rank 0 runs tpr convert --tp tp,
 //    every rank opens the converted directory): the same parity, so the
 //    plan's two kinds per shared name survive the manifest;
@@ -350,6 +351,19 @@ static void test_cli_run(void **state) {
   run_cli(tpr, tmp, 0, true);
   const char *bad[] = {"run", "--model", TPR_FIXTURES "/minimax_tiny", "--prompt-ids", "1,2,3", "--dense-sparse-layers",
                        NULL};
+  // tpr plan names each kind's layer set: q_proj twice, lightning and sparse.
+  const char *plan[] = {"plan", "--model", FIX, "--tp", "2", "--json", NULL};
+  cJSON *j = tt_json_of(tt_run(tpr, tmp, plan, &(tt_run_opts){.timeout_s = 120})), *t;
+  int lightning = 0, sparse = 0;
+  cJSON_ArrayForEach(t, cJSON_GetObjectItem(j, "tensors")) {
+    if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(t, "name")), "model.layers.{L}.self_attn.q_proj.weight")) continue;
+    const char *ls = cJSON_GetStringValue(cJSON_GetObjectItem(t, "layers"));
+    assert_non_null(ls);
+    lightning += !strcmp(ls, "lightning"), sparse += !strcmp(ls, "sparse");
+  }
+  cJSON_Delete(j);
+  assert_int_equal(lightning, 1);
+  assert_int_equal(sparse, 1);
   run_result r = tt_run(tpr, tmp, bad, &(tt_run_opts){.timeout_s = 120});
   if (r.code == 0 || !strstr(r.err, "--dense-sparse-layers: only minicpm_sala"))
     fail_msg("--dense-sparse-layers on minimax: exit %d, stderr:\n%s", r.code, r.err);
