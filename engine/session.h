@@ -49,6 +49,10 @@ typedef struct tpr_session_opts {
   int mrope_layout_control;  // MRoPE families: > 0 rotates in this tpr_mrope_layout, not the config's
   int skip_grad_marks;     // training without some grad_all_reduce marks (the builders' skip_grad_marks)
   int force_tp_rank;       // >= 0: every rank's rank tensor claims this tp rank
+  int family_control;      // a family's own negative control (minicpm_sala: tpr_sala_control); 0 none
+  // minicpm_sala: run the InfLLM-v2 sparse layers dense (causal attention
+  // over every key; `--dense-sparse-layers`), for comparison.
+  bool dense_sparse_layers;
 } tpr_session_opts;
 
 typedef struct tpr_session tpr_session;

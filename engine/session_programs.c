@@ -125,6 +125,8 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, int64_
                             .moe_stats = s->o.moe_stats && !layers,  // a draft's routing is not counted
                             .per_rank_qk_norm = s->o.per_rank_qk_norm,
                             .mrope_layout_control = s->o.mrope_layout_control,
+                            .family_control = s->o.family_control,
+                            .dense_sparse_layers = s->o.dense_sparse_layers,
                             .kind_dtype = s->kind_dtype,
                             .kind_block = s->kind_block};
   tpr_status rc = tpr__session_make_program(s, build_step, &bo, &m->program);

@@ -13,6 +13,13 @@
 #include "shard/mesh.h"
 #include "shard/shard_plan.h"
 
+// The layers a plan kind of a hybrid model lives in.
+static const char *layer_set(const tpr_model_config *c, const tpr_shard_tensor *t) {
+  if (t->attn_layers == TPR_ATTN_LAYERS_LINEAR) return "lightning";
+  if (t->attn_layers == TPR_ATTN_LAYERS_SOFTMAX) return c->family == TPR_FAMILY_MINICPM_SALA ? "sparse" : "softmax";
+  return "all";
+}
+
 static const char *shape_str(const int64_t *s, int ndim, char *buf, size_t n) {
   if (ndim == 1) snprintf(buf, n, "(%lld)", (long long)s[0]);
   else snprintf(buf, n, "(%lld, %lld)", (long long)s[0], (long long)s[1]);
@@ -68,13 +75,18 @@ static void print_text(const tpr_shard_plan *p, const uint64_t *held, const uint
     printf("; %lld experts and expert width %lld per rank", (long long)p->experts_per_rank,
            (long long)p->expert_inter_per_rank);
   printf("\n\n");
-  printf("%-58s %-14s %-14s %-13s %8s %12s\n", "tensor", "global", "per rank", "transform", "count", "bytes/rank");
+  // A hybrid's kinds name the layers they live in (minicpm_sala's q/k/v/o_proj
+  // are two kinds each, one per layer set).
+  const bool hybrid = c->num_linear_layers > 0;
+  printf("%-58s %-14s %-14s %-13s %8s %12s%s\n", "tensor", "global", "per rank", "transform", "count", "bytes/rank",
+         hybrid ? "  layers" : "");
   for (int i = 0; i < p->n_tensors; i++) {
     const tpr_shard_tensor *t = &p->tensors[i];
     char g[48], r[48], b[32];
-    printf("%-58s %-14s %-14s %-13s %8lld %12s\n", t->name, shape_str(t->global_shape, t->ndim, g, sizeof g),
+    printf("%-58s %-14s %-14s %-13s %8lld %12s%s%s\n", t->name, shape_str(t->global_shape, t->ndim, g, sizeof g),
            shape_str(t->rank_shape, t->ndim, r, sizeof r), tpr_shard_transform_name(t->transform),
-           (long long)t->count, bytes_str(t->rank_bytes, b, sizeof b));
+           (long long)t->count, bytes_str(t->rank_bytes, b, sizeof b), hybrid ? "  " : "",
+           hybrid ? layer_set(c, t) : "");
   }
   printf("\n%-6s %-20s %14s %14s\n", "rank", "tp/ep/etp", "holds", "of it padding");
   for (int r = 0; r < p->world; r++) {
@@ -147,6 +159,7 @@ static tpr_status print_json(const tpr_shard_plan *p, const uint64_t *held, cons
     cJSON_AddStringToObject(o, "transform", tpr_shard_transform_name(t->transform));
     cJSON_AddNumberToObject(o, "count", (double)t->count);
     cJSON_AddNumberToObject(o, "rank_bytes", (double)t->rank_bytes);
+    if (p->config.num_linear_layers) cJSON_AddStringToObject(o, "layers", layer_set(&p->config, t));
     cJSON_AddItemToArray(tensors, o);
   }
   cJSON *hb = cJSON_AddArrayToObject(j, "per_rank_bytes");

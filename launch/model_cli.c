@@ -59,7 +59,8 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
                            .moe_stats = m->moe_stats,
                            .broadcast_program = d->broadcast_program,
                            .per_rank_qk_norm = d->per_rank_qk_norm,
-                           .force_tp_rank = (int)d->force_tp_rank};
+                           .force_tp_rank = (int)d->force_tp_rank,
+                           .dense_sparse_layers = m->dense_sparse_layers};
   return TPR_OK;
 }
 

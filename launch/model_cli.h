@@ -38,6 +38,7 @@ typedef struct tpr_model_mesh {
   int64_t reroute_seed;
   bool moe_stats;               // set by the commands that print them
   const char *weight_dtype;     // auto | f32 | bf16 (engine/weight_dtype.h)
+  bool dense_sparse_layers;     // minicpm_sala: the sparse layers run dense (tpr_session_opts)
 } tpr_model_mesh;
 #define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto", .weight_dtype = "auto"}
 #define TPR_MODEL_MESH_ARGS(m)                                                                                   \
@@ -53,7 +54,9 @@ typedef struct tpr_model_mesh {
    "send dropped assignments to random experts with spare capacity (needs --capacity-factor)"},                  \
   {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"},                  \
   {"weight-dtype", TPR_ARG_STR, &(m).weight_dtype,                                                              \
-   "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 and block-scaled FP8 stay as the checkpoint has them, on the cpu)"}
+   "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 and block-scaled FP8 stay as the checkpoint has them, on the cpu)"}, \
+  {"dense-sparse-layers", TPR_ARG_FLAG, &(m).dense_sparse_layers,                                               \
+   "minicpm_sala: run the InfLLM-v2 sparse attention layers dense (every key attended), for comparison; refused for other models and for training"}
 
 // The batched engine's flags of run and bench model.
 typedef struct tpr_model_engine {

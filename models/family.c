@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "models/hunyuan_moe.h"
+#include "models/minicpm_sala.h"
 #include "models/minimax.h"
 #include "models/minimax_m2.h"
 #include "models/qwen2_vl.h"
@@ -14,7 +15,7 @@
 // Every family the engine can run; a new family adds its entry here.
 static const tpr_family *const families[] = {
     &tpr_family_minimax_m2, &tpr_family_qwen3_moe, &tpr_family_hunyuan_v1_moe,
-    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl, &tpr_family_minimax,
+    &tpr_family_qwen3_vl_moe, &tpr_family_qwen2_vl, &tpr_family_minimax, &tpr_family_minicpm_sala,
 };
 
 void tpr_family_consts_free(tpr_family_consts *c) {

@@ -62,6 +62,8 @@ typedef struct tpr_step_build_opts {
   bool moe_stats;         // add the routing outputs
   bool per_rank_qk_norm;  // negative control of the parity tests (families that have a QK-norm)
   int mrope_layout_control;  // negative control (MRoPE families): > 0 forces this tpr_mrope_layout
+  int family_control;        // a family's own negative control (minicpm_sala: tpr_sala_control); 0 none
+  bool dense_sparse_layers;  // minicpm_sala: the sparse layers run dense (tpr_session_opts)
   // (plan->n_tensors) the dtype each plan kind's param is declared with
   // (engine/weight_dtype.h); NULL: all f32. A bf16 embedding table's rows are
   // widened to f32 as they are read.

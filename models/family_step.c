@@ -83,13 +83,34 @@ static tpr_status declare(tpr_fstep *c, const char *name, tpr_dtype dt, int ndim
   return tpr_fstep_gather_param(c->p, c->plan, &c->o->moe, c->fsdp, c->group, name, ndim, shape, expert, out);
 }
 
+tpr_status tpr_fstep_kind_in(const tpr_fstep *c, const char *pattern, tpr_attn_layers layers, int *kind) {
+  for (int i = 0; i < c->plan->n_tensors; i++)
+    if (strcmp(c->plan->tensors[i].name, pattern) == 0 && c->plan->tensors[i].attn_layers == layers)
+      return *kind = i, TPR_OK;
+  return TPR_FAIL(TPR_ERR_INTERNAL, "%s: the plan has no tensor %s in layer set %d", c->family->name, pattern,
+                  (int)layers);
+}
+
+tpr_status tpr_fstep_param_of(tpr_fstep *c, int kind, int64_t layer, tpr_value_id *out) {
+  const tpr_shard_tensor *t = &c->plan->tensors[kind];
+  char name[160];
+  tpr_family_param_name(t->name, layer, name, sizeof name);
+  return declare(c, name, kind_dtype(c, kind), t->ndim, t->rank_shape, false, out);
+}
+
 tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr_value_id *out) {
   int i = -1;
   TPR_CHECK(tpr_fstep_kind(c, pattern, &i));
-  const tpr_shard_tensor *t = &c->plan->tensors[i];
+  return tpr_fstep_param_of(c, i, layer, out);
+}
+
+tpr_status tpr_fstep_weight_of(tpr_fstep *c, int kind, int64_t layer, tpr_fweight *out) {
+  *out = (tpr_fweight){.block = kind_block(c, kind)};
+  TPR_CHECK(tpr_fstep_param_of(c, kind, layer, &out->w));
+  if (out->block <= 0) return TPR_OK;
   char name[160];
-  tpr_family_param_name(pattern, layer, name, sizeof name);
-  return declare(c, name, kind_dtype(c, i), t->ndim, t->rank_shape, false, out);
+  tpr_family_param_name(c->plan->tensors[kind].name, layer, name, sizeof name);
+  return tpr_fstep_scales(c->p, name, 2, c->plan->tensors[kind].rank_shape, out->block, &out->scale);
 }
 
 tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,
@@ -105,12 +126,7 @@ tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const in
 tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tpr_fweight *out) {
   int i = -1;
   TPR_CHECK(tpr_fstep_kind(c, pattern, &i));
-  *out = (tpr_fweight){.block = kind_block(c, i)};
-  TPR_CHECK(tpr_fstep_param(c, pattern, layer, &out->w));
-  if (out->block <= 0) return TPR_OK;
-  char name[160];
-  tpr_family_param_name(pattern, layer, name, sizeof name);
-  return tpr_fstep_scales(c->p, name, 2, c->plan->tensors[i].rank_shape, out->block, &out->scale);
+  return tpr_fstep_weight_of(c, i, layer, out);
 }
 
 tpr_status tpr_fstep_linear(tpr_program *p, tpr_value_id x, const tpr_fweight *w, tpr_value_id *out) {

@@ -66,6 +66,12 @@ tpr_status tpr_fstep_kind(const tpr_fstep *c, const char *pattern, int *kind);
 tpr_status tpr_fstep_param(tpr_fstep *c, const char *pattern, int64_t layer, tpr_value_id *out);
 // The same for a matrix the program multiplies by, with its FP8 scales.
 tpr_status tpr_fstep_weight(tpr_fstep *c, const char *pattern, int64_t layer, tpr_fweight *out);
+// Hybrids whose layer sets share a checkpoint name with different shapes
+// (minicpm_sala's q/k/v/o_proj): the kind named `pattern` in layer set
+// `layers`, and the param / weight of plan kind `kind` for `layer`.
+tpr_status tpr_fstep_kind_in(const tpr_fstep *c, const char *pattern, tpr_attn_layers layers, int *kind);
+tpr_status tpr_fstep_param_of(tpr_fstep *c, int kind, int64_t layer, tpr_value_id *out);
+tpr_status tpr_fstep_weight_of(tpr_fstep *c, int kind, int64_t layer, tpr_fweight *out);
 // (Also used by models/minimax_m2.c, whose params differ in training.)
 // name's FP8 scales "<name>.scale": shape with its last dim in blocks.
 tpr_status tpr_fstep_scales(tpr_program *p, const char *name, int ndim, const int64_t *shape, int block,

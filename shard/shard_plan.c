@@ -125,11 +125,79 @@ static tpr_status add_linear_attention(tpr_shard_plan *p) {
   return TPR_OK;
 }
 
+// MiniCPM-SALA (docs/minicpm-sala.md; models/minicpm_sala.h): its lightning
+// layers and its InfLLM-v2 sparse layers share the checkpoint names q/k/v/o_proj
+// with different shapes, so each name is two kinds, one per layer set.
+//   lightning (nh % tp == 0, whole heads per rank, as minimax's):
+//     q_proj (nh*D, H) -> (nh/tp*D, H) column; z_proj the same
+//     k_proj, v_proj (nkv*D, H): column when nkv % tp == 0 (rank r's q heads
+//       read only its kv block), else held whole (the program picks the heads)
+//     o_proj (H, nh*D) -> (H, nh/tp*D) row
+//     q_norm, k_norm (D) and o_norm (nh*D) held whole (o_norm's RMS spans all
+//       heads: an all-reduce; the program selects the rank's slice)
+//   sparse: q/k/v/o_proj as every softmax layer (padded / replicated heads),
+//     o_gate (nq*D, H) laid out like q_proj.
+static tpr_status add_sala_attention(tpr_shard_plan *p) {
+  const tpr_model_config *c = &p->config;
+  const tpr_attn_plan *a = &p->attn;
+  int64_t Ll = c->num_linear_layers, Ls = c->num_layers - Ll, H = c->hidden_size, D = c->head_dim;
+  int64_t nh = c->num_heads, nkv = c->linear_kv_heads;
+  if (Ll && nh % p->tp)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: minicpm_sala: %lld lightning attention heads do not split over tp=%d "
+                    "(each rank keeps whole heads and their states): use a tp that divides %lld", (long long)nh, p->tp,
+                    (long long)nh);
+  if (Ls && a->strategy == TPR_KV_CONVERT_TO_MHA)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "plan: minicpm_sala: %lld sparse-attention KV heads over tp=%d: the block "
+                    "selection scores a KV head's whole query group, so tp must divide the KV heads or be a "
+                    "multiple of them", (long long)c->num_kv_heads, p->tp);
+  int from = p->n_tensors;
+  if (Ll) {
+    int64_t nr = nh / p->tp;
+    bool kv_split = nkv % p->tp == 0;
+    int64_t kr = kv_split ? nkv / p->tp : nkv;
+    tpr_shard_transform kx = kv_split ? TPR_XFORM_COLUMN : TPR_XFORM_REPLICATE;
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_proj.weight", TPR_XFORM_COLUMN, Ll, nh * D, H, nr * D, H));
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_proj.weight", kx, Ll, nkv * D, H, kr * D, H));
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.v_proj.weight", kx, Ll, nkv * D, H, kr * D, H));
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_proj.weight", TPR_XFORM_ROW, Ll, H, nh * D, H, nr * D));
+    if (c->linear_qk_norm) {
+      TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_norm.weight", TPR_XFORM_REPLICATE, Ll, D, 0, D, 0));
+      TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_norm.weight", TPR_XFORM_REPLICATE, Ll, D, 0, D, 0));
+    }
+    if (c->linear_out_norm)
+      TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_norm.weight", TPR_XFORM_REPLICATE, Ll, nh * D, 0, nh * D, 0));
+    if (c->linear_out_gate)
+      TPR_CHECK(add(p, "model.layers.{L}.self_attn.z_proj.weight", TPR_XFORM_COLUMN, Ll, nh * D, H, nr * D, H));
+    attn_layers(p, from, TPR_ATTN_LAYERS_LINEAR);
+  }
+  if (!Ls) return TPR_OK;
+  from = p->n_tensors;
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.q_proj.weight", TPR_XFORM_COLUMN_HEADS, Ls, a->nq * D, H,
+                a->q_per_rank * D, H));
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.k_proj.weight", TPR_XFORM_COLUMN_HEADS, Ls, a->nkv * D, H,
+                a->kv_per_rank * D, H));
+  kv_layout(p);
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.v_proj.weight", TPR_XFORM_COLUMN_HEADS, Ls, a->nkv * D, H,
+                a->kv_per_rank * D, H));
+  kv_layout(p);
+  TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_proj.weight", TPR_XFORM_ROW_HEADS, Ls, H, a->nq * D, H,
+                a->q_per_rank * D));
+  if (c->attn_out_gate)
+    TPR_CHECK(add(p, "model.layers.{L}.self_attn.o_gate.weight", TPR_XFORM_COLUMN_HEADS, Ls, a->nq * D, H,
+                  a->q_per_rank * D, H));
+  attn_layers(p, from, TPR_ATTN_LAYERS_SOFTMAX);
+  return TPR_OK;
+}
+
 static tpr_status add_attention(tpr_shard_plan *p, const names *n) {
   const tpr_model_config *c = &p->config;
   const tpr_attn_plan *a = &p->attn;
   int64_t H = c->hidden_size, D = c->head_dim;
   TPR_CHECK(add(p, "model.layers.{L}.input_layernorm.weight", TPR_XFORM_REPLICATE, c->num_layers, H, 0, H, 0));
+  if (c->family == TPR_FAMILY_MINICPM_SALA) {
+    TPR_CHECK(add_sala_attention(p));
+    return add(p, "model.layers.{L}.post_attention_layernorm.weight", TPR_XFORM_REPLICATE, c->num_layers, H, 0, H, 0);
+  }
   TPR_CHECK(add_linear_attention(p));
   // The softmax-attention layers: every layer but the lightning ones.
   int64_t L = c->num_layers - c->num_linear_layers, first_softmax = p->n_tensors;

@@ -2,7 +2,9 @@
 // config (configs/minicpm_sala.json, without its quantization block) and the
 // reference's tiny one (tests/fixtures/minicpm_sala_tiny) parse to the
 // numbers docs/minicpm-sala.md states; what is not implemented is refused by
-// name; the engine says it has no family for it yet.
+// name; the engine finds its family, and the published config plans at tp
+// 1/2/4/8 (lightning heads whole per rank, sparse KV heads sharded or
+// replicated).
 #include "test_util.h"
 #include "cli_util.h"
 
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "models/family.h"
+#include "shard/shard_plan.h"
 #include "shard/model_config.h"
 
 #ifndef TPR_FIXTURES
@@ -55,8 +58,24 @@ static void test_published(void **state) {
   assert_int_equal(c.sparse_dense_len, 8192);
   assert_false(c.tie_word_embeddings);
   const tpr_family *f;
-  assert_int_equal(tpr_family_find(c.family, &f), TPR_ERR_UNSUPPORTED);
-  assert_non_null(strstr(tpr_last_error(), "minicpm_sala"));
+  TT_OK(tpr_family_find(c.family, &f));
+  assert_string_equal(f->name, "minicpm_sala");
+  for (int tp = 1; tp <= 8; tp *= 2) {
+    tpr_shard_plan p;
+    TT_OK(tpr_shard_plan_build(&c, tp, 1, 1, 1, TPR_BF16, &p));
+    // 2 sparse KV heads: sharded up to tp 2, replicated beyond.
+    assert_int_equal(p.attn.strategy, tp <= 2 ? TPR_KV_SHARD : TPR_KV_REPLICATE);
+    int lin = 0, sm = 0;
+    for (int i = 0; i < p.n_tensors; i++) {
+      lin += p.tensors[i].attn_layers == TPR_ATTN_LAYERS_LINEAR;
+      sm += p.tensors[i].attn_layers == TPR_ATTN_LAYERS_SOFTMAX;
+      if (p.tensors[i].attn_layers == TPR_ATTN_LAYERS_LINEAR) assert_int_equal(p.tensors[i].count, 24);
+      if (p.tensors[i].attn_layers == TPR_ATTN_LAYERS_SOFTMAX) assert_int_equal(p.tensors[i].count, 8);
+    }
+    assert_int_equal(lin, 8);  // q, k, v, o, q_norm, k_norm, o_norm, z
+    assert_int_equal(sm, 5);   // q, k, v, o, o_gate
+    tpr_shard_plan_free(&p);
+  }
 }
 
 static void test_tiny_fixture(void **state) {

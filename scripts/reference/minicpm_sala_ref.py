@@ -7,14 +7,18 @@ it is the ground truth tpr's ops and the minicpm_sala family are checked
 against.
 
     scripts/reference/.venv/bin/python scripts/reference/minicpm_sala_ref.py \
-        [--out-dir tests/fixtures/minicpm_sala_tiny] [--seed 35]
+        [--variant a|b] [--out-dir tests/fixtures/minicpm_sala_tiny[_b]] [--seed 35]
 
 writes a tiny random checkpoint (config.json with the published key names,
 model.safetensors with the published tensor names, bf16) and reference.safetensors:
 the logits of a prompt longer than sparse_config.dense_len (so its sparse layers
-run InfLLM-v2 sparse attention) and of one shorter (dense), and the greedy
-continuation of the long prompt through the cache (prefill in one call, then
-one token per call, as the published model's generate does).
+run InfLLM-v2 sparse attention) and of one shorter (dense), the long prompt
+with the sparse layers forced dense, the greedy continuation of the long
+prompt through the cache (prefill in one call, then one token per call, as
+the published model's generate does), and the same prompt prefilled in two
+calls ("chunks": the first ends below dense_len, so it runs dense) with its
+logits and greedy continuation. --variant b writes a second checkpoint
+(tiny_config_b: other sizes, the optional pieces off) to minicpm_sala_tiny_b.
 
 The pieces, each as docs/minicpm-sala.md states it:
   - muP: embeddings * scale_emb; each residual branch * scale_depth /
@@ -283,10 +287,22 @@ def forward(cfg, W, ids, cache, force_dense=False):
     return (h / cfg.head_scale) @ W["lm_head.weight"].T
 
 
-def greedy(cfg, W, prompt, n):
-    """Prefill in one call, then one token per call; returns the n new ids."""
+def chunked(cfg, W, prompt, chunks, cache):
+    """The prompt in calls of the given sizes (each call decides dense or sparse
+    from its own last position, as the published forward does); (T, V) logits."""
+    out, at = [], 0
+    for n in chunks:
+        out.append(forward(cfg, W, prompt[at:at + n], cache))
+        at += n
+    assert at == len(prompt)
+    return torch.cat(out)
+
+
+def greedy(cfg, W, prompt, n, chunks=None):
+    """Prefill in one call (or in calls of `chunks` tokens), then one token per
+    call; returns the n new ids."""
     cache = Cache(cfg)
-    logits = forward(cfg, W, prompt, cache)
+    logits = forward(cfg, W, prompt, cache) if chunks is None else chunked(cfg, W, prompt, chunks, cache)
     out = []
     for _ in range(n):
         out.append(int(logits[-1].argmax()))
@@ -295,6 +311,24 @@ def greedy(cfg, W, prompt, n):
 
 
 # ---------------------------------------------------------------- the tiny checkpoint
+
+
+def tiny_config_b():
+    """A second tiny config: other sizes and the optional pieces the first has on
+    turned off (no QK-norm, no RoPE, no output gates; the output norm kept),
+    lightning k/v heads = query heads (the published ratio), 4 sparse KV heads
+    of 8 query heads, kernel 2 x stride as published, a one-block local
+    window, another layer order."""
+    d = tiny_config()
+    d.update({"hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "head_dim": 4, "lightning_nh": 8, "lightning_nkv": 8, "lightning_head_dim": 4,
+              "lightning_use_rope": False, "qk_norm": False, "use_output_gate": False, "use_output_norm": True,
+              "attn_use_output_gate": False, "mixer_types": ["lightning-attn", "minicpm4", "lightning-attn"],
+              "scale_emb": 8, "scale_depth": 1.2, "dim_model_base": 16, "rms_norm_eps": 1e-5,
+              "rope_theta": 5000.0,
+              "sparse_config": {"kernel_size": 8, "kernel_stride": 4, "block_size": 8, "topk": 3, "init_blocks": 1,
+                                "window_size": 8, "dense_len": 40, "use_nope": False}})
+    return d
 
 
 def tiny_config():
@@ -331,12 +365,15 @@ def tiny_weights(cfg, gen):
         shapes[a + "k_proj.weight"] = (lkv if m in LIGHTNING else kvd, Hd)
         shapes[a + "v_proj.weight"] = (lkv if m in LIGHTNING else kvd, Hd)
         shapes[a + "o_proj.weight"] = (Hd, qd)
-        if m in LIGHTNING:
-            shapes[a + "q_norm.weight"] = (cfg.head_dim,)
-            shapes[a + "k_norm.weight"] = (cfg.head_dim,)
-            shapes[a + "o_norm.weight"] = (qd,)
-            shapes[a + "z_proj.weight"] = (qd, Hd)
-        else:
+        if m in LIGHTNING:  # only the modules the config turns on (as the published code builds them)
+            if d.get("qk_norm", True):
+                shapes[a + "q_norm.weight"] = (cfg.head_dim,)
+                shapes[a + "k_norm.weight"] = (cfg.head_dim,)
+            if d.get("use_output_norm", False):
+                shapes[a + "o_norm.weight"] = (qd,)
+            if d.get("use_output_gate", False):
+                shapes[a + "z_proj.weight"] = (qd, Hd)
+        elif d.get("attn_use_output_gate", False):
             shapes[a + "o_gate.weight"] = (qd, Hd)
         shapes[pre + "post_attention_layernorm.weight"] = (Hd,)
         shapes[pre + "mlp.gate_proj.weight"] = (F, Hd)
@@ -358,14 +395,17 @@ def tiny_weights(cfg, gen):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures",
-                                                      "minicpm_sala_tiny"))
+    ap.add_argument("--variant", choices=["a", "b"], default="a", help="a: tiny_config, b: tiny_config_b")
+    ap.add_argument("--out-dir", default=None)
     ap.add_argument("--seed", type=int, default=35)
     args = ap.parse_args()
     from safetensors.torch import save_file
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)
-    d = tiny_config()
+    d = tiny_config() if args.variant == "a" else tiny_config_b()
+    if args.out_dir is None:
+        args.out_dir = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures",
+                                    "minicpm_sala_tiny" + ("" if args.variant == "a" else "_b"))
     cfg = Config(d)
     Wb = tiny_weights(cfg, gen)
     W = {n: w.to(torch.float64) for n, w in Wb.items()}
@@ -379,6 +419,16 @@ def main():
     if gap < 1e-3:  # the sparse selection must matter on this prompt, else the fixture checks nothing
         raise SystemExit(f"sparse and dense logits differ by only {gap:.2e}: pick another seed")
     gen_ids = greedy(cfg, W, long, 6)
+    # A chunked prefill (the engine's with --max-tokens-per-step dense_len - 4;
+    # a: 44 + 28 tokens): the first call dense (it ends below dense_len; its
+    # last queries would drop a block if sparse), the second sparse.
+    first = cfg.sparse.dense_len - 4
+    chunks = [first, len(long) - first]
+    logits_chunked = chunked(cfg, W, long, chunks, Cache(cfg))
+    gen_chunked = greedy(cfg, W, long, 6, chunks)
+    cgap = (logits_chunked - logits_long).abs().max().item()
+    if cgap < 1e-3:
+        raise SystemExit(f"chunked and one-call logits differ by only {cgap:.2e}: the chunked case checks nothing")
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(d, f, indent=1)
@@ -387,10 +437,14 @@ def main():
               metadata={"format": "pt"})
     ref = {"tokens_long": torch.tensor(long, dtype=torch.int32), "logits_long": logits_long.float(),
            "logits_long_dense": logits_dense.float(), "tokens_short": torch.tensor(short, dtype=torch.int32),
-           "logits_short": logits_short.float(), "greedy_long": torch.tensor(gen_ids, dtype=torch.int32)}
+           "logits_short": logits_short.float(), "greedy_long": torch.tensor(gen_ids, dtype=torch.int32),
+           "logits_long_chunked": logits_chunked.float(),
+           "greedy_long_chunked": torch.tensor(gen_chunked, dtype=torch.int32),
+           "chunks": torch.tensor(chunks, dtype=torch.int32)}
     save_file(ref, os.path.join(args.out_dir, "reference.safetensors"),
               metadata={"generator": f"minicpm_sala_ref.py --seed {args.seed}, torch {torch.__version__}"})
-    print(f"wrote {args.out_dir}: sparse-vs-dense logit gap {gap:.3f}, greedy {gen_ids}")
+    print(f"wrote {args.out_dir}: sparse-vs-dense logit gap {gap:.3f}, greedy {gen_ids}; chunked {chunks}: "
+          f"gap {cgap:.3f}, greedy {gen_chunked}")
 
 
 if __name__ == "__main__":
