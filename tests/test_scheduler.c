@@ -60,6 +60,11 @@ typedef struct harness {
   int64_t cached_admissions, blocks_cached;  // admissions holding prefix-cache blocks, and those blocks
   int64_t peak_blocks;  // the most blocks in use after a step, over the replicas
   int64_t log_seq, n_log, log[64][3];  // the chunks of sequence log_seq: pos0, n, sample
+  // Speculative decoding: drafts of 1..spec_k tokens offered to every
+  // sequence before each step (a random prefix of them right); 0: none.
+  int64_t spec_k;
+  int32_t (*drafts)[8];  // (n) the drafts offered to each sequence for this step
+  int64_t drafted, accepted, verifications;
   char err[512];
 } harness;
 
@@ -110,6 +115,7 @@ static void h_init(harness *h, tpr_sched_opts o, int64_t n, int32_t vocab) {
   h->table = calloc((size_t)n, sizeof(int32_t *));
   h->n_table = calloc((size_t)n, sizeof(int64_t));
   h->shared = calloc((size_t)n, sizeof(int64_t));
+  h->drafts = calloc((size_t)n, sizeof *h->drafts);
   for (int64_t i = 0; i < n; i++) h->finish_step[i] = -1;
   size_t rows = (size_t)o.replicas * (size_t)o.pool_blocks * (size_t)o.block_size;
   h->kv = malloc(rows * 3 * sizeof(int64_t));
@@ -127,6 +133,7 @@ static void h_free(harness *h) {
   free(h->seen_pre);
   free(h->finish_step);
   free(h->running);
+  free(h->drafts);
   free(h->kv);
 }
 
@@ -246,17 +253,23 @@ static const char *check_step(harness *h, const tpr_sched_step *st) {
               c->blocks[b], (long long)other);
       }
       if (bad) break;
-      if (c->n < 1 || c->pos0 != start || c->first != admitted || c->pos0 + c->n > in.len)
+      const int64_t nd = c->n_draft;  // a verification's drafts: its last nd tokens, past the sequence's len
+      if (c->n < 1 || c->pos0 != start || c->first != admitted || c->pos0 + c->n - nd > in.len || nd < 0 ||
+          nd > h->spec_k || (nd > 0 && c->n - nd != 1))
         BAD("seq %lld: chunk pos0 %lld n %lld first %d, want pos0 %lld (len %lld)", (long long)c->seq,
             (long long)c->pos0, (long long)c->n, c->first, (long long)start, (long long)in.len);
-      if (c->sample != (c->pos0 + c->n == in.len)) BAD("seq %lld: sample %d at pos0+n %lld, len %lld", (long long)c->seq, c->sample, (long long)(c->pos0 + c->n), (long long)in.len);
+      if (c->sample != (c->pos0 + c->n - nd == in.len)) BAD("seq %lld: sample %d at pos0+n %lld, len %lld", (long long)c->seq, c->sample, (long long)(c->pos0 + c->n), (long long)in.len);
       bool decode = !c->first && in.len - c->pos0 == 1;
       if (decode && seen_prefill) BAD("replica %d: decode of seq %lld after a prefill chunk", r, (long long)c->seq);
       seen_prefill |= !decode;
       tokens += c->n;
       if (c->n_blocks != (c->pos0 + c->n + bs - 1) / bs)
         BAD("seq %lld: %lld blocks for %lld positions of %lld", (long long)c->seq, (long long)c->n_blocks, (long long)(c->pos0 + c->n), (long long)bs);
-      for (int64_t p = 0; p < c->n; p++)
+      for (int64_t p = 0; p < nd; p++)
+        if (c->tokens[c->n - nd + p] != h->drafts[c->seq][p])
+          BAD("seq %lld: draft %lld is %d, offered %d", (long long)c->seq, (long long)p, c->tokens[c->n - nd + p],
+              h->drafts[c->seq][p]);
+      for (int64_t p = 0; p < c->n - nd; p++)
         if (c->tokens[p] != e->tok[c->pos0 + p]) BAD("seq %lld: token %lld is %d, want %d", (long long)c->seq, (long long)(c->pos0 + p), c->tokens[p], e->tok[c->pos0 + p]);
       if (bad) break;
       for (int64_t p = 0; p < c->pos0; p++) {
@@ -335,6 +348,17 @@ static const char *h_step(harness *h) {
     h->submitted += n;
   }
   h->step++;
+  for (int64_t i = 0; h->spec_k > 0 && i < h->submitted; i++) {
+    tpr_sched_seq_info in;
+    TT_OK(tpr_sched_seq(h->s, i, &in));
+    if (in.finished) continue;
+    const int64_t k = tt_randint(1, h->spec_k), right = tt_randint(0, k);
+    for (int64_t j = 0; j < k; j++) {  // the first `right` are what the fake model will say, the rest not
+      const int32_t truth = fake_next(i, in.len + j, h->vocab);
+      h->drafts[i][j] = j < right ? truth : (int32_t)((truth + 1 + tt_randint(0, h->vocab - 2)) % h->vocab);
+    }
+    TT_OK(tpr_sched_set_draft(h->s, i, h->drafts[i], k));
+  }
   int64_t pre0 = tpr_sched_preemptions(h->s);
   tpr_sched_step st;
   TT_OK(tpr_sched_next(h->s, &st));
@@ -352,7 +376,9 @@ static const char *h_step(harness *h) {
   int32_t *sampled[3] = {0};
   for (int r = 0; r < st.replicas; r++) {
     int64_t k = 0, tokens = 0;
-    sampled[r] = malloc((size_t)(st.n_chunks[r] + 1) * sizeof(int32_t));
+    int64_t rows = 1;
+    for (int64_t i = 0; i < st.n_chunks[r]; i++) rows += 1 + st.chunks[r][i].n_draft;
+    sampled[r] = malloc((size_t)rows * sizeof(int32_t));
     if (st.n_chunks[r] > h->max_step_chunks) h->max_step_chunks = st.n_chunks[r];
     for (int64_t i = 0; i < st.n_chunks[r]; i++) {
       const tpr_sched_chunk *c = &st.chunks[r][i];
@@ -365,7 +391,21 @@ static const char *h_step(harness *h) {
         int64_t *row = kv_row(h, r, c->blocks[p / h->o.block_size], p);
         row[0] = c->seq, row[1] = p, row[2] = c->tokens[p - c->pos0];
       }
-      h->shadow[c->seq] = c->pos0 + c->n;
+      // The fake model verifies: row j's token is the one at position
+      // pos0 + j + 1; the drafts agreeing with it are kept, then one more.
+      int64_t kept = c->n;
+      if (c->n_draft > 0) {
+        int32_t *out = sampled[r] + k;
+        kept = 0;
+        for (int64_t j = 0; j <= c->n_draft; j++) {
+          out[j] = fake_next(c->seq, c->pos0 + j + 1 + (h->wrong_model ? 1 : 0), h->vocab);
+          kept = j + 1;
+          if (j == c->n_draft || out[j] != c->tokens[1 + j]) break;
+        }
+        for (int64_t j = kept; j <= c->n_draft; j++) out[j] = -1;
+        h->drafted += c->n_draft, h->accepted += kept - 1, h->verifications++;
+      }
+      h->shadow[c->seq] = c->pos0 + kept;
       if (!h->running[c->seq]) {
         h->shared[c->seq] = in.shared_blocks + in.cached_blocks;
         h->cached_admissions += in.cached_blocks > 0, h->blocks_cached += in.cached_blocks;
@@ -375,9 +415,13 @@ static const char *h_step(harness *h) {
       h->running[c->seq] = true;
       h->table[c->seq] = realloc(h->table[c->seq], (size_t)c->n_blocks * sizeof(int32_t));
       memcpy(h->table[c->seq], c->blocks, (size_t)c->n_blocks * sizeof(int32_t));
-      h->n_table[c->seq] = c->n_blocks;
+      // Rejected drafts' blocks go back: the table holds the kept rows' blocks.
+      h->n_table[c->seq] = c->n_draft > 0 ? (h->shadow[c->seq] + h->o.block_size - 1) / h->o.block_size : c->n_blocks;
       tokens += c->n;
-      if (c->sample) sampled[r][k++] = fake_next(c->seq, c->pos0 + c->n + (h->wrong_model ? 1 : 0), h->vocab);
+      if (c->n_draft > 0)
+        k += 1 + c->n_draft;
+      else if (c->sample)
+        sampled[r][k++] = fake_next(c->seq, c->pos0 + c->n + (h->wrong_model ? 1 : 0), h->vocab);
     }
     if (tokens > h->max_step_tokens) h->max_step_tokens = tokens;
   }
@@ -444,9 +488,9 @@ static tpr_sched_opts opts(int replicas, int64_t pool, int64_t bs, int64_t batch
 // with_groups: about a third of the sequences lead a sibling group of 2-4;
 // prefix: the prefix cache on, and two thirds of the prompts begin with a
 // prefix of an earlier sequence's tokens (its prompt and generated ones).
-static void random_runs(bool with_groups, bool prefix) {
+static void random_runs(bool with_groups, bool prefix, int64_t spec_k) {
   int64_t steps = 0, pre = 0, max_tok = 0, max_ch = 0, recompute = 0, seqs = 0, shared = 0, saved = 0, alone = 0;
-  int64_t cached = 0, cached_blocks = 0;
+  int64_t cached = 0, cached_blocks = 0, drafted = 0, accepted = 0, verifications = 0;
   for (int run = 0; run < 60; run++) {
     int64_t n = tt_randint(1, 16), bs = tt_randint(1, 16);
     int32_t vocab = (int32_t)tt_randint(2, 60);
@@ -473,6 +517,7 @@ static void random_runs(bool with_groups, bool prefix) {
     o.max_seq = max_seq + tt_randint(0, 5);
     o.prefix_cache = prefix;
     h_init(&h, o, n, vocab);
+    h.spec_k = spec_k;
     for (int64_t i = 0; i < n; i++) {
       if (group[i] > 1) {
         exp_init_group(&h.e[i], i, group[i], lens[i], news + i, vocab, arr[i]);
@@ -502,15 +547,22 @@ static void random_runs(bool with_groups, bool prefix) {
     steps += h.steps_run, pre += h.preemptions, recompute += h.recompute_generated, seqs += n;
     shared += h.shared_admissions, saved += h.blocks_shared, alone += h.alone_siblings;
     cached += h.cached_admissions, cached_blocks += h.blocks_cached;
+    drafted += h.drafted, accepted += h.accepted, verifications += h.verifications;
     if (h.max_step_tokens > max_tok) max_tok = h.max_step_tokens;
     if (h.max_step_chunks > max_ch) max_ch = h.max_step_chunks;
     h_free(&h);
   }
   printf("random%s: 60 runs, %lld sequences, %lld steps, %lld preemptions (%lld recompute chunks over generated "
          "tokens), max %lld tokens and %lld chunks per replica step; all tokens exact, pools empty at the end\n",
-         prefix ? " with the prefix cache" : with_groups ? " with sibling groups" : "", (long long)seqs, (long long)steps, (long long)pre,
+         spec_k ? " with drafts" : prefix ? " with the prefix cache" : with_groups ? " with sibling groups" : "",
+         (long long)seqs, (long long)steps, (long long)pre,
          (long long)recompute, (long long)max_tok, (long long)max_ch);
   assert_true(pre > 0);
+  if (spec_k) {
+    printf("  %lld drafts in %lld verifications, %lld accepted; rejected drafts' rows never read again\n",
+           (long long)drafted, (long long)verifications, (long long)accepted);
+    assert_true(verifications > 0 && accepted > 0 && accepted < drafted);
+  }
   if (prefix) {
     printf("  %lld admissions took %lld cached blocks\n", (long long)cached, (long long)cached_blocks);
     assert_true(cached > 0);
@@ -525,17 +577,26 @@ static void random_runs(bool with_groups, bool prefix) {
 
 static void test_random_runs(void **state) {
   (void)state;
-  random_runs(false, false);
+  random_runs(false, false, 0);
 }
 
 static void test_random_runs_with_groups(void **state) {
   (void)state;
-  random_runs(true, false);
+  random_runs(true, false, 0);
 }
 
 static void test_random_runs_with_prefix_cache(void **state) {
   (void)state;
-  random_runs(true, true);
+  random_runs(true, true, 0);
+}
+
+// Speculative decoding: random drafts (a random prefix right) before every
+// step, with sibling groups and the prefix cache: every token still exact,
+// every KV row read holding its own sequence's token (a rejected draft's row
+// would hold the draft), tables at the kept rows' blocks after each step.
+static void test_random_runs_with_drafts(void **state) {
+  (void)state;
+  random_runs(true, true, 6);
 }
 
 // (c) A pool that fits one sequence but not the batch: preemption by
@@ -728,7 +789,7 @@ static void test_sharing_faults_caught(void **state) {
   const int64_t news[3] = {4, 6, 6};
   struct { tpr_sched_fault fault; const char *word; } cases[] = {
       {TPR_SCHED_FAULT_WRITE_SHARED, "shared with"}, {TPR_SCHED_FAULT_FREE_SHARED, "the pool counts"},
-      {TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN, "KV row"}};
+      {TPR_SCHED_FAULT_PREFIX_FIRST_TOKEN, "KV row"}, {TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS, "the pool counts"}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     tpr_sched_opts o = opts(1, 32, 4, 8, 64, 64);
     o.debug_fault = cases[i].fault;
@@ -746,6 +807,13 @@ static void test_sharing_faults_caught(void **state) {
       h_init(&h, o, 3, 1000);
       exp_init_group(h.e, 0, 3, 11, news, 1000, 0);
     }
+    if (cases[i].fault == TPR_SCHED_FAULT_KEEP_REJECTED_BLOCKS) {  // drafts of 6 in blocks of 4, longer answers
+      h_free(&h);
+      h_init(&h, o, 3, 1000);
+      const int64_t longer[3] = {20, 20, 20};
+      exp_init_group(h.e, 0, 3, 11, longer, 1000, 0);
+      h.spec_k = 6;
+    }
     const char *bad = h_run(&h);
     if (!bad || !strstr(bad, cases[i].word))
       fail_msg("fault %d not caught as '%s': %s", cases[i].fault, cases[i].word, bad ? bad : "passed");
@@ -762,6 +830,7 @@ int main(void) {
       cmocka_unit_test(test_negative_controls), cmocka_unit_test(test_random_runs),
       cmocka_unit_test(test_random_runs_with_groups), cmocka_unit_test(test_sibling_group),
       cmocka_unit_test(test_sharing_faults_caught), cmocka_unit_test(test_random_runs_with_prefix_cache),
+      cmocka_unit_test(test_random_runs_with_drafts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
