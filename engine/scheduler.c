@@ -646,33 +646,38 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
     for (int64_t i = 0; i < rp->n_chunks; i++) {
       const tpr_sched_chunk *c = &rp->chunks[i];
       seq *q = &s->seqs[c->seq];
-      // A verification keeps the rows of its first token and of its accepted
-      // drafts (m - 1 of them): the rejected drafts' rows are rolled back.
+      // The sampled tokens first: a stop token or max_new ends the sequence
+      // at its j-th verified token, and the later ones are dropped.
       const int32_t *out = c->sample ? sampled[r] + k : NULL;
       const int64_t m = c->sample ? verified_tokens(out, c->n_draft) : 0;
-      q->computed = c->pos0 + (c->n_draft > 0 ? m : c->n);
+      int64_t kept = m;
+      bool done = false;
+      if (c->sample) {
+        k += 1 + c->n_draft;
+        TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + m, sizeof *q->tokens, "a token list"));
+        for (int64_t j = 0; j < m && !done; j++) {
+          q->tokens[q->len++] = out[j];
+          q->generated++;
+          done = q->generated >= q->max_new || (q->stop >= 0 && out[j] == q->stop);
+          kept = j + 1;
+        }
+      }
+      // A verification keeps the rows of its first token and of the accepted
+      // drafts the sequence kept (kept - 1): the others' rows are rolled back,
+      // so every row below computed holds a token of the sequence (and the
+      // prefix cache registers nothing else).
+      q->computed = c->pos0 + (c->n_draft > 0 ? kept : c->n);
       if (c->n_draft > 0) TPR_CHECK(drop_blocks_past(s, q, q->computed));
       // A hybrid model's state absorbed every draft: unless all were
       // accepted, the engine restored the slot's state from before the step
       // (its snapshot) and the kept rows [pos0, pos0 + m) run again from it
       // in the next chunk (their KV rows rewritten with the same values).
-      if (c->n_draft > 0 && s->o.state_slots > 0 && m - 1 < c->n_draft) {
+      if (!done && c->n_draft > 0 && s->o.state_slots > 0 && m - 1 < c->n_draft) {
         q->redo = q->computed, q->computed = c->pos0;
         s->rollbacks++;
       }
       if (s->o.prefix_cache) TPR_CHECK(register_full(s, q));
-      if (!c->sample) continue;
-      k += 1 + c->n_draft;
-      TPR_CHECK(grow((void **)&q->tokens, &q->cap, q->len + m, sizeof *q->tokens, "a token list"));
-      for (int64_t j = 0; j < m; j++) {
-        const int32_t tok = out[j];
-        q->tokens[q->len++] = tok;
-        q->generated++;
-        if (q->generated >= q->max_new || (q->stop >= 0 && tok == q->stop)) {
-          TPR_CHECK(finish(s, q, c->seq));
-          break;
-        }
-      }
+      if (done) TPR_CHECK(finish(s, q, c->seq));
       if (c->n_draft > 0) s->drafted += c->n_draft, s->accepted += m - 1, s->verifications++;
     }
     rp->n_chunks = 0;  // the plan is spent; its pointers are no longer valid
