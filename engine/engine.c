@@ -36,11 +36,6 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "engine: self-speculative drafts of %lld layers (the model has %lld; 1 to "
                     "%lld, with max_draft > 0)", (long long)o->draft_layers, (long long)s->cfg.num_layers,
                     (long long)s->cfg.num_layers - 1);
-  // Self-speculation's draft layers would advance the lightning layers'
-  // states too (a second snapshot per draft round): not built.
-  if (o->draft_layers && s->pool.state_slots)
-    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "engine: self-speculative drafts are not built for %s (a recurrent state "
-                    "per sequence): use lookup:n:k or an external drafter", s->family->name);
   tpr_engine *e = calloc(1, sizeof *e);
   if (!e) return TPR_FAIL(TPR_ERR_OOM, "engine");
   e->s = s;

@@ -340,6 +340,8 @@ static int64_t argmax_row(const float *x, int64_t n) {
   return best;
 }
 
+static tpr_status copy_state(tpr_engine *e, int64_t slot, bool save);
+
 // Self-speculation (every rank): the C_SELF chunks of this rank's replica
 // get their drafts, written over rank 0's placeholders in the plan words.
 // Round i runs one row per such chunk with drafts left -- its token at
@@ -365,7 +367,8 @@ static tpr_status self_drafts(tpr_engine *e) {
   for (int64_t i = 0; i < rounds; i++) {
     memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
     tpr_step st = {.T = T, .N = T, .tokens = e->tokens, .positions = e->positions, .slots = e->slots, .seq = e->seq,
-                   .block_tables = e->blocks, .sample_rows = e->rows, .layers = e->o.draft_layers};
+                   .block_tables = e->blocks, .sample_rows = e->rows, .layers = e->o.draft_layers,
+                   .state_slots = p->state_slots ? e->state_slots : NULL};
     for (cur = plan_begin(e); plan_next(&cur, &c);) {
       const int64_t *w = c.w;
       if (c.replica != e->replica || !w[C_SELF] || w[C_DRAFT] <= i) continue;
@@ -373,12 +376,18 @@ static tpr_status self_drafts(tpr_engine *e) {
       for (int64_t b = 0; b < w[C_NBLOCKS]; b++) e->blocks[c.index * MB + b] = (int32_t)c.blocks[b];
       e->tokens[t] = (int32_t)c.tokens[i], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)c.index;
       e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
+      e->state_slots[t] = (int32_t)w[C_STATE];  // a hybrid model's: one row per slot, read then written
       e->rows[st.n_samples++] = (int32_t)t;
       e->draft_words[t] = (int64_t *)(c.tokens + 1 + i);  // the plan's own copy on this rank
     }
     TPR_CHECK(tpr_session_step(e->s, &st, e->logits));
     for (int64_t t = 0; t < st.n_samples; t++) *e->draft_words[t] = argmax_row(e->logits + t * V, V);
   }
+  // A hybrid model: the draft rounds moved the first layers' states through
+  // the drafts; the verification starts from the state before them (the
+  // step's snapshot, taken before the drafts and kept for the rollback).
+  for (cur = plan_begin(e); e->snap && !e->o.debug_skip_state_restore && rounds > 0 && plan_next(&cur, &c);)
+    if (c.replica == e->replica && c.w[C_SELF]) TPR_CHECK(copy_state(e, c.w[C_STATE], false));
   return TPR_OK;
 }
 
@@ -669,12 +678,12 @@ tpr_status tpr_engine_step(tpr_engine *e, tpr_engine_step_info *info) {
   TPR_CHECK(tpr_comm_broadcast(e->s->world, e->msg, e->msg, (size_t)words, TPR_I64, 0));
   e->msg_words = words;
   TPR_CHECK(check_plan(e));
+  e->state_copy_s = 0;
+  TPR_CHECK(snapshot_states(e));  // before any draft round moves a state
   TPR_CHECK(self_drafts(e));
   tpr_step st;
   decode_plan(e, &st, info);
   for (int64_t i = 0; i < e->msg[HDR_N]; i++) e->sampled[i] = -1;
-  e->state_copy_s = 0;
-  TPR_CHECK(snapshot_states(e));
   // A replica with nothing to do still runs the (all padded) step: its
   // collectives pair with the other replicas' over ep.
   TPR_CHECK(tpr_session_step(e->s, &st, e->logits));

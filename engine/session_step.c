@@ -88,9 +88,9 @@ tpr_status tpr_session_step(tpr_session *s, const tpr_step *st, float *logits) {
   if (s->o.training) return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: the session was opened for training");
   TPR_CHECK(check_step(s, st));
   step_program *m;
-  if (st->layers < 0 || st->layers > s->cfg.num_layers || (st->layers && s->pool.state_slots))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: %lld layers of %lld%s", (long long)st->layers,
-                    (long long)s->cfg.num_layers, s->pool.state_slots ? " (a recurrent family runs every layer)" : "");
+  if (st->layers < 0 || st->layers > s->cfg.num_layers)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "step: %lld layers of %lld", (long long)st->layers,
+                    (long long)s->cfg.num_layers);
   const int64_t layers = st->layers == s->cfg.num_layers ? 0 : st->layers;
   TPR_CHECK(tpr__session_program_for(s, st->T, st->N, layers, &m));
   TPR_CHECK(upload_step(s, m, st));

@@ -233,7 +233,7 @@ static tpr_status build(mm *b) {
   }
   c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
-  for (int64_t L = 0; L < cfg->num_layers; L++) TPR_CHECK(layer(b, L, x, &x));
+  for (int64_t L = 0; L < tpr_step_layers(&c->o->shape, cfg->num_layers); L++) TPR_CHECK(layer(b, L, x, &x));
   c->group = (int)(1 + 2 * cfg->num_layers);
   if (!b->o->training) return tpr_fstep_finish(c, x, embed, NULL, NULL, 0);
   tpr_train_loss_opts lo = {.tokens = c->T,
