@@ -24,6 +24,28 @@ void tpr_family_consts_free(tpr_family_consts *c) {
   *c = (tpr_family_consts){0};
 }
 
+tpr_status tpr_family_consts_add(tpr_family_consts *k, tpr_backend *be, const char *name, tpr_dtype dt, int ndim,
+                                 const int64_t *shape, const void *data) {
+  tpr_tensor *t = NULL;
+  TPR_CHECK(tpr_tensor_new(be, dt, ndim, shape, &t));
+  const size_t bytes = (size_t)tpr_tensor_numel(t) * tpr_dtype_size(dt);
+  tpr_status rc = data ? tpr_tensor_from_host(t, data, bytes) : tpr_tensor_fill_zero(t);
+  if (rc != TPR_OK) {
+    tpr_tensor_free(t);
+    return rc;
+  }
+  snprintf(k->names[k->n], sizeof k->names[k->n], "%s", name);
+  k->t[k->n++] = t;
+  return TPR_OK;
+}
+
+int tpr_family_lightning_state_shape(const tpr_shard_plan *plan, int64_t L, int64_t shape[TPR_MAX_DIMS]) {
+  const tpr_model_config *cfg = &plan->config;
+  if (!tpr_model_config_layer_is_linear(cfg, L)) return 0;
+  shape[0] = cfg->num_heads / plan->tp, shape[1] = cfg->head_dim, shape[2] = cfg->head_dim;
+  return 3;
+}
+
 tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out) {
   *out = NULL;
   for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)

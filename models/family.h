@@ -87,6 +87,13 @@ typedef struct tpr_family_consts {
   tpr_tensor **t;
 } tpr_family_consts;
 void tpr_family_consts_free(tpr_family_consts *c);
+// Adds a constant named `name` of this dtype and shape, from data (NULL:
+// zeros), to k (room for it is the caller's).
+tpr_status tpr_family_consts_add(tpr_family_consts *k, tpr_backend *be, const char *name, tpr_dtype dt, int ndim,
+                                 const int64_t *shape, const void *data);
+// A lightning attention layer's state on this rank (tpr_family.state_shape
+// of the lightning families): its heads' (nh / tp, D, D); 0 for any other layer.
+int tpr_family_lightning_state_shape(const tpr_shard_plan *plan, int64_t layer, int64_t shape[TPR_MAX_DIMS]);
 
 typedef struct tpr_family {
   const char *name;

@@ -308,20 +308,6 @@ static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_op
   return tpr_minicpm_sala_build(plan, o, out);
 }
 
-static tpr_status add_const(tpr_family_consts *k, tpr_backend *be, const char *name, tpr_dtype dt, int ndim,
-                            const int64_t *shape, const void *data, size_t bytes) {
-  tpr_tensor *t = NULL;
-  TPR_CHECK(tpr_tensor_new(be, dt, ndim, shape, &t));
-  tpr_status rc = tpr_tensor_from_host(t, data, bytes);
-  if (rc != TPR_OK) {
-    tpr_tensor_free(t);
-    return rc;
-  }
-  snprintf(k->names[k->n], sizeof k->names[k->n], "%s", name);
-  k->t[k->n++] = t;
-  return TPR_OK;
-}
-
 // The slopes (ALiBi's, the same in every lightning layer), and the head
 // tables rank_row selects from: the lightning kv head of each of a rank's q
 // heads (an index into the kv heads it holds), and, when a sparse layer's
@@ -342,7 +328,7 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
   tpr_status rc = sl && ix && out->names && out->t ? TPR_OK : TPR_FAIL(TPR_ERR_OOM, "minicpm_sala: constants");
   if (rc == TPR_OK && cfg->num_linear_layers) {
     tpr_alibi_slopes(nh, sl);
-    rc = add_const(out, be, SLOPES, TPR_F32, 1, (const int64_t[]){nh}, sl, (size_t)nh * sizeof *sl);
+    rc = tpr_family_consts_add(out, be, SLOPES, TPR_F32, 1, (const int64_t[]){nh}, sl);
   }
   if (rc == TPR_OK && needs_kv_index(plan)) {
     bool whole = nkv % tp != 0;  // the rank holds every kv head, else its block of nkv/tp
@@ -351,32 +337,24 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
         int64_t kv = (r * nr + i) / (nh / nkv);  // the model's kv head of q head r*nr+i
         ix[r * nr + i] = (int32_t)(whole ? kv : kv - r * (nkv / tp));
       }
-    rc = add_const(out, be, KV_INDEX, TPR_I32, 2, (const int64_t[]){tp, nr}, ix, (size_t)(tp * nr) * sizeof *ix);
+    rc = tpr_family_consts_add(out, be, KV_INDEX, TPR_I32, 2, (const int64_t[]){tp, nr}, ix);
   }
   if (rc == TPR_OK && split_groups(plan)) {
     int64_t copies = tp / a->nkv;
     for (int r = 0; r < tp; r++)
       for (int64_t j = 0; j < G; j++) ix[r * G + j] = (int32_t)((r / copies) * pg + j);
-    rc = add_const(out, be, GROUP_Q, TPR_I32, 2, (const int64_t[]){tp, G}, ix, (size_t)(tp * G) * sizeof *ix);
+    rc = tpr_family_consts_add(out, be, GROUP_Q, TPR_I32, 2, (const int64_t[]){tp, G}, ix);
     for (int r = 0; rc == TPR_OK && r < tp; r++)
       for (int64_t i = 0; i < qr; i++) {
         int64_t j = r * qr + i, pos = j % pg;  // padded head j, its place in its group
         ix[r * qr + i] = (int32_t)(a->q_head_map[j] >= 0 && pos < G ? pos : 0);  // padding reads any: o_proj's zeros
       }
     if (rc == TPR_OK)
-      rc = add_const(out, be, OWN_Q, TPR_I32, 2, (const int64_t[]){tp, qr}, ix, (size_t)(tp * qr) * sizeof *ix);
+      rc = tpr_family_consts_add(out, be, OWN_Q, TPR_I32, 2, (const int64_t[]){tp, qr}, ix);
   }
   free(sl), free(ix);
   if (rc != TPR_OK) tpr_family_consts_free(out);
   return rc;
-}
-
-// A lightning layer's state on this rank: its heads' (nh/tp, D, D); none for a sparse layer.
-static int state_shape(const tpr_shard_plan *plan, int64_t L, int64_t shape[TPR_MAX_DIMS]) {
-  const tpr_model_config *cfg = &plan->config;
-  if (!tpr_model_config_layer_is_linear(cfg, L)) return 0;
-  shape[0] = cfg->num_heads / plan->tp, shape[1] = cfg->head_dim, shape[2] = cfg->head_dim;
-  return 3;
 }
 
 // The expert names match no plan tensor of this dense family.
@@ -388,5 +366,5 @@ const tpr_family tpr_family_minicpm_sala = {
     .expert_up = "experts.{E}.up_proj.weight",
     .expert_down = "experts.{E}.down_proj.weight",
     .constants = constants,
-    .state_shape = state_shape,
+    .state_shape = tpr_family_lightning_state_shape,
 };

@@ -270,22 +270,6 @@ static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_op
   return tpr_minimax_build(plan, &mo, out);
 }
 
-static tpr_status add_const(tpr_family_consts *k, tpr_backend *be, const char *name, int ndim, const int64_t *shape,
-                            const float *data) {
-  tpr_tensor *t = NULL;
-  TPR_CHECK(tpr_tensor_new(be, TPR_F32, ndim, shape, &t));
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= shape[d];
-  tpr_status rc = data ? tpr_tensor_from_host(t, data, (size_t)n * sizeof *data) : tpr_tensor_fill_zero(t);
-  if (rc != TPR_OK) {
-    tpr_tensor_free(t);
-    return rc;
-  }
-  snprintf(k->names[k->n], sizeof k->names[k->n], "%s", name);
-  k->t[k->n++] = t;
-  return TPR_OK;
-}
-
 // Each lightning layer's slopes (all heads: the program takes the rank's),
 // and the zero initial state.
 static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_family_consts *out) {
@@ -302,20 +286,12 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
     if (!tpr_model_config_layer_is_linear(cfg, L)) continue;
     tpr_lightning_slopes(nh, L, cfg->num_layers, sl);  // transformers' get_slope_rate of layer L
     slopes_name(L, name, sizeof name);
-    rc = add_const(out, be, name, 1, (const int64_t[]){nh}, sl);
+    rc = tpr_family_consts_add(out, be, name, TPR_F32, 1, (const int64_t[]){nh}, sl);
   }
-  if (rc == TPR_OK) rc = add_const(out, be, STATE0, 3, (const int64_t[]){nh / plan->tp, D, D}, NULL);
+  if (rc == TPR_OK) rc = tpr_family_consts_add(out, be, STATE0, TPR_F32, 3, (const int64_t[]){nh / plan->tp, D, D}, NULL);
   free(sl);
   if (rc != TPR_OK) tpr_family_consts_free(out);
   return rc;
-}
-
-// A lightning layer's state on this rank: its heads' (nh/tp, D, D); none for a softmax layer.
-static int state_shape(const tpr_shard_plan *plan, int64_t L, int64_t shape[TPR_MAX_DIMS]) {
-  const tpr_model_config *cfg = &plan->config;
-  if (!tpr_model_config_layer_is_linear(cfg, L)) return 0;
-  shape[0] = cfg->num_heads / plan->tp, shape[1] = cfg->head_dim, shape[2] = cfg->head_dim;
-  return 3;
 }
 
 const tpr_family tpr_family_minimax = {
@@ -326,5 +302,5 @@ const tpr_family tpr_family_minimax = {
     .expert_up = ".w3.weight",
     .expert_down = ".w2.weight",
     .constants = constants,
-    .state_shape = state_shape,
+    .state_shape = tpr_family_lightning_state_shape,
 };
