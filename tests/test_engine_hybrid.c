@@ -339,7 +339,9 @@ static double spec_round(tpr_session *s, int64_t budget, const char *what, bool 
     if (d == 0) LOOKUP_DRAFTED += out.spec.drafted;  // few on a random model: summed by the caller
     // The spoiled drafter's drafts are right up to their cut: some accepted, some rejected.
     if (d == 1) {
-      assert_true(out.spec.drafted > 0 && out.spec.recomputed >= out.spec.rollbacks);
+      // Each rollback recomputes its kept tokens, unless the sequence is
+      // preempted first (it then recomputes everything as a prefill).
+      assert_true(out.spec.drafted > 0 && (out.preempted > 0 || out.spec.recomputed >= out.spec.rollbacks));
       SPOILED.accepted += out.spec.accepted, SPOILED.rollbacks += out.spec.rollbacks;
     }
     if (d == 2) assert_true(out.spec.drafted > 0 && out.spec.verifications > 0);  // every decode drafts by the model
