@@ -333,13 +333,6 @@ done:
   free(orig), free(start);
 }
 
-static int64_t argmax_row(const float *x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
-
 static tpr_status copy_state(tpr_engine *e, int64_t slot, bool save);
 
 // Self-speculation (every rank): the C_SELF chunks of this rank's replica
@@ -381,7 +374,7 @@ static tpr_status self_drafts(tpr_engine *e) {
       e->draft_words[t] = (int64_t *)(c.tokens + 1 + i);  // the plan's own copy on this rank
     }
     TPR_CHECK(tpr_session_step(e->s, &st, e->logits));
-    for (int64_t t = 0; t < st.n_samples; t++) *e->draft_words[t] = argmax_row(e->logits + t * V, V);
+    for (int64_t t = 0; t < st.n_samples; t++) *e->draft_words[t] = tpr_sample_argmax(e->logits + t * V, V);
   }
   // A hybrid model: the draft rounds moved the first layers' states through
   // the drafts; the verification starts from the state before them (the

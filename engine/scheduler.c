@@ -582,8 +582,7 @@ static int64_t verified_tokens(const int32_t *out, int64_t n_draft) {
 
 // A verification's tokens agree with its drafts: at least one token, the
 // first m - 1 equal to the drafts, nothing after a -1.
-static tpr_status check_verified(const tpr_sched *s, const tpr_sched_chunk *c, const int32_t *out, int r, int64_t i) {
-  (void)s;
+static tpr_status check_verified(const tpr_sched_chunk *c, const int32_t *out, int r, int64_t i) {
   const int64_t m = verified_tokens(out, c->n_draft);
   bool ok = m >= 1;
   for (int64_t j = 0; ok && !c->drafts_later && j + 1 < m; j++) ok = out[j] == c->tokens[1 + j];
@@ -633,7 +632,7 @@ tpr_status tpr_sched_update(tpr_sched *s, const tpr_sched_step *step, const int3
                         "from the last plan (seq %lld, pos0 %lld, n %lld, sample %d)",
                         r, (long long)i, (long long)a->seq, (long long)a->pos0, (long long)a->n, a->sample,
                         (long long)b->seq, (long long)b->pos0, (long long)b->n, b->sample);
-      if (b->n_draft > 0 && sampled && sampled[r]) TPR_CHECK(check_verified(s, b, sampled[r] + n_sample, r, i));
+      if (b->n_draft > 0 && sampled && sampled[r]) TPR_CHECK(check_verified(b, sampled[r] + n_sample, r, i));
       n_sample += b->sample ? 1 + b->n_draft : 0;
     }
     if (n_sample > 0 && (!sampled || !sampled[r]))

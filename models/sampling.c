@@ -13,7 +13,7 @@ tpr_status tpr_sampling_check(const tpr_sampling *s) {
   return TPR_OK;
 }
 
-static int64_t argmax(const float *x, int64_t n) {
+int64_t tpr_sample_argmax(const float *x, int64_t n) {
   int64_t best = 0;
   for (int64_t i = 1; i < n; i++)
     if (x[i] > x[best]) best = i;
@@ -72,7 +72,7 @@ static int64_t draw(const int64_t *ids, const double *p, int64_t keep, double to
 }
 
 int64_t tpr_sample(const float *logits, int64_t vocab, const tpr_sampling *s, tpr_rng *rng, void *scratch) {
-  if (s->temperature == 0 || s->top_k == 1) return argmax(logits, vocab);
+  if (s->temperature == 0 || s->top_k == 1) return tpr_sample_argmax(logits, vocab);
   int64_t *ids, keep;
   double *p, total;
   kept_distribution(logits, vocab, s, scratch, &ids, &p, &keep, &total);
@@ -82,7 +82,7 @@ int64_t tpr_sample(const float *logits, int64_t vocab, const tpr_sampling *s, tp
 int64_t tpr_sample_verify(const float *logits, int64_t vocab, const tpr_sampling *s, tpr_rng *rng, void *scratch,
                           int64_t draft, bool *accepted) {
   if (s->temperature == 0 || s->top_k == 1) {
-    int64_t t = argmax(logits, vocab);
+    int64_t t = tpr_sample_argmax(logits, vocab);
     *accepted = t == draft;
     return t;
   }

@@ -21,6 +21,9 @@ typedef struct tpr_sampling {
 // Checks ranges: temperature >= 0, top_k >= 0, 0 < top_p <= 1.
 tpr_status tpr_sampling_check(const tpr_sampling *s);
 
+// The greedy choice: the largest logit, the lowest id on ties.
+int64_t tpr_sample_argmax(const float *logits, int64_t vocab);
+
 // logits (vocab) f32. scratch needs 2 * vocab entries (ids and probabilities).
 // Draws one uniform number from rng when temperature > 0.
 int64_t tpr_sample(const float *logits, int64_t vocab, const tpr_sampling *s, tpr_rng *rng, void *scratch);
