@@ -474,18 +474,20 @@ static void check_serve(const cJSON *j, int np) {
   assert_true(tt_json_num(j, "ttft_count") == 4);
   double t50 = pos(j, "ttft_ms_p50"), t99 = pos(j, "ttft_ms_p99"), tmean = pos(j, "ttft_ms_mean");
   assert_true(t50 <= t99 && tmean <= t99);
-  // One gap between each pair of a request's consecutive text chunks. Two
-  // chunks can arrive in one read (a gap of 0), so only the mean and the
-  // tail must be positive. When the engine outruns the HTTP thread (a slow,
-  // sanitized build) each answer can come as one chunk: no gaps, and the
-  // statistics of nothing are null, never a number.
+  // One gap between each pair of a request's consecutive text chunks. Chunks
+  // that arrive in one read share its time (a gap of 0); under load every
+  // request's chunks can arrive that way, so the statistics are only bounded:
+  // ordered, and the gaps of each request within the run's duration. When
+  // each answer comes as one chunk there are no gaps, and the statistics of
+  // nothing are null, never a number.
   assert_true(tt_json_num(j, "itl_count") == chunks - 4);
   if (chunks == 4) {
     assert_true(is_null(j, "itl_ms_p50") && is_null(j, "itl_ms_p99") && is_null(j, "itl_ms_mean"));
   } else {
-    double i50 = tt_json_num(j, "itl_ms_p50"), i99 = pos(j, "itl_ms_p99");
-    pos(j, "itl_ms_mean");
-    assert_true(i50 >= 0 && i50 <= i99);
+    double i50 = tt_json_num(j, "itl_ms_p50"), i99 = tt_json_num(j, "itl_ms_p99");
+    double imean = tt_json_num(j, "itl_ms_mean");
+    assert_true(i50 >= 0 && i50 <= i99 && imean >= 0);
+    assert_true(imean * (chunks - 4) <= 4 * dur * 1e3 * (1 + 1e-9));
   }
   assert_true(tt_json_num(j, "client_cpu_s") >= 0);
   assert_true(tt_json_num(j, "server_exit_status") == 0 && cJSON_IsFalse(obj(j, "server_killed")));
