@@ -67,7 +67,7 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
     if (e->sample_cap > T) e->sample_cap = T > B ? T : B;
   }
   const int64_t S = e->sample_cap;
-  e->tokens = malloc((size_t)(6 * T + B * p->max_blocks) * sizeof(int32_t));
+  e->tokens = malloc((size_t)(7 * T + B * p->max_blocks) * sizeof(int32_t));
   e->logits = malloc((size_t)(S * V) * sizeof *e->logits);
   e->row = malloc((size_t)V * sizeof *e->row);
   e->sample_scratch = malloc(TPR_SAMPLE_SCRATCH_BYTES(V));
@@ -83,7 +83,7 @@ tpr_status tpr_engine_new(tpr_session *s, const tpr_engine_opts *o, tpr_engine *
                       : TPR_FAIL(TPR_ERR_OOM, "engine buffers");
   if (rc == TPR_OK) {
     e->positions = e->tokens + T, e->slots = e->positions + T, e->seq = e->slots + T, e->rows = e->seq + T;
-    e->state_slots = e->rows + T, e->blocks = e->state_slots + T;
+    e->state_slots = e->rows + T, e->prefill_lens = e->state_slots + T, e->blocks = e->prefill_lens + T;
     e->sampled = e->send + 1;
     e->send[0] = e->replica;
   }

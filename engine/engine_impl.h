@@ -33,6 +33,7 @@ struct tpr_engine {
   // This rank's step (its replica's chunks), sized for the largest step.
   int32_t *tokens, *positions, *slots, *seq, *blocks, *rows;
   int32_t *state_slots;  // (T) each row's recurrent state slot (hybrid families)
+  int32_t *prefill_lens; // (T) each row's sequence's prompt length (tpr_step.prefill_lens)
   int64_t step_cap;
   float *logits;                // (B, V)
   float *row;                   // (V) a sampled row after logit processing

@@ -32,9 +32,10 @@ enum { HDR_T, HDR_N, HDR_REPLICAS, HDR_TOP, HDR_WORDS };
 // last 1 + C_DRAFT rows is sampled), else 0. C_SELF: 1 when every rank of
 // its replica drafts them first (self-speculation, self_drafts) over the
 // placeholders rank 0 sent. C_RECOMP: its first C_RECOMP tokens run again
-// after a state rollback (tpr_sched_chunk.recompute), else 0.
+// after a state rollback (tpr_sched_chunk.recompute), else 0. C_PROMPT:
+// the sequence's prompt length (tpr_step.prefill_lens).
 enum { C_SEQ, C_POS0, C_N, C_SAMPLE, C_FIRST, C_NBLOCKS, C_TOP_K, C_TEMP, C_TOP_P, C_SEED, C_GEN, C_STATE, C_DRAFT,
-       C_SELF, C_RECOMP, C_EXTRA, CHUNK_WORDS };
+       C_SELF, C_RECOMP, C_PROMPT, C_EXTRA, CHUNK_WORDS };
 // X_LOGPROBS: top_logprobs, or -1 (no logprobs); X_MASKED_STOP: the stop
 // token while min_new is pending, or -1; penalties as f64 bits.
 enum { X_LOGPROBS, X_MASKED_STOP, X_N_BIAS, X_N_SEEN, X_N_GEN, X_REP, X_FREQ, X_PRES, X_MASK, X_WORDS };
@@ -188,7 +189,7 @@ static tpr_status encode_plan(tpr_engine *e, const tpr_sched_step *st) {
       w[C_NBLOCKS] = c->n_blocks, w[C_TOP_K] = g->sampling.top_k;
       w[C_TEMP] = f64_word(g->sampling.temperature), w[C_TOP_P] = f64_word(g->sampling.top_p);
       w[C_SEED] = (int64_t)g->sampling.seed, w[C_GEN] = si.len - si.prompt_len, w[C_STATE] = c->state_slot;
-      w[C_DRAFT] = c->n_draft, w[C_SELF] = c->drafts_later, w[C_RECOMP] = c->recompute;
+      w[C_DRAFT] = c->n_draft, w[C_SELF] = c->drafts_later, w[C_RECOMP] = c->recompute, w[C_PROMPT] = si.prompt_len;
       at += CHUNK_WORDS;
       for (int64_t j = 0; j < c->n; j++) m[at++] = c->tokens[j];
       for (int64_t j = 0; j < c->n_blocks; j++) m[at++] = c->blocks[j];
@@ -259,7 +260,8 @@ static tpr_status check_plan(const tpr_engine *e) {
           w[C_DRAFT] < 0 || w[C_DRAFT] > e->o.max_draft || w[C_DRAFT] >= n ||
           (w[C_SELF] != 0 && w[C_SELF] != 1) || (w[C_SELF] && (!w[C_DRAFT] || !e->o.draft_layers)) ||
           (w[C_DRAFT] > 0 && (!w[C_SAMPLE] || extra > 0)) || w[C_RECOMP] < 0 || w[C_RECOMP] > n ||
-          (w[C_RECOMP] > 0 && (!p->state_slots || w[C_DRAFT] > 0)))
+          (w[C_RECOMP] > 0 && (!p->state_slots || w[C_DRAFT] > 0)) || w[C_PROMPT] < 1 ||
+          w[C_PROMPT] > p->max_blocks * p->block_size)
         return PLAN_BAD("replica %d chunk %lld: pos0 %lld n %lld blocks %lld extra %lld state slot %lld drafts %lld",
                         r, (long long)i, (long long)w[C_POS0], (long long)n, (long long)nb, (long long)extra,
                         (long long)w[C_STATE], (long long)w[C_DRAFT]);
@@ -361,7 +363,7 @@ static tpr_status self_drafts(tpr_engine *e) {
     memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
     tpr_step st = {.T = T, .N = T, .tokens = e->tokens, .positions = e->positions, .slots = e->slots, .seq = e->seq,
                    .block_tables = e->blocks, .sample_rows = e->rows, .layers = e->o.draft_layers,
-                   .state_slots = p->state_slots ? e->state_slots : NULL};
+                   .state_slots = p->state_slots ? e->state_slots : NULL, .prefill_lens = e->prefill_lens};
     for (cur = plan_begin(e); plan_next(&cur, &c);) {
       const int64_t *w = c.w;
       if (c.replica != e->replica || !w[C_SELF] || w[C_DRAFT] <= i) continue;
@@ -370,6 +372,7 @@ static tpr_status self_drafts(tpr_engine *e) {
       e->tokens[t] = (int32_t)c.tokens[i], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)c.index;
       e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
       e->state_slots[t] = (int32_t)w[C_STATE];  // a hybrid model's: one row per slot, read then written
+      e->prefill_lens[t] = (int32_t)w[C_PROMPT];
       e->rows[st.n_samples++] = (int32_t)t;
       e->draft_words[t] = (int64_t *)(c.tokens + 1 + i);  // the plan's own copy on this rank
     }
@@ -391,7 +394,7 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
   memset(e->blocks, 0, (size_t)(p->batch * MB) * sizeof *e->blocks);
   *st = (tpr_step){.T = m[HDR_T], .N = m[HDR_N], .tokens = e->tokens, .positions = e->positions, .slots = e->slots,
                    .seq = e->seq, .block_tables = e->blocks, .sample_rows = e->rows,
-                   .state_slots = p->state_slots ? e->state_slots : NULL};
+                   .state_slots = p->state_slots ? e->state_slots : NULL, .prefill_lens = e->prefill_lens};
   info->program_tokens = m[HDR_T];
   plan_cursor cur = plan_begin(e);
   plan_chunk c;
@@ -414,6 +417,7 @@ static void decode_plan(tpr_engine *e, tpr_step *st, tpr_engine_step_info *info)
       e->tokens[t] = (int32_t)c.tokens[j], e->positions[t] = (int32_t)pos, e->seq[t] = (int32_t)row;
       e->slots[t] = (int32_t)(c.blocks[pos / bs] * bs + pos % bs);
       e->state_slots[t] = (int32_t)w[C_STATE];
+      e->prefill_lens[t] = (int32_t)w[C_PROMPT];
     }
     for (int64_t j = w[C_SAMPLE] ? w[C_DRAFT] : -1; j >= 0; j--)  // a verification samples its last 1 + drafts rows
       e->rows[st->n_samples++] = (int32_t)(st->n_tokens - 1 - j);

@@ -122,6 +122,13 @@ typedef struct tpr_step {
   // state read at the first (zeros when it is position 0) and written after
   // the last. Ignored by other families; NULL there.
   const int32_t *state_slots;
+  // (n_tokens) each row's sequence's prompt length, in [0, max_seq], or
+  // NULL. Read by families whose result depends on how a prompt is split
+  // into calls (minicpm_sala: a sparse layer is dense or sparse by the
+  // call's length): given, a row is computed as a one-call prefill of the
+  // prompt and one-token decodes compute it, however the engine chunks and
+  // batches; 0 or NULL: as this call computes it. Ignored by other families.
+  const int32_t *prefill_lens;
   int64_t n_samples;
   const int32_t *sample_rows;            // (n_samples) token rows whose logits come out
   // The first `layers` decoder layers only, then the final norm and lm head

@@ -28,6 +28,7 @@ typedef struct step_program {
   tpr_tensor *in[STEP_INPUTS];  // i32: tokens, positions, slot_mapping, seq (T), block_tables (B, MB), sample_rows (N)
   tpr_tensor *pos3;             // (3, T) i32 "positions_3d", MRoPE families only
   tpr_tensor *state_slot;       // (T) i32 "state_slot", families with a recurrent state only
+  tpr_tensor *prefill_len;      // (T) i32 "prefill_len", where the program reads it (tpr_step.prefill_lens)
 } step_program;
 
 struct tpr_session {
@@ -48,7 +49,7 @@ struct tpr_session {
   tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D); NULL for a lightning layer
   tpr_tensor **states;                 // (layers) recurrent layers' state slots (NS, state shape); NULL otherwise
   tpr_family_consts consts;            // the family's step-program constants (family.h), bound by name
-  int32_t *host_in;                    // staging of a step's inputs: 4*T + B*MB + N + 3*T (MRoPE) + T (state slots)
+  int32_t *host_in;  // staging of a step's inputs: 4*T + B*MB + N + 3*T (MRoPE) + T (state slots) + T (prefill lengths)
   int64_t host_in_cap;
   tpr_mesh mesh;
   tpr_mesh_comms comms;

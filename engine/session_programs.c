@@ -92,6 +92,7 @@ static void free_program(step_program *m) {
   for (int i = 0; i < STEP_INPUTS; i++) tpr_tensor_free(m->in[i]);
   tpr_tensor_free(m->pos3);
   tpr_tensor_free(m->state_slot);
+  tpr_tensor_free(m->prefill_len);
 }
 
 static const char *const step_input_names[STEP_INPUTS] = {"tokens", "positions", "slot_mapping", "seq",
@@ -147,6 +148,10 @@ tpr_status tpr__session_program_for(tpr_session *s, int64_t T, int64_t N, int64_
   if (pl->state_slots) {
     TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->state_slot));
     TPR_CHECK(tpr_exec_bind(m->exec, "state_slot", m->state_slot));
+  }
+  if (tpr_exec_has(m->exec, "prefill_len")) {  // a family whose rows depend on their prompt's length
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_I32, 1, (const int64_t[]){T}, &m->prefill_len));
+    TPR_CHECK(tpr_exec_bind(m->exec, "prefill_len", m->prefill_len));
   }
   *out = m;
   return TPR_OK;

@@ -33,6 +33,10 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
     if (st->state_slots[t] < 0 || st->state_slots[t] >= p->state_slots)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: state slot %d of [0, %lld)", (long long)t, st->state_slots[t],
                       (long long)p->state_slots);
+  for (int64_t t = 0; st->prefill_lens && t < st->n_tokens; t++)
+    if (st->prefill_lens[t] < 0 || st->prefill_lens[t] > span)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "row %lld: prefill length %d outside [0, %lld] (max_seq)", (long long)t,
+                      st->prefill_lens[t], (long long)span);
   for (int64_t i = 0; st->positions_3d && i < 3 * st->n_tokens; i++)
     if (st->positions_3d[i] < 0 || st->positions_3d[i] >= (1 << 24))  // f32 holds them exactly
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "MRoPE position %d (axis %lld, row %lld) is outside [0, 2^24)",
@@ -51,7 +55,7 @@ static tpr_status check_step(const tpr_session *s, const tpr_step *st) {
 // The step's inputs, padded to the program's shape, onto the backend.
 static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *st) {
   const int64_t T = m->T, N = m->N, BM = s->pool.batch * s->pool.max_blocks, n = st->n_tokens;
-  int64_t need = 4 * T + BM + N + 3 * T + T;
+  int64_t need = 4 * T + BM + N + 3 * T + T + T;
   if (need > s->host_in_cap) {
     free(s->host_in);
     s->host_in_cap = 0;
@@ -74,6 +78,11 @@ static tpr_status upload_step(tpr_session *s, step_program *m, const tpr_step *s
     int32_t *ss = rows + N + 3 * T;
     for (int64_t t = 0; t < T; t++) ss[t] = t < n ? st->state_slots[t] : -1;
     TPR_CHECK(tpr_tensor_from_host(m->state_slot, ss, (size_t)T * sizeof *ss));
+  }
+  if (m->prefill_len) {  // not given, or padded rows: 0, the call decides
+    int32_t *pl = rows + N + 4 * T;
+    for (int64_t t = 0; t < T; t++) pl[t] = t < n && st->prefill_lens ? st->prefill_lens[t] : 0;
+    TPR_CHECK(tpr_tensor_from_host(m->prefill_len, pl, (size_t)T * sizeof *pl));
   }
   if (!m->pos3) return TPR_OK;
   int32_t *p3 = rows + N;  // (3, T): given rows, or the sequence position on every axis (text)

@@ -24,6 +24,7 @@ typedef struct sala {
   tpr_value_id kv_index;     // (nh/tp) i32 the rank's kv head per q head; -1 when the identity
   tpr_value_id group_q;      // (G) i32; -1 when the rank holds whole groups
   tpr_value_id own_q;        // (q_per_rank) i32
+  tpr_value_id prefill_len;  // (T) i32 each row's prompt length (tpr_step.prefill_lens); -1 without sparse layers
 } sala;
 
 // Whether the lightning layers' k/v need a head map: repeated (nkv < nh) or
@@ -173,10 +174,12 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_pb_index_select(c->p, qa, 0, b->group_q, &qa));            // (G, T, D)
     TPR_CHECK(tpr_pb_permute(c->p, qa, (const int[]){1, 0, 2}, &qa));
     TPR_CHECK(tpr_pb_scale(c->p, qa, 1.0f, &qa));  // (T, G, D)
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, &sa, &att));
+    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len, &sa,
+                                            &att));
     TPR_CHECK(tpr_pb_index_select(c->p, att, 1, b->own_q, &att));  // (T, qr, D)
   } else {
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, &sa, &att));
+    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len, &sa,
+                                            &att));
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   if (cfg->attn_out_gate) {
@@ -249,7 +252,9 @@ static tpr_status build(sala *b) {
   int64_t nh = cfg->num_heads, nr = nh / plan->tp, G = plan->attn.nq / plan->attn.nkv;
   tpr_value_id embed, x, t;
   TPR_CHECK(tpr_fstep_begin(c));
-  b->kv_index = b->group_q = b->own_q = -1;
+  b->kv_index = b->group_q = b->own_q = b->prefill_len = -1;
+  if (cfg->num_layers > cfg->num_linear_layers && !b->dense)  // the sparse layers decide per row (program.h)
+    TPR_CHECK(tpr_program_input(c->p, "prefill_len", TPR_I32, 1, (const int64_t[]){c->T}, &b->prefill_len));
   if (cfg->num_linear_layers) {
     if (c->o->shape.state_slots < 1)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minicpm_sala: a step program of lightning layers needs state slots "

@@ -138,7 +138,8 @@ typedef enum tpr_op_kind {
   // key blocks it selects from compressed keys (init and local blocks always; the rest by top-k).
   TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
                                        // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
-                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32
+                                       // i[6] dense_len; i[7] = 1: the prefill-length form, a 7th input
+                                       // prefill_len (T) i32; f[0] scale; out (T, Hq, D) f32
   // The logistic function (minimax's output gate), from exp(-|x|) so that no x overflows (x = +-100 gives 1 and
   // 3.7e-44, not inf / inf).
   TPR_OP_SIGMOID = 71,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))

@@ -19,6 +19,8 @@
 // every block selected, the op equals paged_attention; pool block sizes 4 and
 // 16 with different shuffles, each sequence alone or in a batch, 1 or 3
 // threads, and a serialized program all give the same bits.
+// The prefill-length form: a prompt in calls given its length equals its
+// one call; 0 is the plain form; decode rows are unchanged.
 // Bad input: shape-rule refusals and out-of-range indices, nothing written.
 #include "ops_util.h"
 #include "runtime/ops/cpu_kernels.h"
@@ -65,6 +67,8 @@ typedef struct runopt {
   int threads;    // > 0: the CPU kernel directly with this many threads
   int n_pad;      // padded tokens (seq -1) after the sequences' tokens
   bool rope;      // apply RoPE (theta 1e4, positions as the tokens') to q and to every key first
+  bool with_pl;     // the prefill-length form, every token's prefill_len `prefill_len`
+  int prefill_len;
   tpr_op_kind op;  // TPR_OP_SPARSE_ATTENTION_PAGED or TPR_OP_PAGED_ATTENTION
 } runopt;
 
@@ -130,11 +134,18 @@ static float *run(const sseq *ss, int n, const tpr_sparse_attn *sa, const runopt
   tpr_tensor *out = tt_new(TPR_F32, 3, qs);
   float *od = tpr_tensor_data(out);
   for (int64_t i = 0; i < (int64_t)T * QROW; i++) od[i] = NAN;
-  const tpr_op_attrs at = o->op == TPR_OP_PAGED_ATTENTION ? (tpr_op_attrs){.n_f = 1, .f = {sa->scale}}
-                                                           : tpr_sparse_attn_attrs(sa);
-  const tpr_tensor *const in[6] = {tq, tk, tv, tb, tsq, tpo};
+  tpr_op_attrs at = o->op == TPR_OP_PAGED_ATTENTION ? (tpr_op_attrs){.n_f = 1, .f = {sa->scale}}
+                                                     : tpr_sparse_attn_attrs(sa);
+  int32_t *pl = malloc((size_t)(T + 1) * sizeof *pl);  // the prefill-length form's (T) input
+  for (int i = 0; i < T; i++) pl[i] = o->prefill_len;
+  tpr_tensor *tpl = i32(1, (const int64_t[]){T}, pl);
+  if (o->with_pl) at.n_i = 8, at.i[7] = 1;
+  const tpr_tensor *const in[7] = {tq, tk, tv, tb, tsq, tpo, tpl};
+  const int n_in = o->with_pl ? 7 : 6;
   tpr_cpu_ctx ctx = {.n_threads = o->threads};
-  *rc = o->threads > 0 ? tt_cpu()->vt->kernels[o->op](&ctx, in, 6, &at, out) : tpr_op_run(tt_cpu(), o->op, in, 6, &at, out);
+  *rc = o->threads > 0 ? tt_cpu()->vt->kernels[o->op](&ctx, in, n_in, &at, out)
+                       : tpr_op_run(tt_cpu(), o->op, in, n_in, &at, out);
+  tpr_tensor_free(tpl), free(pl);
   float *h = tt_to_host(out);
   tpr_tensor_free(tq), tpr_tensor_free(tk), tpr_tensor_free(tv), tpr_tensor_free(tb), tpr_tensor_free(tsq);
   tpr_tensor_free(tpo), tpr_tensor_free(out);
@@ -225,6 +236,54 @@ static void test_reference_chunk_and_decode(void **state) {
   printf("  chunk of 3 after 72 cached rows %.2e, as 3 decode calls %.2e (bound %.0e)\n", e, ed, REF_BOUND);
   assert_true(e <= REF_BOUND && ed <= REF_BOUND);
   free(got), unload(&f);
+}
+
+// The prefill-length form (program.h): case a's 72-token prompt in three
+// calls (44, 3 and 25 tokens; the first two end below dense_len) given
+// prefill_len 72 equals the one call, bit for bit, and so within the bound
+// of the reference; a prefill_len of 0 is the plain form (the call decides).
+// Control: the same calls in the plain form are dense in the first two and
+// miss the reference. Case b's decode rows after the cache, given 72: as
+// their plain one-token calls (their own length already decides).
+static void test_prefill_length_form(void **state) {
+  (void)state;
+  fixture f = load();
+  const tpr_sparse_attn sa = fix_sa();
+  const sseq whole = {72, 0, f.q_a, f.k_ab, f.v_ab};
+  float *one = run_ok(&whole, 1, &sa, &DEF);
+  const int cut[4] = {0, 44, 47, 72};
+  float *formed = malloc(72 * QROW * sizeof *formed), *plain = malloc(72 * QROW * sizeof *plain);
+  float *zero = malloc(72 * QROW * sizeof *zero);
+  for (int c = 0; c < 3; c++) {
+    const sseq part = {cut[c + 1], cut[c], f.q_a + cut[c] * QROW, f.k_ab, f.v_ab};
+    runopt o = DEF;
+    o.with_pl = true, o.prefill_len = 72;
+    float *g = run_ok(&part, 1, &sa, &o);
+    memcpy(formed + cut[c] * QROW, g, (size_t)(cut[c + 1] - cut[c]) * QROW * sizeof *g);
+    free(g);
+    g = run_ok(&part, 1, &sa, &DEF);
+    memcpy(plain + cut[c] * QROW, g, (size_t)(cut[c + 1] - cut[c]) * QROW * sizeof *g);
+    free(g);
+    o.prefill_len = 0;
+    g = run_ok(&part, 1, &sa, &o);
+    memcpy(zero + cut[c] * QROW, g, (size_t)(cut[c + 1] - cut[c]) * QROW * sizeof *g);
+    free(g);
+  }
+  const double e = err_vs(formed, f.out_a, 72 * QROW), ec = err_vs(plain, f.out_a, 72 * QROW);
+  printf("  72 tokens in calls of 44, 3, 25 given prefill_len 72: %.2e from the reference (bound %.0e); the plain "
+         "form: %.2e\n", e, REF_BOUND, ec);
+  assert_memory_equal(formed, one, 72 * QROW * sizeof *one);
+  assert_memory_equal(zero, plain, 72 * QROW * sizeof *one);
+  assert_true(e <= REF_BOUND && ec >= CTRL_MIN);
+  for (int i = 0; i < 3; i++) {
+    const sseq dec = {73 + i, 72 + i, f.q_b + i * QROW, f.k_ab, f.v_ab};
+    runopt o = DEF;
+    o.with_pl = true, o.prefill_len = 72;
+    float *g = run_ok(&dec, 1, &sa, &o), *h = run_ok(&dec, 1, &sa, &DEF);
+    assert_memory_equal(g, h, QROW * sizeof *g);
+    free(g), free(h);
+  }
+  free(one), free(formed), free(plain), free(zero), unload(&f);
 }
 
 // Each control changes what case a's bound checks and must fail it.
@@ -318,7 +377,7 @@ static void test_random_dense_equals_paged_attention(void **state) {
 // the thread count never change a bit; a program round trip neither.
 static tpr_sparse_attn g_sa;
 static tpr_status build_sparse(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
-  return tpr_pb_sparse_attention_paged(p, in[0], in[1], in[2], in[3], in[4], in[5], &g_sa, out);
+  return tpr_pb_sparse_attention_paged(p, in[0], in[1], in[2], in[3], in[4], in[5], -1, &g_sa, out);
 }
 
 static void test_random_invariances(void **state) {
@@ -416,6 +475,22 @@ static void test_bad_input(void **state) {
   tpr_tensor *pf = tt_random_f32(tt_cpu(), 1, (const int64_t[]){3}, NULL);
   const tpr_tensor *inf[6] = {q, kp, vp, bt, sq, pf};
   assert_int_not_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, inf, 6, &at, out), TPR_OK);
+  // The prefill-length form: the flag 0 or 1 only; prefill_len (T) i32.
+  tpr_op_attrs form = at;
+  form.n_i = 8, form.i[7] = 1;
+  tpr_tensor *pl_ok = i32(1, (const int64_t[]){3}, (const int32_t[]){3, 3, 3});
+  tpr_tensor *pl_short = i32(1, (const int64_t[]){2}, (const int32_t[]){3, 3});
+  const tpr_tensor *in_pl[7] = {q, kp, vp, bt, sq, po, pl_ok}, *in_short[7] = {q, kp, vp, bt, sq, po, pl_short};
+  const tpr_tensor *in_f32[7] = {q, kp, vp, bt, sq, po, pf};
+  TT_OK(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 7, &form, out));
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 6, &form, out), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 7, &at, out), TPR_ERR_INVALID_ARG);
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_short, 7, &form, out), TPR_ERR_SHAPE);
+  assert_int_not_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_f32, 7, &form, out), TPR_OK);
+  form.i[7] = 2;
+  assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 7, &form, out), TPR_ERR_INVALID_ARG);
+  printf("  refused: %s\n", tpr_last_error());
+  tpr_tensor_free(pl_ok), tpr_tensor_free(pl_short);
   // Run-time indices: a block id past the pool, a sequence past the table, a position past it; out untouched.
   const int32_t bt_bad[4] = {0, 1, 9, 3}, seq_bad[3] = {0, 1, 0}, pos_bad[3] = {0, 1, 16};
   tpr_tensor *btb = i32(2, (const int64_t[]){1, 4}, bt_bad), *sqb = i32(1, (const int64_t[]){3}, seq_bad);
@@ -437,6 +512,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_batch),
       cmocka_unit_test(test_reference_chunk_and_decode),
+      cmocka_unit_test(test_prefill_length_form),
       cmocka_unit_test(test_negative_controls),
       cmocka_unit_test(test_random_dense_equals_paged_attention),
       cmocka_unit_test(test_random_invariances),

@@ -374,10 +374,12 @@ tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa) {
 }
 tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
                                          tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
-                                         const tpr_sparse_attn *sa, tpr_value_id *out) {
-  const tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
+                                         tpr_value_id prefill_len, const tpr_sparse_attn *sa, tpr_value_id *out) {
+  tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
+  if (prefill_len >= 0) at.n_i = 8, at.i[7] = 1;  // the prefill-length form
   return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED,
-                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions}, 6, &at, out);
+                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions, prefill_len},
+                        prefill_len >= 0 ? 7 : 6, &at, out);
 }
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
                                       tpr_value_id *out) {

@@ -212,13 +212,18 @@ tpr_status tpr_pb_paged_attention(tpr_program *p, tpr_value_id q, tpr_value_id k
 // then softmax(q_h . k_r * scale) over the attended keys r <= p, times v. Scores and the softmax are
 // computed in double from the f32 operands, so the selection is that of a float64 reference away from
 // exact ties (which both break by index). kernel_size and block_size must be multiples of kernel_stride.
+// prefill_len (T) i32, or < 0 for none: the prefill-length form, where each row decides dense or sparse by
+// its own length, max(p + 1, prefill_len[t]) < dense_len (a value <= 0: the call's L_s as above). Given
+// each sequence's prompt length, every row is computed as a one-call prefill of the prompt followed by
+// one-token decode calls computes it, however the prompt is split into calls: an engine's chunked
+// prefill and batching then do not change a sequence's result.
 typedef struct tpr_sparse_attn {
   int64_t kernel_size, kernel_stride, block_size, topk, init_blocks, window_size, dense_len;
   float scale;
 } tpr_sparse_attn;
 tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
                                          tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
-                                         const tpr_sparse_attn *sa, tpr_value_id *out);
+                                         tpr_value_id prefill_len, const tpr_sparse_attn *sa, tpr_value_id *out);
 // The attribute layout of sparse_attention_paged (ops.h) for sa.
 tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa);
 

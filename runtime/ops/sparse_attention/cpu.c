@@ -4,7 +4,9 @@
 //
 // Per sequence of the call: its length L (1 + its largest position here)
 // decides dense (L < dense_len) or sparse once, as the published forward
-// does; a sparse sequence's compressed keys (mean of kernel_size keys every
+// does; with the prefill-length operand, each row decides by its own length
+// max(p + 1, prefill_len) instead (program.h). A sequence with a sparse row
+// has its compressed keys (mean of kernel_size keys every
 // kernel_stride positions, per KV head) are computed once, in double, each
 // chunk summed on its own so equal chunks give equal means. Then each (token,
 // KV head) is one work item: it picks its blocks (init and local always; the
@@ -17,6 +19,7 @@
 // output rows, so results do not depend on the thread count. Every index is
 // checked before anything is written.
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,7 @@ typedef struct sa_cfg {
 
 typedef struct sa_seq {
   int64_t len;    // L: 1 + the largest position of its tokens in this call; 0: absent
+  bool sparse;    // a row of it is sparse
   int64_t blk0;   // its first entry in the flat block list
   int64_t n_c;    // compressed chunks (sparse sequences only)
   double *c;      // (n_c, Hkv, D) compressed keys, or NULL (dense)
@@ -81,11 +85,21 @@ typedef struct sa_scratch {
   double *qd;     // (G, D) the group's queries in double
 } sa_scratch;
 
-// sel[0..qb] := the blocks query position p of KV head g attends.
+// The length that decides whether the row of token t (position p) is dense:
+// the call's (the published rule), or with the prefill-length operand pl
+// (T) the row's own, max(p + 1, pl[t]) where pl[t] > 0.
+static int64_t deciding_len(const tpr_tensor *pl, const sa_seq *sq, int64_t t, int64_t p) {
+  const int64_t n = pl ? tpr__index_at(pl, t * pl->stride[0]) : 0;
+  if (n <= 0) return sq->len;
+  return n > p + 1 ? n : p + 1;
+}
+
+// sel[0..qb] := the blocks query position p of KV head g attends (dense:
+// every block up to the query's).
 static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t Hkv,
-                          int64_t D, sa_scratch *sc) {
+                          int64_t D, bool dense, sa_scratch *sc) {
   const int64_t qb = p / cf->bs;
-  if (sq->len < cf->dense_len) {  // dense: every block up to the query's
+  if (dense) {
     memset(sc->sel, 1, (size_t)(qb + 1));
     return;
   }
@@ -190,10 +204,12 @@ static void attend(const sa_cfg *cf, const sa_kv *kv, const sa_seq *sq, int64_t 
     for (int64_t d = 0; d < D; d++) out_t[h * D + d] = (float)(sc->acc[h * D + d] / z[h]);
 }
 
-// Lengths per sequence and every index the kernel reads, checked; the flat
-// block list filled. Nothing is written on failure.
+// Lengths per sequence and every index the kernel reads, checked; which
+// sequences have a sparse row; the flat block list filled. Nothing is
+// written on failure.
 static tpr_status plan(const char *op, const tpr_tensor *bt, const tpr_tensor *seq, const tpr_tensor *pos,
-                       int64_t NB, int64_t pbs, sa_seq *sq, int64_t **blocks, int64_t *max_len) {
+                       const tpr_tensor *pl, int64_t dense_len, int64_t NB, int64_t pbs, sa_seq *sq,
+                       int64_t **blocks, int64_t *max_len) {
   const int64_t T = seq->shape[0], B = bt->shape[0], MB = bt->shape[1];
   *max_len = 0;
   for (int64_t t = 0; t < T; t++) {
@@ -207,6 +223,10 @@ static tpr_status plan(const char *op, const tpr_tensor *bt, const tpr_tensor *s
                       (long long)t, (long long)p, (long long)(MB * pbs));
     if (p + 1 > sq[s].len) sq[s].len = p + 1;
     if (p + 1 > *max_len) *max_len = p + 1;
+  }
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t s = at1(seq, t);
+    if (s >= 0 && deciding_len(pl, &sq[s], t, at1(pos, t)) >= dense_len) sq[s].sparse = true;
   }
   int64_t total = 0;
   for (int64_t s = 0; s < B; s++) sq[s].blk0 = total, total += (sq[s].len + pbs - 1) / pbs;
@@ -231,11 +251,13 @@ static void free_scratch(sa_scratch *sc) {
 }
 
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
-// i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
+// i32, seq (T) i32, positions (T) i32, and in its prefill-length form
+// prefill_len (T) i32; out (T, Hq, D) contiguous.
 TPR_CPU_KERNEL(sparse_attention_paged) {
   const char *op = "sparse_attention_paged (cpu)";
-  if (n_in != 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 inputs, got %d", op, n_in);
+  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
+  const tpr_tensor *pl = n_in == 7 ? in[6] : NULL;
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const sa_cfg cf = {.ks = attrs->i[0], .st = attrs->i[1], .bs = attrs->i[2], .topk = attrs->i[3],
                      .init = attrs->i[4], .local = attrs->i[5] / attrs->i[2], .dense_len = attrs->i[6],
@@ -245,13 +267,13 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
   sa_seq *sq = calloc((size_t)(B > 0 ? B : 1), sizeof *sq);
   int64_t *blocks = NULL, max_len = 0;
   if (!sq) return TPR_FAIL(TPR_ERR_OOM, "%s: %lld sequences", op, (long long)B);
-  tpr_status rc = plan(op, bt, seq, pos, NB, pbs, sq, &blocks, &max_len);
+  tpr_status rc = plan(op, bt, seq, pos, pl, cf.dense_len, NB, pbs, sq, &blocks, &max_len);
   const sa_kv kv = {.k = tpr_tensor_data(kp), .v = tpr_tensor_data(vp), .ks = kp->stride, .vs = vp->stride,
                     .blocks = blocks, .pbs = pbs};
   const int nt = tpr__cpu_nt(ctx, T * Hq * (max_len > 1 ? max_len : 1));
   int64_t max_c = 0;
   for (int64_t s = 0; s < B && rc == TPR_OK; s++) {
-    if (sq[s].len < cf.dense_len || sq[s].len == 0) continue;
+    if (!sq[s].sparse) continue;
     sq[s].n_c = sq[s].len >= cf.ks ? (sq[s].len - cf.ks) / cf.st + 1 : 0;
     sq[s].c = malloc((size_t)(sq[s].n_c * Hkv * D > 0 ? sq[s].n_c * Hkv * D : 1) * sizeof(double));
     if (!sq[s].c) {
@@ -289,7 +311,7 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
       const int64_t p = at1(pos, t);
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) sc.qd[h * D + d] = qb[t * qs[0] + (g * G + h) * qs[1] + d * qs[2]];
-      select_blocks(&cf, &sq[s], p, g, G, Hkv, D, &sc);
+      select_blocks(&cf, &sq[s], p, g, G, Hkv, D, deciding_len(pl, &sq[s], t, p) < cf.dense_len, &sc);
       attend(&cf, &kv, &sq[s], p, g, G, D, cap, &sc, o + (t * Hq + g * G) * D);
     }
     free_scratch(&sc);

@@ -33,6 +33,7 @@ struct sa_args {
   const float *q, *k, *v;
   int64_t qs[3], ks[4], vs[4];     // strides of q (T, Hq, D) and the pools (NB, bs, Hkv, D)
   const int32_t *bt, *seq, *pos;   // contiguous (B, MB), (T), (T)
+  const int32_t *pl;               // (T) prefill lengths (the prefill-length form), or NULL
   const int64_t *len, *n_c, *c0;   // per sequence: L, compressed chunks, first chunk in comp
   const double *comp;              // (chunks, Hkv, D)
   double *S, *score;               // per grid block: (max_c), (max_blk)
@@ -79,7 +80,8 @@ __global__ void sparse_attention_kernel(float *o, sa_args a) {
       for (int64_t e = tid; e < a.G * a.D; e += nth) out[e] = 0.0f;
       continue;
     }
-    const int64_t p = a.pos[t], qb = p / a.bs, L = a.len[sq];
+    const int64_t p = a.pos[t], qb = p / a.bs, n = a.pl ? a.pl[t] : 0;
+    const int64_t L = n <= 0 ? a.len[sq] : n > p + 1 ? n : p + 1;  // cpu.c's deciding_len
     for (int64_t e = tid; e < a.G * a.D; e += nth)
       qd[e] = a.q[t * a.qs[0] + (g * a.G + e / a.D) * a.qs[1] + (e % a.D) * a.qs[2]];
     const bool dense = L < a.dense_len;
@@ -191,17 +193,19 @@ tpr_status upload(tpr_cuda_ctx *c, const char *op, const std::vector<int64_t> &h
 TPR_CUDA_KERNEL(sparse_attention_paged) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   const char *op = "sparse_attention_paged (cuda)";
-  if (n_in != 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 inputs, got %d", op, n_in);
+  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
+  const tpr_tensor *pl = n_in == 7 ? in[6] : NULL;
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2];
   const int64_t NB = kp->shape[0], pbs = kp->shape[1], Hkv = kp->shape[2], B = bt->shape[0], MB = bt->shape[1];
   TPR_CUDA_TRY(cudaSetDevice(c->device), op, "set device");
-  tpr__cuda_scratch dbt(c), dseq(c), dpos(c);
-  std::vector<int32_t> hbt, hseq, hpos;
+  tpr__cuda_scratch dbt(c), dseq(c), dpos(c), dpl(c);
+  std::vector<int32_t> hbt, hseq, hpos, hpl;
   TPR_CHECK(read_i32(c, op, bt, dbt, hbt));
   TPR_CHECK(read_i32(c, op, seq, dseq, hseq));
   TPR_CHECK(read_i32(c, op, pos, dpos, hpos));
+  if (pl) TPR_CHECK(read_i32(c, op, pl, dpl, hpl));
   std::vector<int64_t> len((size_t)(B > 0 ? B : 1), 0), n_c(len.size(), 0), c0(len.size(), 0);
   int64_t max_len = 0;
   for (int64_t t = 0; t < T; t++) {  // cpu.c's plan(), in its order and words
@@ -231,9 +235,14 @@ TPR_CUDA_KERNEL(sparse_attention_paged) {
   sa_args a = {};
   a.ks_ = attrs->i[0], a.st = attrs->i[1], a.bs = attrs->i[2], a.topk = attrs->i[3], a.init = attrs->i[4];
   a.local = attrs->i[5] / attrs->i[2], a.dense_len = attrs->i[6], a.scale = attrs->f[0];
+  std::vector<char> sparse(len.size(), 0);  // a row of the sequence is sparse (cpu.c's plan)
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t s = hseq[t], p = hpos[t], n = pl ? hpl[t] : 0;
+    if (s >= 0 && (n <= 0 ? len[s] : n > p + 1 ? n : p + 1) >= a.dense_len) sparse[s] = 1;
+  }
   int64_t total_c = 0, max_c = 0;
   for (int64_t s = 0; s < B; s++) {
-    if (len[s] == 0 || len[s] < a.dense_len) continue;
+    if (!sparse[s]) continue;
     n_c[s] = len[s] >= a.ks_ ? (len[s] - a.ks_) / a.st + 1 : 0, c0[s] = total_c;
     total_c += n_c[s], max_c = n_c[s] > max_c ? n_c[s] : max_c;
   }
@@ -242,6 +251,7 @@ TPR_CUDA_KERNEL(sparse_attention_paged) {
   for (int i = 0; i < 3; i++) a.qs[i] = q->stride[i];
   for (int i = 0; i < 4; i++) a.ks[i] = kp->stride[i], a.vs[i] = vp->stride[i];
   a.bt = (const int32_t *)dbt.p, a.seq = (const int32_t *)dseq.p, a.pos = (const int32_t *)dpos.p;
+  a.pl = pl ? (const int32_t *)dpl.p : NULL;
   a.T = T, a.Hkv = Hkv, a.G = Hq / Hkv, a.D = D, a.pbs = pbs, a.MB = MB;
   a.max_c = max_c + 1, a.max_blk = max_len / a.bs + 1;
   const int64_t items = T * Hkv, grid = items < 1024 ? items : 1024;

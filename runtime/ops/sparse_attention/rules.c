@@ -9,7 +9,8 @@
 #include "runtime/ops/rule_checks.h"
 
 // i[0] kernel_size, i[1] kernel_stride, i[2] block_size, i[3] topk,
-// i[4] init_blocks, i[5] window_size, i[6] dense_len; f[0] scale.
+// i[4] init_blocks, i[5] window_size, i[6] dense_len, optional i[7] = 1:
+// the prefill-length form (a 7th input); f[0] scale.
 TPR__OP_RULE(sparse_attention_paged) {
   const char *op = "sparse_attention_paged";
   if (attrs->n_i < 7)
@@ -27,8 +28,22 @@ TPR__OP_RULE(sparse_attention_paged) {
   for (int a = 3; a < 7; a++)
     if (attrs->i[a] < 0)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s = %lld must be >= 0", op, names[a - 3], (long long)attrs->i[a]);
+  if (attrs->n_i > 7 && attrs->i[7] != 0 && attrs->i[7] != 1)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[7] = %lld; the prefill-length flag is 0 or 1", op,
+                    (long long)attrs->i[7]);
   const tpr_status rc = tpr__op_infer(TPR_OP_PAGED_ATTENTION, in, 6, attrs, out);
-  if (rc == TPR_OK) return TPR_OK;
+  if (rc == TPR_OK) {
+    if (tpr__row_input_attr(TPR_OP_SPARSE_ATTENTION_PAGED, attrs)) {  // (T) i32, values are data
+      const tpr_tensor *pl = in[6];
+      TPR_CHECK(tpr__need_dtype(op, pl, TPR_I32, "prefill_len"));
+      if (pl->ndim != 1 || pl->shape[0] != in[0]->shape[0]) {
+        char got[128];
+        return TPR_FAIL(TPR_ERR_SHAPE, "%s: prefill_len must be (T = %lld) i32, got %s", op,
+                        (long long)in[0]->shape[0], tpr_tensor_describe(pl, got, sizeof got));
+      }
+    }
+    return TPR_OK;
+  }
   char why[512];
   snprintf(why, sizeof why, "%s", tpr_last_error());
   return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
