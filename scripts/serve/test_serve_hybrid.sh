@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# tpr serve on a hybrid model (minimax: lightning layers, whose per-sequence
-# state lives in the engine's state slots, beside a softmax layer's paged KV
+# tpr serve on a hybrid model (lightning layers, whose per-sequence state
+# lives in the engine's state slots, beside attention layers' paged KV
 # cache), curl as the client: usage
-#   test_serve_hybrid.sh TPR_BINARY FIXTURES_DIR MPIEXEC NP
-# The model is tests/fixtures/minimax_tiny's config (3 lightning layers of 4,
-# block_size 4) with its vocab raised to the byte-level fixture tokenizer's
-# 2006 ids, random f32 weights from tpr make-checkpoint (seeded) with the
-# attention's projections scaled up so that answers depend on the context,
-# the fixture tokenizer copied beside them. The server runs 3 sequences at most (3
+#   test_serve_hybrid.sh TPR_BINARY FIXTURES_DIR MPIEXEC NP [FIXTURE]
+# FIXTURE (a folder of FIXTURES_DIR, default minimax_tiny) gives the config:
+#   minimax_tiny       minimax: 3 lightning layers of 4 (block_size 4) beside
+#                      softmax attention
+#   minicpm_sala_tiny  minicpm_sala: 2 lightning layers beside 2 InfLLM-v2
+#                      sparse layers (dense_len 48: the long prompts below
+#                      are sparse, and the server's chunks of them end below
+#                      and past dense_len, so an answer that depended on the
+#                      chunking would show against tpr run's one-step prefill
+#                      and between concurrent clients)
+# Its vocab raised to the byte-level fixture tokenizer's 2006 ids, random f32
+# weights from tpr make-checkpoint (seeded) with the attention's projections
+# scaled up so that answers depend on the context, the fixture tokenizer
+# copied beside them. The server runs 3 sequences at most (3
 # state slots) with a budget of 6 tokens a step, so prompts are prefilled in
 # chunks across steps (the state carried from chunk to chunk, across
 # lightning blocks) and the later of 12 concurrent clients wait for a slot.
@@ -19,13 +27,13 @@
 # requests (one streamed) all answer as alone, none lost or duplicated;
 # SIGTERM exits 0 on every rank.
 set -u
-TPR=$1 FIX=$2 MPIEXEC=$3 NP=$4
+TPR=$1 FIX=$2 MPIEXEC=$3 NP=$4 MODEL=${5:-minimax_tiny}
 TEST_NAME=tpr_serve_hybrid_test
 . "$(dirname "$0")/test_lib.sh"
 
 seed=${TPR_TEST_SEED:-$RANDOM}
 echo "seed $seed (weights and prompts drawn from it)"
-make_model "$FIX/minimax_tiny/config.json" "$seed" --dtype f32 --files 1
+make_model "$FIX/$MODEL/config.json" "$seed" --dtype f32 --files 1
 # Random weights of std 0.02 leave the attention's share of the last hidden
 # state too small to move a greedy token: the answer would be the last
 # prompt token's alone, and a lost state could not show. The attention's
@@ -55,6 +63,8 @@ grep -q "recurrent state" "$W/server.log" && pass "the server holds recurrent st
 # -- completions against tpr run (greedy), prompts of 1 to about 30 tokens: within
 # one lightning block, across blocks, and longer than a step's budget
 long="the model tokens stream chat 42 café 日本 batch engine hello world"
+# minicpm_sala: past dense_len (48 tokens) with room to spare
+[ "$MODEL" = minicpm_sala_tiny ] && long="$long and $long the end"
 for P in "a" "$(prompt_for $((seed % 97)))" "$long"; do
   n=$("$TPR" tokenize --model "$W/m" --text "$P" | tr ',' '\n' | wc -l)
   EXP=$(expected "$P" 12)
