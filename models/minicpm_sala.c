@@ -353,6 +353,18 @@ static tpr_status build(sala *b) {
   return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, NULL, 0);
 }
 
+// A new program built by build(b) into *out (freed on failure).
+static tpr_status new_program(sala *b, tpr_program **out) {
+  tpr_status rc = tpr_program_new(&b->c.p);
+  if (rc == TPR_OK) rc = build(b);
+  if (rc != TPR_OK) {
+    tpr_program_free(b->c.p);
+    return rc;
+  }
+  *out = b->c.p;
+  return TPR_OK;
+}
+
 tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
   *out = NULL;
   TPR_CHECK(check_supported(plan, o));
@@ -360,14 +372,7 @@ tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_bui
             .control = o->family_control,
             .dense = o->dense_sparse_layers};
   if (o->per_rank_qk_norm && !b.control) b.control = TPR_SALA_CONTROL_LOCAL_NORM;
-  tpr_status rc = tpr_program_new(&b.c.p);
-  if (rc == TPR_OK) rc = build(&b);
-  if (rc != TPR_OK) {
-    tpr_program_free(b.c.p);
-    return rc;
-  }
-  *out = b.c.p;
-  return TPR_OK;
+  return new_program(&b, out);
 }
 
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
@@ -383,14 +388,7 @@ tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr
             .control = o->family_control,
             .dense = o->dense,
             .train = o};
-  tpr_status rc = tpr_program_new(&b.c.p);
-  if (rc == TPR_OK) rc = build(&b);
-  if (rc != TPR_OK) {
-    tpr_program_free(b.c.p);
-    return rc;
-  }
-  *out = b.c.p;
-  return TPR_OK;
+  return new_program(&b, out);
 }
 
 // The slopes (ALiBi's, the same in every lightning layer), and the head

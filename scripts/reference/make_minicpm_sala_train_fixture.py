@@ -39,7 +39,8 @@ from safetensors import safe_open
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import minicpm_sala_ref as ref  # noqa: E402
-from train_fixture import adamw, add_train_args, finish, optimizer_step, save_tensors, zipf_tokens  # noqa: E402
+from train_fixture import (adamw, add_train_args, finish, optimizer_meta, optimizer_step, save_tensors,  # noqa: E402
+                           write_meta, zipf_tokens)
 from family_fixture import REPO  # noqa: E402
 
 GEN = "scripts/reference/make_minicpm_sala_train_fixture.py"
@@ -142,20 +143,12 @@ def main():
                  "window": "window w = tokens[w*T : w*T+T+1]; inputs = first T, targets = last T"},
         "loss": {"per_window": "cross_entropy(logits, targets) (no aux loss: no experts)",
                  "selection": "block indices under no gradient; compressed keys feed only the selection"},
-        "optimizer": {"class": "torch.optim.AdamW (float64 params)", "foreach": False, "betas": [0.9, 0.95],
-                      "eps": 1e-8, "weight_decay": {"ndim>=2": args.weight_decay, "ndim<2": 0.0},
-                      "lr_schedule": {"lr_max": args.lr_max, "warmup": args.warmup, "min_lr": args.min_lr,
-                                      "total": args.steps},
-                      "grad_clip": {"max_norm": args.clip}, "steps": args.steps},
+        "optimizer": optimizer_meta(args, "torch.optim.AdamW (float64 params)"),
         "records": rec,
         "checks": {"sparse_vs_all_dense_step0_grad_max_rel_diff": worst_dense},
         "problems": problems,
     }
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out}")
-    finish(problems)
+    write_meta(args.out, meta, problems)
 
 
 if __name__ == "__main__":
