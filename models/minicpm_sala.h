@@ -2,7 +2,8 @@
 // docs/minicpm-sala.md names the published sources of every formula): a
 // hybrid of lightning attention layers and InfLLM-v2 block-sparse attention
 // layers (config mixer_types), a dense SwiGLU MLP in every layer, muP
-// scaling. Inference step program, tensor-parallel over heads.
+// scaling. Inference step program and training program (below), both
+// tensor-parallel over heads.
 //
 //   x = embed(tokens) * scale_emb                       (vocab-parallel, all-reduced)
 //   per layer L:
@@ -21,7 +22,8 @@
 //     sparse layer (minicpm4): q, k, v = h Wq_r^T, ... (heads padded / KV
 //       replicated as every softmax layer), no position encoding; k, v written
 //       to the layer's paged KV pool; o = sparse_attention_paged(q, pools)
-//       with the config's sparse_config. The block selection of a KV head sums
+//       with the config's sparse_config (training: sparse_attention over
+//       the run's k and v, its backward through the selected keys only). The block selection of a KV head sums
 //       the scores of its whole query group: when the group's q heads are
 //       split over ranks (KV heads replicated, tp > nkv) each rank all-gathers
 //       q over tp, attends with the group's heads and keeps its own.
