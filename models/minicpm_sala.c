@@ -265,10 +265,12 @@ static tpr_status layer(sala *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   const tpr_model_config *cfg = &c->plan->config;
   double rs = b->control == TPR_SALA_CONTROL_NO_MUP ? 1.0 : cfg->residual_scale;
   tpr_value_id ln, h, a;
+  c->group = (int)(1 + 2 * L);  // FSDP: the mixer's params, its input norm's included
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   TPR_CHECK(tpr_model_config_layer_is_linear(cfg, L) ? lightning(b, L, h, &a) : sparse(b, L, h, &a));
   TPR_CHECK(residual(b, x, a, rs, &x));
+  c->group = (int)(2 + 2 * L);  // FSDP: the MLP's params
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(mlp(b, L, h, &a));
@@ -333,10 +335,12 @@ static tpr_status build(sala *b) {
     // scores each rank's blocks with its own heads.
     if (b->control == TPR_SALA_CONTROL_LOCAL_GROUP) b->group_q = b->own_q = -1;
   }
+  c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   TPR_CHECK(tpr_pb_scale(c->p, x, (float)cfg->embed_scale, &x));  // muP: scale_emb
   int64_t n = tpr_step_layers(&c->o->shape, cfg->num_layers);
   for (int64_t L = 0; L < n; L++) TPR_CHECK(layer(b, L, x, &x));
+  c->group = (int)(1 + 2 * cfg->num_layers);
   // The head reads norm(x) / (hidden_size / dim_model_base).
   tpr_value_id fn, head;
   TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
@@ -384,7 +388,7 @@ tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr
   *out = NULL;
   const tpr_step_build_opts so = {.family_control = o->family_control};  // its MoE options: none
   TPR_CHECK(check_supported(plan, &so));
-  sala b = {.c = {.plan = plan, .o = &so, .family = &tpr_family_minicpm_sala, .training = true},
+  sala b = {.c = {.plan = plan, .o = &so, .family = &tpr_family_minicpm_sala, .training = true, .fsdp = &o->fsdp},
             .control = o->family_control,
             .dense = o->dense,
             .train = o};

@@ -43,6 +43,7 @@
 #define TPR_MINICPM_SALA_H
 
 #include "models/family.h"
+#include "shard/fsdp.h"
 
 // Negative controls of the parity tests (tpr_session_opts.family_control;
 // never in real runs).
@@ -75,12 +76,16 @@ enum { TPR_SALA_MARKS_COLUMN = 1, TPR_SALA_MARKS_NORM = 2 };
 // sparse_attention over this run's k and v (dense when T < dense_len, as the
 // published forward decides per call); outputs "loss", "ce", "aux" (0: no
 // experts) and "grad:<param>" for every trained param (models/train_loss.h).
-// Params are plain f32 (no FSDP); --pack is refused by the trainer.
+// Under FSDP every trained param is this rank's chunk, gathered before its
+// layer part (prefetch group 0 the embedding, 1 + 2L layer L's mixer and its
+// input norm, 2 + 2L its MLP, 1 + 2*layers the final norm and lm head), as
+// minimax's. --pack is refused by the trainer.
 typedef struct tpr_sala_train_opts {
   int64_t tokens;       // T
   int family_control;   // a tpr_sala_control (the parity controls apply to training too)
   int skip_grad_marks;  // TPR_SALA_MARKS_*
   bool dense;           // the sparse layers run dense (--dense-sparse-layers: every block attended)
+  tpr_fsdp_opts fsdp;   // params sharded over dp (shard/fsdp.h)
 } tpr_sala_train_opts;
 tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr_sala_train_opts *o,
                                            tpr_program **out);

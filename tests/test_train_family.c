@@ -31,7 +31,8 @@
 //             output norm's all-reduce, gates) beside InfLLM-v2 sparse layers
 //             on 64-token windows past dense_len, so the block selection
 //             (no gradient) decides which keys get one; muP; cross-entropy
-//             alone; the sparse layers run dense is a control
+//             alone; the sparse layers run dense is a control; the AdamW
+//             steps under FSDP (test_fsdp_steps)
 // FSDP of these families: tests/test_fsdp_qkhd.c.
 #include "test_util.h"
 #include "train_harness.h"
@@ -438,7 +439,7 @@ static const th_mesh_case sala_meshes[] = {
     {1, MESH(GA2)},
     {2, MESH(GA2, "--tp", "2")},  // lightning k/v heads split, one sparse KV head per rank
     {4, MESH(GA2, "--tp", "4")},  // lightning k/v whole on every rank; sparse KV replicated, the query group gathered
-    {2, MESH("--dp", "2", "--tp", "1")},  // one window per replica (plain data parallelism: no FSDP)
+    {2, MESH("--dp", "2", "--tp", "1")},  // one window per replica, under FSDP (the default at dp 2)
     {4, MESH("--dp", "2", "--tp", "2")},
 };
 // At tp 2 the marks change only the backward: without the column inputs'
@@ -462,16 +463,13 @@ static const refusal sala_refusals[] = {
     {"an aux loss", 1,
      MESH("train", "--model", SALA_MODEL, "--data", SALA_FIX "/tokens.npy", "--seq-len", "64", "--aux-coef", "0.01"),
      "minicpm_sala has no experts"},
-    {"FSDP", 2,
-     MESH("train", "--model", SALA_MODEL, "--data", SALA_FIX "/tokens.npy", "--seq-len", "64", "--dp", "2",
-          "--fsdp"),
-     "FSDP is not built for minicpm_sala"},
 };
 // (--save: test_steps reads the saved parameters by their checkpoint names;
 // the checkpoint holds bf16, the save f32, so th_check_save_as_saved's
 // byte-for-byte comparison does not apply.)
 static const struct CMUnitTest sala_tests[] = {cmocka_unit_test(test_step0_meshes),
-                                               cmocka_unit_test(test_default_aux_is_zero), COMMON_TESTS};
+                                               cmocka_unit_test(test_default_aux_is_zero), COMMON_TESTS,
+                                               cmocka_unit_test(test_fsdp_steps)};
 
 #define N(a) (sizeof(a) / sizeof *(a))
 #define STEPS_TP2_EP2 {MESH(GA2), MESH(GA2, "--tp", "2", "--ep", "2", "--etp", "1")}

@@ -153,7 +153,7 @@ static const struct trainable {
     {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
     {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
     {TPR_FAMILY_MINIMAX, NULL, true},  // its own builder (models/minimax.c)
-    {TPR_FAMILY_MINICPM_SALA, NULL, false},  // its own builder (models/minicpm_sala.c); FSDP not built
+    {TPR_FAMILY_MINICPM_SALA, NULL, true},  // its own builder (models/minicpm_sala.c)
 };
 #define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
 
@@ -232,7 +232,8 @@ static tpr_status make_program(tpr_train_state *t) {
                               .family_control = so->per_rank_qk_norm ? TPR_SALA_CONTROL_LOCAL_NORM
                                                                      : TPR_SALA_CONTROL_NONE,
                               .skip_grad_marks = so->skip_grad_marks,
-                              .dense = so->dense_sparse_layers};
+                              .dense = so->dense_sparse_layers,
+                              .fsdp = t->o.fsdp};
     return tpr__session_make_program(t->s, build_sala, &to, &t->program);
   }
   if (family == TPR_FAMILY_MINIMAX) {
