@@ -15,13 +15,10 @@
 // dq += dz_r k_r, dk_r += dz_r q.
 //
 // Everything is computed in double from the f32 operands. The forward's
-// (token, KV head) items are split over threads, each writing its own rows.
-// The backward runs in two passes, as FlashAttention-2's: query-major, each
-// (token, KV head) item recomputes its selection and softmax, writes its
-// heads' dq and keeps the softmax's max and sum, dout . out and the
-// selection; then key-major, each (key block, KV head) item owns its rows'
-// dk and dv and adds the queries that selected the block in token order. No
-// result depends on the thread count.
+// (token, KV head) items are split over threads, each writing its own rows;
+// the backward's KV heads are (each thread owns its heads' dk, dv and its
+// query heads' dq, and walks the tokens in order), so no result depends on
+// the thread count.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,7 +63,6 @@ typedef struct wq_scratch {
   int64_t *idx;           // (T) the attended rows, ascending
   double *P;              // (G, T) their probabilities per head
   double *acc;            // (D) a weighted sum (forward)
-  double *mz;             // (2G) each head's max logit, then its sum of exps
 } wq_scratch;
 
 static bool scratch_new(wq_scratch *sc, const wq_seq *s, const tpr__sa_cfg *cf) {
@@ -77,16 +73,14 @@ static bool scratch_new(wq_scratch *sc, const wq_seq *s, const tpr__sa_cfg *cf) 
   sc->idx = malloc((size_t)(s->T + 1) * sizeof(int64_t));
   sc->P = malloc((size_t)(s->G * s->T + 1) * sizeof(double));
   sc->acc = malloc((size_t)(s->D + 1) * sizeof(double));
-  sc->mz = malloc((size_t)(2 * s->G + 1) * sizeof(double));
-  return sc->S && sc->w && sc->score && sc->sel && sc->qd && sc->idx && sc->P && sc->acc && sc->mz;
+  return sc->S && sc->w && sc->score && sc->sel && sc->qd && sc->idx && sc->P && sc->acc;
 }
 static void scratch_free(wq_scratch *sc) {
-  free(sc->S), free(sc->w), free(sc->score), free(sc->sel), free(sc->qd), free(sc->idx), free(sc->P), free(sc->acc), free(sc->mz);
+  free(sc->S), free(sc->w), free(sc->score), free(sc->sel), free(sc->qd), free(sc->idx), free(sc->P), free(sc->acc);
 }
 
 // Query t, KV head g: selects its blocks and fills idx (the attended rows
-// <= t, ascending), P (G, n) each head's softmax over them and mz (each
-// head's max logit, then its sum of exps). Returns n.
+// <= t, ascending) and P (G, n) each head's softmax over them. Returns n.
 static int64_t probs(const wq_seq *s, const tpr__sa_cfg *cf, int64_t t, int64_t g, wq_scratch *sc) {
   const int64_t G = s->G, D = s->D;
   for (int64_t h = 0; h < G; h++) {
@@ -110,17 +104,8 @@ static int64_t probs(const wq_seq *s, const tpr__sa_cfg *cf, int64_t t, int64_t 
     }
     for (int64_t i = 0; i < n; i++) z += (P[i] = exp(P[i] - m));
     for (int64_t i = 0; i < n; i++) P[i] /= z;
-    sc->mz[h] = m, sc->mz[G + h] = z;
   }
   return n;
-}
-
-// q_t,h . k_r * scale in double, in probs' order (so the same logit).
-static double logit(const wq_seq *s, const tpr__sa_cfg *cf, const double *qd, int64_t r, int64_t g) {
-  const float *k = row(s->k, s->ks, r, g);
-  double dot = 0;
-  for (int64_t d = 0; d < s->D; d++) dot += qd[d] * k[d * s->ks[2]];
-  return dot * cf->scale;
 }
 
 // The sequence's view of the operands and its compressed keys (sparse only).
@@ -179,70 +164,6 @@ TPR_CPU_KERNEL(sparse_attention) {
   return oom ? TPR_FAIL(TPR_ERR_OOM, "%s: per-thread scratch for %lld keys", op, (long long)s.T) : TPR_OK;
 }
 
-// What the backward's first pass keeps for the second, per (token, q head):
-// the softmax's max logit m and sum of exps z, and dout . out; per (token,
-// KV head): the selection (nb blocks).
-typedef struct wq_saved {
-  double *m, *z, *dot;  // (T, Hq)
-  char *sel;            // (T, Hkv, nb)
-  int64_t nb;
-} wq_saved;
-
-// Pass 1, query t of KV head g: dq of its heads (written whole), and saved.
-static void bwd_query(const wq_seq *s, const tpr__sa_cfg *cf, const tpr_tensor *dy, int64_t t, int64_t g,
-                      wq_scratch *sc, double *dq, const wq_saved *sv) {
-  const int64_t G = s->G, D = s->D, n = probs(s, cf, t, g, sc);
-  const float *dyb = tpr_tensor_data(dy);
-  memcpy(sv->sel + (t * s->Hkv + g) * sv->nb, sc->sel, (size_t)(t / cf->bs + 1));
-  for (int64_t h = 0; h < G; h++) {
-    const int64_t hq = g * G + h;
-    const double *P = sc->P + h * s->T;
-    const float *o = dyb + t * dy->stride[0] + hq * dy->stride[1];
-    double *acc = sc->acc, *dqr = dq + (t * s->Hq + hq) * D, dot = 0;
-    for (int64_t d = 0; d < D; d++) acc[d] = 0, dqr[d] = 0;
-    for (int64_t i = 0; i < n; i++) {  // out = P v
-      const float *v = row(s->v, s->vs, sc->idx[i], g);
-      for (int64_t d = 0; d < D; d++) acc[d] += P[i] * v[d * s->vs[2]];
-    }
-    for (int64_t d = 0; d < D; d++) dot += o[d * dy->stride[2]] * acc[d];  // sum_i P_i dP_i
-    for (int64_t i = 0; i < n; i++) {
-      const float *v = row(s->v, s->vs, sc->idx[i], g), *k = row(s->k, s->ks, sc->idx[i], g);
-      double dp = 0;
-      for (int64_t d = 0; d < D; d++) dp += o[d * dy->stride[2]] * v[d * s->vs[2]];
-      const double dz = P[i] * (dp - dot) * cf->scale;
-      for (int64_t d = 0; d < D; d++) dqr[d] += dz * k[d * s->ks[2]];
-    }
-    sv->m[t * s->Hq + hq] = sc->mz[h], sv->z[t * s->Hq + hq] = sc->mz[G + h], sv->dot[t * s->Hq + hq] = dot;
-  }
-}
-
-// Pass 2, key block b of KV head g: dk and dv of its rows, from every query
-// t >= the block's start that selected it, in token order.
-static void bwd_keys(const wq_seq *s, const tpr__sa_cfg *cf, const tpr_tensor *dy, int64_t b, int64_t g,
-                     double *qd, double *dk, double *dv, const wq_saved *sv) {
-  const int64_t G = s->G, D = s->D, r0 = b * cf->bs, r1 = r0 + cf->bs < s->T ? r0 + cf->bs : s->T;
-  const float *dyb = tpr_tensor_data(dy);
-  for (int64_t t = r0; t < s->T; t++) {
-    if (!sv->sel[(t * s->Hkv + g) * sv->nb + b]) continue;
-    for (int64_t h = 0; h < G; h++) {
-      const int64_t hq = g * G + h, th = t * s->Hq + hq;
-      const float *q = row(s->q, s->qs, t, hq), *o = dyb + t * dy->stride[0] + hq * dy->stride[1];
-      for (int64_t d = 0; d < D; d++) qd[d] = q[d * s->qs[2]];
-      for (int64_t r = r0; r < r1 && r <= t; r++) {
-        const double P = exp(logit(s, cf, qd, r, g) - sv->m[th]) / sv->z[th];
-        const float *v = row(s->v, s->vs, r, g);
-        double dp = 0, *dkr = dk + (r * s->Hkv + g) * D, *dvr = dv + (r * s->Hkv + g) * D;
-        for (int64_t d = 0; d < D; d++) dp += o[d * dy->stride[2]] * v[d * s->vs[2]];
-        const double dz = P * (dp - sv->dot[th]) * cf->scale;
-        for (int64_t d = 0; d < D; d++) {
-          dkr[d] += dz * qd[d];
-          dvr[d] += P * o[d * dy->stride[2]];
-        }
-      }
-    }
-  }
-}
-
 // + dout (T, Hq, D) -> packed (dq (T, Hq, D) | dk (T, Hkv, D) | dv (T, Hkv, D)).
 TPR_CPU_KERNEL(sparse_attention_bwd) {
   const char *op = "sparse_attention_bwd (cpu)";
@@ -251,38 +172,69 @@ TPR_CPU_KERNEL(sparse_attention_bwd) {
   wq_seq s;
   TPR_CHECK(seq_of(op, in, &cf, &s));
   const tpr_tensor *dy = in[3];
-  const int64_t T = s.T, Hq = s.Hq, Hkv = s.Hkv, D = s.D, nq = T * Hq * D, nk = T * Hkv * D;
-  wq_saved sv = {.nb = T / cf.bs + 1};
+  const float *dyb = tpr_tensor_data(dy);
+  const int64_t T = s.T, Hq = s.Hq, Hkv = s.Hkv, G = s.G, D = s.D;
+  const int64_t nq = T * Hq * D, nk = T * Hkv * D;
   double *acc = calloc((size_t)(nq + 2 * nk + 1), sizeof *acc);  // dq | dk | dv in double
-  sv.m = malloc((size_t)(3 * T * Hq + 1) * sizeof(double));
-  sv.sel = calloc((size_t)(T * Hkv * sv.nb + 1), 1);
-  int oom = !acc || !sv.m || !sv.sel;
-  if (!oom) sv.z = sv.m + T * Hq, sv.dot = sv.m + 2 * T * Hq;
+  if (!acc) {
+    free(s.c);
+    return TPR_FAIL(TPR_ERR_OOM, "%s: gradients of a %lld-token sequence", op, (long long)T);
+  }
   double *dq = acc, *dk = acc + nq, *dv = acc + nq + nk;
   const int nt = tpr__cpu_nt(ctx, T * Hq * T * D);
-  const int64_t q_items = oom ? 0 : T * Hkv, k_items = oom ? 0 : sv.nb * Hkv;
-#pragma omp parallel num_threads(nt) if (nt > 1 && q_items > 1)
+  int oom = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1 && Hkv > 1)
   {
     wq_scratch sc;
     const bool ok = scratch_new(&sc, &s, &cf);
-    if (!ok) {
+    double *dP = malloc((size_t)(T + 1) * sizeof *dP);
+    if (!ok || !dP) {
 #pragma omp atomic write
       oom = 1;
     }
 #pragma omp for schedule(static)
-    for (int64_t it = 0; it < q_items; it++)
-      if (ok) bwd_query(&s, &cf, dy, it / Hkv, it % Hkv, &sc, dq, &sv);
-    // (the implicit barrier: pass 2 reads what pass 1 saved)
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < k_items; it++)
-      if (ok) bwd_keys(&s, &cf, dy, it / Hkv, it % Hkv, sc.qd, dk, dv, &sv);
+    for (int64_t g = 0; g < Hkv; g++) {
+      if (!ok || !dP) continue;
+      for (int64_t t = 0; t < T; t++) {
+        const int64_t n = probs(&s, &cf, t, g, &sc);
+        for (int64_t h = 0; h < G; h++) {
+          const int64_t hq = g * G + h;
+          const double *P = sc.P + h * T, *qd = sc.qd + h * D;
+          const float *o = dyb + t * dy->stride[0] + hq * dy->stride[1];
+          double *dqr = dq + (t * Hq + hq) * D, sum = 0;
+          for (int64_t i = 0; i < n; i++) {
+            const int64_t r = sc.idx[i];
+            const float *v = row(s.v, s.vs, r, g);
+            double *dvr = dv + (r * Hkv + g) * D, dot = 0;
+            for (int64_t d = 0; d < D; d++) {
+              const double od = o[d * dy->stride[2]];
+              dot += od * v[d * s.vs[2]];
+              dvr[d] += P[i] * od;
+            }
+            dP[i] = dot;
+            sum += P[i] * dot;
+          }
+          for (int64_t i = 0; i < n; i++) {
+            const int64_t r = sc.idx[i];
+            const double dz = P[i] * (dP[i] - sum) * cf.scale;
+            const float *k = row(s.k, s.ks, r, g);
+            double *dkr = dk + (r * Hkv + g) * D;
+            for (int64_t d = 0; d < D; d++) {
+              dqr[d] += dz * k[d * s.ks[2]];
+              dkr[d] += dz * qd[d];
+            }
+          }
+        }
+      }
+    }
     scratch_free(&sc);
+    free(dP);
   }
   float *res = tpr_tensor_data(out);
   if (!oom)
     for (int64_t i = 0; i < nq + 2 * nk; i++) res[i] = (float)acc[i];
-  free(acc), free(s.c), free(sv.m), free(sv.sel);
-  return oom ? TPR_FAIL(TPR_ERR_OOM, "%s: gradients of a %lld-token sequence", op, (long long)T) : TPR_OK;
+  free(acc), free(s.c);
+  return oom ? TPR_FAIL(TPR_ERR_OOM, "%s: per-thread scratch for %lld keys", op, (long long)T) : TPR_OK;
 }
 
 const tpr__kernel_def tpr__sparse_attention_train_cpu[] = {
