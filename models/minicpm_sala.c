@@ -417,7 +417,8 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
     tpr_alibi_slopes(nh, sl);
     rc = tpr_family_consts_add(out, be, SLOPES, TPR_F32, 1, (const int64_t[]){nh}, sl);
     if (rc == TPR_OK)  // zeros
-      rc = tpr_family_consts_add(out, be, STATE0, TPR_F32, 3, (const int64_t[]){nr, cfg->head_dim, cfg->head_dim}, NULL);
+      rc = tpr_family_consts_add(out, be, STATE0, TPR_F32, 3, (const int64_t[]){nr, cfg->head_dim, cfg->head_dim},
+                                 NULL);
   }
   if (rc == TPR_OK && needs_kv_index(plan)) {
     bool whole = nkv % tp != 0;  // the rank holds every kv head, else its block of nkv/tp

@@ -114,7 +114,8 @@ run_result th_resume(int np, const char *from, const char *save, const char *con
   char data[4096];
   join(data, sizeof data, th.fix, "tokens.npy");
   // --resume loads the weights, moments and step from the directory alone.
-  const char *args[64] = {"train", "--resume", from, "--data", data, "--seq-len", seq_len_arg(), "--save", save, "--json"};
+  const char *args[64] = {"train", "--resume", from, "--data", data, "--seq-len",
+                          seq_len_arg(), "--save", save, "--json"};
   int n = 10;
   th_add_hparams(args, &n, steps, aux);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
