@@ -80,10 +80,9 @@ static tpr_status open_session(tpr_session *s) {
   if (o->moe_stats)
     TPR_CHECK(tpr_moe_stats_init(&s->moe_stats, s->cfg.num_layers, s->cfg.num_experts, s->plan.ep));
   TPR_CHECK(tpr_family_find(s->cfg.family, &s->family));
-  if (o->dense_sparse_layers && (s->cfg.family != TPR_FAMILY_MINICPM_SALA || o->training))
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--dense-sparse-layers: only minicpm_sala inference has sparse attention "
-                    "layers to run dense (this is %s%s)", tpr_model_family_name(s->cfg.family),
-                    o->training ? ", training" : "");
+  if (o->dense_sparse_layers && s->cfg.family != TPR_FAMILY_MINICPM_SALA)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--dense-sparse-layers: only minicpm_sala has sparse attention layers to "
+                    "run dense (this is %s)", tpr_model_family_name(s->cfg.family));
   if (s->family->constants) TPR_CHECK(s->family->constants(&s->plan, s->be, &s->consts));
   TPR_CHECK(tpr_loader_open(s->o.model_dir, &s->plan, s->mesh.world_rank, &s->loader));
   s->kind_dtype = malloc((size_t)s->plan.n_tensors * sizeof *s->kind_dtype);

@@ -27,7 +27,7 @@ static const tpr_command commands[] = {
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming) under mpirun", tpr_cmd_serve},
     {"tokenize", "encode text with a checkpoint's tokenizer.json and print the ids", tpr_cmd_tokenize},
     {"detokenize", "decode token ids with a checkpoint's tokenizer.json and print the text", tpr_cmd_detokenize},
-    {"train", "train a checkpoint (minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe, qwen2_vl, minimax) under mpirun (tp/ep/dp, FSDP, AdamW, checkpoints)", tpr_cmd_train},
+    {"train", "train a checkpoint (minimax_m2, qwen3_moe, hunyuan_v1_moe, qwen3_vl_moe, qwen2_vl, minimax, minicpm_sala) under mpirun (tp/ep/dp, FSDP, AdamW, checkpoints)", tpr_cmd_train},
     {"version", "print the version and build options", tpr_cmd_version},
 };
 

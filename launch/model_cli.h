@@ -56,7 +56,7 @@ typedef struct tpr_model_mesh {
   {"weight-dtype", TPR_ARG_STR, &(m).weight_dtype,                                                              \
    "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 and block-scaled FP8 stay as the checkpoint has them, on the cpu)"}, \
   {"dense-sparse-layers", TPR_ARG_FLAG, &(m).dense_sparse_layers,                                               \
-   "minicpm_sala: run the InfLLM-v2 sparse attention layers dense (every key attended), for comparison; refused for other models and for training"}
+   "minicpm_sala: run the InfLLM-v2 sparse attention layers dense (every key attended), for comparison (train: their forward and gradients too); refused for other models"}
 
 // The batched engine's flags of run and bench model.
 typedef struct tpr_model_engine {

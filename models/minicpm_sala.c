@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "models/family_step.h"
+#include "models/train_loss.h"
 #include "runtime/ops.h"
 #include "runtime/program/autodiff.h"
 #include "shard/mesh.h"
@@ -14,6 +15,7 @@
 #define KV_INDEX TPR_FAMILY_CONST_PREFIX "minicpm_sala.kv_index"  // (tp, nh/tp) i32 lightning kv head per q head
 #define GROUP_Q TPR_FAMILY_CONST_PREFIX "minicpm_sala.group_q"    // (tp, G) i32 the group's heads in gathered q
 #define OWN_Q TPR_FAMILY_CONST_PREFIX "minicpm_sala.own_q"        // (tp, q_per_rank) i32 own heads in the group
+#define STATE0 TPR_FAMILY_CONST_PREFIX "minicpm_sala.state0"      // (nh/tp, D, D) zeros: training's lightning start
 
 typedef struct sala {
   tpr_fstep c;
@@ -25,7 +27,18 @@ typedef struct sala {
   tpr_value_id group_q;      // (G) i32; -1 when the rank holds whole groups
   tpr_value_id own_q;        // (q_per_rank) i32
   tpr_value_id prefill_len;  // (T) i32 each row's prompt length (tpr_step.prefill_lens); -1 without sparse layers
+  const tpr_sala_train_opts *train;  // the training program's options; NULL: the step program
+  tpr_value_id state0;       // (nh/tp, D, D) zeros (declared by both programs: the session binds every constant)
+  tpr_value_id start;        // training: (1) i32, unused (each run is one sequence from position 0)
 } sala;
+
+// Training: x, replicated over the tp group, enters rank-local compute here,
+// so its cotangent must be summed over the group (Megatron's f,
+// runtime/program/autodiff.h). The step program carries no marks.
+static tpr_status mark_tp(sala *b, int kind, tpr_value_id *x) {
+  if (!b->train || (b->train->skip_grad_marks & kind) || b->c.plan->tp == 1) return TPR_OK;
+  return tpr_pb_grad_all_reduce(b->c.p, *x, TPR_AXIS_TP, b->c.plan->tp, x);
+}
 
 // Whether the lightning layers' k/v need a head map: repeated (nkv < nh) or
 // held whole (nkv % tp != 0).
@@ -63,40 +76,59 @@ static tpr_status lightning(sala *b, int64_t L, tpr_value_id h, tpr_value_id *ou
   const tpr_model_config *cfg = &c->plan->config;
   const tpr_attn_layers LIN = TPR_ATTN_LAYERS_LINEAR;
   int64_t T = c->T, D = cfg->head_dim, nh = cfg->num_heads, nr = nh / c->plan->tp;
-  int64_t kr = cfg->linear_kv_heads % c->plan->tp ? cfg->linear_kv_heads : cfg->linear_kv_heads / c->plan->tp;
+  const bool kv_whole = cfg->linear_kv_heads % c->plan->tp != 0;  // every rank computes all kv heads
+  int64_t kr = kv_whole ? cfg->linear_kv_heads : cfg->linear_kv_heads / c->plan->tp;
   tpr_fweight wq, wk, wv, wo, wz;
-  tpr_value_id q, k, v, o, w, ss, g, pool;
+  tpr_value_id q, k, v, o, w, ss, g, pool, hc = h;
   char name[160];
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.q_proj.weight", LIN, L, &wq));  // (nr*D, H)
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.k_proj.weight", LIN, L, &wk));  // (kr*D, H)
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.v_proj.weight", LIN, L, &wv));
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.o_proj.weight", LIN, L, &wo));  // (H, nr*D)
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
+  // Training: h enters the column-parallel q (and z, and k/v when split);
+  // k/v held whole are the same on every rank and are marked after RoPE
+  // instead (their cotangent, from this rank's heads only, summed there), so
+  // they read the unmarked h, and so does their replicated k_norm.
+  TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_COLUMN, &hc));
+  TPR_CHECK(tpr_fstep_linear(c->p, hc, &wq, &q));
+  TPR_CHECK(tpr_fstep_linear(c->p, kv_whole ? h : hc, &wk, &k));
+  TPR_CHECK(tpr_fstep_linear(c->p, kv_whole ? h : hc, &wv, &v));
   TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, nr, D}, &q));
   TPR_CHECK(tpr_pb_reshape(c->p, k, 3, (const int64_t[]){T, kr, D}, &k));
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
   if (cfg->linear_qk_norm) {  // per head over D, before RoPE (the published order)
+    // Training: the (D) weights are replicated and see this rank's heads only.
     TPR_CHECK(param_in(b, "model.layers.{L}.self_attn.q_norm.weight", LIN, L, &w));  // (D)
+    TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_NORM, &w));
     TPR_CHECK(tpr_pb_rms_norm(c->p, q, w, (float)cfg->rms_norm_eps, &q));
     TPR_CHECK(param_in(b, "model.layers.{L}.self_attn.k_norm.weight", LIN, L, &w));
+    if (!kv_whole) TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_NORM, &w));
     TPR_CHECK(tpr_pb_rms_norm(c->p, k, w, (float)cfg->rms_norm_eps, &k));
   }
   if (cfg->linear_rope) {
     TPR_CHECK(tpr_fstep_rope(c, q, &q));
     TPR_CHECK(tpr_fstep_rope(c, k, &k));
   }
+  if (kv_whole) {
+    TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_COLUMN, &k));
+    TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_COLUMN, &v));
+  }
   if (b->kv_index >= 0) {  // (T, kr, D) -> (T, nr, D): each q head's kv head (norm and RoPE are per head)
     TPR_CHECK(tpr_pb_index_select(c->p, k, 1, b->kv_index, &k));
     TPR_CHECK(tpr_pb_index_select(c->p, v, 1, b->kv_index, &v));
   }
   TPR_CHECK(tpr_pb_scale(c->p, q, (float)(1.0 / sqrt((double)D)), &q));  // lightning_scale 1/sqrt(d)
-  tpr_family_state_name(L, name, sizeof name);
-  const tpr_step_shape *sh = &c->o->shape;
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, (const int64_t[]){sh->state_slots, nr, D, D}, &pool));
-  TPR_CHECK(tpr_pb_lightning_paged(c->p, q, k, v, pool, b->slopes, b->state_slot, c->positions,
-                                   cfg->linear_block_size, &o));  // (T, nr, D)
+  if (b->train) {  // one whole sequence from the zero state
+    tpr_value_id st;
+    TPR_CHECK(tpr_pb_lightning_attention(c->p, q, k, v, b->state0, b->slopes, cfg->linear_block_size, &o, &st));
+    TPR_CHECK(tpr_pb_scale(c->p, o, 1.0f, &o));  // a contiguous copy of the packed output's view
+  } else {  // the step's sequences, each from its state slot, written back in place
+    tpr_family_state_name(L, name, sizeof name);
+    const tpr_step_shape *sh = &c->o->shape;
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, (const int64_t[]){sh->state_slots, nr, D, D}, &pool));
+    TPR_CHECK(tpr_pb_lightning_paged(c->p, q, k, v, pool, b->slopes, b->state_slot, c->positions,
+                                     cfg->linear_block_size, &o));  // (T, nr, D)
+  }
   TPR_CHECK(tpr_pb_reshape(c->p, o, 2, (const int64_t[]){T, nr * D}, &o));
   if (cfg->linear_out_norm) {
     // One RMSNorm over every head's output: the sum of squares all-reduced
@@ -107,7 +139,11 @@ static tpr_status lightning(sala *b, int64_t L, tpr_value_id h, tpr_value_id *ou
       divisor = nr * D;
     else
       TPR_CHECK(tpr_pb_all_reduce(c->p, ss, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, &ss));
+    // Training: the all-reduced sum and the whole weight feed this rank's
+    // slice only, so their cotangents are summed over tp (as minimax's norm).
+    TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_NORM, &ss));
     TPR_CHECK(param_in(b, "model.layers.{L}.self_attn.o_norm.weight", LIN, L, &w));  // (nh*D) whole
+    TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_NORM, &w));
     TPR_CHECK(tpr_pb_reshape(c->p, w, 2, (const int64_t[]){c->plan->tp, nr * D}, &w));
     TPR_CHECK(tpr_pb_index_select(c->p, w, 0, c->rank_tp, &w));
     TPR_CHECK(tpr_pb_reshape(c->p, w, 1, (const int64_t[]){nr * D}, &w));
@@ -115,7 +151,7 @@ static tpr_status lightning(sala *b, int64_t L, tpr_value_id h, tpr_value_id *ou
   }
   if (cfg->linear_out_gate) {  // reads the layer's input h, column-parallel with the heads
     TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.z_proj.weight", LIN, L, &wz));  // (nr*D, H)
-    TPR_CHECK(tpr_fstep_linear(c->p, h, &wz, &g));
+    TPR_CHECK(tpr_fstep_linear(c->p, hc, &wz, &g));
     TPR_CHECK(tpr_pb_sigmoid(c->p, g, &g));
     TPR_CHECK(tpr_pb_mul(c->p, g, o, &o));
   }
@@ -132,15 +168,18 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
   const tpr_step_shape *st = &c->o->shape;
   int64_t T = c->T, D = cfg->head_dim, qr = a->q_per_rank, kr = a->kv_per_rank;
   tpr_fweight wq, wk, wv, wo, wg;
-  tpr_value_id q, k, v, kp, vp, done, att, g;
+  tpr_value_id q, k, v, kp, vp, done, att, g, hc = h;
   char name[160];
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.q_proj.weight", SM, L, &wq));  // (qr*D, H)
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.k_proj.weight", SM, L, &wk));  // (kr*D, H)
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.v_proj.weight", SM, L, &wv));
   TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.o_proj.weight", SM, L, &wo));  // (H, qr*D)
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wq, &q));
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wk, &k));
-  TPR_CHECK(tpr_fstep_linear(c->p, h, &wv, &v));
+  // Training: h enters the column-parallel q/k/v and gate. Replicated KV
+  // heads' copies see only their rank's heads; the trainer's fold sums them.
+  TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_COLUMN, &hc));
+  TPR_CHECK(tpr_fstep_linear(c->p, hc, &wq, &q));
+  TPR_CHECK(tpr_fstep_linear(c->p, hc, &wk, &k));
+  TPR_CHECK(tpr_fstep_linear(c->p, hc, &wv, &v));
   TPR_CHECK(tpr_pb_reshape(c->p, q, 3, (const int64_t[]){T, qr, D}, &q));
   TPR_CHECK(tpr_pb_reshape(c->p, k, 3, (const int64_t[]){T, kr, D}, &k));
   TPR_CHECK(tpr_pb_reshape(c->p, v, 3, (const int64_t[]){T, kr, D}, &v));
@@ -148,13 +187,15 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_fstep_rope(c, q, &q));
     TPR_CHECK(tpr_fstep_rope(c, k, &k));
   }
-  const int64_t pshape[4] = {st->pool_blocks, st->block_size, kr, D};
-  tpr_family_pool_name(L, "k", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &kp));
-  tpr_family_pool_name(L, "v", name, sizeof name);
-  TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &vp));
-  TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, k, c->slots, &done));  // before the attention that reads them
-  TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v, c->slots, &done));
+  if (!b->train) {  // the paged KV pools (training attends this run's k and v)
+    const int64_t pshape[4] = {st->pool_blocks, st->block_size, kr, D};
+    tpr_family_pool_name(L, "k", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &kp));
+    tpr_family_pool_name(L, "v", name, sizeof name);
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &vp));
+    TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, k, c->slots, &done));  // before the attention that reads them
+    TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v, c->slots, &done));
+  }
   tpr_sparse_attn sa = {.kernel_size = cfg->sparse_kernel_size,
                         .kernel_stride = cfg->sparse_kernel_stride,
                         .block_size = cfg->sparse_block_size,
@@ -174,9 +215,17 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_pb_index_select(c->p, qa, 0, b->group_q, &qa));            // (G, T, D)
     TPR_CHECK(tpr_pb_permute(c->p, qa, (const int[]){1, 0, 2}, &qa));
     TPR_CHECK(tpr_pb_scale(c->p, qa, 1.0f, &qa));  // (T, G, D)
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len, &sa,
-                                            &att));
+    // Training: the selection has no gradient, so head h's dq comes from its
+    // own dout alone: this rank's cotangent of the gathered q is nonzero only
+    // in its own block, which is what all_gather's backward keeps.
+    if (b->train)
+      TPR_CHECK(tpr_pb_sparse_attention(c->p, qa, k, v, &sa, &att));
+    else
+      TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len,
+                                              &sa, &att));
     TPR_CHECK(tpr_pb_index_select(c->p, att, 1, b->own_q, &att));  // (T, qr, D)
+  } else if (b->train) {
+    TPR_CHECK(tpr_pb_sparse_attention(c->p, q, k, v, &sa, &att));  // one whole sequence (T, qr, D)
   } else {
     TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len, &sa,
                                             &att));
@@ -184,7 +233,7 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   if (cfg->attn_out_gate) {
     TPR_CHECK(weight_in(b, "model.layers.{L}.self_attn.o_gate.weight", SM, L, &wg));  // (qr*D, H)
-    TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
+    TPR_CHECK(tpr_fstep_linear(c->p, hc, &wg, &g));
     TPR_CHECK(tpr_pb_sigmoid(c->p, g, &g));
     TPR_CHECK(tpr_pb_mul(c->p, g, att, &att));
   }
@@ -200,6 +249,7 @@ static tpr_status mlp(sala *b, int64_t L, tpr_value_id h, tpr_value_id *y) {
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.gate_proj.weight", L, &wg));  // (F/tp, H)
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.up_proj.weight", L, &wu));
   TPR_CHECK(tpr_fstep_weight(c, "model.layers.{L}.mlp.down_proj.weight", L, &wd));  // (H, F/tp)
+  TPR_CHECK(mark_tp(b, TPR_SALA_MARKS_COLUMN, &h));  // training: the column-parallel gate and up's input
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wg, &g));
   TPR_CHECK(tpr_fstep_linear(c->p, h, &wu, &u));
   TPR_CHECK(tpr_pb_swiglu(c->p, g, u, &g));
@@ -218,10 +268,12 @@ static tpr_status layer(sala *b, int64_t L, tpr_value_id x, tpr_value_id *out) {
   const tpr_model_config *cfg = &c->plan->config;
   double rs = b->control == TPR_SALA_CONTROL_NO_MUP ? 1.0 : cfg->residual_scale;
   tpr_value_id ln, h, a;
+  c->group = (int)(1 + 2 * L);  // FSDP: the mixer's params, its input norm's included
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.input_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));  // (T, H)
   TPR_CHECK(tpr_model_config_layer_is_linear(cfg, L) ? lightning(b, L, h, &a) : sparse(b, L, h, &a));
   TPR_CHECK(residual(b, x, a, rs, &x));
+  c->group = (int)(2 + 2 * L);  // FSDP: the MLP's params
   TPR_CHECK(tpr_fstep_param(c, "model.layers.{L}.post_attention_layernorm.weight", L, &ln));
   TPR_CHECK(tpr_pb_rms_norm(c->p, x, ln, (float)cfg->rms_norm_eps, &h));
   TPR_CHECK(mlp(b, L, h, &a));
@@ -250,16 +302,27 @@ static tpr_status build(sala *b) {
   const tpr_shard_plan *plan = c->plan;
   const tpr_model_config *cfg = &plan->config;
   int64_t nh = cfg->num_heads, nr = nh / plan->tp, G = plan->attn.nq / plan->attn.nkv;
+  const int64_t D = cfg->head_dim;
   tpr_value_id embed, x, t;
-  TPR_CHECK(tpr_fstep_begin(c));
+  if (b->train) {
+    if (b->train->tokens < 1)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "minicpm_sala: %lld tokens per training run", (long long)b->train->tokens);
+    TPR_CHECK(tpr_fstep_begin_tokens(c, b->train->tokens));
+    TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
+  } else {
+    TPR_CHECK(tpr_fstep_begin(c));
+  }
   b->kv_index = b->group_q = b->own_q = b->prefill_len = -1;
-  if (cfg->num_layers > cfg->num_linear_layers && !b->dense)  // the sparse layers decide per row (program.h)
+  // The step program's sparse layers decide dense or sparse per row (program.h); a training run is one call.
+  if (!b->train && cfg->num_layers > cfg->num_linear_layers && !b->dense)
     TPR_CHECK(tpr_program_input(c->p, "prefill_len", TPR_I32, 1, (const int64_t[]){c->T}, &b->prefill_len));
   if (cfg->num_linear_layers) {
-    if (c->o->shape.state_slots < 1)
+    if (!b->train && c->o->shape.state_slots < 1)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minicpm_sala: a step program of lightning layers needs state slots "
                       "(got %lld)", (long long)c->o->shape.state_slots);
-    TPR_CHECK(tpr_program_input(c->p, "state_slot", TPR_I32, 1, (const int64_t[]){c->T}, &b->state_slot));
+    if (!b->train)
+      TPR_CHECK(tpr_program_input(c->p, "state_slot", TPR_I32, 1, (const int64_t[]){c->T}, &b->state_slot));
+    TPR_CHECK(tpr_program_param(c->p, STATE0, TPR_F32, 3, (const int64_t[]){nr, D, D}, &b->state0));
     TPR_CHECK(tpr_program_param(c->p, SLOPES, TPR_F32, 1, (const int64_t[]){nh}, &t));  // (nh) whole
     TPR_CHECK(tpr_pb_reshape(c->p, t, 2, (const int64_t[]){plan->tp, nr}, &t));
     TPR_CHECK(tpr_pb_index_select(c->p, t, 0, c->rank_tp, &t));
@@ -278,10 +341,12 @@ static tpr_status build(sala *b) {
     // scores each rank's blocks with its own heads.
     if (b->control == TPR_SALA_CONTROL_LOCAL_GROUP) b->group_q = b->own_q = -1;
   }
+  c->group = 0;  // FSDP prefetch groups: one per layer part (layer moves them on)
   TPR_CHECK(tpr_fstep_embed(c, &embed, &x));  // (T, H)
   TPR_CHECK(tpr_pb_scale(c->p, x, (float)cfg->embed_scale, &x));  // muP: scale_emb
   int64_t n = tpr_step_layers(&c->o->shape, cfg->num_layers);
   for (int64_t L = 0; L < n; L++) TPR_CHECK(layer(b, L, x, &x));
+  c->group = (int)(1 + 2 * cfg->num_layers);
   // The head reads norm(x) / (hidden_size / dim_model_base).
   tpr_value_id fn, head;
   TPR_CHECK(tpr_fstep_param(c, "model.norm.weight", 0, &fn));
@@ -289,7 +354,25 @@ static tpr_status build(sala *b) {
   TPR_CHECK(tpr_pb_scale(c->p, x, (float)(1.0 / cfg->logit_divisor), &x));
   head = embed;
   if (!cfg->tie_word_embeddings) TPR_CHECK(tpr_fstep_param(c, "lm_head.weight", 0, &head));
-  return tpr_fstep_logits(c, x, head);
+  if (!b->train) return tpr_fstep_logits(c, x, head);
+  // The cross-entropy alone (no experts, so no load-balancing loss).
+  const tpr_train_loss_opts lo = {.tokens = c->T,
+                                  .aux_coef = 0,
+                                  .skip_head_mark = (b->train->skip_grad_marks & TPR_SALA_MARKS_COLUMN) != 0,
+                                  .family = c->family->name};
+  return tpr_train_build_loss(c->p, c->plan, &lo, c->rank, c->rank_tp, x, head, NULL, 0);
+}
+
+// A new program built by build(b) into *out (freed on failure).
+static tpr_status new_program(sala *b, tpr_program **out) {
+  tpr_status rc = tpr_program_new(&b->c.p);
+  if (rc == TPR_OK) rc = build(b);
+  if (rc != TPR_OK) {
+    tpr_program_free(b->c.p);
+    return rc;
+  }
+  *out = b->c.p;
+  return TPR_OK;
 }
 
 tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
@@ -299,18 +382,23 @@ tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_bui
             .control = o->family_control,
             .dense = o->dense_sparse_layers};
   if (o->per_rank_qk_norm && !b.control) b.control = TPR_SALA_CONTROL_LOCAL_NORM;
-  tpr_status rc = tpr_program_new(&b.c.p);
-  if (rc == TPR_OK) rc = build(&b);
-  if (rc != TPR_OK) {
-    tpr_program_free(b.c.p);
-    return rc;
-  }
-  *out = b.c.p;
-  return TPR_OK;
+  return new_program(&b, out);
 }
 
 static tpr_status build_step(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out) {
   return tpr_minicpm_sala_build(plan, o, out);
+}
+
+tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr_sala_train_opts *o,
+                                           tpr_program **out) {
+  *out = NULL;
+  const tpr_step_build_opts so = {.family_control = o->family_control};  // its MoE options: none
+  TPR_CHECK(check_supported(plan, &so));
+  sala b = {.c = {.plan = plan, .o = &so, .family = &tpr_family_minicpm_sala, .training = true, .fsdp = &o->fsdp},
+            .control = o->family_control,
+            .dense = o->dense,
+            .train = o};
+  return new_program(&b, out);
 }
 
 // The slopes (ALiBi's, the same in every lightning layer), and the head
@@ -325,8 +413,8 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
   int64_t nh = cfg->num_heads, nr = nh / tp, nkv = cfg->linear_kv_heads, G = a->nq / a->nkv, qr = a->q_per_rank;
   int64_t pg = a->nq_padded / a->nkv;  // padded heads per group (REPLICATE layout)
   *out = (tpr_family_consts){0};
-  out->names = calloc(4, sizeof *out->names);
-  out->t = calloc(4, sizeof *out->t);
+  out->names = calloc(5, sizeof *out->names);
+  out->t = calloc(5, sizeof *out->t);
   size_t cap = (size_t)(nh + tp * (nr + G + qr) + 4);
   float *sl = malloc((size_t)nh * sizeof *sl);
   int32_t *ix = malloc(cap * sizeof *ix);
@@ -334,6 +422,9 @@ static tpr_status constants(const tpr_shard_plan *plan, tpr_backend *be, tpr_fam
   if (rc == TPR_OK && cfg->num_linear_layers) {
     tpr_alibi_slopes(nh, sl);
     rc = tpr_family_consts_add(out, be, SLOPES, TPR_F32, 1, (const int64_t[]){nh}, sl);
+    if (rc == TPR_OK)  // zeros
+      rc = tpr_family_consts_add(out, be, STATE0, TPR_F32, 3, (const int64_t[]){nr, cfg->head_dim, cfg->head_dim},
+                                 NULL);
   }
   if (rc == TPR_OK && needs_kv_index(plan)) {
     bool whole = nkv % tp != 0;  // the rank holds every kv head, else its block of nkv/tp

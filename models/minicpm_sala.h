@@ -2,7 +2,8 @@
 // docs/minicpm-sala.md names the published sources of every formula): a
 // hybrid of lightning attention layers and InfLLM-v2 block-sparse attention
 // layers (config mixer_types), a dense SwiGLU MLP in every layer, muP
-// scaling. Inference step program, tensor-parallel over heads.
+// scaling. Inference step program and training program (below), both
+// tensor-parallel over heads.
 //
 //   x = embed(tokens) * scale_emb                       (vocab-parallel, all-reduced)
 //   per layer L:
@@ -21,7 +22,8 @@
 //     sparse layer (minicpm4): q, k, v = h Wq_r^T, ... (heads padded / KV
 //       replicated as every softmax layer), no position encoding; k, v written
 //       to the layer's paged KV pool; o = sparse_attention_paged(q, pools)
-//       with the config's sparse_config. The block selection of a KV head sums
+//       with the config's sparse_config (training: sparse_attention over
+//       the run's k and v, its backward through the selected keys only). The block selection of a KV head sums
 //       the scores of its whole query group: when the group's q heads are
 //       split over ranks (KV heads replicated, tp > nkv) each rank all-gathers
 //       q over tp, attends with the group's heads and keeps its own.
@@ -35,11 +37,13 @@
 // The engine keeps each sequence's lightning states in a slot per lightning
 // layer (tpr_family.state_shape: (nh/tp, D, D)) beside the sparse layers'
 // paged KV, as minimax's. The slopes and the head-index tables are the
-// family's constants (names "const:...").
+// family's constants (names "const:..."), with the zero state training
+// starts its lightning layers from.
 #ifndef TPR_MINICPM_SALA_H
 #define TPR_MINICPM_SALA_H
 
 #include "models/family.h"
+#include "shard/fsdp.h"
 
 // Negative controls of the parity tests (tpr_session_opts.family_control;
 // never in real runs).
@@ -55,6 +59,36 @@ typedef enum tpr_sala_control {
 // The step program (models/family.h's interface); o->family_control a
 // tpr_sala_control, o->dense_sparse_layers runs the sparse layers dense.
 tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out);
+
+// Negative controls of training (the forward is unchanged; the values are
+// the trainer's --debug-skip-grad-marks bits, TPR_M2_MARKS_*): leave out the
+// grad_all_reduce of the column-parallel inputs (the layer inputs of q/k/v,
+// the gates and the MLP, the lm head's; bit 1, `column`), or of the lightning
+// layers' replicated norm weights and the output norm's all-reduced sum of
+// squares (bit 2, `qk-norm`).
+enum { TPR_SALA_MARKS_COLUMN = 1, TPR_SALA_MARKS_NORM = 2 };
+
+// The training program (run by the trainer; docs/minicpm-sala.md
+// "Training"): inputs "tokens", "positions" (T) i32, "start" (1) i32 (0,
+// unused: every run is one whole sequence from position 0), "targets",
+// "loss_scale"; the lightning layers run lightning_attention from the zero
+// state (the constant "const:minicpm_sala.state0"), the sparse layers
+// sparse_attention over this run's k and v (dense when T < dense_len, as the
+// published forward decides per call); outputs "loss", "ce", "aux" (0: no
+// experts) and "grad:<param>" for every trained param (models/train_loss.h).
+// Under FSDP every trained param is this rank's chunk, gathered before its
+// layer part (prefetch group 0 the embedding, 1 + 2L layer L's mixer and its
+// input norm, 2 + 2L its MLP, 1 + 2*layers the final norm and lm head), as
+// minimax's. --pack is refused by the trainer.
+typedef struct tpr_sala_train_opts {
+  int64_t tokens;       // T
+  int family_control;   // a tpr_sala_control (the parity controls apply to training too)
+  int skip_grad_marks;  // TPR_SALA_MARKS_*
+  bool dense;           // the sparse layers run dense (--dense-sparse-layers: every block attended)
+  tpr_fsdp_opts fsdp;   // params sharded over dp (shard/fsdp.h)
+} tpr_sala_train_opts;
+tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr_sala_train_opts *o,
+                                           tpr_program **out);
 
 // The engine's entry (models/family.c). The session's per_rank_qk_norm
 // control maps to TPR_SALA_CONTROL_LOCAL_NORM.

@@ -145,6 +145,12 @@ typedef enum tpr_op_kind {
   TPR_OP_SIGMOID = 71,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))
   TPR_OP_SIGMOID_BWD = 72,  // in (x, dy) same shape; out dx (same shape) = dy * s (1 - s), s = sigmoid(x), as
                             // dy * e / (1 + e)^2 with e = exp(-|x|): no 1 - s cancelling to 0 for large x
+  // InfLLM-v2 sparse attention of one whole sequence from position 0 (training: tpr_pb_sparse_attention), the
+  // selection recomputed by its backward and carrying no gradient.
+  TPR_OP_SPARSE_ATTENTION = 73,      // in (q (T, Hq, D), k, v (T, Hkv, D)) f32; attrs as sparse_attention_paged's;
+                                     // out (T, Hq, D) f32
+  TPR_OP_SPARSE_ATTENTION_BWD = 74,  // in (q, k, v, dout (T, Hq, D)); attrs as the forward's; out packed
+                                     // (dq | dk | dv) f32
   TPR_OP_KIND_COUNT
 } tpr_op_kind;
 

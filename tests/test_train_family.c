@@ -1,7 +1,7 @@
 // `tpr train` on a family's training fixture against PyTorch (the family's
 // transformers class + torch.optim.AdamW + clip_grad_norm_, f32:
 // scripts/reference/make_<family>_train_fixture.py, tests/fixtures/*_train),
-// one family per run: `test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl`,
+// one family per run: `test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl|minimax|minicpm_sala`,
 // registered as ctest test_train_family_<name>. For each family: step 0's
 // loss and every parameter's gradient over its meshes (tp 1, 2, 4 with KV
 // heads replicated, expert- and data-parallel); the AdamW steps' losses and
@@ -26,6 +26,13 @@
 //             biases, sectioned MRoPE, no router (the loss is the
 //             cross-entropy alone); the text rule; --save; and the CLI of a
 //             model without experts (plan, bench model, --moe-stats)
+//   minicpm_sala  the float64 reference (scripts/reference/minicpm_sala_ref.py,
+//             no transformers class): lightning layers (QK-norm, RoPE, the
+//             output norm's all-reduce, gates) beside InfLLM-v2 sparse layers
+//             on 64-token windows past dense_len, so the block selection
+//             (no gradient) decides which keys get one; muP; cross-entropy
+//             alone; the sparse layers run dense is a control; the AdamW
+//             steps under FSDP (test_fsdp_steps)
 // FSDP of these families: tests/test_fsdp_qkhd.c.
 #include "test_util.h"
 #include "train_harness.h"
@@ -149,8 +156,10 @@ static double one_step_loss(bool pass_aux, double *aux_out) {
   char data[600], coef[32];
   snprintf(data, sizeof data, "%s/tokens.npy", F->fix);
   snprintf(coef, sizeof coef, "%.17g", aux());
-  const char *args[20] = {"train", "--model", F->model, "--data", data, "--data-order", "sequential", "--seq-len", "16",
-                          GA2, "--steps", "1", "--json"};
+  char seq_len[24];
+  snprintf(seq_len, sizeof seq_len, "%d", (int)th_meta_at("data.seq_len", -1));
+  const char *args[20] = {"train", "--model", F->model, "--data", data, "--data-order", "sequential", "--seq-len",
+                          seq_len, GA2, "--steps", "1", "--json"};
   int n = 14;
   if (pass_aux) args[n++] = "--aux-coef", args[n++] = coef;
   run_result r = tt_run(th.tpr, th.tmp_dir, args, &(tt_run_opts){.np = 1, .timeout_s = 120});
@@ -423,6 +432,45 @@ static void test_fsdp_steps(void **state) {
 static const struct CMUnitTest minimax_tests[] = {cmocka_unit_test(test_step0_meshes), COMMON_TESTS,
                                                   cmocka_unit_test(test_fsdp_steps)};
 
+// -- minicpm_sala (sparse layers 0 and 3, lightning layers 1 and 2)
+#define SALA_FIX FIXTURE("minicpm_sala_train")
+#define SALA_MODEL FIXTURE("minicpm_sala_tiny")
+static const th_mesh_case sala_meshes[] = {
+    {1, MESH(GA2)},
+    {2, MESH(GA2, "--tp", "2")},  // lightning k/v heads split, one sparse KV head per rank
+    {4, MESH(GA2, "--tp", "4")},  // lightning k/v whole on every rank; sparse KV replicated, the query group gathered
+    {2, MESH("--dp", "2", "--tp", "1")},  // one window per replica, under FSDP (the default at dp 2)
+    {4, MESH("--dp", "2", "--tp", "2")},
+};
+// At tp 2 the marks change only the backward: without the column inputs'
+// all-reduce the gradients upstream of q/k/v, the gates and the MLP are
+// partial; without the norm marks (the lightning q/k norm weights, the
+// output norm's all-reduced sum and whole weight) those are. The output norm
+// over each rank's heads changes the forward, and so does running the sparse
+// layers dense (every block attended: the selection not respected; 0.14 of
+// the largest gradient in the fixture script's own check).
+static const control sala_controls[] = {
+    {"column inputs' all-reduce left out", 2, false, MESH("--debug-skip-grad-marks", "column"), true},
+    {"lightning norm marks left out", 2, false, MESH("--debug-skip-grad-marks", "qk-norm"), true},
+    {"lightning output norm over each rank's heads", 2, false, MESH("--debug-per-rank-qk-norm"), false},
+    {"sparse layers dense", 1, false, MESH("--dense-sparse-layers"), false},
+};
+static const refusal sala_refusals[] = {
+    {"packed documents", 1,
+     MESH("train", "--model", SALA_MODEL, "--data", SALA_FIX "/tokens.npy", "--seq-len", "64", "--pack",
+          "--eos-id", "2"),
+     "--pack is not built for minicpm_sala"},
+    {"an aux loss", 1,
+     MESH("train", "--model", SALA_MODEL, "--data", SALA_FIX "/tokens.npy", "--seq-len", "64", "--aux-coef", "0.01"),
+     "minicpm_sala has no experts"},
+};
+// (--save: test_steps reads the saved parameters by their checkpoint names;
+// the checkpoint holds bf16, the save f32, so th_check_save_as_saved's
+// byte-for-byte comparison does not apply.)
+static const struct CMUnitTest sala_tests[] = {cmocka_unit_test(test_step0_meshes),
+                                               cmocka_unit_test(test_default_aux_is_zero), COMMON_TESTS,
+                                               cmocka_unit_test(test_fsdp_steps)};
+
 #define N(a) (sizeof(a) / sizeof *(a))
 #define STEPS_TP2_EP2 {MESH(GA2), MESH(GA2, "--tp", "2", "--ep", "2", "--etp", "1")}
 
@@ -464,6 +512,13 @@ static const family families[] = {
      .controls = minimax_controls, .n_controls = N(minimax_controls),
      .refusals = NULL, .n_refusals = 0,
      .tests = minimax_tests, .n_tests = N(minimax_tests)},
+    {.name = "minicpm_sala", .fix = SALA_FIX, .model = SALA_MODEL,
+     .min_tensors = 45,  // every trained tensor of the 4-layer fixture (49) is compared
+     .model_type = "minicpm_sala", .ce_alone = true, .step0 = sala_meshes, .n_step0 = N(sala_meshes),
+     .steps_np = {1, 2}, .steps_mesh = {MESH(GA2), MESH(GA2, "--tp", "2")},
+     .controls = sala_controls, .n_controls = N(sala_controls),
+     .refusals = sala_refusals, .n_refusals = N(sala_refusals),
+     .tests = sala_tests, .n_tests = N(sala_tests)},
 };
 
 static char test_name[64];
@@ -485,7 +540,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; argc == 2 && i < N(families); i++)
     if (!strcmp(argv[1], families[i].name)) F = &families[i];
   if (!F) {
-    fprintf(stderr, "usage: test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl|minimax\n");
+    fprintf(stderr, "usage: test_train_family qwen3|hunyuan|qwen3_vl|qwen2_vl|minimax|minicpm_sala\n");
     return 2;
   }
   tt_seed_from_env();

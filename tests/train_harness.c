@@ -58,6 +58,14 @@ void th_add_hparams(const char **args, int *n, int steps, double aux) {
   for (int i = 0; i < 7; i++) args[(*n)++] = flags[i], args[(*n)++] = v[i];
 }
 
+// The fixture's window length (meta.json data.seq_len) as an argument: every
+// run of the harness trains on the fixture's windows.
+static const char *seq_len_arg(void) {
+  static char v[24];
+  snprintf(v, sizeof v, "%d", (int)th_meta_at("data.seq_len", -1));
+  return v;
+}
+
 // dir/name into buf. The harness leaves tt_path's few rotating buffers to
 // the tests, whose paths must outlive the harness's calls.
 static void join(char *buf, size_t cap, const char *dir, const char *name) { snprintf(buf, cap, "%s/%s", dir, name); }
@@ -67,7 +75,7 @@ cJSON *th_train_n(int np, const char *const *mesh, int steps, int lines, double 
   char data[4096];
   join(data, sizeof data, th.fix, "tokens.npy");
   const char *args[64] = {"train", "--model", th.model, "--data", data, "--data-order", "sequential",
-                          "--seq-len", "16", "--json"};
+                          "--seq-len", seq_len_arg(), "--json"};
   int n = 10;
   th_add_hparams(args, &n, steps, aux);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
@@ -106,7 +114,8 @@ run_result th_resume(int np, const char *from, const char *save, const char *con
   char data[4096];
   join(data, sizeof data, th.fix, "tokens.npy");
   // --resume loads the weights, moments and step from the directory alone.
-  const char *args[64] = {"train", "--resume", from, "--data", data, "--seq-len", "16", "--save", save, "--json"};
+  const char *args[64] = {"train", "--resume", from, "--data", data, "--seq-len",
+                          seq_len_arg(), "--save", save, "--json"};
   int n = 10;
   th_add_hparams(args, &n, steps, aux);
   for (int i = 0; mesh && mesh[i]; i++) args[n++] = mesh[i];
@@ -311,7 +320,7 @@ const char *th_check_save_as_saved(const char *positions_3d) {
   int differ[2];
   for (int k = 0; k < 2; k++) {
     join(dirs[k], sizeof dirs[k], th.tmp_dir, k ? "save_moved" : "save_still");
-    const char *args[24] = {"train", "--model", th.model, "--data", data, "--seq-len", "16", "--steps", "1",
+    const char *args[24] = {"train", "--model", th.model, "--data", data, "--seq-len", seq_len_arg(), "--steps", "1",
                             "--lr", lr[k], "--weight-decay", "0", "--save", dirs[k]};
     int n = 15;
     if (positions_3d) args[n++] = "--positions-3d", args[n++] = positions_3d;

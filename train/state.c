@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "models/hunyuan_moe.h"
+#include "models/minicpm_sala.h"
 #include "models/minimax.h"
 #include "models/minimax_m2.h"
 #include "models/qwen2_vl.h"
@@ -122,6 +123,10 @@ static tpr_status build_minimax(const tpr_shard_plan *plan, const void *opts, tp
   return tpr_minimax_build(plan, opts, out);
 }
 
+static tpr_status build_sala(const tpr_shard_plan *plan, const void *opts, tpr_program **out) {
+  return tpr_minicpm_sala_build_training(plan, opts, out);
+}
+
 // The per-head QK-norm families' training program: a descriptor and its options.
 typedef struct qkhd_job {
   const tpr_qkhd_desc *d;
@@ -148,6 +153,7 @@ static const struct trainable {
     {TPR_FAMILY_QWEN3_VL_MOE, &tpr_qwen3_vl_moe_desc, true},
     {TPR_FAMILY_QWEN2_VL, &tpr_qwen2_vl_desc, true},
     {TPR_FAMILY_MINIMAX, NULL, true},  // its own builder (models/minimax.c)
+    {TPR_FAMILY_MINICPM_SALA, NULL, true},  // its own builder (models/minicpm_sala.c)
 };
 #define N_TRAINABLE (sizeof trainable / sizeof trainable[0])
 
@@ -212,6 +218,24 @@ static tpr_status make_program(tpr_train_state *t) {
   if (t->o.fsdp.on && !tpr_train_fsdp_built(family))
     return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: FSDP is not built for %s; train it with --no-fsdp (plain data "
                     "parallelism)", fam);
+  if (family == TPR_FAMILY_MINICPM_SALA) {
+    // One whole sequence per run: the sparse layers' dense-or-sparse
+    // decision and selection are the published forward's for one call from
+    // position 0. Packed documents would need the selection per document.
+    if (t->o.pack)
+      return TPR_FAIL(TPR_ERR_UNSUPPORTED, "train: --pack is not built for %s (its sparse layers select blocks over "
+                      "the whole sequence); train without --pack", fam);
+    if (t->o.aux_coef > 0)
+      return TPR_FAIL(TPR_ERR_INVALID_ARG, "train: --aux-coef %g: %s has no experts (no load-balancing loss)",
+                      t->o.aux_coef, fam);
+    tpr_sala_train_opts to = {.tokens = T,
+                              .family_control = so->per_rank_qk_norm ? TPR_SALA_CONTROL_LOCAL_NORM
+                                                                     : TPR_SALA_CONTROL_NONE,
+                              .skip_grad_marks = so->skip_grad_marks,
+                              .dense = so->dense_sparse_layers,
+                              .fsdp = t->o.fsdp};
+    return tpr__session_make_program(t->s, build_sala, &to, &t->program);
+  }
   if (family == TPR_FAMILY_MINIMAX) {
     // Packed documents: the softmax layers' mask and the lightning layers'
     // state reset both stop at each document's first token ("attn_lo").

@@ -10,7 +10,7 @@
 static const tpr__grad_def *const families[] = {
     tpr__matmul_grad, tpr__elementwise_grad, tpr__norm_grad, tpr__softmax_grad, tpr__gather_grad, tpr__copy_grad,
     tpr__collective_grad, tpr__rope_grad, tpr__attention_grad, tpr__router_grad, tpr__moe_grad, tpr__reduce_grad,
-    tpr__loss_grad, tpr__lightning_grad,
+    tpr__loss_grad, tpr__lightning_grad, tpr__sparse_attention_grad,
 };
 
 static tpr_backward_rule rules[TPR_OP_KIND_COUNT];

@@ -21,7 +21,7 @@ typedef struct tpr__grad_def {
 extern const tpr__grad_def tpr__attention_grad[], tpr__collective_grad[], tpr__copy_grad[], tpr__elementwise_grad[],
     tpr__gather_grad[], tpr__loss_grad[], tpr__matmul_grad[], tpr__moe_grad[], tpr__norm_grad[], tpr__reduce_grad[],
     tpr__rope_grad[], tpr__router_grad[], tpr__softmax_grad[],
-    tpr__lightning_grad[];
+    tpr__lightning_grad[], tpr__sparse_attention_grad[];
 
 // Hands the next result of a packed backward op (like's shape, at *off) to
 // like's cotangent, or skips it without a view when like wants none; *off

@@ -57,7 +57,7 @@ static const tpr__kernel_def *const kernel_lists[] = {
     tpr__matmul_cpu, tpr__elementwise_cpu, tpr__norm_cpu, tpr__softmax_cpu, tpr__gather_cpu, tpr__copy_cpu,
     tpr__rope_cpu, tpr__attention_cpu, tpr__router_cpu, tpr__moe_cpu, tpr__moe_dispatch_cpu, tpr__reduce_cpu,
     tpr__xent_cpu, tpr__moe_aux_cpu, tpr__paged_attention_cpu, tpr__lightning_cpu,
-    tpr__sparse_attention_cpu,
+    tpr__sparse_attention_cpu, tpr__sparse_attention_train_cpu,
 };
 
 // The kernel table is filled once, from the lists, before the first backend

@@ -381,6 +381,11 @@ tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_val
                         (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions, prefill_len},
                         prefill_len >= 0 ? 7 : 6, &at, out);
 }
+tpr_status tpr_pb_sparse_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                   const tpr_sparse_attn *sa, tpr_value_id *out) {
+  const tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
+  return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION, (const tpr_value_id[]){q, k, v}, 3, &at, out);
+}
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
                                       tpr_value_id *out) {
   tpr_op_attrs at = {.n_i = 1, .i = {k}};

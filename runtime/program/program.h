@@ -226,6 +226,13 @@ tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_val
                                          tpr_value_id prefill_len, const tpr_sparse_attn *sa, tpr_value_id *out);
 // The attribute layout of sparse_attention_paged (ops.h) for sa.
 tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa);
+// The training form: one whole sequence from position 0, q (T, Hq, D), k and v (T, Hkv, D) its keys and
+// values (not a pool), out (T, Hq, D). The rules above with L = T (dense when T < dense_len), the same
+// selection code as sparse_attention_paged's (so the same blocks). Differentiable in q, k and v through the
+// attention over the selected keys; the selection (block indices from the compressed keys) has no gradient,
+// as in the published forward, where the compressed keys only feed the top-k kernel.
+tpr_status tpr_pb_sparse_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
+                                   const tpr_sparse_attn *sa, tpr_value_id *out);
 
 // The op of node n (0 <= n < tpr_program_num_nodes), for reports.
 tpr_op_kind tpr_program_node_op(const tpr_program *p, int n);

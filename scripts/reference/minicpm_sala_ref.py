@@ -152,14 +152,18 @@ def sparse_attention(q, k, v, p0, sp, scale, force_dense=False, select=select_bl
     assert L == p0 + T and Hq % Hkv == 0
     G = Hq // Hkv
     dense = force_dense or L < sp.dense_len
-    c = compressed_keys(k, sp.kernel_size, sp.kernel_stride)  # (n, Hkv, D)
+    # The selection is a set of block indices: no gradient flows through it,
+    # and the compressed keys feed nothing else (training: docs/minicpm-sala.md).
+    with torch.no_grad():
+        c = compressed_keys(k.detach(), sp.kernel_size, sp.kernel_stride)  # (n, Hkv, D)
     out = torch.zeros_like(q)
     chosen = []
     for t in range(T):
         p = p0 + t
         row = []
         for g in range(Hkv):
-            blocks = select(q[t, g * G:(g + 1) * G], c[:, g], p, sp, scale, dense)
+            with torch.no_grad():
+                blocks = select(q[t, g * G:(g + 1) * G].detach(), c[:, g], p, sp, scale, dense)
             row.append(blocks)
             idx = torch.cat([torch.arange(b * sp.block_size, min((b + 1) * sp.block_size, p + 1)) for b in blocks])
             for h in range(g * G, (g + 1) * G):

@@ -218,6 +218,15 @@ def fused_experts_to_hub(tensors, prefix_map=None):
     return out
 
 
+def optimizer_meta(args, cls="torch.optim.AdamW"):
+    """meta.json's "optimizer": adamw's settings and the lr schedule of args."""
+    return {"class": cls, "foreach": False, "betas": [0.9, 0.95], "eps": 1e-8,
+            "weight_decay": {"ndim>=2": args.weight_decay, "ndim<2": 0.0},
+            "lr_schedule": {"lr_max": args.lr_max, "warmup": args.warmup, "min_lr": args.min_lr,
+                            "total": args.steps},
+            "grad_clip": {"max_norm": args.clip}, "steps": args.steps}
+
+
 def run_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, meta_model, meta_loss, extra=None):
     """tpr's train loop on `model` as PyTorch runs it, then the fixture files.
 
@@ -286,20 +295,21 @@ def run_train_fixture(args, model, params, to_hub, forward_window, E, k, gen, me
         "data": {"file": "tokens.npy", "seed": args.seed, "seq_len": T, "windows_per_step": W,
                  "window": "window w = tokens[w*T : w*T+T+1]; inputs = first T, targets = last T"},
         "loss": meta_loss,
-        "optimizer": {"class": "torch.optim.AdamW", "foreach": False, "betas": [0.9, 0.95], "eps": 1e-8,
-                      "weight_decay": {"ndim>=2": args.weight_decay, "ndim<2": 0.0},
-                      "lr_schedule": {"lr_max": args.lr_max, "warmup": args.warmup, "min_lr": args.min_lr,
-                                      "total": args.steps},
-                      "grad_clip": {"max_norm": args.clip}, "steps": args.steps},
+        "optimizer": optimizer_meta(args),
         "records": rec,
         "checks": {"aux_loss_vs_rederived_float64_max_abs_diff": max(aux_checks) if aux_checks else None},
         "problems": problems,
     }
     meta.update((extra or {}).get("meta", {}))
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
+    write_meta(args.out, meta, problems)
+
+
+def write_meta(out_dir, meta, problems):
+    """meta.json into out_dir, then finish(problems)."""
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {out_dir}")
     finish(problems)
 
 

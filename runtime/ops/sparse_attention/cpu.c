@@ -26,12 +26,10 @@
 
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
+#include "runtime/ops/sparse_attention/select.h"
 #include "runtime/ops/strided.h"
 
-typedef struct sa_cfg {
-  int64_t ks, st, bs, topk, init, local, dense_len;  // local: window_size / block_size blocks
-  double scale;
-} sa_cfg;
+typedef tpr__sa_cfg sa_cfg;  // select.h
 
 typedef struct sa_seq {
   int64_t len;    // L: 1 + the largest position of its tokens in this call; 0: absent
@@ -94,53 +92,12 @@ static int64_t deciding_len(const tpr_tensor *pl, const sa_seq *sq, int64_t t, i
   return n > p + 1 ? n : p + 1;
 }
 
-// sel[0..qb] := the blocks query position p of KV head g attends (dense:
-// every block up to the query's).
+// sel[0..qb] := the blocks query position p of KV head g attends (select.h;
+// dense: every block up to the query's).
 static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t Hkv,
                           int64_t D, bool dense, sa_scratch *sc) {
-  const int64_t qb = p / cf->bs;
-  if (dense) {
-    memset(sc->sel, 1, (size_t)(qb + 1));
-    return;
-  }
-  for (int64_t b = 0; b <= qb; b++) sc->sel[b] = b < cf->init || b > qb - cf->local;
-  const int64_t first = cf->init, last = qb - cf->local;  // candidates [first, last]
-  int64_t slots = cf->topk - cf->init;
-  if (last < first || slots <= 0) return;
-  // S_j over the chunks position p sees: j*st + ks <= p + 1.
-  int64_t n_valid = p + 1 >= cf->ks ? (p + 1 - cf->ks) / cf->st + 1 : 0;
-  if (n_valid > sq->n_c) n_valid = sq->n_c;
-  for (int64_t j = 0; j < n_valid; j++) sc->S[j] = 0;
-  for (int64_t h = 0; h < G && n_valid > 0; h++) {
-    const double *q = sc->qd + h * D;
-    double m = -INFINITY, z = 0;
-    for (int64_t j = 0; j < n_valid; j++) {  // logits into w, reused as scratch
-      const double *c = sq->c + (j * Hkv + g) * D;
-      double dot = 0;
-      for (int64_t d = 0; d < D; d++) dot += q[d] * c[d];
-      sc->w[j] = dot * cf->scale;
-      m = sc->w[j] > m ? sc->w[j] : m;
-    }
-    for (int64_t j = 0; j < n_valid; j++) z += (sc->w[j] = exp(sc->w[j] - m));
-    for (int64_t j = 0; j < n_valid; j++) sc->S[j] += sc->w[j] / z;
-  }
-  // Block b's score: the max over the seen chunks overlapping it.
-  const int64_t per = cf->bs / cf->st, back = cf->ks / cf->st - 1;
-  for (int64_t b = first; b <= last; b++) {
-    int64_t lo = b * per - back, hi = (b + 1) * per;
-    lo = lo < 0 ? 0 : lo, hi = hi < n_valid ? hi : n_valid;
-    double best = 0;  // every S_j >= 0: a block with no seen chunk scores 0
-    for (int64_t j = lo; j < hi; j++) best = sc->S[j] > best ? sc->S[j] : best;
-    sc->score[b] = best;
-  }
-  // The best `slots` candidates, the lower block first among equals.
-  for (; slots > 0; slots--) {
-    int64_t pick = -1;
-    for (int64_t b = first; b <= last; b++)
-      if (!sc->sel[b] && (pick < 0 || sc->score[b] > sc->score[pick])) pick = b;
-    if (pick < 0) break;
-    sc->sel[pick] = 1;
-  }
+  const tpr__sa_sel_scratch ss = {.S = sc->S, .w = sc->w, .score = sc->score};
+  tpr__sa_select(cf, dense, sq->c, sq->n_c, Hkv, g, D, sc->qd, G, p, &ss, sc->sel);
 }
 
 // q . k in double: four interleaved partial sums combined in one fixed tree
@@ -259,9 +216,7 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
   const tpr_tensor *pl = n_in == 7 ? in[6] : NULL;
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
-  const sa_cfg cf = {.ks = attrs->i[0], .st = attrs->i[1], .bs = attrs->i[2], .topk = attrs->i[3],
-                     .init = attrs->i[4], .local = attrs->i[5] / attrs->i[2], .dense_len = attrs->i[6],
-                     .scale = attrs->f[0]};
+  const sa_cfg cf = tpr__sa_cfg_of(attrs);
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], B = bt->shape[0];
   const int64_t NB = kp->shape[0], pbs = kp->shape[1], Hkv = kp->shape[2], G = Hq / Hkv;
   sa_seq *sq = calloc((size_t)(B > 0 ? B : 1), sizeof *sq);

@@ -3,16 +3,16 @@
 // paged_attention's, checked by that op's own rule so the two never disagree;
 // this adds the sparse_config attributes. Index values are run-time data: the
 // kernel checks them.
+#include <math.h>
 #include <stdio.h>
 
 #include "runtime/ops/registry.h"
 #include "runtime/ops/rule_checks.h"
 
 // i[0] kernel_size, i[1] kernel_stride, i[2] block_size, i[3] topk,
-// i[4] init_blocks, i[5] window_size, i[6] dense_len, optional i[7] = 1:
-// the prefill-length form (a 7th input); f[0] scale.
-TPR__OP_RULE(sparse_attention_paged) {
-  const char *op = "sparse_attention_paged";
+// i[4] init_blocks, i[5] window_size, i[6] dense_len; f[0] scale.
+// The sparse_config attributes every form takes.
+static tpr_status check_attrs(const char *op, const tpr_op_attrs *attrs) {
   if (attrs->n_i < 7)
     return TPR_FAIL(TPR_ERR_INVALID_ARG,
                     "%s: needs 7 integer attributes (kernel_size, kernel_stride, block_size, topk, init_blocks, "
@@ -28,6 +28,15 @@ TPR__OP_RULE(sparse_attention_paged) {
   for (int a = 3; a < 7; a++)
     if (attrs->i[a] < 0)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s = %lld must be >= 0", op, names[a - 3], (long long)attrs->i[a]);
+  if (attrs->n_f < 1 || !isfinite(attrs->f[0]))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: needs a finite f[0] scale", op);
+  return TPR_OK;
+}
+
+// The paged form: optional i[7] = 1, the prefill-length form (a 7th input).
+TPR__OP_RULE(sparse_attention_paged) {
+  const char *op = "sparse_attention_paged";
+  TPR_CHECK(check_attrs(op, attrs));
   if (attrs->n_i > 7 && attrs->i[7] != 0 && attrs->i[7] != 1)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[7] = %lld; the prefill-length flag is 0 or 1", op,
                     (long long)attrs->i[7]);
@@ -49,7 +58,46 @@ TPR__OP_RULE(sparse_attention_paged) {
   return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
 }
 
+// The training form: q (T, Hq, D), k and v (T, Hkv, D) f32, one whole
+// sequence (its keys are this call's rows) -> (T, Hq, D).
+static tpr_status check_whole(const char *op, const tpr_tensor *const *in, const tpr_op_attrs *attrs) {
+  TPR_CHECK(check_attrs(op, attrs));
+  const tpr_tensor *q = in[0], *k = in[1], *v = in[2];
+  TPR_CHECK(tpr__need_dtype(op, q, TPR_F32, "q"));
+  TPR_CHECK(tpr__need_dtype(op, k, TPR_F32, "k"));
+  TPR_CHECK(tpr__need_dtype(op, v, TPR_F32, "v"));
+  TPR_CHECK(tpr__need_ndim(op, q, 3, "q", "(T, Hq, D)"));
+  TPR_CHECK(tpr__need_ndim(op, k, 3, "k", "(T, Hkv, D)"));
+  TPR_CHECK(tpr__need_same_shape(op, k, "k", v, "v"));
+  const int64_t T = q->shape[0], hq = q->shape[1], D = q->shape[2], hkv = k->shape[1];
+  if (k->shape[0] != T || k->shape[2] != D)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: k (%lld, %lld, %lld) must be (T = %lld, Hkv, D = %lld): one whole sequence",
+                    op, (long long)k->shape[0], (long long)hkv, (long long)k->shape[2], (long long)T, (long long)D);
+  if (hkv < 1 || hq % hkv)
+    return TPR_FAIL(TPR_ERR_SHAPE, "%s: Hq = %lld query heads is not a multiple of Hkv = %lld", op, (long long)hq,
+                    (long long)hkv);
+  return TPR_OK;
+}
+
+TPR__OP_RULE(sparse_attention) {
+  TPR_CHECK(check_whole("sparse_attention", in, attrs));
+  tpr__set_contiguous(out, TPR_F32, 3, in[0]->shape);
+  return TPR_OK;
+}
+
+// + dout (T, Hq, D) -> packed (dq | dk | dv).
+TPR__OP_RULE(sparse_attention_bwd) {
+  const char *op = "sparse_attention_bwd";
+  TPR_CHECK(check_whole(op, in, attrs));
+  TPR_CHECK(tpr__need_like(op, in[3], in[0], "dout"));
+  const int64_t *qs = in[0]->shape, *ks = in[1]->shape;
+  tpr__set_packed(out, qs[0] * qs[1] * qs[2] + 2 * ks[0] * ks[1] * ks[2]);
+  return TPR_OK;
+}
+
 const tpr__op_def tpr__sparse_attention_ops[] = {
     {TPR_OP_SPARSE_ATTENTION_PAGED, "sparse_attention_paged", 6, false, infer_sparse_attention_paged},
+    {TPR_OP_SPARSE_ATTENTION, "sparse_attention", 3, false, infer_sparse_attention},
+    {TPR_OP_SPARSE_ATTENTION_BWD, "sparse_attention_bwd", 4, false, infer_sparse_attention_bwd},
     {0},
 };
