@@ -145,11 +145,48 @@ AI void row_dot1(const tpr__sg_args *p, int64_t n, const int dt) {
   p->out[n] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
+// The same for an FP8 row: block by block, each block's scale (with the
+// bit trick's 2^120) folded into the widening multiply as in tile(); two
+// accumulators. Returns 1 when the row needs the portable path (a NaN
+// byte, a scale too large for the bit trick).
+static unsigned row_dot1_fp8(const tpr__sg_args *p, int64_t n) {
+  const tpr_weight_view *w = p->w;
+  const int64_t K = p->K, B = tpr__fp8_block(w);
+  const char *wr = (const char *)w->data + n * w->ld;
+  const float *sr = w->scale + n * w->scale_ld, *x = p->a;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m128i nan = _mm_setzero_si128();
+  unsigned bad = 0;
+  for (int64_t k0 = 0; k0 < K;) {
+    int64_t blk = (k0 + w->k_phase) / B, k1 = blk * B + B - w->k_phase, k = k0;
+    if (k1 > K) k1 = K;
+    float sc = sr[blk];
+    if (!(fabsf(sc) < TPR__FP8_SCALE_FAST_MAX)) bad = 1;
+    __m256 s = _mm256_set1_ps(sc * 0x1p120f);
+    for (; k + 2 * VL <= k1; k += 2 * VL) {
+      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_w(DT_FP8, wr + k, VL, s, &nan), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + VL), load_w(DT_FP8, wr + k + VL, VL, s, &nan), acc1);
+    }
+    for (; k + VL <= k1; k += VL) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_w(DT_FP8, wr + k, VL, s, &nan), acc0);
+    if (k < k1)
+      acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(x + k, lanes(k1 - k)), load_w(DT_FP8, wr + k, k1 - k, s, &nan), acc1);
+    k0 = k1;
+  }
+  if (_mm_movemask_epi8(_mm_cmpeq_epi8(nan, _mm_set1_epi8(0x7f)))) bad = 1;
+  p->out[n] = hsum(_mm256_add_ps(acc0, acc1));
+  return bad;
+}
+
 #include "skinny_gemm_tiles.h"
 
 void tpr__sg_rows_avx2(const tpr__sg_args *p, int64_t n0, int64_t n1) {
   const int dt = weight_dt(p);
-  if (p->M == 1 && dt != DT_FP8) {
+  if (p->M == 1 && dt == DT_FP8) {
+    for (int64_t n = n0; n < n1; n++)
+      if (row_dot1_fp8(p, n)) tpr__sg_rows_portable(p, n, n + 1);
+    return;
+  }
+  if (p->M == 1) {
     (dt == DT_F32 ? rows_dot1_f32 : rows_dot1_bf16)(p, n0, n1);
     return;
   }
