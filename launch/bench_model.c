@@ -28,6 +28,7 @@
 #include "launch/args.h"
 #include "launch/bench_model.h"
 #include "launch/bench_model_profile.h"
+#include "launch/bench_peak.h"
 #include "launch/bench_spec.h"
 #include "launch/cli_util.h"
 #include "launch/model_cli.h"
@@ -42,6 +43,7 @@ typedef struct roofline {
   double read_gbs;     // streaming read far past the last-level cache, on this rank's threads
   int read_threads;
   size_t read_bytes;   // this rank's buffer
+  tpr_bench_peak peak; // the ISA's arithmetic peak on this rank's threads (in registers)
 } roofline;
 
 // One thread's slice of the read probe: float adds into 4 x 8 independent
@@ -339,6 +341,18 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
            (unsigned long long)weight_bytes, roof_tps);
     printf(",\"kv_bytes_per_seq_per_rank\":%llu,\"state_bytes_per_seq_per_rank\":%llu", (unsigned long long)kv_seq,
            (unsigned long long)pool.state_slot_bytes);
+    const tpr_bench_peak *pk = &rf->peak;
+    printf(",\"machine_isa\":\"%s\",\"machine_amx_bf16\":%s", pk->isa, pk->has_amx_bf16 ? "true" : "false");
+    if (pk->f32_gflops > 0)
+      printf(",\"machine_f32_fma_peak_gflops_per_rank\":%.6g,\"prefill_f32_peak_efficiency\":%.6g", pk->f32_gflops,
+             pre_gf / pk->f32_gflops);
+    else
+      printf(",\"machine_f32_fma_peak_gflops_per_rank\":null,\"prefill_f32_peak_efficiency\":null");
+    if (pk->has_bf16_dot)
+      printf(",\"machine_bf16_dot_peak_gflops_per_rank\":%.6g,\"prefill_bf16_peak_efficiency\":%.6g", pk->bf16_gflops,
+             pre_gf / pk->bf16_gflops);
+    else
+      printf(",\"machine_bf16_dot_peak_gflops_per_rank\":null,\"prefill_bf16_peak_efficiency\":null");
     if (prof) printf(","), tpr_bench_profile_print_json(prof, w->rank);
     printf("}\n");
     return;
@@ -353,6 +367,14 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
   printf("  %-34s %10s %14s %14s\n", "", "tokens/s", "per rank", "vs roofline");
   printf("  %-34s %10.1f %9.2f GF/s %13.1f%%  (sgemm %.1f GF/s)\n", "prefill", pre_tps, pre_gf,
          100 * pre_gf / rf->gemm_gflops, rf->gemm_gflops);
+  const tpr_bench_peak *pk = &rf->peak;
+  if (pk->f32_gflops > 0) {
+    printf("  %-34s f32 FMA %.1f GF/s (%s, %d threads): prefill at %.1f%%", "ISA peak (in-register probe)",
+           pk->f32_gflops, pk->isa, pk->threads, 100 * pre_gf / pk->f32_gflops);
+    if (pk->has_bf16_dot)
+      printf("; bf16 dot %.1f GF/s (avx512_bf16): prefill at %.1f%%", pk->bf16_gflops, 100 * pre_gf / pk->bf16_gflops);
+    printf("%s\n", pk->has_amx_bf16 ? "; AMX-BF16 present (not probed)" : "");
+  }
   printf("  %-34s %10.1f %9.2f GB/s %13.1f%%  (read %.1f GB/s on %d threads; %.2f GF/s)\n", "decode (weight reads)",
          dec_tps, dec_gbs, 100 * dec_gbs / rf->read_gbs, rf->read_gbs, rf->read_threads, dec_gf);
   char what[64];
@@ -580,6 +602,7 @@ int tpr_bench_model(int argc, char **argv) {
     int threads = tpr_backend_cpu_threads(w.cpu);
     peak_before_probe = peak_rss_kb();
     measure_read(threads > 0 ? threads : omp_get_max_threads(), &rf);
+    tpr_bench_peak_measure(threads > 0 ? threads : omp_get_max_threads(), &rf.peak);
     if (!reset_peak_rss()) peak_before_probe = 0;  // the probe's buffer stays in the peak
     if (spec.kind) {
       if (!spec_ids) rc = spec_prompt(model, NULL, P, span, tpr_session_config(s)->vocab_size, (uint64_t)seed,

@@ -69,6 +69,28 @@ static void check_bench_json(cJSON *j, int ranks) {
   assert_true(eff > 0 && fabs(eff - want) <= 1e-3 * want + 1e-4);
   const cJSON *rss = cJSON_GetObjectItemCaseSensitive(j, "peak_rss_bytes");
   assert_int_equal(cJSON_GetArraySize(rss), ranks);
+  // The ISA's peak from the in-register probe: f32 FMA wherever the kernels
+  // vectorise; bf16 dot only with AVX512_BF16, null otherwise; the
+  // efficiencies are prefill's rate over them. (No timing is compared: the
+  // probes run while other tests load the machine.)
+  const char *isa = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "machine_isa"));
+  assert_non_null(isa);
+  const cJSON *f32 = cJSON_GetObjectItemCaseSensitive(j, "machine_f32_fma_peak_gflops_per_rank");
+  const cJSON *bf16 = cJSON_GetObjectItemCaseSensitive(j, "machine_bf16_dot_peak_gflops_per_rank");
+  assert_non_null(f32), assert_non_null(bf16);
+  const double pre = tt_json_num(j, "prefill_gflops_per_rank");
+  if (strcmp(isa, "portable") != 0) {
+    assert_true(cJSON_IsNumber(f32) && f32->valuedouble > 0);
+    assert_true(fabs(tt_json_num(j, "prefill_f32_peak_efficiency") - pre / f32->valuedouble) <= 1e-3 * pre / f32->valuedouble);
+  } else {
+    assert_true(cJSON_IsNull(f32));
+  }
+  if (cJSON_IsNumber(bf16)) {
+    assert_true(strcmp(isa, "avx512") == 0 && bf16->valuedouble > 0);
+    assert_true(fabs(tt_json_num(j, "prefill_bf16_peak_efficiency") - pre / bf16->valuedouble) <= 1e-3 * pre / bf16->valuedouble);
+  } else {
+    assert_true(cJSON_IsNull(bf16));
+  }
 }
 
 static void test_bench_model(void **state) {
