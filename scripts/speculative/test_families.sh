@@ -3,9 +3,8 @@
 # tokens with --speculative lookup:2:4 and self:1:3 equal those without, at
 # tp 1 and under mpirun -np 2 (tp 2, and ep 2 for the MoE families), and
 # each run verified drafts (so the comparison is not empty). The hybrid
-# family (minimax: recurrent state, rolled back by snapshot and recompute)
-# the same with lookup drafts at tp 1 and tp 2; its self-speculation is
-# refused with a clear message.
+# families (minimax, minicpm_sala: recurrent state, rolled back by snapshot
+# and recompute) the same with lookup and self drafts at tp 1 and tp 2.
 # usage: test_families.sh TPR FIXTURES MPIEXEC
 set -euo pipefail
 TPR=$1 FIX=$2 MPI=$3
@@ -60,28 +59,37 @@ for fam in minimax_m2_tiny qwen3_moe_tiny hunyuan_moe_tiny qwen2_vl_tiny qwen3_v
   done
 done
 
-# The hybrid family: lookup and self drafts equal plain decoding (rejected
+# The hybrid families: lookup and self drafts equal plain decoding (rejected
 # drafts roll the state back; self drafts' rounds move the first layers'
 # states, which the verification starts from again), at tp 1 and tp 2;
-# rollbacks reported.
-for mesh in "1" "2 --tp 2"; do
-  set -- $mesh
-  np=$1; shift
-  args=(--model "$FIX/minimax_tiny" "${PROMPTS[@]}" --prompt-ids 7,7,7,7 --max-new-tokens 24 "$@")
-  if ! run "$W/plain" "$np" "${args[@]}"; then fail "minimax [$mesh]: plain run failed: $(tail -3 "$W/plain.err")"; continue; fi
-  read -r want _ < <(summary "$W/plain")
-  for spec in lookup:2:4 self:1:3 self:2:2; do
-    if ! run "$W/spec" "$np" "${args[@]}" --speculative "$spec"; then
-      fail "minimax [$mesh] $spec: run failed: $(tail -3 "$W/spec.err")"
-      continue
-    fi
-    read -r got drafted < <(summary "$W/spec")
-    rb=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["speculative"]; print(s["state_rollbacks"], s["recomputed_tokens"])' "$W/spec")
-    if [ "$got" = "$want" ] && [ "$drafted" != "-" ] && [ "$drafted" -gt 0 ]; then
-      pass "minimax (hybrid) [np $mesh] $spec: tokens equal, $drafted drafts verified, rollbacks and recomputed tokens: $rb"
-    else
-      fail "minimax (hybrid) [np $mesh] $spec: got $got (drafts $drafted), want $want"
-    fi
+# rollbacks reported. minimax: lightning beside softmax layers.
+# minicpm_sala: lightning beside InfLLM-v2 sparse layers (dense_len 48), with
+# a 40-token prompt whose generation crosses dense_len: verification rows
+# straddle it, and each row must decide dense or sparse as its own decode
+# call would (the engine's per-row rule), or the tokens differ.
+sala_long=$(python3 -c 'print(",".join(str((i * 37 + 11) % 61 + 2) for i in range(40)))')
+for model in minimax_tiny minicpm_sala_tiny; do
+  extra=(--prompt-ids 7,7,7,7)
+  [ "$model" = minicpm_sala_tiny ] && extra+=(--prompt-ids "$sala_long")
+  for mesh in "1" "2 --tp 2"; do
+    set -- $mesh
+    np=$1; shift
+    args=(--model "$FIX/$model" "${PROMPTS[@]}" "${extra[@]}" --max-new-tokens 24 "$@")
+    if ! run "$W/plain" "$np" "${args[@]}"; then fail "$model [$mesh]: plain run failed: $(tail -3 "$W/plain.err")"; continue; fi
+    read -r want _ < <(summary "$W/plain")
+    for spec in lookup:2:4 self:1:3 self:2:2; do
+      if ! run "$W/spec" "$np" "${args[@]}" --speculative "$spec"; then
+        fail "$model [$mesh] $spec: run failed: $(tail -3 "$W/spec.err")"
+        continue
+      fi
+      read -r got drafted < <(summary "$W/spec")
+      rb=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["speculative"]; print(s["state_rollbacks"], s["recomputed_tokens"])' "$W/spec")
+      if [ "$got" = "$want" ] && [ "$drafted" != "-" ] && [ "$drafted" -gt 0 ]; then
+        pass "$model (hybrid) [np $mesh] $spec: tokens equal, $drafted drafts verified, rollbacks and recomputed tokens: $rb"
+      else
+        fail "$model (hybrid) [np $mesh] $spec: got $got (drafts $drafted), want $want"
+      fi
+    done
   done
 done
 # Bad values: a clear message, exit 2.
