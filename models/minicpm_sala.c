@@ -29,7 +29,6 @@ typedef struct sala {
   tpr_value_id prefill_len;  // (T) i32 each row's prompt length (tpr_step.prefill_lens); -1 without sparse layers
   const tpr_sala_train_opts *train;  // the training program's options; NULL: the step program
   tpr_value_id state0;       // (nh/tp, D, D) zeros (declared by both programs: the session binds every constant)
-  tpr_value_id start;        // training: (1) i32, unused (each run is one sequence from position 0)
 } sala;
 
 // Training: x, replicated over the tp group, enters rank-local compute here,
@@ -308,7 +307,6 @@ static tpr_status build(sala *b) {
     if (b->train->tokens < 1)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "minicpm_sala: %lld tokens per training run", (long long)b->train->tokens);
     TPR_CHECK(tpr_fstep_begin_tokens(c, b->train->tokens));
-    TPR_CHECK(tpr_program_input(c->p, "start", TPR_I32, 1, (const int64_t[]){1}, &b->start));
   } else {
     TPR_CHECK(tpr_fstep_begin(c));
   }

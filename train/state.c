@@ -312,8 +312,10 @@ static tpr_status build(tpr_train_state *t) {
     TPR_CHECK(tpr_tensor_new(t->be, TPR_I32, 1, (const int64_t[]){T}, ins[i]));
     TPR_CHECK(tpr_exec_bind(t->exec, names[i], *ins[i]));
   }
-  TPR_CHECK(tpr_tensor_new(t->be, TPR_I32, 1, (const int64_t[]){1}, &t->start));
-  TPR_CHECK(tpr_exec_bind(t->exec, "start", t->start));
+  if (tpr_exec_has(t->exec, "start")) {  // (1) i32, 0: families whose step reads the first position
+    TPR_CHECK(tpr_tensor_new(t->be, TPR_I32, 1, (const int64_t[]){1}, &t->start));
+    TPR_CHECK(tpr_exec_bind(t->exec, "start", t->start));
+  }
   TPR_CHECK(tpr_tensor_new(t->be, TPR_F32, 1, (const int64_t[]){1}, &t->loss_scale));
   TPR_CHECK(tpr_exec_bind(t->exec, "loss_scale", t->loss_scale));
   TPR_CHECK(bind_positions_3d(t));
@@ -324,7 +326,7 @@ static tpr_status build(tpr_train_state *t) {
   int32_t zero = 0, *pos = t->host_i32;
   for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
   TPR_CHECK(tpr_tensor_from_host(t->positions, pos, (size_t)T * sizeof *pos));
-  return tpr_tensor_from_host(t->start, &zero, sizeof zero);
+  return t->start ? tpr_tensor_from_host(t->start, &zero, sizeof zero) : TPR_OK;
 }
 
 static tpr_status open_state(tpr_session *s, const tpr_train_state_opts *o, tpr_train_state **out) {
