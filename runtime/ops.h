@@ -138,7 +138,10 @@ typedef enum tpr_op_kind {
   // key blocks it selects from compressed keys (init and local blocks always; the rest by top-k).
   TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
                                        // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
-                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32
+                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32;
+                                       // i[7] = 1: a 7th input, the compressed-key pool
+                                       // (NB, ceil(bs/kernel_stride), Hkv, D) f32, read and
+                                       // written IN PLACE (program.h)
   // The logistic function (minimax's output gate), from exp(-|x|) so that no x overflows (x = +-100 gives 1 and
   // 3.7e-44, not inf / inf).
   TPR_OP_SIGMOID = 71,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))
@@ -162,6 +165,12 @@ typedef enum tpr_mesh_axis {
 const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 
 #define TPR_OP_MAX_INPUTS 8
+// sparse_attention_paged's compressed-key rows per pool block of bs rows:
+// ceil(bs / kernel_stride) (chunk ends in one block differ by multiples of the stride).
+static inline int64_t tpr_sparse_ck_rows(int64_t bs, int64_t kernel_stride) {
+  return (bs + kernel_stride - 1) / kernel_stride;
+}
+
 #define TPR_OP_MAX_IATTRS 8
 #define TPR_OP_MAX_FATTRS 4
 

@@ -63,6 +63,7 @@ tpr_status tpr__op_infer(tpr_op_kind op, const tpr_tensor *const *in, int n_in, 
   if (n_in != want)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s takes %d inputs%s, got %d", ops[op].name, want,
                     block > 0  ? " in its FP8 form (the weights' scales last)"
+                    : docs && op == TPR_OP_SPARSE_ATTENTION_PAGED ? " with its compressed-key pool (last)"
                     : docs     ? " in its document form (the (T) lower bounds last)"
                                : "", n_in);
   for (int i = 0; i < n_in; i++)

@@ -96,6 +96,9 @@ bool tpr__attention_docs_attr(tpr_op_kind op, const tpr_op_attrs *at) {
   if (op == TPR_OP_ATTENTION || op == TPR_OP_ATTENTION_BWD) return at->n_i > 0 && at->i[0] != 0;
   // Lightning attention's prefill: i[0] is the block size, i[1] the flag.
   if (op == TPR_OP_LIGHTNING_ATTENTION || op == TPR_OP_LIGHTNING_ATTENTION_BWD) return at->n_i > 1 && at->i[1] != 0;
+  // Sparse attention: i[7] set adds its compressed-key pool (not documents,
+  // but the same one-more-input rule).
+  if (op == TPR_OP_SPARSE_ATTENTION_PAGED) return at->n_i > 7 && at->i[7] != 0;
   return false;
 }
 

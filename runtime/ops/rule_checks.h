@@ -35,7 +35,8 @@ int tpr__fp8_extra_inputs(tpr_op_kind op);  // inputs the FP8 form adds: the wei
 // Attention's document form (ops.h: i[0] = 1): one more input, the (T) i32
 // lower bounds of the keys each query sees. Lightning attention's prefill
 // and its backward (i[1] = 1): the same (T) i32 input, each token's
-// document start, where the state restarts from zero.
+// document start, where the state restarts from zero. Sparse attention
+// (i[7] = 1): its compressed-key pool, last.
 bool tpr__attention_docs_attr(tpr_op_kind op, const tpr_op_attrs *at);
 // An FP8 weight (..., N, K) with f32 scales (..., N, ceil(K / block)).
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,

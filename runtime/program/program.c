@@ -379,6 +379,17 @@ tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_val
   return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED,
                         (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions}, 6, &at, out);
 }
+// Writes ck_pool in place (as paged_cache_write its pool): program order
+// puts it after the layer's cache writes.
+tpr_status tpr_pb_sparse_attention_paged_ck(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
+                                            tpr_value_id ck_pool, tpr_value_id block_tables, tpr_value_id seq,
+                                            tpr_value_id positions, const tpr_sparse_attn *sa, tpr_value_id *out) {
+  tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
+  at.n_i = 8, at.i[7] = 1;
+  return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED,
+                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions, ck_pool}, 7, &at,
+                        out);
+}
 tpr_status tpr_pb_router_sigmoid_topk(tpr_program *p, tpr_value_id logits, tpr_value_id bias, int k,
                                       tpr_value_id *out) {
   tpr_op_attrs at = {.n_i = 1, .i = {k}};

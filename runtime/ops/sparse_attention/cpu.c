@@ -6,7 +6,11 @@
 // decides dense (L < dense_len) or sparse once, as the published forward
 // does; a sparse sequence's compressed keys (mean of kernel_size keys every
 // kernel_stride positions, per KV head) are computed once, in double, each
-// chunk summed on its own so equal chunks give equal means. Then each (token,
+// chunk summed on its own so equal chunks give equal means, and rounded to
+// f32. With the compressed-key pool (the 7th input, i[7] = 1) they are not
+// recomputed: the chunks that end at this call's positions are written to
+// the pool (the same rounding) and scoring reads the pool, so a decode step
+// reads L/stride compressed keys instead of L keys. Then each (token,
 // KV head) is one work item: it picks its blocks (init and local always; the
 // best-scoring others up to topk - init_blocks, ties to the lower block) and
 // runs every query head of its group over the picked keys up to its position.
@@ -34,7 +38,7 @@ typedef struct sa_seq {
   int64_t len;    // L: 1 + the largest position of its tokens in this call; 0: absent
   int64_t blk0;   // its first entry in the flat block list
   int64_t n_c;    // compressed chunks (sparse sequences only)
-  double *c;      // (n_c, Hkv, D) compressed keys, or NULL (dense)
+  float *c;       // (n_c, Hkv, D) compressed keys recomputed, or NULL (dense, or read from the pool)
 } sa_seq;
 
 // The pool as the kernel reads it: rows of position r of a sequence live in
@@ -53,21 +57,58 @@ static const float *kv_row(const float *base, const int64_t *st, const sa_kv *kv
 
 static int64_t at1(const tpr_tensor *t, int64_t i) { return tpr__index_at(t, i * t->stride[0]); }
 
-// c (n_c, Hkv, D) := the mean of each chunk's kernel_size keys, in double.
-static void compress(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t Hkv, int64_t D, double *c,
-                     int nt) {
-  const int64_t n = sq->n_c * Hkv, dst = kv->ks[3];
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t j = i / Hkv, g = i % Hkv;
-    double *out = c + i * D;
-    for (int64_t d = 0; d < D; d++) out[d] = 0;
-    for (int64_t r = j * cf->st; r < j * cf->st + cf->ks; r++) {
-      const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
-      for (int64_t d = 0; d < D; d++) out[d] += k[d * dst];
-    }
-    for (int64_t d = 0; d < D; d++) out[d] /= (double)cf->ks;
+// out (D) := chunk j of KV head g: the mean of its kernel_size keys, summed
+// in double in position order, rounded to f32 (the pool's and the plain
+// form's value alike). acc (D) scratch.
+static void mean_chunk(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t j, int64_t g, int64_t D,
+                       double *acc, float *out) {
+  const int64_t dst = kv->ks[3];
+  for (int64_t d = 0; d < D; d++) acc[d] = 0;
+  for (int64_t r = j * cf->st; r < j * cf->st + cf->ks; r++) {
+    const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
+    for (int64_t d = 0; d < D; d++) acc[d] += k[d * dst];
   }
+  for (int64_t d = 0; d < D; d++) out[d] = (float)(acc[d] / (double)cf->ks);
+}
+
+// c (n_c, Hkv, D) := every chunk of the sequence (the plain form).
+static tpr_status compress(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t Hkv, int64_t D, float *c,
+                           int nt) {
+  const int64_t n = sq->n_c * Hkv;
+  int oom = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    double *acc = malloc((size_t)D * sizeof *acc);
+    if (!acc) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+      if (acc) mean_chunk(kv, sq, cf, i / Hkv, i % Hkv, D, acc, c + i * D);
+    free(acc);
+  }
+  return oom ? TPR_FAIL(TPR_ERR_OOM, "sparse_attention_paged (cpu): compression scratch") : TPR_OK;
+}
+
+// The compressed-key pool (NB, R, Hkv, D) contiguous: chunk j ends at
+// position e = j*stride + kernel_size - 1, in the sequence's block e / pbs,
+// row (e % pbs) / stride (program.h).
+typedef struct sa_ckpool {
+  float *c;  // NULL: the plain form
+  int64_t R;
+} sa_ckpool;
+
+static float *pool_chunk(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t j,
+                         int64_t g, int64_t Hkv, int64_t D) {
+  const int64_t e = j * cf->st + cf->ks - 1;
+  return cp->c + ((kv->blocks[sq->blk0 + e / kv->pbs] * cp->R + (e % kv->pbs) / cf->st) * Hkv + g) * D;
+}
+
+// Chunk j of head g as scoring reads it.
+static inline const float *chunk_at(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf,
+                                    int64_t j, int64_t g, int64_t Hkv, int64_t D) {
+  return cp->c ? pool_chunk(cp, kv, sq, cf, j, g, Hkv, D) : sq->c + (j * Hkv + g) * D;
 }
 
 // Scratch of one thread.
@@ -82,8 +123,10 @@ typedef struct sa_scratch {
 } sa_scratch;
 
 // sel[0..qb] := the blocks query position p of KV head g attends.
-static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t Hkv,
-                          int64_t D, sa_scratch *sc) {
+static inline double dot_qk(const double *q, const float *k, int64_t dk, int64_t D);
+
+static void select_blocks(const sa_cfg *cf, const sa_kv *kv, const sa_ckpool *cp, const sa_seq *sq, int64_t p,
+                          int64_t g, int64_t G, int64_t Hkv, int64_t D, int64_t cap, sa_scratch *sc) {
   const int64_t qb = p / cf->bs;
   if (sq->len < cf->dense_len) {  // dense: every block up to the query's
     memset(sc->sel, 1, (size_t)(qb + 1));
@@ -96,19 +139,27 @@ static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t
   // S_j over the chunks position p sees: j*st + ks <= p + 1.
   int64_t n_valid = p + 1 >= cf->ks ? (p + 1 - cf->ks) / cf->st + 1 : 0;
   if (n_valid > sq->n_c) n_valid = sq->n_c;
-  for (int64_t j = 0; j < n_valid; j++) sc->S[j] = 0;
-  for (int64_t h = 0; h < G && n_valid > 0; h++) {
-    const double *q = sc->qd + h * D;
-    double m = -INFINITY, z = 0;
-    for (int64_t j = 0; j < n_valid; j++) {  // logits into w, reused as scratch
-      const double *c = sq->c + (j * Hkv + g) * D;
-      double dot = 0;
-      for (int64_t d = 0; d < D; d++) dot += q[d] * c[d];
-      sc->w[j] = dot * cf->scale;
-      m = sc->w[j] > m ? sc->w[j] : m;
+  // Chunks outer, the group's heads inner: each compressed key is read once
+  // for the group. Logits into w (G, cap), reused as scratch; mz the heads'
+  // maxima, then their sums.
+  double *m = sc->mz, *z = sc->mz + G;
+  for (int64_t h = 0; h < G; h++) m[h] = -INFINITY, z[h] = 0;
+  for (int64_t j = 0; j < n_valid; j++) {
+    const float *c = chunk_at(cp, kv, sq, cf, j, g, Hkv, D);
+    for (int64_t h = 0; h < G; h++) {
+      const double w = dot_qk(sc->qd + h * D, c, 1, D) * cf->scale;
+      sc->w[h * cap + j] = w;
+      m[h] = w > m[h] ? w : m[h];
     }
-    for (int64_t j = 0; j < n_valid; j++) z += (sc->w[j] = exp(sc->w[j] - m));
-    for (int64_t j = 0; j < n_valid; j++) sc->S[j] += sc->w[j] / z;
+  }
+  for (int64_t h = 0; h < G; h++) {
+    double *w = sc->w + h * cap;
+    for (int64_t j = 0; j < n_valid; j++) z[h] += (w[j] = exp(w[j] - m[h]));
+  }
+  for (int64_t j = 0; j < n_valid; j++) {  // S_j summed over the heads in order
+    double S = 0;
+    for (int64_t h = 0; h < G; h++) S += sc->w[h * cap + j] / z[h];
+    sc->S[j] = S;
   }
   // Block b's score: the max over the seen chunks overlapping it.
   const int64_t per = cf->bs / cf->st, back = cf->ks / cf->st - 1;
@@ -230,11 +281,37 @@ static void free_scratch(sa_scratch *sc) {
   free(sc->S), free(sc->score), free(sc->sel), free(sc->w), free(sc->acc), free(sc->qd), free(sc->mz);
 }
 
+// The pool's chunks that end at this call's positions := their means, for
+// every sequence (dense ones too: they turn sparse later). One item per
+// (token, KV head); each writes its own row.
+static tpr_status fill_pool(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf,
+                            const tpr_tensor *seq, const tpr_tensor *pos, int64_t T, int64_t Hkv, int64_t D, int nt) {
+  int oom = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1 && T * Hkv > 1)
+  {
+    double *acc = malloc((size_t)D * sizeof *acc);
+    if (!acc) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < T * Hkv; i++) {
+      const int64_t t = i / Hkv, g = i % Hkv, s = at1(seq, t), e = s < 0 ? -1 : at1(pos, t);
+      if (!acc || e + 1 < cf->ks || (e + 1 - cf->ks) % cf->st) continue;  // padded, or no chunk ends at e
+      const int64_t j = (e + 1 - cf->ks) / cf->st;
+      mean_chunk(kv, &sq[s], cf, j, g, D, acc, pool_chunk(cp, kv, &sq[s], cf, j, g, Hkv, D));
+    }
+    free(acc);
+  }
+  return oom ? TPR_FAIL(TPR_ERR_OOM, "sparse_attention_paged (cpu): compression scratch") : TPR_OK;
+}
+
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
-// i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
+// i32, seq (T) i32, positions (T) i32[, ck_pool (NB, R, Hkv, D) f32 written
+// in place]; out (T, Hq, D) contiguous.
 TPR_CPU_KERNEL(sparse_attention_paged) {
   const char *op = "sparse_attention_paged (cpu)";
-  if (n_in != 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 inputs, got %d", op, n_in);
+  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const sa_cfg cf = {.ks = attrs->i[0], .st = attrs->i[1], .bs = attrs->i[2], .topk = attrs->i[3],
@@ -249,17 +326,20 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
   const sa_kv kv = {.k = tpr_tensor_data(kp), .v = tpr_tensor_data(vp), .ks = kp->stride, .vs = vp->stride,
                     .blocks = blocks, .pbs = pbs};
   const int nt = tpr__cpu_nt(ctx, T * Hq * (max_len > 1 ? max_len : 1));
+  const sa_ckpool cp = {.c = n_in == 7 ? tpr_tensor_data(in[6]) : NULL, .R = n_in == 7 ? in[6]->shape[1] : 0};
+  if (rc == TPR_OK && cp.c) rc = fill_pool(&cp, &kv, sq, &cf, seq, pos, T, Hkv, D, nt);
   int64_t max_c = 0;
   for (int64_t s = 0; s < B && rc == TPR_OK; s++) {
     if (sq[s].len < cf.dense_len || sq[s].len == 0) continue;
     sq[s].n_c = sq[s].len >= cf.ks ? (sq[s].len - cf.ks) / cf.st + 1 : 0;
-    sq[s].c = malloc((size_t)(sq[s].n_c * Hkv * D > 0 ? sq[s].n_c * Hkv * D : 1) * sizeof(double));
+    max_c = sq[s].n_c > max_c ? sq[s].n_c : max_c;
+    if (cp.c) continue;  // scoring reads the pool
+    sq[s].c = malloc((size_t)(sq[s].n_c * Hkv * D > 0 ? sq[s].n_c * Hkv * D : 1) * sizeof(float));
     if (!sq[s].c) {
       rc = TPR_FAIL(TPR_ERR_OOM, "%s: compressed keys of a %lld-token sequence", op, (long long)sq[s].len);
       break;
     }
-    compress(&kv, &sq[s], &cf, Hkv, D, sq[s].c, nt);
-    max_c = sq[s].n_c > max_c ? sq[s].n_c : max_c;
+    rc = compress(&kv, &sq[s], &cf, Hkv, D, sq[s].c, nt);
   }
   float *o = tpr_tensor_data(out);
   if (rc == TPR_OK) memset(o, 0, (size_t)(T * Hq * D) * sizeof *o);  // padded tokens' rows stay 0
@@ -289,7 +369,7 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
       const int64_t p = at1(pos, t);
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) sc.qd[h * D + d] = qb[t * qs[0] + (g * G + h) * qs[1] + d * qs[2]];
-      select_blocks(&cf, &sq[s], p, g, G, Hkv, D, &sc);
+      select_blocks(&cf, &kv, &cp, &sq[s], p, g, G, Hkv, D, cap, &sc);
       attend(&cf, &kv, &sq[s], p, g, G, D, cap, &sc, o + (t * Hq + g * G) * D);
     }
     free_scratch(&sc);

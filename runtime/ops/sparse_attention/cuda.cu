@@ -187,11 +187,14 @@ tpr_status upload(tpr_cuda_ctx *c, const char *op, const std::vector<int64_t> &h
 }  // namespace
 
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
-// i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
+// i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous. A 7th
+// input (the compressed-key pool) is accepted and neither read nor written:
+// this twin recomputes a sequence's compressed keys every call, which gives
+// the values the CPU kernel would keep there (up to their f32 rounding).
 TPR_CUDA_KERNEL(sparse_attention_paged) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   const char *op = "sparse_attention_paged (cuda)";
-  if (n_in != 6) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 inputs, got %d", op, n_in);
+  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2];

@@ -28,10 +28,25 @@ TPR__OP_RULE(sparse_attention_paged) {
     if (attrs->i[a] < 0)
       return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: %s = %lld must be >= 0", op, names[a - 3], (long long)attrs->i[a]);
   const tpr_status rc = tpr__op_infer(TPR_OP_PAGED_ATTENTION, in, 6, attrs, out);
-  if (rc == TPR_OK) return TPR_OK;
-  char why[512];
-  snprintf(why, sizeof why, "%s", tpr_last_error());
-  return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
+  if (rc != TPR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpr_last_error());
+    return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
+  }
+  if (!tpr__attention_docs_attr(TPR_OP_SPARSE_ATTENTION_PAGED, attrs)) return TPR_OK;
+  // The compressed-key pool (NB, ceil(bs/stride), Hkv, D) f32 beside the KV
+  // pool, written in place: contiguous, so the kernel's writes land where
+  // its reads (and the next call's) look.
+  const tpr_tensor *kp = in[1], *ck = in[6];
+  const int64_t want[4] = {kp->shape[0], tpr_sparse_ck_rows(kp->shape[1], st), kp->shape[2], kp->shape[3]};
+  if (ck->dtype != TPR_F32 || ck->ndim != 4 || ck->shape[0] != want[0] || ck->shape[1] != want[1] ||
+      ck->shape[2] != want[2] || ck->shape[3] != want[3] || !tpr_tensor_is_contiguous(ck))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                    "%s: the compressed-key pool must be contiguous f32 (NB %lld, ceil(bs %lld / kernel_stride "
+                    "%lld) = %lld, Hkv %lld, D %lld)",
+                    op, (long long)want[0], (long long)kp->shape[1], (long long)st, (long long)want[1],
+                    (long long)want[2], (long long)want[3]);
+  return TPR_OK;
 }
 
 const tpr__op_def tpr__sparse_attention_ops[] = {
