@@ -122,6 +122,17 @@ static tpr_status lightning(sala *b, int64_t L, tpr_value_id h, tpr_value_id *ou
   return tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
 }
 
+bool tpr_minicpm_sala_ck_pool(const tpr_model_config *cfg, int64_t max_seq, bool dense_sparse_layers) {
+  return cfg->family == TPR_FAMILY_MINICPM_SALA && !dense_sparse_layers && cfg->sparse_dense_len <= max_seq;
+}
+
+// q (T, G', D) -> (T, G', D): the sparse layer's attention over its pools.
+static tpr_status attend(tpr_fstep *c, bool ck, tpr_value_id q, tpr_value_id kp, tpr_value_id vp, tpr_value_id ckp,
+                         const tpr_sparse_attn *sa, tpr_value_id *att) {
+  if (ck) return tpr_pb_sparse_attention_paged_ck(c->p, q, kp, vp, ckp, c->blocks, c->seq, c->positions, sa, att);
+  return tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, sa->scale, att);
+}
+
 // h (T, H) normed -> (T, H) the sparse layer's output, replicated over tp.
 static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) {
   tpr_fstep *c = &b->c;
@@ -154,13 +165,23 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
   TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &vp));
   TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, k, c->slots, &done));  // before the attention that reads them
   TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v, c->slots, &done));
-  tpr_sparse_attn sa = {.kernel_size = cfg->sparse_kernel_size,
+  // Sparse only when a sequence may reach dense_len: its compressed keys in
+  // the "ck" pool. Else plain causal attention (the op's dense result up to
+  // rounding) on paged_attention's faster kernel.
+  const bool ck = tpr_minicpm_sala_ck_pool(cfg, st->max_blocks * st->block_size, b->dense);
+  tpr_value_id ckp = -1;
+  if (ck) {
+    tpr_family_pool_name(L, "ck", name, sizeof name);
+    const int64_t cshape[4] = {st->pool_blocks, tpr_sparse_ck_rows(st->block_size, cfg->sparse_kernel_stride), kr, D};
+    TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, cshape, &ckp));
+  }
+  const tpr_sparse_attn sa = {.kernel_size = cfg->sparse_kernel_size,
                         .kernel_stride = cfg->sparse_kernel_stride,
                         .block_size = cfg->sparse_block_size,
                         .topk = cfg->sparse_topk,
                         .init_blocks = cfg->sparse_init_blocks,
                         .window_size = cfg->sparse_window_size,
-                        .dense_len = b->dense ? INT64_MAX : cfg->sparse_dense_len,
+                        .dense_len = cfg->sparse_dense_len,
                         .scale = (float)(1.0 / sqrt((double)D))};
   if (b->group_q >= 0) {
     // The group's q heads live on several ranks: gather every rank's heads
@@ -173,10 +194,10 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_pb_index_select(c->p, qa, 0, b->group_q, &qa));            // (G, T, D)
     TPR_CHECK(tpr_pb_permute(c->p, qa, (const int[]){1, 0, 2}, &qa));
     TPR_CHECK(tpr_pb_scale(c->p, qa, 1.0f, &qa));  // (T, G, D)
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, &sa, &att));
+    TPR_CHECK(attend(c, ck, qa, kp, vp, ckp, &sa, &att));
     TPR_CHECK(tpr_pb_index_select(c->p, att, 1, b->own_q, &att));  // (T, qr, D)
   } else {
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, &sa, &att));
+    TPR_CHECK(attend(c, ck, q, kp, vp, ckp, &sa, &att));
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   if (cfg->attn_out_gate) {

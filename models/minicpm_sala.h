@@ -21,7 +21,10 @@
 //     sparse layer (minicpm4): q, k, v = h Wq_r^T, ... (heads padded / KV
 //       replicated as every softmax layer), no position encoding; k, v written
 //       to the layer's paged KV pool; o = sparse_attention_paged(q, pools)
-//       with the config's sparse_config. The block selection of a KV head sums
+//       with the config's sparse_config, its compressed keys kept in a
+//       third pool beside K and V ("ck", tpr_minicpm_sala_ck_pool); a layer
+//       that cannot turn sparse (dense_len past max_seq, or forced dense)
+//       runs paged_attention. The block selection of a KV head sums
 //       the scores of its whole query group: when the group's q heads are
 //       split over ranks (KV heads replicated, tp > nkv) each rank all-gathers
 //       q over tp, attends with the group's heads and keeps its own.
@@ -55,6 +58,15 @@ typedef enum tpr_sala_control {
 // The step program (models/family.h's interface); o->family_control a
 // tpr_sala_control, o->dense_sparse_layers runs the sparse layers dense.
 tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_build_opts *o, tpr_program **out);
+
+// Whether the sparse layers run sparse_attention_paged with a compressed-key
+// pool per layer beside the KV pool (tpr_family_pool_name(L, "ck"): (NB,
+// tpr_sparse_ck_rows(bs, kernel_stride), kv_per_rank, D) f32, which the
+// session allocates and counts in its block bytes). False when no sequence
+// of at most max_seq tokens can turn sparse (dense_len > max_seq) or the
+// layers are forced dense: they are then plain causal attention and run
+// paged_attention, holding no such pool.
+bool tpr_minicpm_sala_ck_pool(const tpr_model_config *cfg, int64_t max_seq, bool dense_sparse_layers);
 
 // The engine's entry (models/family.c). The session's per_rank_qk_norm
 // control maps to TPR_SALA_CONTROL_LOCAL_NORM.
