@@ -126,10 +126,14 @@ bool tpr_minicpm_sala_ck_pool(const tpr_model_config *cfg, int64_t max_seq, bool
   return cfg->family == TPR_FAMILY_MINICPM_SALA && !dense_sparse_layers && cfg->sparse_dense_len <= max_seq;
 }
 
-// q (T, G', D) -> (T, G', D): the sparse layer's attention over its pools.
-static tpr_status attend(tpr_fstep *c, bool ck, tpr_value_id q, tpr_value_id kp, tpr_value_id vp, tpr_value_id ckp,
-                         const tpr_sparse_attn *sa, tpr_value_id *att) {
-  if (ck) return tpr_pb_sparse_attention_paged_ck(c->p, q, kp, vp, ckp, c->blocks, c->seq, c->positions, sa, att);
+// q (T, G', D) -> (T, G', D): the sparse layer's attention over its pools:
+// sparse with the compressed-key pool ckp (or without: ckp < 0), or plain
+// causal attention.
+static tpr_status attend(tpr_fstep *c, bool sparse_op, tpr_value_id q, tpr_value_id kp, tpr_value_id vp,
+                         tpr_value_id ckp, const tpr_sparse_attn *sa, tpr_value_id *att) {
+  if (sparse_op && ckp >= 0)
+    return tpr_pb_sparse_attention_paged_ck(c->p, q, kp, vp, ckp, c->blocks, c->seq, c->positions, sa, att);
+  if (sparse_op) return tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, sa, att);
   return tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, sa->scale, att);
 }
 
@@ -168,7 +172,8 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
   // Sparse only when a sequence may reach dense_len: its compressed keys in
   // the "ck" pool. Else plain causal attention (the op's dense result up to
   // rounding) on paged_attention's faster kernel.
-  const bool ck = tpr_minicpm_sala_ck_pool(cfg, st->max_blocks * st->block_size, b->dense);
+  const bool sparse_op = tpr_minicpm_sala_ck_pool(cfg, st->max_blocks * st->block_size, b->dense);
+  const bool ck = sparse_op && b->control != TPR_SALA_CONTROL_RECOMPUTE_CK;
   tpr_value_id ckp = -1;
   if (ck) {
     tpr_family_pool_name(L, "ck", name, sizeof name);
@@ -194,10 +199,10 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_pb_index_select(c->p, qa, 0, b->group_q, &qa));            // (G, T, D)
     TPR_CHECK(tpr_pb_permute(c->p, qa, (const int[]){1, 0, 2}, &qa));
     TPR_CHECK(tpr_pb_scale(c->p, qa, 1.0f, &qa));  // (T, G, D)
-    TPR_CHECK(attend(c, ck, qa, kp, vp, ckp, &sa, &att));
+    TPR_CHECK(attend(c, sparse_op, qa, kp, vp, ckp, &sa, &att));
     TPR_CHECK(tpr_pb_index_select(c->p, att, 1, b->own_q, &att));  // (T, qr, D)
   } else {
-    TPR_CHECK(attend(c, ck, q, kp, vp, ckp, &sa, &att));
+    TPR_CHECK(attend(c, sparse_op, q, kp, vp, ckp, &sa, &att));
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   if (cfg->attn_out_gate) {

@@ -52,6 +52,8 @@ typedef enum tpr_sala_control {
   TPR_SALA_CONTROL_NO_MUP = 2,       // muP's residual scale dropped (branches added at 1)
   TPR_SALA_CONTROL_SPARSE_ROPE = 3,  // RoPE applied to the sparse layers' q and k
   TPR_SALA_CONTROL_LOCAL_GROUP = 4,  // sparse layers select blocks with the rank's q heads only (no gather)
+  TPR_SALA_CONTROL_RECOMPUTE_CK = 5,  // not a fault: the sparse op's plain form (compressed keys recomputed
+                                      // every call, the "ck" pools unread), what the pools must reproduce
   TPR_SALA_CONTROL_COUNT
 } tpr_sala_control;
 
