@@ -139,7 +139,8 @@ void tpr_session_close(tpr_session *s) {
     if (s->pools) tpr_tensor_free(s->pools[i]);
   }
   for (int64_t L = 0; s->states && L < layers; L++) tpr_tensor_free(s->states[L]);
-  free(s->states);
+  for (int64_t L = 0; s->ck_pools && L < layers; L++) tpr_tensor_free(s->ck_pools[L]);
+  free(s->states), free(s->ck_pools);
   free(s->item_tensors), free(s->item_scales), free(s->kind_dtype), free(s->kind_block), free(s->experts), free(s->pools), free(s->logits_t), free(s->gates_host), free(s->host_in);
   tpr_moe_stats_free(&s->moe_stats);
   tpr_family_consts_free(&s->consts);

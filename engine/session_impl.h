@@ -47,6 +47,7 @@ struct tpr_session {
   const tpr_family *family;
   tpr_session_pool pool;
   tpr_tensor **pools;                  // (2 * layers) k, v per layer: (NB, bs, kv_per_rank, D); NULL for a lightning layer
+  tpr_tensor **ck_pools;               // (layers) minicpm_sala's compressed keys per sparse layer (NB, R, kv_per_rank, D); else NULL
   tpr_tensor **states;                 // (layers) recurrent layers' state slots (NS, state shape); NULL otherwise
   tpr_family_consts consts;            // the family's step-program constants (family.h), bound by name
   int32_t *host_in;  // staging of a step's inputs: 4*T + B*MB + N + 3*T (MRoPE) + T (state slots) + T (prefill lengths)

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "engine/session_impl.h"
+#include "models/minicpm_sala.h"
 #include "runtime/host_mem.h"
 
 tpr_session_pool tpr_session_pool_info(const tpr_session *s) { return s->pool; }
@@ -20,10 +21,20 @@ static int64_t kv_layers(const tpr_session *s) {
   return n > 0 ? n : 1;
 }
 
-// Bytes of one KV block over every layer that has a KV cache, K and V, on this rank.
+// minicpm_sala's compressed-key rows per block of each sparse layer (0: the
+// family keeps none): paged beside K and V through the same block tables, so
+// a block's bytes (and a sequence's) include them.
+static int64_t ck_rows(const tpr_session *s) {
+  const tpr_session_pool *p = &s->pool;
+  if (!tpr_minicpm_sala_ck_pool(&s->cfg, p->max_blocks * p->block_size, s->o.dense_sparse_layers)) return 0;
+  return tpr_sparse_ck_rows(p->block_size, s->cfg.sparse_kernel_stride);
+}
+
+// Bytes of one KV block over every layer that has a KV cache, K and V (and
+// compressed keys), on this rank.
 static uint64_t block_bytes(const tpr_session *s) {
-  return 2u * (uint64_t)kv_layers(s) * (uint64_t)s->pool.block_size * (uint64_t)s->plan.attn.kv_per_rank *
-         (uint64_t)s->cfg.head_dim * sizeof(float);
+  return (2u * (uint64_t)s->pool.block_size + (uint64_t)ck_rows(s)) * (uint64_t)kv_layers(s) *
+         (uint64_t)s->plan.attn.kv_per_rank * (uint64_t)s->cfg.head_dim * sizeof(float);
 }
 
 // Sizes the pool (the smallest block count any rank affords: collective) and
@@ -105,6 +116,14 @@ tpr_status tpr__session_alloc_pool(tpr_session *s) {
     if (tpr_model_config_layer_is_linear(&s->cfg, i / 2)) continue;  // its state is not a KV cache
     TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, shape, &s->pools[i]));
     TPR_CHECK(tpr_tensor_fill_zero(s->pools[i]));
+  }
+  const int64_t R = ck_rows(s), cshape[4] = {blocks, R, s->plan.attn.kv_per_rank, s->cfg.head_dim};
+  if (R && !(s->ck_pools = calloc((size_t)s->cfg.num_layers, sizeof *s->ck_pools)))
+    return TPR_FAIL(TPR_ERR_OOM, "session: compressed-key pool handles");
+  for (int64_t L = 0; R && L < s->cfg.num_layers; L++) {
+    if (tpr_model_config_layer_is_linear(&s->cfg, L)) continue;
+    TPR_CHECK(tpr_tensor_new(s->be, TPR_F32, 4, cshape, &s->ck_pools[L]));
+    TPR_CHECK(tpr_tensor_fill_zero(s->ck_pools[L]));
   }
   return alloc_states(s);
 }

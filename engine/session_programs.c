@@ -42,6 +42,9 @@ static tpr_status bind_params(tpr_session *s, tpr_exec *e, bool partial) {
     TPR_CHECK(bind(e, partial, name, s->pools[2 * L]));
     tpr_family_pool_name(L, "v", name, sizeof name);
     TPR_CHECK(bind(e, partial, name, s->pools[2 * L + 1]));
+    tpr_family_pool_name(L, "ck", name, sizeof name);
+    // A program that recomputes its compressed keys (a parity control) reads no such pool.
+    if (s->ck_pools && s->ck_pools[L] && tpr_exec_has(e, name)) TPR_CHECK(bind(e, true, name, s->ck_pools[L]));
   }
   for (int i = 0; i < s->consts.n; i++) TPR_CHECK(bind(e, partial, s->consts.names[i], s->consts.t[i]));
   return bind(e, partial, "rank", s->rank);

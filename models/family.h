@@ -125,7 +125,7 @@ tpr_status tpr_family_find(tpr_model_family family, const tpr_family **out);
 
 // Param names the engine binds (see above).
 void tpr_family_expert_name(int64_t layer, const char *which, char *buf, size_t cap);  // which: "w13", "w2"
-void tpr_family_pool_name(int64_t layer, const char *which, char *buf, size_t cap);    // which: "k", "v"
+void tpr_family_pool_name(int64_t layer, const char *which, char *buf, size_t cap);    // which: "k", "v", "ck"
 void tpr_family_state_name(int64_t layer, char *buf, size_t cap);  // layer L's state slots
 // A plan tensor name with {L} replaced by the layer.
 void tpr_family_param_name(const char *pattern, int64_t layer, char *buf, size_t cap);

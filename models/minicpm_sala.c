@@ -158,6 +158,23 @@ static tpr_status lightning(sala *b, int64_t L, tpr_value_id h, tpr_value_id *ou
   return tpr_pb_all_reduce(c->p, o, TPR_AXIS_TP, c->plan->tp, 0 /* sum */, out);
 }
 
+bool tpr_minicpm_sala_ck_pool(const tpr_model_config *cfg, int64_t max_seq, bool dense_sparse_layers) {
+  return cfg->family == TPR_FAMILY_MINICPM_SALA && !dense_sparse_layers && cfg->sparse_dense_len <= max_seq;
+}
+
+// q (T, G', D) -> (T, G', D): the sparse layer's attention over its pools:
+// sparse with the compressed-key pool ckp (or without: ckp < 0), each row
+// deciding by its prompt's length where the program reads "prefill_len", or
+// plain causal attention.
+static tpr_status attend(sala *b, bool sparse_op, tpr_value_id q, tpr_value_id kp, tpr_value_id vp,
+                         tpr_value_id ckp, const tpr_sparse_attn *sa, tpr_value_id *att) {
+  tpr_fstep *c = &b->c;
+  if (sparse_op)
+    return tpr_pb_sparse_attention_paged(c->p, q, kp, vp, ckp, c->blocks, c->seq, c->positions, b->prefill_len, sa,
+                                         att);
+  return tpr_pb_paged_attention(c->p, q, kp, vp, c->blocks, c->seq, c->positions, sa->scale, att);
+}
+
 // h (T, H) normed -> (T, H) the sparse layer's output, replicated over tp.
 static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) {
   tpr_fstep *c = &b->c;
@@ -186,7 +203,9 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_fstep_rope(c, q, &q));
     TPR_CHECK(tpr_fstep_rope(c, k, &k));
   }
-  if (!b->train) {  // the paged KV pools (training attends this run's k and v)
+  tpr_value_id ckp = -1;
+  bool sparse_op = true;  // training: sparse_attention (dense below dense_len, as the published forward)
+  if (!b->train) {        // the paged KV pools (training attends this run's k and v)
     const int64_t pshape[4] = {st->pool_blocks, st->block_size, kr, D};
     tpr_family_pool_name(L, "k", name, sizeof name);
     TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &kp));
@@ -194,6 +213,16 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, pshape, &vp));
     TPR_CHECK(tpr_pb_paged_cache_write(c->p, kp, k, c->slots, &done));  // before the attention that reads them
     TPR_CHECK(tpr_pb_paged_cache_write(c->p, vp, v, c->slots, &done));
+    // Sparse only when a sequence may reach dense_len: its compressed keys in
+    // the "ck" pool. Else plain causal attention (the op's dense result up to
+    // rounding) on paged_attention's faster kernel.
+    sparse_op = tpr_minicpm_sala_ck_pool(cfg, st->max_blocks * st->block_size, b->dense);
+    if (sparse_op && b->control != TPR_SALA_CONTROL_RECOMPUTE_CK) {
+      tpr_family_pool_name(L, "ck", name, sizeof name);
+      const int64_t cshape[4] = {st->pool_blocks, tpr_sparse_ck_rows(st->block_size, cfg->sparse_kernel_stride), kr,
+                                 D};
+      TPR_CHECK(tpr_program_param(c->p, name, TPR_F32, 4, cshape, &ckp));
+    }
   }
   tpr_sparse_attn sa = {.kernel_size = cfg->sparse_kernel_size,
                         .kernel_stride = cfg->sparse_kernel_stride,
@@ -201,7 +230,7 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
                         .topk = cfg->sparse_topk,
                         .init_blocks = cfg->sparse_init_blocks,
                         .window_size = cfg->sparse_window_size,
-                        .dense_len = b->dense ? INT64_MAX : cfg->sparse_dense_len,
+                        .dense_len = b->dense ? INT64_MAX : cfg->sparse_dense_len,  // training: every block
                         .scale = (float)(1.0 / sqrt((double)D))};
   if (b->group_q >= 0) {
     // The group's q heads live on several ranks: gather every rank's heads
@@ -220,14 +249,12 @@ static tpr_status sparse(sala *b, int64_t L, tpr_value_id h, tpr_value_id *out) 
     if (b->train)
       TPR_CHECK(tpr_pb_sparse_attention(c->p, qa, k, v, &sa, &att));
     else
-      TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, qa, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len,
-                                              &sa, &att));
+      TPR_CHECK(attend(b, sparse_op, qa, kp, vp, ckp, &sa, &att));
     TPR_CHECK(tpr_pb_index_select(c->p, att, 1, b->own_q, &att));  // (T, qr, D)
   } else if (b->train) {
     TPR_CHECK(tpr_pb_sparse_attention(c->p, q, k, v, &sa, &att));  // one whole sequence (T, qr, D)
   } else {
-    TPR_CHECK(tpr_pb_sparse_attention_paged(c->p, q, kp, vp, c->blocks, c->seq, c->positions, b->prefill_len, &sa,
-                                            &att));
+    TPR_CHECK(attend(b, sparse_op, q, kp, vp, ckp, &sa, &att));
   }
   TPR_CHECK(tpr_pb_reshape(c->p, att, 2, (const int64_t[]){T, qr * D}, &att));
   if (cfg->attn_out_gate) {
@@ -312,7 +339,9 @@ static tpr_status build(sala *b) {
   }
   b->kv_index = b->group_q = b->own_q = b->prefill_len = -1;
   // The step program's sparse layers decide dense or sparse per row (program.h); a training run is one call.
-  if (!b->train && cfg->num_layers > cfg->num_linear_layers && !b->dense)
+  const tpr_step_shape *sh = &c->o->shape;
+  if (!b->train && cfg->num_layers > cfg->num_linear_layers &&
+      tpr_minicpm_sala_ck_pool(cfg, sh->max_blocks * sh->block_size, b->dense))
     TPR_CHECK(tpr_program_input(c->p, "prefill_len", TPR_I32, 1, (const int64_t[]){c->T}, &b->prefill_len));
   if (cfg->num_linear_layers) {
     if (!b->train && c->o->shape.state_slots < 1)

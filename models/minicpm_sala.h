@@ -22,8 +22,13 @@
 //     sparse layer (minicpm4): q, k, v = h Wq_r^T, ... (heads padded / KV
 //       replicated as every softmax layer), no position encoding; k, v written
 //       to the layer's paged KV pool; o = sparse_attention_paged(q, pools)
-//       with the config's sparse_config (training: sparse_attention over
-//       the run's k and v, its backward through the selected keys only). The block selection of a KV head sums
+//       with the config's sparse_config, its compressed keys kept in a
+//       third pool beside K and V ("ck", tpr_minicpm_sala_ck_pool), each
+//       row deciding dense or sparse by its prompt's length in the engine
+//       ("prefill_len"); a layer that cannot turn sparse (dense_len past
+//       max_seq, or forced dense) runs paged_attention (training:
+//       sparse_attention over the run's k and v, its backward through the
+//       selected keys only). The block selection of a KV head sums
 //       the scores of its whole query group: when the group's q heads are
 //       split over ranks (KV heads replicated, tp > nkv) each rank all-gathers
 //       q over tp, attends with the group's heads and keeps its own.
@@ -53,6 +58,8 @@ typedef enum tpr_sala_control {
   TPR_SALA_CONTROL_NO_MUP = 2,       // muP's residual scale dropped (branches added at 1)
   TPR_SALA_CONTROL_SPARSE_ROPE = 3,  // RoPE applied to the sparse layers' q and k
   TPR_SALA_CONTROL_LOCAL_GROUP = 4,  // sparse layers select blocks with the rank's q heads only (no gather)
+  TPR_SALA_CONTROL_RECOMPUTE_CK = 5,  // not a fault: the sparse op's plain form (compressed keys recomputed
+                                      // every call, the "ck" pools unread), what the pools must reproduce
   TPR_SALA_CONTROL_COUNT
 } tpr_sala_control;
 
@@ -69,9 +76,8 @@ tpr_status tpr_minicpm_sala_build(const tpr_shard_plan *plan, const tpr_step_bui
 enum { TPR_SALA_MARKS_COLUMN = 1, TPR_SALA_MARKS_NORM = 2 };
 
 // The training program (run by the trainer; docs/minicpm-sala.md
-// "Training"): inputs "tokens", "positions" (T) i32, "start" (1) i32 (0,
-// unused: every run is one whole sequence from position 0), "targets",
-// "loss_scale"; the lightning layers run lightning_attention from the zero
+// "Training"): inputs "tokens", "positions" (T) i32, "targets",
+// "loss_scale" (every run is one whole sequence from position 0); the lightning layers run lightning_attention from the zero
 // state (the constant "const:minicpm_sala.state0"), the sparse layers
 // sparse_attention over this run's k and v (dense when T < dense_len, as the
 // published forward decides per call); outputs "loss", "ce", "aux" (0: no
@@ -89,6 +95,15 @@ typedef struct tpr_sala_train_opts {
 } tpr_sala_train_opts;
 tpr_status tpr_minicpm_sala_build_training(const tpr_shard_plan *plan, const tpr_sala_train_opts *o,
                                            tpr_program **out);
+
+// Whether the sparse layers run sparse_attention_paged with a compressed-key
+// pool per layer beside the KV pool (tpr_family_pool_name(L, "ck"): (NB,
+// tpr_sparse_ck_rows(bs, kernel_stride), kv_per_rank, D) f32, which the
+// session allocates and counts in its block bytes). False when no sequence
+// of at most max_seq tokens can turn sparse (dense_len > max_seq) or the
+// layers are forced dense: they are then plain causal attention and run
+// paged_attention, holding no such pool.
+bool tpr_minicpm_sala_ck_pool(const tpr_model_config *cfg, int64_t max_seq, bool dense_sparse_layers);
 
 // The engine's entry (models/family.c). The session's per_rank_qk_norm
 // control maps to TPR_SALA_CONTROL_LOCAL_NORM.

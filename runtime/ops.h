@@ -138,8 +138,12 @@ typedef enum tpr_op_kind {
   // key blocks it selects from compressed keys (init and local blocks always; the rest by top-k).
   TPR_OP_SPARSE_ATTENTION_PAGED = 70,  // in as paged_attention's; i[0] kernel_size, i[1] kernel_stride,
                                        // i[2] block_size, i[3] topk, i[4] init_blocks, i[5] window_size,
-                                       // i[6] dense_len; i[7] = 1: the prefill-length form, a 7th input
-                                       // prefill_len (T) i32; f[0] scale; out (T, Hq, D) f32
+                                       // i[6] dense_len; f[0] scale; out (T, Hq, D) f32;
+                                       // i[7] a bit set of optional inputs after the six, in this
+                                       // order: 1 (TPR_SPARSE_CK_POOL) the compressed-key pool
+                                       // (NB, ceil(bs/kernel_stride), Hkv, D) f32, read and written
+                                       // IN PLACE; 2 (TPR_SPARSE_PREFILL_LEN) prefill_len (T) i32,
+                                       // deciding dense or sparse per row (program.h)
   // The logistic function (minimax's output gate), from exp(-|x|) so that no x overflows (x = +-100 gives 1 and
   // 3.7e-44, not inf / inf).
   TPR_OP_SIGMOID = 71,      // in (x) f32, any strides; out (same shape) 1 / (1 + exp(-x))
@@ -169,7 +173,15 @@ typedef enum tpr_mesh_axis {
 const char *tpr_mesh_axis_name(tpr_mesh_axis a);  // "world", "tp", ...
 
 #define TPR_OP_MAX_INPUTS 8
+// sparse_attention_paged's compressed-key rows per pool block of bs rows:
+// ceil(bs / kernel_stride) (chunk ends in one block differ by multiples of the stride).
+static inline int64_t tpr_sparse_ck_rows(int64_t bs, int64_t kernel_stride) {
+  return (bs + kernel_stride - 1) / kernel_stride;
+}
+
 #define TPR_OP_MAX_IATTRS 8
+// sparse_attention_paged's i[7]: the optional inputs after its six, in this order.
+enum { TPR_SPARSE_CK_POOL = 1, TPR_SPARSE_PREFILL_LEN = 2 };
 #define TPR_OP_MAX_FATTRS 4
 
 // Attributes are plain numbers so programs serialize without per-op schemas.

@@ -354,7 +354,7 @@ static void test_sparse_attention(void **state) {
     int32_t *pl = hold_host(malloc((size_t)T * 4));
     for (int64_t t = 0; t < T; t++) pl[t] = t < L0 ? (int32_t[]){0, 30, 60}[t % 3] : 0;
     tpr_op_attrs atl = at;
-    atl.n_i = 8, atl.i[7] = 1;
+    atl.n_i = 8, atl.i[7] = TPR_SPARSE_PREFILL_LEN;
     pair inl[7] = {rand_pair(3, qs, cs[c].layout ? L_PERM : 0),  // fresh: the control above changed q's GPU copy
                    in[1], in[2], in[3], in[4], in[5], pair_from(TPR_I32, 1, &T, 0, pl)};
     k = check(TPR_OP_SPARSE_ATTENTION_PAGED, &atl, 7, inl, "prefill-length form, Hq=%lld D=%lld", (long long)Hq,

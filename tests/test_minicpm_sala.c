@@ -30,6 +30,12 @@
 //    with that --max-tokens-per-step and with 7 generates the one-call
 //    reference's greedy tokens, its last prompt row within the bound of the
 //    one-call row (and the chunked row too far away to pass);
+//  - the compressed-key pools: the batched engine on 4 random prompts past
+//    dense_len (a random step budget: chunked prefills beside decodes; a
+//    pool too small for all, so sequences are preempted and recomputed)
+//    gives every logits row and token bit for bit as the same run with the
+//    sparse op recomputing its compressed keys every call
+//    (TPR_SALA_CONTROL_RECOMPUTE_CK);
 //  - tpr run (from the one-rank run; an mpirun inside mpirun does not start,
 //    so tp > 1 is the engine test's above): the greedy tokens, with and without --dense-sparse-layers; the flag on
 //    a model without sparse layers (minimax) is refused with a clear error;
@@ -54,6 +60,7 @@
 #include "family_parity.h"
 #include "m2_ref.h"
 #include "models/minicpm_sala.h"
+#include "runtime/rng.h"
 #include "shard/model_config.h"
 
 #define FIX TPR_FIXTURES "/minicpm_sala_tiny"
@@ -337,6 +344,97 @@ static void test_engine_greedy(void **state) {
   for (int i = 0; i < 2; i++) use(i), test_engine_greedy_of();
 }
 
+// The engine's rows with the compressed-key pools = with the keys recomputed.
+#define CK_SEQS 4
+typedef struct ck_rows {
+  float row[CK_SEQS][NG][V];
+  bool got[CK_SEQS][NG];
+} ck_rows;
+
+static void keep_rows(void *ctx, int64_t seq, int64_t gen, const float *logits, int64_t vocab) {
+  ck_rows *r = ctx;
+  if (seq >= 0 && seq < CK_SEQS && gen >= 0 && gen < NG && vocab >= V)
+    memcpy(r->row[seq][gen], logits, sizeof r->row[seq][gen]), r->got[seq][gen] = true;
+}
+
+// One engine run of the workload; rank 0 fills rows and tokens.
+static int64_t run_ck(int control, const int32_t (*prompt)[TL], const int *len, int64_t budget, int64_t kv_bytes,
+                      ck_rows *rows, int32_t (*tokens)[NG]) {
+  tpr_session_opts so = opts(control, false);
+  so.max_batch = CK_SEQS, so.block_size = 4, so.kv_cache_bytes = kv_bytes;
+  tpr_session *s = fp_open(&so, NULL);
+  tpr_engine *e = NULL;
+  tpr_engine_opts eo = {.max_tokens_per_step = budget, .on_logits = keep_rows, .ctx = rows};
+  TT_OK(tpr_engine_new(s, &eo, &e));
+  int64_t ids[CK_SEQS];
+  tpr_gen_params g = {.max_new = NG, .stop_token = -1, .sampling = {.top_p = 1}};
+  tpr_status sub = TPR_OK;
+  for (int i = 0; fp.R == 0 && sub == TPR_OK && i < CK_SEQS; i++)
+    sub = tpr_engine_submit(e, prompt[i], len[i], &g, &ids[i]);
+  for (int guard = 0; guard < 4096; guard++) {
+    tpr_engine_step_info info;
+    TT_OK(tpr_engine_step(e, &info));
+    if (info.idle) break;
+  }
+  if (sub != TPR_OK) fail_msg("submit: %s", tpr_last_error());
+  for (int i = 0; fp.R == 0 && i < CK_SEQS; i++) {
+    tpr_sched_seq_info r;
+    TT_OK(tpr_engine_result(e, ids[i], &r));
+    assert_int_equal(r.len, len[i] + NG);
+    memcpy(tokens[i], r.tokens + len[i], sizeof tokens[i]);
+  }
+  const int64_t pre = tpr_engine_preemptions(e);
+  tpr_engine_free(e);
+  tpr_session_close(s);
+  return pre;
+}
+
+static void test_engine_ck_pool_of(void) {
+  const uint64_t seed = (uint64_t)fp_shared_seed();
+  tpr_rng rng = {.state = seed};
+  int32_t prompt[CK_SEQS][TL];
+  int len[CK_SEQS];
+  for (int i = 0; i < CK_SEQS; i++) {
+    len[i] = 50 + (int)(tpr_rng_next(&rng) % (TL - 50 + 1));  // past dense_len (48, 40)
+    for (int j = 0; j < len[i]; j++) prompt[i][j] = (int32_t)(tpr_rng_next(&rng) % V);
+  }
+  const int64_t budget = 8 + (int64_t)(tpr_rng_next(&rng) % 33);
+  // A pool of 22 blocks of 4 rows: one sequence of up to 78 tokens needs 20, four 80.
+  tpr_session_opts po = opts(0, false);
+  po.block_size = 4;
+  tpr_session *probe = fp_open(&po, NULL);
+  const tpr_session_pool pi = tpr_session_pool_info(probe);
+  const int64_t kv_bytes = (int64_t)(pi.bytes / (uint64_t)pi.blocks) * 22;
+  tpr_session_close(probe);
+  static ck_rows a, b;
+  int32_t ta[CK_SEQS][NG], tb[CK_SEQS][NG];
+  memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+  const int64_t pa = run_ck(0, (const int32_t(*)[TL])prompt, len, budget, kv_bytes, &a, ta);
+  const int64_t pb = run_ck(TPR_SALA_CONTROL_RECOMPUTE_CK, (const int32_t(*)[TL])prompt, len, budget, kv_bytes, &b, tb);
+  if (fp.R != 0) return;
+  int rows = 0;  // at dp > 1 rank 0 sees the rows of its replica's sequences only
+  for (int i = 0; i < CK_SEQS; i++)
+    for (int j = 0; j < NG; j++) {
+      assert_int_equal(ta[i][j], tb[i][j]);
+      assert_true(a.got[i][j] == b.got[i][j]);
+      if (!a.got[i][j]) continue;
+      if (memcmp(a.row[i][j], b.row[i][j], sizeof a.row[i][j]))
+        fail_msg("sequence %d, generated row %d: the pool's logits differ from the recomputed ones", i, j);
+      rows++;
+    }
+  assert_true(rows >= NG);
+  printf("engine with compressed-key pools (seed %llu: prompts %d %d %d %d, step budget %lld, %lld + %lld "
+         "preemptions), tp %d dp %d: every token and the %d rows rank 0 saw = the recomputing run's, bit for bit\n",
+         (unsigned long long)seed, len[0], len[1], len[2], len[3], (long long)budget, (long long)pa, (long long)pb,
+         fp.tp, fp.dp, rows);
+  assert_true(pa > 0 && pa == pb);
+}
+
+static void test_engine_ck_pool(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) use(i), test_engine_ck_pool_of();
+}
+
 // tpr run's generated tokens (--json) for the long prompt.
 static void run_cli(const char *tpr, const char *tmp, int np, bool dense) {
   char ids[1024] = "";
@@ -454,7 +552,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),        cmocka_unit_test(test_dense_sparse_layers),
       cmocka_unit_test(test_controls),      cmocka_unit_test(test_greedy_cached),
-      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_cli_run),
+      cmocka_unit_test(test_engine_greedy), cmocka_unit_test(test_chunked_prefill),
+      cmocka_unit_test(test_engine_ck_pool), cmocka_unit_test(test_cli_run),
       cmocka_unit_test(test_converted),     cmocka_unit_test(test_refusals),
   };
   int rc = fp_run(tests, sizeof tests / sizeof *tests, NULL);

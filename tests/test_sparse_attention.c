@@ -139,7 +139,7 @@ static float *run(const sseq *ss, int n, const tpr_sparse_attn *sa, const runopt
   int32_t *pl = malloc((size_t)(T + 1) * sizeof *pl);  // the prefill-length form's (T) input
   for (int i = 0; i < T; i++) pl[i] = o->prefill_len;
   tpr_tensor *tpl = i32(1, (const int64_t[]){T}, pl);
-  if (o->with_pl) at.n_i = 8, at.i[7] = 1;
+  if (o->with_pl) at.n_i = 8, at.i[7] = TPR_SPARSE_PREFILL_LEN;
   const tpr_tensor *const in[7] = {tq, tk, tv, tb, tsq, tpo, tpl};
   const int n_in = o->with_pl ? 7 : 6;
   tpr_cpu_ctx ctx = {.n_threads = o->threads};
@@ -377,7 +377,7 @@ static void test_random_dense_equals_paged_attention(void **state) {
 // the thread count never change a bit; a program round trip neither.
 static tpr_sparse_attn g_sa;
 static tpr_status build_sparse(tpr_program *p, const tpr_value_id *in, tpr_value_id *out) {
-  return tpr_pb_sparse_attention_paged(p, in[0], in[1], in[2], in[3], in[4], in[5], -1, &g_sa, out);
+  return tpr_pb_sparse_attention_paged(p, in[0], in[1], in[2], -1, in[3], in[4], in[5], -1, &g_sa, out);
 }
 
 static void test_random_invariances(void **state) {
@@ -475,9 +475,9 @@ static void test_bad_input(void **state) {
   tpr_tensor *pf = tt_random_f32(tt_cpu(), 1, (const int64_t[]){3}, NULL);
   const tpr_tensor *inf[6] = {q, kp, vp, bt, sq, pf};
   assert_int_not_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, inf, 6, &at, out), TPR_OK);
-  // The prefill-length form: the flag 0 or 1 only; prefill_len (T) i32.
+  // The prefill-length form: i[7] a bit set of known inputs only; prefill_len (T) i32.
   tpr_op_attrs form = at;
-  form.n_i = 8, form.i[7] = 1;
+  form.n_i = 8, form.i[7] = TPR_SPARSE_PREFILL_LEN;
   tpr_tensor *pl_ok = i32(1, (const int64_t[]){3}, (const int32_t[]){3, 3, 3});
   tpr_tensor *pl_short = i32(1, (const int64_t[]){2}, (const int32_t[]){3, 3});
   const tpr_tensor *in_pl[7] = {q, kp, vp, bt, sq, po, pl_ok}, *in_short[7] = {q, kp, vp, bt, sq, po, pl_short};
@@ -487,7 +487,7 @@ static void test_bad_input(void **state) {
   assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 7, &at, out), TPR_ERR_INVALID_ARG);
   assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_short, 7, &form, out), TPR_ERR_SHAPE);
   assert_int_not_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_f32, 7, &form, out), TPR_OK);
-  form.i[7] = 2;
+  form.i[7] = 4;  // no such optional input
   assert_int_equal(tpr_op_run(tt_cpu(), TPR_OP_SPARSE_ATTENTION_PAGED, in_pl, 7, &form, out), TPR_ERR_INVALID_ARG);
   printf("  refused: %s\n", tpr_last_error());
   tpr_tensor_free(pl_ok), tpr_tensor_free(pl_short);

@@ -58,15 +58,15 @@ tpr_status tpr__op_infer(tpr_op_kind op, const tpr_tensor *const *in, int n_in, 
   static const tpr_op_attrs no_attrs;
   if (!op_valid(op)) return TPR_FAIL(TPR_ERR_INVALID_ARG, "unknown op kind %d", (int)op);
   int block = tpr__fp8_block_attr(op, attrs), want = ops[op].n_inputs + (block > 0 ? tpr__fp8_extra_inputs(op) : 0);
-  const bool row_input = tpr__row_input_attr(op, attrs);
-  want += row_input;
+  const int extra = tpr__optional_inputs(op, attrs);
+  want += extra;
   if (n_in != want)
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s takes %d inputs%s, got %d", ops[op].name, want,
-                    block > 0   ? " in its FP8 form (the weights' scales last)"
-                    : row_input ? (op == TPR_OP_SPARSE_ATTENTION_PAGED
-                                       ? " in its prefill-length form (the (T) prefill lengths last)"
-                                       : " in its document form (the (T) lower bounds last)")
-                                : "", n_in);
+                    block > 0 ? " in its FP8 form (the weights' scales last)"
+                    : extra && op == TPR_OP_SPARSE_ATTENTION_PAGED
+                        ? " with the optional inputs its i[7] names (compressed-key pool, then prefill lengths)"
+                    : extra ? " in its document form (the (T) lower bounds last)"
+                            : "", n_in);
   for (int i = 0; i < n_in; i++)
     if (!in[i]) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: input %d is NULL", ops[op].name, i);
   if (!attrs) attrs = &no_attrs;

@@ -91,14 +91,16 @@ int tpr__fp8_extra_inputs(tpr_op_kind op) {
   return op == TPR_OP_MATMUL ? 1 : (op == TPR_OP_MOE_EXPERTS || op == TPR_OP_MOE_GROUPED_FFN) ? 2 : 0;
 }
 
-bool tpr__row_input_attr(tpr_op_kind op, const tpr_op_attrs *at) {
-  if (!at) return false;
+int tpr__optional_inputs(tpr_op_kind op, const tpr_op_attrs *at) {
+  if (!at) return 0;
   if (op == TPR_OP_ATTENTION || op == TPR_OP_ATTENTION_BWD) return at->n_i > 0 && at->i[0] != 0;
   // Lightning attention's prefill: i[0] is the block size, i[1] the flag.
   if (op == TPR_OP_LIGHTNING_ATTENTION || op == TPR_OP_LIGHTNING_ATTENTION_BWD) return at->n_i > 1 && at->i[1] != 0;
-  // Sparse attention: i[0..6] are its sparse_config, i[7] the flag.
-  if (op == TPR_OP_SPARSE_ATTENTION_PAGED) return at->n_i > 7 && at->i[7] != 0;
-  return false;
+  // Sparse attention: i[0..6] are its sparse_config, i[7] a bit set of
+  // optional inputs (ops.h): the compressed-key pool, the prefill lengths.
+  if (op == TPR_OP_SPARSE_ATTENTION_PAGED)
+    return at->n_i > 7 ? (int)(at->i[7] & TPR_SPARSE_CK_POOL) + (int)((at->i[7] & TPR_SPARSE_PREFILL_LEN) >> 1) : 0;
+  return 0;
 }
 
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,

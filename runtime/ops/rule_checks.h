@@ -32,13 +32,14 @@ tpr_status tpr__need_weight_dtype(const char *op, const tpr_tensor *t, const cha
 // scale block its attrs give, 0 for the plain form.
 int tpr__fp8_block_attr(tpr_op_kind op, const tpr_op_attrs *at);
 int tpr__fp8_extra_inputs(tpr_op_kind op);  // inputs the FP8 form adds: the weights' scales
-// Whether the op's attributes ask for one more input, a (T) i32 per token.
-// Attention's document form (ops.h: i[0] = 1): the lower bounds of the keys
-// each query sees. Lightning attention's prefill and its backward (i[1] =
-// 1): each token's document start, where the state restarts from zero.
-// Sparse attention's prefill-length form (i[7] = 1): each token's
-// sequence's prefill length, which decides dense or sparse per row.
-bool tpr__row_input_attr(tpr_op_kind op, const tpr_op_attrs *at);
+// Inputs the op's attributes add after its plain form's. Attention's
+// document form (ops.h: i[0] = 1): the (T) i32 lower bounds of the keys each
+// query sees. Lightning attention's prefill and its backward (i[1] = 1): the
+// same (T) i32 input, each token's document start, where the state restarts
+// from zero. Sparse attention (i[7], a bit set): its compressed-key pool
+// (TPR_SPARSE_CK_POOL), then each token's sequence's prefill length
+// (TPR_SPARSE_PREFILL_LEN), which decides dense or sparse per row.
+int tpr__optional_inputs(tpr_op_kind op, const tpr_op_attrs *at);
 // An FP8 weight (..., N, K) with f32 scales (..., N, ceil(K / block)).
 tpr_status tpr__need_fp8_weight(const char *op, const tpr_tensor *w, const tpr_tensor *scale, int block,
                                 const char *which);

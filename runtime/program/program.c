@@ -372,14 +372,20 @@ tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa) {
                         .n_f = 1,
                         .f = {sa->scale}};
 }
+// Writes ck_pool in place (as paged_cache_write its pool): program order
+// puts it after the layer's cache writes.
 tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
-                                         tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
-                                         tpr_value_id prefill_len, const tpr_sparse_attn *sa, tpr_value_id *out) {
+                                         tpr_value_id ck_pool, tpr_value_id block_tables, tpr_value_id seq,
+                                         tpr_value_id positions, tpr_value_id prefill_len, const tpr_sparse_attn *sa,
+                                         tpr_value_id *out) {
   tpr_op_attrs at = tpr_sparse_attn_attrs(sa);
-  if (prefill_len >= 0) at.n_i = 8, at.i[7] = 1;  // the prefill-length form
-  return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED,
-                        (const tpr_value_id[]){q, k_pool, v_pool, block_tables, seq, positions, prefill_len},
-                        prefill_len >= 0 ? 7 : 6, &at, out);
+  tpr_value_id in[8] = {q, k_pool, v_pool, block_tables, seq, positions};
+  int n = 6;
+  at.i[7] = 0;
+  if (ck_pool >= 0) in[n++] = ck_pool, at.i[7] |= TPR_SPARSE_CK_POOL;
+  if (prefill_len >= 0) in[n++] = prefill_len, at.i[7] |= TPR_SPARSE_PREFILL_LEN;
+  if (at.i[7]) at.n_i = 8;
+  return tpr_program_op(p, TPR_OP_SPARSE_ATTENTION_PAGED, in, n, &at, out);
 }
 tpr_status tpr_pb_sparse_attention(tpr_program *p, tpr_value_id q, tpr_value_id k, tpr_value_id v,
                                    const tpr_sparse_attn *sa, tpr_value_id *out) {

@@ -221,9 +221,19 @@ typedef struct tpr_sparse_attn {
   int64_t kernel_size, kernel_stride, block_size, topk, init_blocks, window_size, dense_len;
   float scale;
 } tpr_sparse_attn;
+// ck_pool, or < 0 for none: the sequences' compressed keys kept in ck_pool (NB, R, Hkv, D) f32, R =
+// tpr_sparse_ck_rows(bs, kernel_stride), paged like the KV pool through the same block tables: chunk j
+// (keys [j*stride, j*stride + kernel_size)) ends at position e = j*stride + kernel_size - 1 and lives in
+// the block holding e, row (e % bs) / stride. The op first writes, IN PLACE, every chunk that ends at a
+// position of this call (from the k_pool rows, which a paged_cache_write before it has written), dense
+// calls included, then scores from ck_pool: a decode step reads L/stride compressed keys instead of L
+// keys. Chunks that end before the call are read as an earlier call left them, so every position of a
+// sequence must go through the op once (as every KV row goes through paged_cache_write); a prefix-cached
+// block's rows are its own tokens'. Results equal those without the pool (both round each mean to f32).
 tpr_status tpr_pb_sparse_attention_paged(tpr_program *p, tpr_value_id q, tpr_value_id k_pool, tpr_value_id v_pool,
-                                         tpr_value_id block_tables, tpr_value_id seq, tpr_value_id positions,
-                                         tpr_value_id prefill_len, const tpr_sparse_attn *sa, tpr_value_id *out);
+                                         tpr_value_id ck_pool, tpr_value_id block_tables, tpr_value_id seq,
+                                         tpr_value_id positions, tpr_value_id prefill_len, const tpr_sparse_attn *sa,
+                                         tpr_value_id *out);
 // The attribute layout of sparse_attention_paged (ops.h) for sa.
 tpr_op_attrs tpr_sparse_attn_attrs(const tpr_sparse_attn *sa);
 // The training form: one whole sequence from position 0, q (T, Hq, D), k and v (T, Hkv, D) its keys and

@@ -76,7 +76,7 @@ TPR__OP_RULE(lightning_attention) {
 TPR__OP_RULE(lightning_attention_bwd) {
   const char *op = "lightning_attention_bwd";
   tpr_tensor y;
-  const bool docs = tpr__row_input_attr(TPR_OP_LIGHTNING_ATTENTION_BWD, attrs);
+  const bool docs = tpr__optional_inputs(TPR_OP_LIGHTNING_ATTENTION_BWD, attrs) > 0;
   const tpr_tensor *fwd[6] = {in[0], in[1], in[2], in[3], in[4], docs ? in[6] : NULL};
   TPR_CHECK(tpr__need_forward(op, TPR_OP_LIGHTNING_ATTENTION, fwd, 5 + docs, attrs, &y));
   TPR_CHECK(tpr__need_like(op, in[5], &y, "dout (d o | d final state)"));

@@ -6,9 +6,12 @@
 // decides dense (L < dense_len) or sparse once, as the published forward
 // does; with the prefill-length operand, each row decides by its own length
 // max(p + 1, prefill_len) instead (program.h). A sequence with a sparse row
-// has its compressed keys (mean of kernel_size keys every
-// kernel_stride positions, per KV head) are computed once, in double, each
-// chunk summed on its own so equal chunks give equal means. Then each (token,
+// has its compressed keys (mean of kernel_size keys every kernel_stride
+// positions, per KV head) computed once, in double, each chunk summed on its
+// own so equal chunks give equal means, and rounded to f32. With the compressed-key pool (i[7]'s TPR_SPARSE_CK_POOL) they are not
+// recomputed: the chunks that end at this call's positions are written to
+// the pool (the same rounding) and scoring reads the pool, so a decode step
+// reads L/stride compressed keys instead of L keys. Then each (token,
 // KV head) is one work item: it picks its blocks (init and local always; the
 // best-scoring others up to topk - init_blocks, ties to the lower block) and
 // runs every query head of its group over the picked keys up to its position.
@@ -36,7 +39,7 @@ typedef struct sa_seq {
   bool sparse;    // a row of it is sparse
   int64_t blk0;   // its first entry in the flat block list
   int64_t n_c;    // compressed chunks (sparse sequences only)
-  double *c;      // (n_c, Hkv, D) compressed keys, or NULL (dense)
+  float *c;       // (n_c, Hkv, D) compressed keys recomputed, or NULL (dense, or read from the pool)
 } sa_seq;
 
 // The pool as the kernel reads it: rows of position r of a sequence live in
@@ -55,21 +58,58 @@ static const float *kv_row(const float *base, const int64_t *st, const sa_kv *kv
 
 static int64_t at1(const tpr_tensor *t, int64_t i) { return tpr__index_at(t, i * t->stride[0]); }
 
-// c (n_c, Hkv, D) := the mean of each chunk's kernel_size keys, in double.
-static void compress(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t Hkv, int64_t D, double *c,
-                     int nt) {
-  const int64_t n = sq->n_c * Hkv, dst = kv->ks[3];
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t j = i / Hkv, g = i % Hkv;
-    double *out = c + i * D;
-    for (int64_t d = 0; d < D; d++) out[d] = 0;
-    for (int64_t r = j * cf->st; r < j * cf->st + cf->ks; r++) {
-      const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
-      for (int64_t d = 0; d < D; d++) out[d] += k[d * dst];
-    }
-    for (int64_t d = 0; d < D; d++) out[d] /= (double)cf->ks;
+// out (D) := chunk j of KV head g: the mean of its kernel_size keys, summed
+// in double in position order, rounded to f32 (the pool's and the plain
+// form's value alike). acc (D) scratch.
+static void mean_chunk(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t j, int64_t g, int64_t D,
+                       double *acc, float *out) {
+  const int64_t dst = kv->ks[3];
+  for (int64_t d = 0; d < D; d++) acc[d] = 0;
+  for (int64_t r = j * cf->st; r < j * cf->st + cf->ks; r++) {
+    const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
+    for (int64_t d = 0; d < D; d++) acc[d] += k[d * dst];
   }
+  for (int64_t d = 0; d < D; d++) out[d] = (float)(acc[d] / (double)cf->ks);
+}
+
+// c (n_c, Hkv, D) := every chunk of the sequence (the plain form).
+static tpr_status compress(const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t Hkv, int64_t D, float *c,
+                           int nt) {
+  const int64_t n = sq->n_c * Hkv;
+  int oom = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    double *acc = malloc((size_t)D * sizeof *acc);
+    if (!acc) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+      if (acc) mean_chunk(kv, sq, cf, i / Hkv, i % Hkv, D, acc, c + i * D);
+    free(acc);
+  }
+  return oom ? TPR_FAIL(TPR_ERR_OOM, "sparse_attention_paged (cpu): compression scratch") : TPR_OK;
+}
+
+// The compressed-key pool (NB, R, Hkv, D) contiguous: chunk j ends at
+// position e = j*stride + kernel_size - 1, in the sequence's block e / pbs,
+// row (e % pbs) / stride (program.h).
+typedef struct sa_ckpool {
+  float *c;  // NULL: the plain form
+  int64_t R;
+} sa_ckpool;
+
+static float *pool_chunk(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf, int64_t j,
+                         int64_t g, int64_t Hkv, int64_t D) {
+  const int64_t e = j * cf->st + cf->ks - 1;
+  return cp->c + ((kv->blocks[sq->blk0 + e / kv->pbs] * cp->R + (e % kv->pbs) / cf->st) * Hkv + g) * D;
+}
+
+// Chunk j of head g as scoring reads it.
+static inline const float *chunk_at(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf,
+                                    int64_t j, int64_t g, int64_t Hkv, int64_t D) {
+  return cp->c ? pool_chunk(cp, kv, sq, cf, j, g, Hkv, D) : sq->c + (j * Hkv + g) * D;
 }
 
 // Scratch of one thread.
@@ -92,30 +132,30 @@ static int64_t deciding_len(const tpr_tensor *pl, const sa_seq *sq, int64_t t, i
   return n > p + 1 ? n : p + 1;
 }
 
-// sel[0..qb] := the blocks query position p of KV head g attends (select.h;
-// dense: every block up to the query's).
-static void select_blocks(const sa_cfg *cf, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t Hkv,
-                          int64_t D, bool dense, sa_scratch *sc) {
-  const tpr__sa_sel_scratch ss = {.S = sc->S, .w = sc->w, .score = sc->score};
-  tpr__sa_select(cf, dense, sq->c, sq->n_c, Hkv, g, D, sc->qd, G, p, &ss, sc->sel);
+// A sequence's compressed keys as select.h reads them: from the pool or
+// from its own recomputed array.
+typedef struct sa_chunks {
+  const sa_ckpool *cp;
+  const sa_kv *kv;
+  const sa_seq *sq;
+  const sa_cfg *cf;
+  int64_t Hkv, D;
+} sa_chunks;
+
+static const float *chunk_of(const void *ctx, int64_t j, int64_t g) {
+  const sa_chunks *k = ctx;
+  return chunk_at(k->cp, k->kv, k->sq, k->cf, j, g, k->Hkv, k->D);
 }
 
-// q . k in double: four interleaved partial sums combined in one fixed tree
-// when k is contiguous (a deterministic order the compiler can vectorise),
-// else in order.
-static inline double dot_qk(const double *q, const float *k, int64_t dk, int64_t D) {
-  if (dk != 1) {
-    double dot = 0;
-    for (int64_t d = 0; d < D; d++) dot += q[d] * k[d * dk];
-    return dot;
-  }
-  double a[4] = {0, 0, 0, 0};
-  int64_t d = 0;
-  for (; d + 4 <= D; d += 4)
-    for (int l = 0; l < 4; l++) a[l] += q[d + l] * k[d + l];
-  for (int l = 0; d < D; d++, l++) a[l] += q[d] * k[d];
-  return (a[0] + a[2]) + (a[1] + a[3]);
+// sel[0..qb] := the blocks query position p of KV head g attends (select.h;
+// dense: every block up to the query's).
+static void select_blocks(const sa_cfg *cf, const sa_kv *kv, const sa_ckpool *cp, const sa_seq *sq, int64_t p,
+                          int64_t g, int64_t G, int64_t Hkv, int64_t D, int64_t cap, bool dense, sa_scratch *sc) {
+  const sa_chunks ck = {.cp = cp, .kv = kv, .sq = sq, .cf = cf, .Hkv = Hkv, .D = D};
+  const tpr__sa_sel_scratch ss = {.S = sc->S, .w = sc->w, .mz = sc->mz, .score = sc->score, .cap = cap};
+  tpr__sa_select(cf, dense, chunk_of, &ck, sq->n_c, g, D, sc->qd, G, p, &ss, sc->sel);
 }
+
 
 // out rows of token t, heads of group g := softmax over the picked keys <= p,
 // times v. Keys outer, the group's heads inner: each key and value row is read
@@ -133,7 +173,7 @@ static void attend(const sa_cfg *cf, const sa_kv *kv, const sa_seq *sq, int64_t 
     for (int64_t r = b * cf->bs; r < end; r++, n++) {
       const float *k = kv_row(kv->k, kv->ks, kv, sq, r, g);
       for (int64_t h = 0; h < G; h++) {
-        const double w = dot_qk(sc->qd + h * D, k, dk, D) * cf->scale;
+        const double w = tpr__sa_dot(sc->qd + h * D, k, dk, D) * cf->scale;
         sc->w[h * cap + n] = w;
         m[h] = w > m[h] ? w : m[h];
       }
@@ -207,14 +247,43 @@ static void free_scratch(sa_scratch *sc) {
   free(sc->S), free(sc->score), free(sc->sel), free(sc->w), free(sc->acc), free(sc->qd), free(sc->mz);
 }
 
+// The pool's chunks that end at this call's positions := their means, for
+// every sequence (dense ones too: they turn sparse later). One item per
+// (token, KV head); each writes its own row.
+static tpr_status fill_pool(const sa_ckpool *cp, const sa_kv *kv, const sa_seq *sq, const sa_cfg *cf,
+                            const tpr_tensor *seq, const tpr_tensor *pos, int64_t T, int64_t Hkv, int64_t D, int nt) {
+  int oom = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1 && T * Hkv > 1)
+  {
+    double *acc = malloc((size_t)D * sizeof *acc);
+    if (!acc) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < T * Hkv; i++) {
+      const int64_t t = i / Hkv, g = i % Hkv, s = at1(seq, t), e = s < 0 ? -1 : at1(pos, t);
+      if (!acc || e + 1 < cf->ks || (e + 1 - cf->ks) % cf->st) continue;  // padded, or no chunk ends at e
+      const int64_t j = (e + 1 - cf->ks) / cf->st;
+      mean_chunk(kv, &sq[s], cf, j, g, D, acc, pool_chunk(cp, kv, &sq[s], cf, j, g, Hkv, D));
+    }
+    free(acc);
+  }
+  return oom ? TPR_FAIL(TPR_ERR_OOM, "sparse_attention_paged (cpu): compression scratch") : TPR_OK;
+}
+
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
-// i32, seq (T) i32, positions (T) i32, and in its prefill-length form
-// prefill_len (T) i32; out (T, Hq, D) contiguous.
+// i32, seq (T) i32, positions (T) i32[, ck_pool (NB, R, Hkv, D) f32 written
+// in place][, prefill_len (T) i32] (i[7]'s optional inputs, ops.h); out
+// (T, Hq, D) contiguous.
 TPR_CPU_KERNEL(sparse_attention_paged) {
   const char *op = "sparse_attention_paged (cpu)";
-  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
+  const int64_t opt = attrs->n_i > 7 ? attrs->i[7] : 0;
+  const int n_ck = (opt & TPR_SPARSE_CK_POOL) ? 1 : 0, n_pl = (opt & TPR_SPARSE_PREFILL_LEN) ? 1 : 0;
+  if (n_in != 6 + n_ck + n_pl)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected %d inputs, got %d", op, 6 + n_ck + n_pl, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
-  const tpr_tensor *pl = n_in == 7 ? in[6] : NULL;
+  const tpr_tensor *ckt = n_ck ? in[6] : NULL, *pl = n_pl ? in[6 + n_ck] : NULL;
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const sa_cfg cf = tpr__sa_cfg_of(attrs);
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2], B = bt->shape[0];
@@ -226,17 +295,20 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
   const sa_kv kv = {.k = tpr_tensor_data(kp), .v = tpr_tensor_data(vp), .ks = kp->stride, .vs = vp->stride,
                     .blocks = blocks, .pbs = pbs};
   const int nt = tpr__cpu_nt(ctx, T * Hq * (max_len > 1 ? max_len : 1));
+  const sa_ckpool cp = {.c = ckt ? tpr_tensor_data(ckt) : NULL, .R = ckt ? ckt->shape[1] : 0};
+  if (rc == TPR_OK && cp.c) rc = fill_pool(&cp, &kv, sq, &cf, seq, pos, T, Hkv, D, nt);
   int64_t max_c = 0;
   for (int64_t s = 0; s < B && rc == TPR_OK; s++) {
     if (!sq[s].sparse) continue;
     sq[s].n_c = sq[s].len >= cf.ks ? (sq[s].len - cf.ks) / cf.st + 1 : 0;
-    sq[s].c = malloc((size_t)(sq[s].n_c * Hkv * D > 0 ? sq[s].n_c * Hkv * D : 1) * sizeof(double));
+    max_c = sq[s].n_c > max_c ? sq[s].n_c : max_c;
+    if (cp.c) continue;  // scoring reads the pool
+    sq[s].c = malloc((size_t)(sq[s].n_c * Hkv * D > 0 ? sq[s].n_c * Hkv * D : 1) * sizeof(float));
     if (!sq[s].c) {
       rc = TPR_FAIL(TPR_ERR_OOM, "%s: compressed keys of a %lld-token sequence", op, (long long)sq[s].len);
       break;
     }
-    compress(&kv, &sq[s], &cf, Hkv, D, sq[s].c, nt);
-    max_c = sq[s].n_c > max_c ? sq[s].n_c : max_c;
+    rc = compress(&kv, &sq[s], &cf, Hkv, D, sq[s].c, nt);
   }
   float *o = tpr_tensor_data(out);
   if (rc == TPR_OK) memset(o, 0, (size_t)(T * Hq * D) * sizeof *o);  // padded tokens' rows stay 0
@@ -266,7 +338,8 @@ TPR_CPU_KERNEL(sparse_attention_paged) {
       const int64_t p = at1(pos, t);
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) sc.qd[h * D + d] = qb[t * qs[0] + (g * G + h) * qs[1] + d * qs[2]];
-      select_blocks(&cf, &sq[s], p, g, G, Hkv, D, deciding_len(pl, &sq[s], t, p) < cf.dense_len, &sc);
+      select_blocks(&cf, &kv, &cp, &sq[s], p, g, G, Hkv, D, cap, deciding_len(pl, &sq[s], t, p) < cf.dense_len,
+                    &sc);
       attend(&cf, &kv, &sq[s], p, g, G, D, cap, &sc, o + (t * Hq + g * G) * D);
     }
     free_scratch(&sc);

@@ -48,13 +48,14 @@ __device__ __forceinline__ const float *kv_row(const float *base, const int64_t 
   return base + (int64_t)a.bt[sq * a.MB + r / a.pbs] * s[0] + (r % a.pbs) * s[1] + g * s[2];
 }
 
-// comp[c0 + j] (Hkv, D) := the mean of chunk j's kernel_size keys; one thread per (j, g, d).
+// comp[c0 + j] (Hkv, D) := the mean of chunk j's kernel_size keys, rounded to
+// f32 as the CPU kernel keeps it; one thread per (j, g, d).
 __global__ void compress_kernel(double *comp, sa_args a, int64_t sq, int64_t n_c, int64_t c0) {
   TPR_CUDA_GRID_STRIDE(i, n_c * a.Hkv * a.D) {
     const int64_t j = i / (a.Hkv * a.D), g = (i / a.D) % a.Hkv, d = i % a.D;
     double acc = 0;
     for (int64_t r = j * a.st; r < j * a.st + a.ks_; r++) acc += kv_row(a.k, a.ks, a, sq, r, g)[d * a.ks[3]];
-    comp[((c0 + j) * a.Hkv + g) * a.D + d] = acc / (double)a.ks_;
+    comp[((c0 + j) * a.Hkv + g) * a.D + d] = (double)(float)(acc / (double)a.ks_);  // cpu.c's f32 rounding
   }
 }
 
@@ -189,13 +190,20 @@ tpr_status upload(tpr_cuda_ctx *c, const char *op, const std::vector<int64_t> &h
 }  // namespace
 
 // q (T, Hq, D) f32, k_pool/v_pool (NB, bs, Hkv, D) f32, block_tables (B, MB)
-// i32, seq (T) i32, positions (T) i32; out (T, Hq, D) contiguous.
+// i32, seq (T) i32, positions (T) i32[, ck_pool][, prefill_len (T) i32]
+// (i[7]'s optional inputs, ops.h); out (T, Hq, D) contiguous. The
+// compressed-key pool is accepted and neither read nor written: this twin
+// recomputes a sequence's compressed keys every call, rounded to f32 as the
+// CPU kernel keeps them there, so both score the same values.
 TPR_CUDA_KERNEL(sparse_attention_paged) {
   tpr_cuda_ctx *c = (tpr_cuda_ctx *)ctx;
   const char *op = "sparse_attention_paged (cuda)";
-  if (n_in != 6 && n_in != 7) return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected 6 or 7 inputs, got %d", op, n_in);
+  const int64_t opt = attrs->n_i > 7 ? attrs->i[7] : 0;
+  const int n_ck = (opt & TPR_SPARSE_CK_POOL) ? 1 : 0, n_pl = (opt & TPR_SPARSE_PREFILL_LEN) ? 1 : 0;
+  if (n_in != 6 + n_ck + n_pl)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: expected %d inputs, got %d", op, 6 + n_ck + n_pl, n_in);
   const tpr_tensor *q = in[0], *kp = in[1], *vp = in[2], *bt = in[3], *seq = in[4], *pos = in[5];
-  const tpr_tensor *pl = n_in == 7 ? in[6] : NULL;
+  const tpr_tensor *pl = n_pl ? in[6 + n_ck] : NULL;
   // Dtypes, shapes and attributes: the shape rule (rules.c) checked them.
   const int64_t T = q->shape[0], Hq = q->shape[1], D = q->shape[2];
   const int64_t NB = kp->shape[0], pbs = kp->shape[1], Hkv = kp->shape[2], B = bt->shape[0], MB = bt->shape[1];

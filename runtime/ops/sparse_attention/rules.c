@@ -33,29 +33,47 @@ static tpr_status check_attrs(const char *op, const tpr_op_attrs *attrs) {
   return TPR_OK;
 }
 
-// The paged form: optional i[7] = 1, the prefill-length form (a 7th input).
+// The paged form: i[7], when given, a bit set of optional inputs after the
+// six (ops.h): the compressed-key pool, then the prefill lengths.
 TPR__OP_RULE(sparse_attention_paged) {
   const char *op = "sparse_attention_paged";
   TPR_CHECK(check_attrs(op, attrs));
-  if (attrs->n_i > 7 && attrs->i[7] != 0 && attrs->i[7] != 1)
-    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[7] = %lld; the prefill-length flag is 0 or 1", op,
-                    (long long)attrs->i[7]);
+  const int64_t opt = attrs->n_i > 7 ? attrs->i[7] : 0;
+  if (opt & ~(int64_t)(TPR_SPARSE_CK_POOL | TPR_SPARSE_PREFILL_LEN))
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "%s: i[7] = %lld; the optional inputs are a bit set of 1 (compressed-key "
+                    "pool) and 2 (prefill lengths)", op, (long long)opt);
   const tpr_status rc = tpr__op_infer(TPR_OP_PAGED_ATTENTION, in, 6, attrs, out);
-  if (rc == TPR_OK) {
-    if (tpr__row_input_attr(TPR_OP_SPARSE_ATTENTION_PAGED, attrs)) {  // (T) i32, values are data
-      const tpr_tensor *pl = in[6];
-      TPR_CHECK(tpr__need_dtype(op, pl, TPR_I32, "prefill_len"));
-      if (pl->ndim != 1 || pl->shape[0] != in[0]->shape[0]) {
-        char got[128];
-        return TPR_FAIL(TPR_ERR_SHAPE, "%s: prefill_len must be (T = %lld) i32, got %s", op,
-                        (long long)in[0]->shape[0], tpr_tensor_describe(pl, got, sizeof got));
-      }
-    }
-    return TPR_OK;
+  if (rc != TPR_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpr_last_error());
+    return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
   }
-  char why[512];
-  snprintf(why, sizeof why, "%s", tpr_last_error());
-  return TPR_FAIL(rc, "%s: its operands are paged_attention's: %s", op, why);
+  int at = 6;
+  if (opt & TPR_SPARSE_CK_POOL) {
+    // The compressed-key pool (NB, ceil(bs/stride), Hkv, D) f32 beside the KV
+    // pool, written in place: contiguous, so the kernel's writes land where
+    // its reads (and the next call's) look.
+    const int64_t st = attrs->i[1];
+    const tpr_tensor *kp = in[1], *ck = in[at++];
+    const int64_t want[4] = {kp->shape[0], tpr_sparse_ck_rows(kp->shape[1], st), kp->shape[2], kp->shape[3]};
+    if (ck->dtype != TPR_F32 || ck->ndim != 4 || ck->shape[0] != want[0] || ck->shape[1] != want[1] ||
+        ck->shape[2] != want[2] || ck->shape[3] != want[3] || !tpr_tensor_is_contiguous(ck))
+      return TPR_FAIL(TPR_ERR_INVALID_ARG,
+                      "%s: the compressed-key pool must be contiguous f32 (NB %lld, ceil(bs %lld / kernel_stride "
+                      "%lld) = %lld, Hkv %lld, D %lld)",
+                      op, (long long)want[0], (long long)kp->shape[1], (long long)st, (long long)want[1],
+                      (long long)want[2], (long long)want[3]);
+  }
+  if (opt & TPR_SPARSE_PREFILL_LEN) {  // (T) i32, values are data
+    const tpr_tensor *pl = in[at++];
+    TPR_CHECK(tpr__need_dtype(op, pl, TPR_I32, "prefill_len"));
+    if (pl->ndim != 1 || pl->shape[0] != in[0]->shape[0]) {
+      char got[128];
+      return TPR_FAIL(TPR_ERR_SHAPE, "%s: prefill_len must be (T = %lld) i32, got %s", op,
+                      (long long)in[0]->shape[0], tpr_tensor_describe(pl, got, sizeof got));
+    }
+  }
+  return TPR_OK;
 }
 
 // The training form: q (T, Hq, D), k and v (T, Hkv, D) f32, one whole

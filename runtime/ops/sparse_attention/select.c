@@ -1,5 +1,4 @@
-// InfLLM-v2's block selection (select.h). Moved out of cpu.c's
-// select_blocks unchanged, so the paged op and the training op share it.
+// InfLLM-v2's block selection (select.h).
 #include "runtime/ops/sparse_attention/select.h"
 
 #include <math.h>
@@ -11,8 +10,9 @@ tpr__sa_cfg tpr__sa_cfg_of(const tpr_op_attrs *attrs) {
                        .scale = attrs->f[0]};
 }
 
-void tpr__sa_select(const tpr__sa_cfg *cf, bool dense, const double *c, int64_t n_c, int64_t Hkv, int64_t g,
-                    int64_t D, const double *qd, int64_t G, int64_t p, const tpr__sa_sel_scratch *sc, char *sel) {
+void tpr__sa_select(const tpr__sa_cfg *cf, bool dense, tpr__sa_chunk_fn chunk, const void *ctx, int64_t n_c,
+                    int64_t g, int64_t D, const double *qd, int64_t G, int64_t p, const tpr__sa_sel_scratch *sc,
+                    char *sel) {
   const int64_t qb = p / cf->bs;
   if (dense) {  // every block up to the query's
     memset(sel, 1, (size_t)(qb + 1));
@@ -25,19 +25,27 @@ void tpr__sa_select(const tpr__sa_cfg *cf, bool dense, const double *c, int64_t 
   // S_j over the chunks position p sees: j*st + ks <= p + 1.
   int64_t n_valid = p + 1 >= cf->ks ? (p + 1 - cf->ks) / cf->st + 1 : 0;
   if (n_valid > n_c) n_valid = n_c;
-  for (int64_t j = 0; j < n_valid; j++) sc->S[j] = 0;
-  for (int64_t h = 0; h < G && n_valid > 0; h++) {
-    const double *q = qd + h * D;
-    double m = -INFINITY, z = 0;
-    for (int64_t j = 0; j < n_valid; j++) {
-      const double *cj = c + (j * Hkv + g) * D;
-      double dot = 0;
-      for (int64_t d = 0; d < D; d++) dot += q[d] * cj[d];
-      sc->w[j] = dot * cf->scale;
-      m = sc->w[j] > m ? sc->w[j] : m;
+  // Chunks outer, the group's heads inner: each compressed key is read once
+  // for the group. Logits into w (G, cap); mz the heads' maxima, then their
+  // sums.
+  double *m = sc->mz, *z = sc->mz + G;
+  for (int64_t h = 0; h < G; h++) m[h] = -INFINITY, z[h] = 0;
+  for (int64_t j = 0; j < n_valid; j++) {
+    const float *c = chunk(ctx, j, g);
+    for (int64_t h = 0; h < G; h++) {
+      const double w = tpr__sa_dot(qd + h * D, c, 1, D) * cf->scale;
+      sc->w[h * sc->cap + j] = w;
+      m[h] = w > m[h] ? w : m[h];
     }
-    for (int64_t j = 0; j < n_valid; j++) z += (sc->w[j] = exp(sc->w[j] - m));
-    for (int64_t j = 0; j < n_valid; j++) sc->S[j] += sc->w[j] / z;
+  }
+  for (int64_t h = 0; h < G; h++) {
+    double *w = sc->w + h * sc->cap;
+    for (int64_t j = 0; j < n_valid; j++) z[h] += (w[j] = exp(w[j] - m[h]));
+  }
+  for (int64_t j = 0; j < n_valid; j++) {  // S_j summed over the heads in order
+    double S = 0;
+    for (int64_t h = 0; h < G; h++) S += sc->w[h * sc->cap + j] / z[h];
+    sc->S[j] = S;
   }
   // Block b's score: the max over the seen chunks overlapping it.
   const int64_t per = cf->bs / cf->st, back = cf->ks / cf->st - 1;

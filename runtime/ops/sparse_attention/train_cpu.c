@@ -6,7 +6,8 @@
 //
 // The selection is select.h's, the paged op's own code, on compressed keys
 // computed the same way (each chunk's kernel_size keys summed in order in
-// double, then divided): both ops pick the same blocks bit for bit. It is a
+// double, divided, rounded to f32): both ops pick the same blocks bit for
+// bit. It is a
 // set of indices: the backward recomputes it and passes no gradient through
 // it or the compressed keys (the published forward feeds them only to its
 // top-k kernel). The attention over the selected keys is differentiated as
@@ -34,30 +35,36 @@ typedef struct wq_seq {
   int64_t T, Hq, Hkv, G, D;
   bool dense;
   int64_t n_c;
-  double *c;  // (n_c, Hkv, D) compressed keys, NULL when dense
+  float *c;  // (n_c, Hkv, D) compressed keys, NULL when dense
 } wq_seq;
 
 static const float *row(const float *base, const int64_t *st, int64_t t, int64_t h) {
   return base + t * st[0] + h * st[1];
 }
 
-// c := the mean of each chunk's kernel_size keys (cpu.c's compress, on rows).
-static void compress(const wq_seq *s, const tpr__sa_cfg *cf) {
+// c := the mean of each chunk's kernel_size keys (select.h's rule, as
+// cpu.c's mean_chunk on rows). acc (D) scratch.
+static void compress(const wq_seq *s, const tpr__sa_cfg *cf, double *acc) {
   for (int64_t j = 0; j < s->n_c; j++)
     for (int64_t g = 0; g < s->Hkv; g++) {
-      double *out = s->c + (j * s->Hkv + g) * s->D;
-      for (int64_t d = 0; d < s->D; d++) out[d] = 0;
+      float *out = s->c + (j * s->Hkv + g) * s->D;
+      for (int64_t d = 0; d < s->D; d++) acc[d] = 0;
       for (int64_t r = j * cf->st; r < j * cf->st + cf->ks; r++) {
         const float *k = row(s->k, s->ks, r, g);
-        for (int64_t d = 0; d < s->D; d++) out[d] += k[d * s->ks[2]];
+        for (int64_t d = 0; d < s->D; d++) acc[d] += k[d * s->ks[2]];
       }
-      for (int64_t d = 0; d < s->D; d++) out[d] /= (double)cf->ks;
+      for (int64_t d = 0; d < s->D; d++) out[d] = (float)(acc[d] / (double)cf->ks);
     }
+}
+
+static const float *chunk_of(const void *ctx, int64_t j, int64_t g) {
+  const wq_seq *s = ctx;
+  return s->c + (j * s->Hkv + g) * s->D;
 }
 
 // Scratch of one thread.
 typedef struct wq_scratch {
-  double *S, *w, *score;  // select.h's
+  double *S, *w, *mz, *score;  // select.h's (w: (G, n_c + 1))
   char *sel;              // (T / bs + 1)
   double *qd;             // (G, D) the group's queries
   int64_t *idx;           // (T) the attended rows, ascending
@@ -67,16 +74,17 @@ typedef struct wq_scratch {
 
 static bool scratch_new(wq_scratch *sc, const wq_seq *s, const tpr__sa_cfg *cf) {
   const int64_t n = s->n_c + 1, nb = s->T / cf->bs + 1;
-  sc->S = malloc((size_t)n * sizeof(double)), sc->w = malloc((size_t)n * sizeof(double));
+  sc->S = malloc((size_t)n * sizeof(double)), sc->w = malloc((size_t)(s->G * n) * sizeof(double));
+  sc->mz = malloc((size_t)(2 * s->G + 1) * sizeof(double));
   sc->score = malloc((size_t)nb * sizeof(double)), sc->sel = malloc((size_t)nb);
   sc->qd = malloc((size_t)(s->G * s->D + 1) * sizeof(double));
   sc->idx = malloc((size_t)(s->T + 1) * sizeof(int64_t));
   sc->P = malloc((size_t)(s->G * s->T + 1) * sizeof(double));
   sc->acc = malloc((size_t)(s->D + 1) * sizeof(double));
-  return sc->S && sc->w && sc->score && sc->sel && sc->qd && sc->idx && sc->P && sc->acc;
+  return sc->S && sc->w && sc->mz && sc->score && sc->sel && sc->qd && sc->idx && sc->P && sc->acc;
 }
 static void scratch_free(wq_scratch *sc) {
-  free(sc->S), free(sc->w), free(sc->score), free(sc->sel), free(sc->qd), free(sc->idx), free(sc->P), free(sc->acc);
+  free(sc->S), free(sc->w), free(sc->mz), free(sc->score), free(sc->sel), free(sc->qd), free(sc->idx), free(sc->P), free(sc->acc);
 }
 
 // Query t, KV head g: selects its blocks and fills idx (the attended rows
@@ -87,8 +95,8 @@ static int64_t probs(const wq_seq *s, const tpr__sa_cfg *cf, int64_t t, int64_t 
     const float *q = row(s->q, s->qs, t, g * G + h);
     for (int64_t d = 0; d < D; d++) sc->qd[h * D + d] = q[d * s->qs[2]];
   }
-  const tpr__sa_sel_scratch ss = {.S = sc->S, .w = sc->w, .score = sc->score};
-  tpr__sa_select(cf, s->dense, s->c, s->n_c, s->Hkv, g, D, sc->qd, G, t, &ss, sc->sel);
+  const tpr__sa_sel_scratch ss = {.S = sc->S, .w = sc->w, .mz = sc->mz, .score = sc->score, .cap = s->n_c + 1};
+  tpr__sa_select(cf, s->dense, chunk_of, s, s->n_c, g, D, sc->qd, G, t, &ss, sc->sel);
   int64_t n = 0;
   for (int64_t b = 0; b <= t / cf->bs; b++)
     if (sc->sel[b])
@@ -118,9 +126,14 @@ static tpr_status seq_of(const char *op, const tpr_tensor *const *in, const tpr_
   s->dense = s->T < cf->dense_len;
   if (s->dense) return TPR_OK;
   s->n_c = s->T >= cf->ks ? (s->T - cf->ks) / cf->st + 1 : 0;
-  s->c = malloc((size_t)(s->n_c * s->Hkv * s->D + 1) * sizeof(double));
-  if (!s->c) return TPR_FAIL(TPR_ERR_OOM, "%s: compressed keys of a %lld-token sequence", op, (long long)s->T);
-  compress(s, cf);
+  s->c = malloc((size_t)(s->n_c * s->Hkv * s->D + 1) * sizeof(float));
+  double *acc = malloc((size_t)(s->D + 1) * sizeof *acc);
+  if (!s->c || !acc) {
+    free(acc);
+    return TPR_FAIL(TPR_ERR_OOM, "%s: compressed keys of a %lld-token sequence", op, (long long)s->T);
+  }
+  compress(s, cf, acc);
+  free(acc);
   return TPR_OK;
 }
 
