@@ -161,6 +161,13 @@ static void select_blocks(const sa_cfg *cf, const sa_kv *kv, const sa_ckpool *cp
 // times v. Keys outer, the group's heads inner: each key and value row is read
 // once for the whole group. Per head, the weighted sum runs over the keys in
 // ascending order.
+//
+// Cloned for AVX2 (picked at load time where the CPU has it): its double
+// loops run 4 lanes wide instead of SSE2's 2. AVX2 alone brings no FMA, so
+// no multiply-add is contracted and both clones give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 static void attend(const sa_cfg *cf, const sa_kv *kv, const sa_seq *sq, int64_t p, int64_t g, int64_t G, int64_t D,
                    int64_t cap, sa_scratch *sc, float *out_t) {
   const int64_t qb = p / cf->bs, dk = kv->ks[3], dv = kv->vs[3];
