@@ -257,7 +257,10 @@ tpr_json_grammar *tpr_json_grammar_new(const cJSON *schema, const char *prefix, 
 // O_COLON ':'; O_VALUE a value; O_AFTER ',' or '}'. Arrays likewise.
 enum { O_OPEN, O_FIRST, O_KEY, O_COLON, O_VALUE, O_AFTER };
 enum { A_OPEN, A_FIRST, A_VALUE, A_AFTER };
-enum { S_OPEN, S_IN, S_ESC, S_U };  // S_U: pos hex digits still to come
+// S_U: pos hex digits still to come (their value in cand, bit 16 set in the
+// low half of a surrogate pair); S_LO_BS, S_LO_U: the '\' and 'u' of the low
+// half that must follow a high surrogate.
+enum { S_OPEN, S_IN, S_ESC, S_U, S_LO_BS, S_LO_U };
 enum { N_START, N_SIGN, N_ZERO, N_INT, N_FRAC0, N_FRAC, N_EXP0, N_EXPS, N_EXP };
 enum { Q_PRE, Q_INNER, Q_SUF, Q_DONE };
 enum { R_TAKEN, R_REJECT, R_POP_REFEED };  // what a frame did with a byte
@@ -480,12 +483,36 @@ static int step_string(tpr_json_state *s, tpr_json_frame *f, char c) {
       return R_TAKEN;
     }
     case S_ESC:
-      if (c == 'u') return f->phase = S_U, f->pos = 4, R_TAKEN;
+      if (c == 'u') return f->phase = S_U, f->pos = 4, f->cand = 0, R_TAKEN;
       return strchr("\"\\/bfnrt", c) && c ? (f->phase = S_IN, R_TAKEN) : R_REJECT;
-    case S_U:
+    case S_U: {
+      // \uXXXX: UTF-16 as RFC 8259 writes characters past the BMP, so a
+      // high surrogate (D800-DBFF) must be followed by a \u low one
+      // (DC00-DFFF), and a low one never comes alone. Parsers such as cJSON
+      // and serde_json refuse lone surrogates: output that must parse
+      // everywhere cannot hold them. Decided at the second digit, so that
+      // no accepted prefix is a dead end (a mask would have nothing to
+      // allow after "\udc").
       if (!is_hex(c)) return R_REJECT;
-      if (--f->pos == 0) f->phase = S_IN;
+      const uint64_t low_half = f->cand >> 16 & 1;
+      const uint64_t digit = (uint64_t)(is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10);
+      f->cand = (((f->cand & 0xffff) << 4) | digit) | low_half << 16;
+      const int seen = 5 - f->pos;  // digits read, this one included
+      if (seen == 1 && low_half && digit != 0xd) return R_REJECT;
+      if (seen == 2) {
+        const uint64_t top = f->cand & 0xff;  // the first two digits
+        if (low_half != (top >= 0xdc && top <= 0xdf)) return R_REJECT;
+      }
+      if (--f->pos > 0) return R_TAKEN;
+      const uint64_t v = f->cand & 0xffff;
+      f->cand = 0;
+      f->phase = !low_half && v >= 0xd800 && v <= 0xdbff ? S_LO_BS : S_IN;
       return R_TAKEN;
+    }
+    case S_LO_BS:  // the pair's second escape: part of the same character (f->idx unchanged)
+      return c == '\\' ? (f->phase = S_LO_U, R_TAKEN) : R_REJECT;
+    case S_LO_U:
+      return c == 'u' ? (f->phase = S_U, f->pos = 4, f->cand = 1ull << 16, R_TAKEN) : R_REJECT;
   }
   return R_REJECT;
 }

@@ -6,7 +6,8 @@
 //     byte inserted, deleted or replaced gives a text the automaton accepts
 //     iff cJSON parses it as an object and a scan of its whitespace and
 //     numbers says it is within the limits (an independent reference);
-//   - schemas: accepted and refused texts, one per rule, and the keywords
+//   - schemas: accepted and refused texts, one per rule (lone UTF-16
+//     surrogate escapes refused, pairs one character), and the keywords
 //     that are refused when compiling;
 //   - masks: random walks through the demo tokenizer's vocabulary under the
 //     mask end in text cJSON parses (and that validates); every allowed token
@@ -268,6 +269,16 @@ static void test_schemas(void **state) {
       {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}},"
        "\"required\":[\"x\"]}},\"required\":[\"p\"]}", "{\"p\": {\"x\": -2e3}}", true},
       {"{}", "[{\"any\": true}]", true},
+      // \u escapes: a surrogate pair is one character; a lone half is refused
+      // (cJSON and serde_json refuse it, so output holding one would not parse).
+      {"{\"type\":\"string\",\"maxLength\":1}", "\"\\ud83d\\ude00\"", true},
+      {"{\"type\":\"string\"}", "\"\\uDBFF\\uDFFFx\\u00e9\"", true},
+      {"{\"type\":\"string\"}", "\"\\udeea\"", false},         // a low half alone
+      {"{\"type\":\"string\"}", "\"\\ud83d\"", false},         // a high half, then the end
+      {"{\"type\":\"string\"}", "\"\\ud83dx\"", false},        // then a character
+      {"{\"type\":\"string\"}", "\"\\ud83d\\n\"", false},     // then another escape
+      {"{\"type\":\"string\"}", "\"\\ud83d\\u0041\"", false},  // then a non-surrogate \u
+      {"{\"type\":\"string\"}", "\"\\ud83d\\ud83d\"", false},  // then another high half
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char err[256];
