@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "engine/session_impl.h"
@@ -96,6 +97,21 @@ static tpr_status open_session(tpr_session *s) {
 }
 
 
+// --activation-dtype bf16 on the session's backend, or why it cannot apply.
+static tpr_status set_bf16_activations(tpr_session *s, bool on) {
+  if (on && s->o.training)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "bf16 activations: training multiplies f32 weights in f32 (inference only)");
+  if (on && strcmp(tpr_backend_name(s->be), "cpu") != 0)
+    return TPR_FAIL(TPR_ERR_UNSUPPORTED, "bf16 activations: the cpu backend only (this session runs on %s)",
+                    tpr_backend_name(s->be));
+  if (on && s->stats.matrix_dtype != TPR_BF16)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "bf16 activations apply to bf16 weight matrices; these are held in %s "
+                    "(give --weight-dtype bf16, or auto with a bf16 checkpoint)", tpr_dtype_name(s->stats.matrix_dtype));
+  TPR_CHECK(tpr_backend_cpu_set_bf16_activations(s->be, on));
+  s->bf16_activations_set = s->stats.bf16_activations = on;
+  return TPR_OK;
+}
+
 tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_backend *be,
                                tpr_session **out) {
   *out = NULL;
@@ -115,6 +131,7 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
   step_program *decode;
   tpr_status rc = tpr_comm_agree(world, open_session(s));
   if (rc == TPR_OK) rc = tpr__session_load_weights(s);  // collective inside, agreed
+  if (rc == TPR_OK && o->bf16_activations) rc = tpr_comm_agree(world, set_bf16_activations(s, true));
   if (rc == TPR_OK && !o->training) rc = tpr_comm_agree(world, tpr__session_alloc_pool(s));  // collective inside
   // Decode's program first: it is never evicted. Building it is collective
   // (hash check, or the broadcast of rank 0's bytes).
@@ -130,6 +147,7 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
 
 void tpr_session_close(tpr_session *s) {
   if (!s) return;
+  if (s->bf16_activations_set) (void)set_bf16_activations(s, false);  // the backend outlives the session
   tpr__session_free_programs(s);
   int64_t layers = s->cfg.num_layers;
   for (int64_t i = 0; s->item_tensors && i < s->weights.n; i++) tpr_tensor_free(s->item_tensors[i]);

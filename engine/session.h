@@ -35,6 +35,11 @@ typedef struct tpr_session_opts {
   // TPR_F32 (0, the default), TPR_BF16, or TPR_LOAD_SOURCE_DTYPE (auto:
   // bf16 matrices of the checkpoint stay bf16). Training holds f32.
   tpr_dtype weight_dtype;
+  // Matmuls against bf16 weight matrices round their activations to bf16
+  // and use bf16 dot products (runtime/ops/gemm/bf16_gemm.h); off: exact f32
+  // products. The cpu backend only, and only with bf16 matrices held: the
+  // session refuses it otherwise (and for training), so it is never ignored.
+  bool bf16_activations;
   bool moe_stats;          // count routing statistics (tpr_session_moe_stats)
   // Rank 0 builds each program and sends its bytes to the others ("compile
   // once, run on every rank"); otherwise every rank builds its own and the
@@ -66,6 +71,7 @@ typedef struct tpr_session_info {
   double load_s;             // config, plan, weights, caches
   uint64_t weight_bytes;     // this rank's weights as held (opts.weight_dtype)
   tpr_dtype matrix_dtype;    // the weight matrices' dtype as held: bf16 if any is, else f32
+  bool bf16_activations;     // their matmuls round activations to bf16 (opts.bf16_activations)
   uint64_t bytes_read;       // checkpoint bytes this rank read
   uint64_t program_hash;     // of the last program built
 } tpr_session_info;

@@ -9,6 +9,9 @@
 //    scale) bytes read, and its ratio to the probe.
 // 3. Large M (64, 512): dequantise 256-row panels to f32 and call
 //    cblas_sgemm on each, against one cblas_sgemm on f32 weights (GFLOP/s).
+// 4. Large M on the bf16 weight: prefill's default path (the skinny tiles
+//    in blocks of 64 rows, f32 activations) against the bf16-activation
+//    GEMM (runtime/ops/gemm/bf16_gemm.h, --activation-dtype bf16), GFLOP/s.
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -25,6 +28,7 @@
 #include "launch/cli_util.h"
 #include "runtime/cpu_isa.h"
 #include "runtime/dtype.h"
+#include "runtime/ops/gemm/bf16_gemm.h"
 #include "runtime/ops/gemm/skinny_gemm.h"
 
 #define BK_N 8192
@@ -158,6 +162,26 @@ static double time_dequant_sgemm(const float *a, int64_t M, const bk_weight *w, 
   return best;
 }
 
+// Best of 2 after a warm-up: the bf16 weight through the skinny tiles in
+// 64-row blocks (act_bf16 0), as tpr__weight_gemm runs prefill by default, or
+// through the bf16-activation GEMM (act_bf16 1).
+static double time_bf16_big(const float *a, int64_t M, const bk_weight *w, float *out, int threads, int act_bf16) {
+  double best = 1e30;
+  for (int r = 0; r < 3; r++) {
+    double t0 = tpr_cli_now();
+    if (act_bf16) {
+      if (tpr_bf16_gemm(a, BK_K, M, BK_K, &w->v, BK_N, out, BK_N, threads) != TPR_OK) return -1;
+    } else
+      for (int64_t m0 = 0; m0 < M; m0 += 64)
+        if (tpr_skinny_gemm(a + m0 * BK_K, BK_K, M - m0 < 64 ? M - m0 : 64, BK_K, &w->v, BK_N, out + m0 * BK_N,
+                            BK_N, threads) != TPR_OK)
+          return -1;
+    double t = tpr_cli_now() - t0;
+    if (r > 0 && t < best) best = t;
+  }
+  return best;
+}
+
 static double time_sgemm(const float *a, int64_t M, const float *w, float *out) {
   double best = 1e30;
   for (int r = 0; r < 3; r++) {
@@ -181,6 +205,7 @@ typedef struct bk_result {
   double read_gbs;
   double skinny_s[N_DT][N_SM], bytes[N_DT];
   double deq_s[N_DT][N_BM], f32_s[N_BM];
+  double bf16_tiles_s[N_BM], bf16_act_s[N_BM];  // the bf16 weight: f32 activations, bf16 activations
 } bk_result;
 
 static void print_table(const bk_result *r, int threads) {
@@ -201,6 +226,14 @@ static void print_table(const bk_result *r, int threads) {
       printf("%-8s %4lld %18.1f %16.1f %7.2f\n", tpr_dtype_name(bk_dtypes[d]), (long long)big_ms[i],
              fl / r->deq_s[d][i], fl / r->f32_s[i], r->f32_s[i] / r->deq_s[d][i]);
     }
+  printf("\nbf16 weight, activations f32 (skinny tiles) or bf16 (%s):\n",
+         tpr_cpu_has_bf16_dot() ? "vdpbf16ps" : "no AVX512_BF16 here: rounded, widened, skinny tiles");
+  printf("%4s %16s %16s %8s\n", "M", "f32 act GF/s", "bf16 act GF/s", "ratio");
+  for (int i = 0; i < N_BM; i++) {
+    double fl = 2.0 * (double)big_ms[i] * BK_N * BK_K * 1e-9;
+    printf("%4lld %16.1f %16.1f %7.2f\n", (long long)big_ms[i], fl / r->bf16_tiles_s[i], fl / r->bf16_act_s[i],
+           r->bf16_tiles_s[i] / r->bf16_act_s[i]);
+  }
 }
 
 static bool print_json(const bk_result *r, int threads) {
@@ -233,6 +266,17 @@ static bool print_json(const bk_result *r, int threads) {
       cJSON_AddItemToArray(bg, e);
     }
   }
+  cJSON *ba = cJSON_CreateArray();
+  for (int i = 0; i < N_BM; i++) {
+    cJSON *e = cJSON_CreateObject();
+    double fl = 2.0 * (double)big_ms[i] * BK_N * BK_K * 1e-9;
+    cJSON_AddNumberToObject(e, "m", (double)big_ms[i]);
+    cJSON_AddNumberToObject(e, "f32_act_gflops", fl / r->bf16_tiles_s[i]);
+    cJSON_AddNumberToObject(e, "bf16_act_gflops", fl / r->bf16_act_s[i]);
+    cJSON_AddItemToArray(ba, e);
+  }
+  cJSON_AddItemToObject(j, "bf16_weight_large_m", ba);
+  cJSON_AddBoolToObject(j, "bf16_dot", tpr_cpu_has_bf16_dot());
   cJSON_AddItemToObject(j, "skinny", sk);
   cJSON_AddItemToObject(j, "dequant_sgemm", bg);
   return tpr_cli_print_json(j);
@@ -299,6 +343,14 @@ int tpr_bench_kernels(int argc, char **argv) {
     }
   }
   for (int i = 0; i < N_BM; i++) r.f32_s[i] = time_sgemm(a, big_ms[i], f32, out);
+  for (int i = 0; i < N_BM; i++) {
+    r.bf16_tiles_s[i] = time_bf16_big(a, big_ms[i], &w[1], out, nt, 0);
+    r.bf16_act_s[i] = time_bf16_big(a, big_ms[i], &w[1], out, nt, 1);
+    if (r.bf16_tiles_s[i] < 0 || r.bf16_act_s[i] < 0) {
+      fprintf(stderr, "tpr bench kernels: %s\n", tpr_last_error());
+      goto done;
+    }
+  }
   if (json) rc = print_json(&r, nt) ? 0 : 1;
   else {
     print_table(&r, nt);

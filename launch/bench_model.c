@@ -339,6 +339,7 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
            (long long)r->decode_tokens, (long long)r->generated_tokens);
     printf(",\"weight_dtype\":\"%s\",\"weight_bytes_per_rank\":%llu,\"decode_roofline_tok_s\":%.6g", tpr_dtype_name(wdt),
            (unsigned long long)weight_bytes, roof_tps);
+    printf(",\"activation_dtype\":\"%s\"", tpr_session_stats(s)->bf16_activations ? "bf16" : "f32");
     printf(",\"kv_bytes_per_seq_per_rank\":%llu,\"state_bytes_per_seq_per_rank\":%llu", (unsigned long long)kv_seq,
            (unsigned long long)pool.state_slot_bytes);
     const tpr_bench_peak *pk = &rf->peak;
@@ -362,8 +363,9 @@ static void print_result(const tpr_world *w, const tpr_session *s, const tpr_sha
          "prompt %lld, gen %lld\n", tpr_model_family_name(p->config.family), p->tp, (long long)batch,
          (long long)r->steps, per_step, (long long)P, (long long)G);
   printf("  %-34s %.3f s\n", "load (random weights)", load_s);
-  printf("  %-34s %s, %s per rank (decode roofline %.1f tok/s)\n", "weights held", tpr_dtype_name(wdt),
-         tpr_cli_bytes(weight_bytes, b1, sizeof b1), roof_tps);
+  printf("  %-34s %s, %s per rank (decode roofline %.1f tok/s)%s\n", "weights held", tpr_dtype_name(wdt),
+         tpr_cli_bytes(weight_bytes, b1, sizeof b1), roof_tps,
+         tpr_session_stats(s)->bf16_activations ? "; activations bf16" : "");
   printf("  %-34s %10s %14s %14s\n", "", "tokens/s", "per rank", "vs roofline");
   printf("  %-34s %10.1f %9.2f GF/s %13.1f%%  (sgemm %.1f GF/s)\n", "prefill", pre_tps, pre_gf,
          100 * pre_gf / rf->gemm_gflops, rf->gemm_gflops);

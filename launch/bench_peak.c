@@ -88,7 +88,7 @@ void tpr_bench_peak_measure(int threads, tpr_bench_peak *out) {
   if (isa >= TPR_ISA_AVX512) out->f32_gflops = measure(f32_avx512, ACC * 16 * 2.0, out->threads);
   else if (isa >= TPR_ISA_AVX2) out->f32_gflops = measure(f32_avx2, ACC * 8 * 2.0, out->threads);
   // AVX512_BF16: CPUID.(7,1):EAX bit 5; AMX-BF16: CPUID.(7,0):EDX bit 22.
-  out->has_bf16_dot = isa >= TPR_ISA_AVX512 && cpuid_bit(7, 1, 0, 5);
+  out->has_bf16_dot = tpr_cpu_has_bf16_dot();
   out->has_amx_bf16 = cpuid_bit(7, 0, 3, 22);
   if (out->has_bf16_dot) out->bf16_gflops = measure(bf16_avx512, ACC * 16 * 4.0, out->threads);
 #endif

@@ -116,12 +116,13 @@ int tpr_cmd_forward(int argc, char **argv) {
       printf("{\"command\":\"forward\",\"world_size\":%d,\"tp\":%d,\"dp\":%d,\"ep\":%d,\"etp\":%d,"
              "\"moe_dispatch\":\"%s\",\"replicas\":%lld,\"tokens\":%lld,\"vocab\":%lld,\"out\":\"%s\","
              "\"load_s\":%.4f,\"forward_s\":%.4f,\"program_hash\":\"%016llx\",\"weight_dtype\":\"%s\","
-             "\"weight_bytes\":%llu}\n",
+             "\"weight_bytes\":%llu,\"activation_dtype\":\"%s\"}\n",
              w.size, pl->tp, pl->dp, pl->ep, pl->etp, mesh.moe_dispatch, (long long)replicas, (long long)T,
              (long long)V, out, tpr_session_stats(s)->load_s, secs,
              (unsigned long long)tpr_session_stats(s)->program_hash,
              tpr_dtype_name(tpr_session_stats(s)->matrix_dtype),
-             (unsigned long long)tpr_session_stats(s)->weight_bytes);
+             (unsigned long long)tpr_session_stats(s)->weight_bytes,
+             tpr_session_stats(s)->bf16_activations ? "bf16" : "f32");
     else
       printf("tpr forward: %lld tokens x %lld replicas, tp %d dp %d ep %d etp %d, %s weights (%.2f MiB per rank): "
              "logits (%lld, %lld) f32 -> %s (load %.3f s, forward %.3f s)\n",

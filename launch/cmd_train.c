@@ -210,6 +210,8 @@ int tpr_cmd_train(int argc, char **argv) {
   };
   tpr_args_result ar = tpr_args_parse(argc, argv, args, sizeof args / sizeof args[0], usage);
   if (ar != TPR_ARGS_OK) return ar == TPR_ARGS_HELP ? 0 : 2;
+  if (strcmp(mesh.activation_dtype, "f32") != 0)
+    return usage_error("--activation-dtype applies to inference: training multiplies f32 weights in f32");
   int sources = (model != NULL) + (config != NULL) + (o.resume_dir != NULL);
   if (sources != 1 || (config && !random_init) || (random_init && !config))
     return usage_error("give exactly one of --model DIR, --config F --random-init, or --resume DIR");

@@ -48,6 +48,9 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "--moe-dispatch %s: expected auto, alltoall or allreduce", m->moe_dispatch);
   tpr_dtype weight_dtype;
   TPR_CHECK(tpr_weight_dtype_parse(m->weight_dtype, &weight_dtype));
+  const char *act = m->activation_dtype ? m->activation_dtype : "f32";
+  if (strcmp(act, "f32") != 0 && strcmp(act, "bf16") != 0)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "--activation-dtype %s: expected f32 or bf16", act);
   *out = (tpr_session_opts){.model_dir = model,
                            .max_seq = max_seq,
                            .tp = (int)m->tp,
@@ -56,6 +59,7 @@ tpr_status tpr_cli_session_opts(const tpr_world *w, const char *model, const tpr
                            .etp = (int)m->etp,
                            .moe = moe,
                            .weight_dtype = weight_dtype,
+                           .bf16_activations = strcmp(act, "bf16") == 0,
                            .moe_stats = m->moe_stats,
                            .broadcast_program = d->broadcast_program,
                            .per_rank_qk_norm = d->per_rank_qk_norm,

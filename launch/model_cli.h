@@ -38,9 +38,10 @@ typedef struct tpr_model_mesh {
   int64_t reroute_seed;
   bool moe_stats;               // set by the commands that print them
   const char *weight_dtype;     // auto | f32 | bf16 (engine/weight_dtype.h)
+  const char *activation_dtype; // f32 | bf16: activations of matmuls against bf16 weights (tpr_session_opts)
   bool dense_sparse_layers;     // minicpm_sala: the sparse layers run dense (tpr_session_opts)
 } tpr_model_mesh;
-#define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto", .weight_dtype = "auto"}
+#define TPR_MODEL_MESH_DEFAULT {.moe_dispatch = "auto", .weight_dtype = "auto", .activation_dtype = "f32"}
 #define TPR_MODEL_MESH_ARGS(m)                                                                                   \
   {"tp", TPR_ARG_INT, &(m).tp, "tensor-parallel degree of attention (default: world / dp)"},                   \
   {"dp", TPR_ARG_INT, &(m).dp, "data-parallel replicas of attention; world = dp*tp (default 1)"},               \
@@ -55,6 +56,8 @@ typedef struct tpr_model_mesh {
   {"reroute-seed", TPR_ARG_INT, &(m).reroute_seed, "seed of the re-routing draw (default 0)"},                  \
   {"weight-dtype", TPR_ARG_STR, &(m).weight_dtype,                                                              \
    "auto | f32 | bf16: the dtype weight matrices are held in (default auto: bf16 and block-scaled FP8 stay as the checkpoint has them, on the cpu)"}, \
+  {"activation-dtype", TPR_ARG_STR, &(m).activation_dtype,                                                      \
+   "f32 | bf16: activations entering a matmul against bf16 weights (default f32: exact products; bf16: rounded to bf16 and multiplied with AVX512_BF16 dot products where the CPU has them, as llama.cpp and PyTorch's bf16 path do: about 1.8x the prefill GEMM rate; cpu only, needs bf16 weights, not for training)"}, \
   {"dense-sparse-layers", TPR_ARG_FLAG, &(m).dense_sparse_layers,                                               \
    "minicpm_sala: run the InfLLM-v2 sparse attention layers dense (every key attended), for comparison (train: their forward and gradients too); refused for other models"}
 

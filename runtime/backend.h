@@ -43,6 +43,10 @@ typedef struct tpr_cpu_options {
 
 tpr_status tpr_backend_cpu_new(const tpr_cpu_options *opts, tpr_backend **out);
 int tpr_backend_cpu_threads(const tpr_backend *cpu);
+// Matmuls against bf16 weights on this backend: activations rounded to bf16
+// and bf16 dot products (on), or exact f32 products (off, the default).
+// TPR_ERR_INVALID_ARG when `cpu` is not a cpu backend.
+tpr_status tpr_backend_cpu_set_bf16_activations(tpr_backend *cpu, bool on);
 void tpr_backend_free(tpr_backend *b);
 const char *tpr_backend_name(const tpr_backend *b);
 

@@ -36,6 +36,20 @@ tpr_cpu_isa tpr_cpu_isa_detect(void) {
 #endif
 }
 
+bool tpr_cpu_has_bf16_dot(void) {
+  if (tpr_cpu_isa_active() < TPR_ISA_AVX512) return false;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static int has = -1;  // every thread that races here stores the same value
+  if (has < 0) {
+    unsigned a = 0, b, c, d;
+    has = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+  }
+  return has;
+#else
+  return false;
+#endif
+}
+
 const char *tpr_cpu_isa_name(tpr_cpu_isa isa) {
   switch (isa) {
     case TPR_ISA_PORTABLE: return "portable";

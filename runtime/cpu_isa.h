@@ -6,6 +6,8 @@
 #ifndef TPR_CPU_ISA_H
 #define TPR_CPU_ISA_H
 
+#include <stdbool.h>
+
 // Ordered: a higher level implies the lower ones on every CPU we dispatch to.
 typedef enum tpr_cpu_isa { TPR_ISA_PORTABLE = 0, TPR_ISA_AVX2 = 1, TPR_ISA_AVX512 = 2 } tpr_cpu_isa;
 
@@ -21,6 +23,11 @@ tpr_cpu_isa tpr_cpu_isa_active(void);
 
 // Tests and benchmarks: sets the active level, clamped to detect().
 void tpr_cpu_isa_force(tpr_cpu_isa isa);
+
+// Whether the kernels may use AVX512_BF16's dot products (vdpbf16ps): the
+// active level is AVX-512 and the CPU has avx512_bf16 (CPUID 7.1 EAX bit 5).
+// Follows tpr_cpu_isa_active(), so TPR_CPU_ISA=avx2 turns them off too.
+bool tpr_cpu_has_bf16_dot(void);
 
 // "portable", "avx2", "avx512"; "?" for anything else.
 const char *tpr_cpu_isa_name(tpr_cpu_isa isa);

@@ -153,6 +153,52 @@ static void test_thread_invariance(void **state) {
   assert_true(rel > 0);
 }
 
+// --activation-dtype bf16 (runtime/ops/gemm/bf16_gemm.h): the bf16 matrices'
+// activations rounded to bf16. Against the exact f32-activation logits of
+// the same held weights, alone and at tp 2, long and short prompts: close
+// (the rounding of 8 mantissa bits, about 2^-9 per activation, bounds it
+// well below 1e-2) and not equal (the path was taken). The bound would
+// catch a kernel pairing the wrong elements or dropping K's tail (an O(1)
+// change), and bf16 activations at tp 1 and tp 2 agree within it too.
+static void test_bf16_activations(void **state) {
+  const char *toks[2] = {tokens_long, tokens_short};
+  for (int t = 0; t < 2; t++)
+    for (int np = 0; np <= 2; np += 2) {
+      const char *exact = tt_path(tmp_dir, "exact.safetensors"), *act = tt_path(tmp_dir, "act.safetensors");
+      char tp[8];
+      snprintf(tp, sizeof tp, "%d", np ? np : 1);
+      forward(np, ck_bf16, "auto", toks[t], exact, "bf16");
+      cJSON *j = tt_json_of(RUN(np, "forward", "--model", ck_bf16, "--activation-dtype", "bf16", "--tokens", toks[t],
+                                "--tp", tp, "--out", act, "--json"));
+      const cJSON *ad = cJSON_GetObjectItemCaseSensitive(j, "activation_dtype");
+      assert_true(cJSON_IsString(ad) && strcmp(ad->valuestring, "bf16") == 0);
+      cJSON_Delete(j);
+      double rel = rel_diff(act, exact);
+      printf("bf16 activations, %s, tp %d: logits rel diff to f32 activations %.3g (want (0, 1e-2])\n",
+             t ? "5 tokens" : "40 tokens", np ? np : 1, rel);
+      assert_true(rel > 0 && rel <= 1e-2);
+    }
+}
+
+// Where bf16 activations cannot apply, they are refused, never ignored:
+// f32 matrices, training, and an unknown name.
+static void test_bf16_activations_refused(void **state) {
+  run_result r = RUN(0, "forward", "--model", ck_f32, "--activation-dtype", "bf16", "--tokens", "1,2", "--out",
+                     tt_path(tmp_dir, "x.safetensors"));
+  if (r.code == 0 || !strstr(r.err, "bf16 activations apply to bf16 weight matrices"))
+    fail_msg("f32 matrices: exit %d, stderr:\n%s", r.code, r.err);
+  tt_run_done(&r);
+  r = RUN(0, "forward", "--model", ck_bf16, "--activation-dtype", "f16", "--tokens", "1,2", "--out",
+          tt_path(tmp_dir, "x.safetensors"));
+  if (r.code == 0 || !strstr(r.err, "--activation-dtype f16")) fail_msg("f16: exit %d, stderr:\n%s", r.code, r.err);
+  tt_run_done(&r);
+  r = RUN(0, "train", "--model", ck_bf16, "--activation-dtype", "bf16", "--steps", "1", "--seq-len", "8",
+          "--out", tt_path(tmp_dir, "trained"));
+  if (r.code == 0 || !strstr(r.err, "training")) fail_msg("train: exit %d, stderr:\n%s", r.code, r.err);
+  tt_run_done(&r);
+  printf("--activation-dtype bf16 refused for f32 matrices, training and an unknown name\n");
+}
+
 static void test_bad_flag(void **state) {
   run_result r = RUN(0, "forward", "--model", ck_bf16, "--weight-dtype", "fp4", "--tokens", "1,2", "--out",
                      tt_path(tmp_dir, "x.safetensors"));
@@ -186,6 +232,8 @@ int main(void) {
       cmocka_unit_test(test_fp8_equals_widened),
       cmocka_unit_test(test_rounding_is_caught),
       cmocka_unit_test(test_thread_invariance),
+      cmocka_unit_test(test_bf16_activations),
+      cmocka_unit_test(test_bf16_activations_refused),
       cmocka_unit_test(test_bad_flag),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

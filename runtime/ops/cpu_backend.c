@@ -119,6 +119,13 @@ tpr_status tpr_backend_cpu_new(const tpr_cpu_options *opts, tpr_backend **out) {
   return TPR_OK;
 }
 
+tpr_status tpr_backend_cpu_set_bf16_activations(tpr_backend *cpu, bool on) {
+  if (!cpu || cpu->vt != &cpu_vtable)
+    return TPR_FAIL(TPR_ERR_INVALID_ARG, "bf16 activations: backend %s is not the cpu", tpr_backend_name(cpu));
+  ((tpr_cpu_ctx *)cpu->ctx)->bf16_activations = on;
+  return TPR_OK;
+}
+
 int tpr_backend_cpu_threads(const tpr_backend *cpu) {
   if (!cpu || cpu->vt != &cpu_vtable) return 0;
   return ((const tpr_cpu_ctx *)cpu->ctx)->n_threads;

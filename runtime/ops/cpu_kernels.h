@@ -12,6 +12,9 @@
 // Per-process CPU backend context.
 typedef struct tpr_cpu_ctx {
   int n_threads;  // threads OpenBLAS and kernels may use
+  // Matmuls against bf16 weights round their activations to bf16 and use
+  // bf16 dot products (gemm/bf16_gemm.h); off: exact f32 products.
+  bool bf16_activations;
 } tpr_cpu_ctx;
 
 // Sum of x (n) over eight interleaved f32 partial sums combined in one fixed

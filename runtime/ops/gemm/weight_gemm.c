@@ -3,6 +3,8 @@
 #include "weight_gemm.h"
 
 #include <cblas.h>
+
+#include "bf16_gemm.h"
 #include <stdlib.h>
 
 enum { SKINNY_BLOCK_ROWS = 64 };
@@ -29,6 +31,9 @@ tpr_status tpr__weight_gemm(const tpr_cpu_ctx *ctx, const float *a, int64_t lda,
                             const tpr_weight_view *w, int64_t N, float *out, int64_t ldo) {
   if (M == 0 || N == 0) return TPR_OK;
   int threads = ctx && ctx->n_threads > 0 ? ctx->n_threads : 1;
+  // At every row count, so a row's result is the same alone or in a batch.
+  if (w->dtype == TPR_BF16 && ctx && ctx->bf16_activations)
+    return tpr_bf16_gemm(a, lda, M, K, w, N, out, ldo, threads);
   if (M <= TPR_SKINNY_MAX_ROWS || K == 0) return tpr_skinny_gemm(a, lda, M, K, w, N, out, ldo, threads);
   if (!fits_blasint(M) || !fits_blasint(N) || !fits_blasint(K) || !fits_blasint(lda) || !fits_blasint(ldo) ||
       !fits_blasint(w->ld))
