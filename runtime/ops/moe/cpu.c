@@ -11,10 +11,14 @@
 // tokens are skipped. Every token's contributions are added in ascending
 // expert order, so the result is deterministic. Matches transformers'
 // MiniMax-M2 expert loop: act(w1 x) * (w3 x), w2, times the routing weight,
-// index_add into the output. The loop over experts is single-threaded;
-// OpenBLAS threads each GEMM.
+// index_add into the output. With f32 weights the loop over experts is
+// single-threaded and OpenBLAS threads each GEMM; row-major bf16 or FP8
+// experts (the engine's) are spread over the threads instead, one expert a
+// thread (moe_experts_spread), with the same per-row results and the same
+// order of additions into out.
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,6 +210,106 @@ static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *ro
       memcpy(out + r * H, rows + (n++) * H, (size_t)H * sizeof *out);
 }
 
+// Whether expert_gemm reads expert matrices of w (E, N, K) in place through
+// tpr__weight_gemm: row-major, and not f32 (f32 goes to sgemm, whose own
+// threads must not run inside ours).
+static bool read_in_place(const tpr_tensor *w) {
+  const int64_t N = w->shape[1], K = w->shape[2];
+  return w->dtype != TPR_F32 && (K <= 1 || w->stride[2] == 1) && (N <= 1 || w->stride[1] >= K);
+}
+
+// moe_experts with the experts spread over the threads: every active expert
+// runs whole on one thread (largest first, taken dynamically), its GEMMs
+// single-threaded, into its own rows of ybuf (A, H), A the nonzero gates.
+// Then each token adds its experts' rows in ascending expert order, as the
+// serial loop does, so out has the same bits for any thread count. Expert
+// rows are still gathered in ascending token order, so each expert's GEMM
+// sees the same rows as in the serial loop. Saves a fork/join per GEMM
+// (decode) and runs the gathers, SwiGLU and the weighted sum on every
+// thread (prefill).
+static tpr_status moe_experts_spread(const tpr_cpu_ctx *ctx, const experts *ex, const tpr_tensor *x,
+                                     const tpr_tensor *g, float *o) {
+  const int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F = ex->w13->shape[1] / 2;
+  const float *gd = tpr_tensor_data(g);
+  const int nt = ctx->n_threads;
+  // off (E+1): expert e's rows of ybuf start at off[e]; rows (A): their tokens; order (E): experts by size.
+  int64_t *off = calloc((size_t)(2 * E + 1), sizeof *off), *order = off + E + 1;
+  int64_t *per_tok = calloc((size_t)T + 1, sizeof *per_tok);  // assignments per token, then prefix offsets
+  if (!off || !per_tok) {
+    free(off), free(per_tok);
+    return TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): routing lists for %lld tokens", (long long)T);
+  }
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++)
+      if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) off[e + 1]++, per_tok[t + 1]++;
+  int64_t most = 0, active = 0;
+  for (int64_t e = 0; e < E; e++) {
+    most = max64(most, off[e + 1]);
+    if (off[e + 1]) order[active++] = e;
+    off[e + 1] += off[e];
+  }
+  for (int64_t t = 0; t < T; t++) per_tok[t + 1] += per_tok[t];
+  const int64_t A = off[E];
+  // rows (A): expert-major token ids. slot, slot_e (A): token-major, the
+  // ybuf row and the expert of each of a token's experts, e ascending.
+  int64_t *rows = malloc((size_t)(3 * A + 1) * sizeof *rows), *slot = rows ? rows + A : NULL;
+  int64_t *slot_e = rows ? slot + A : NULL;
+  float *ybuf = malloc((size_t)(A * H + 1) * sizeof *ybuf);  // (A, H)
+  const size_t per_thread = (size_t)(most * H + most * 2 * F + most * F);  // xe, gu, act
+  float *work = malloc(((size_t)nt * per_thread + 1) * sizeof *work);
+  tpr_status *rcs = calloc((size_t)E + 1, sizeof *rcs);
+  tpr_status rc = TPR_OK;
+  if (!rows || !ybuf || !work || !rcs) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): %lld expert rows of %lld", (long long)A, (long long)H);
+    goto done;
+  }
+  {
+    int64_t *fill = calloc((size_t)T + 1, sizeof *fill);
+    if (!fill) {
+      rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): routing lists for %lld tokens", (long long)T);
+      goto done;
+    }
+    for (int64_t e = 0, a = 0; e < E; e++)
+      for (int64_t t = 0; t < T; t++)
+        if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) {
+          slot[per_tok[t] + fill[t]] = a, slot_e[per_tok[t] + fill[t]++] = e;
+          rows[a++] = t;
+        }
+    free(fill);
+  }
+  for (int64_t i = 1; i < active; i++)  // largest first: the dynamic schedule then balances the rest
+    for (int64_t j = i; j > 0 && off[order[j] + 1] - off[order[j]] > off[order[j - 1] + 1] - off[order[j - 1]]; j--) {
+      int64_t tmp = order[j];
+      order[j] = order[j - 1], order[j - 1] = tmp;
+    }
+  tpr_cpu_ctx one = *ctx;
+  one.n_threads = 1;
+#pragma omp parallel num_threads(nt)
+  {
+    float *mine = work + (size_t)omp_get_thread_num() * per_thread;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < active; i++) {
+      const int64_t e = order[i], n = off[e + 1] - off[e];
+      ffn_scratch s = {.xe = mine, .gu = mine + n * H, .act = mine + n * H + n * 2 * F, .y = ybuf + off[e] * H};
+      for (int64_t r = 0; r < n; r++) load_row(s.xe + r * H, x, rows[off[e] + r]);
+      rcs[e] = expert_ffn(&one, ex, e, n, &s);
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      float *orow = o + t * H;
+      for (int64_t j = per_tok[t]; j < per_tok[t + 1]; j++) {
+        const int64_t a = slot[j], e = slot_e[j];
+        const float gate = gd[t * g->stride[0] + e * g->stride[1]], *y = ybuf + a * H;
+        for (int64_t h = 0; h < H; h++) orow[h] += gate * y[h];
+      }
+    }
+  }
+  for (int64_t e = 0; e < E && rc == TPR_OK; e++) rc = rcs[e];
+done:
+  free(off), free(per_tok), free(rows), free(ybuf), free(work), free(rcs);
+  return rc;
+}
+
 // x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F); out (T, H) contiguous.
 TPR_CPU_KERNEL(moe_experts) {
   const experts ex = experts_of(in, n_in, attrs);
@@ -228,6 +332,8 @@ TPR_CPU_KERNEL(moe_experts) {
   memset(o, 0, (size_t)(T * H) * sizeof *o);
   if (F == 0 || E == 0) return TPR_OK;  // every expert output is an empty sum
   TPR_CHECK(check_blas_range("moe_experts", T, F2, H, w13, w2));
+  if (((const tpr_cpu_ctx *)ctx)->n_threads > 1 && read_in_place(w13) && read_in_place(w2))
+    return moe_experts_spread(ctx, &ex, x, g, o);
   int64_t *idx = malloc((size_t)T * sizeof *idx);  // the current expert's tokens
   ffn_scratch s = {0};
   if (!idx || scratch_new("moe_experts", T, H, F, false, &s) != TPR_OK) {
