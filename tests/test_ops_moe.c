@@ -647,12 +647,63 @@ static void test_experts_spread_bf16(void **state) {
   for (int i = 0; i < 3; i++) tpr_backend_free(be[i]);
 }
 
+// The same spread over threads for f32 experts, forward and backward (the
+// training path): moe_experts and moe_experts_bwd on backends of 1, 2 and 3
+// threads give the same bits (one thread runs the serial loops), the
+// backward's dgates are 0 exactly where the gates are, and the idle expert's
+// weight gradients are 0.
+static void test_experts_spread_f32_bwd(void **state) {
+  enum { T = 33, E = 6, H = 24, F = 20, IDLE_E = 2 };
+  tpr_backend *be[3] = {NULL};
+  for (int i = 0; i < 3; i++) TT_OK(tpr_backend_cpu_new(&(tpr_cpu_options){.n_threads = i + 1}, &be[i]));
+  float *X = malloc(sizeof(float) * T * H), *G = malloc(sizeof(float) * T * E), *DY = malloc(sizeof(float) * T * H);
+  float *W13 = malloc(sizeof(float) * E * 2 * F * H), *W2 = malloc(sizeof(float) * E * H * F);
+  tt_fill_normal(X, T * H, 1.0), tt_fill_normal(DY, T * H, 1.0);
+  tt_fill_normal(W13, E * 2 * F * H, 0.2), tt_fill_normal(W2, E * H * F, 0.2);
+  random_gates(G, T, E, 1, 3, IDLE_E);
+  const int64_t packed = T * H + T * E + E * 2 * F * H + E * H * F;
+  float *fwd[3], *bwd[3];
+  for (int i = 0; i < 3; i++) {
+    tpr_tensor *x = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, X);
+    tpr_tensor *g = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, E}, G);
+    tpr_tensor *dy = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, DY);
+    tpr_tensor *w13 = on_backend(be[i], TPR_F32, 3, (const int64_t[]){E, 2 * F, H}, W13);
+    tpr_tensor *w2 = on_backend(be[i], TPR_F32, 3, (const int64_t[]){E, H, F}, W2);
+    tpr_tensor *o = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, NULL);
+    tpr_tensor *p = on_backend(be[i], TPR_F32, 1, (const int64_t[]){packed}, NULL);
+    TT_OK(tpr_moe_experts(be[i], x, g, w13, w2, o));
+    const tpr_tensor *in[5] = {x, g, w13, w2, dy};
+    TT_OK(tpr_op_run(be[i], TPR_OP_MOE_EXPERTS_BWD, in, 5, NULL, p));
+    fwd[i] = tt_to_host(o), bwd[i] = tt_to_host(p);
+    tpr_tensor_free(x), tpr_tensor_free(g), tpr_tensor_free(dy), tpr_tensor_free(w13), tpr_tensor_free(w2);
+    tpr_tensor_free(o), tpr_tensor_free(p);
+  }
+  for (int i = 1; i < 3; i++) {
+    assert_memory_equal(fwd[i], fwd[0], sizeof(float) * T * H);
+    assert_memory_equal(bwd[i], bwd[0], sizeof(float) * packed);
+  }
+  const float *dg = bwd[0] + T * H, *dw13 = dg + T * E, *dw2 = dw13 + E * 2 * F * H;
+  int nonzero = 0;
+  for (int i = 0; i < T * E; i++) {
+    if (G[i] == 0) assert_true(dg[i] == 0.0f);
+    nonzero += dg[i] != 0.0f;
+  }
+  for (int i = 0; i < 2 * F * H; i++) assert_true(dw13[IDLE_E * 2 * F * H + i] == 0.0f);
+  for (int i = 0; i < H * F; i++) assert_true(dw2[IDLE_E * H * F + i] == 0.0f);
+  assert_true(nonzero == nnz(G, T * E));
+  printf("moe_experts and moe_experts_bwd, f32 experts: 1, 2 and 3 threads give the same bits (%d routed pairs)\n",
+         nonzero);
+  for (int i = 0; i < 3; i++) free(fwd[i]), free(bwd[i]), tpr_backend_free(be[i]);
+  free(X), free(G), free(DY), free(W13), free(W2);
+}
+
 int main(void) {
   tt_seed_from_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_capacity_hand),  cmocka_unit_test(test_capacity_random),
       cmocka_unit_test(test_row_slice),      cmocka_unit_test(test_counts_permute),
       cmocka_unit_test(test_grouped_ffn),    cmocka_unit_test(test_experts_spread_bf16),
+      cmocka_unit_test(test_experts_spread_f32_bwd),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tpr_backend_free(tt_cpu());

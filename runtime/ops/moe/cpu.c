@@ -11,11 +11,11 @@
 // tokens are skipped. Every token's contributions are added in ascending
 // expert order, so the result is deterministic. Matches transformers'
 // MiniMax-M2 expert loop: act(w1 x) * (w3 x), w2, times the routing weight,
-// index_add into the output. With f32 weights the loop over experts is
-// single-threaded and OpenBLAS threads each GEMM; row-major bf16 or FP8
-// experts (the engine's) are spread over the threads instead, one expert a
-// thread (moe_experts_spread), with the same per-row results and the same
-// order of additions into out.
+// index_add into the output. With more than one thread and row-major
+// experts, moe_experts and moe_experts_bwd spread the experts over the
+// threads, one expert a thread (moe_experts_spread), with the same per-row
+// results and the same order of additions into out; otherwise the loop
+// over experts is single-threaded and each GEMM uses the threads.
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -210,103 +210,131 @@ static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *ro
       memcpy(out + r * H, rows + (n++) * H, (size_t)H * sizeof *out);
 }
 
-// Whether expert_gemm reads expert matrices of w (E, N, K) in place through
-// tpr__weight_gemm: row-major, and not f32 (f32 goes to sgemm, whose own
-// threads must not run inside ours).
+// Whether expert_gemm reads expert matrices of w (E, N, K) in place: row-major.
 static bool read_in_place(const tpr_tensor *w) {
   const int64_t N = w->shape[1], K = w->shape[2];
-  return w->dtype != TPR_F32 && (K <= 1 || w->stride[2] == 1) && (N <= 1 || w->stride[1] >= K);
+  return (K <= 1 || w->stride[2] == 1) && (N <= 1 || w->stride[1] >= K);
+}
+
+// Dense gates (T, E) as lists, for the kernels that spread experts over
+// threads: expert e's assignments are a = off[e] .. off[e+1]-1 (tokens
+// ascending, token rows[a]); token t's are slot[per_tok[t] ..
+// per_tok[t+1]-1] (experts ascending, expert slot_e[.]); order holds the
+// active experts, the most rows first.
+typedef struct routing {
+  int64_t A, active, most;
+  int64_t *off, *order;     // (E+1), (E)
+  int64_t *per_tok;         // (T+1)
+  int64_t *rows, *slot, *slot_e;  // (A) each
+} routing;
+
+static void routing_free(routing *r) { free(r->off), free(r->per_tok), free(r->rows); }
+
+static tpr_status routing_new(const char *op, const tpr_tensor *g, routing *r) {
+  const int64_t T = g->shape[0], E = g->shape[1], s0 = g->stride[0], s1 = g->stride[1];
+  const float *gd = tpr_tensor_data(g);
+  *r = (routing){0};
+  r->off = calloc((size_t)(2 * E + 1), sizeof *r->off);
+  r->per_tok = calloc((size_t)T + 1, sizeof *r->per_tok);
+  if (!r->off || !r->per_tok) goto oom;
+  r->order = r->off + E + 1;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++)
+      if (gd[t * s0 + e * s1] != 0.0f) r->off[e + 1]++, r->per_tok[t + 1]++;
+  for (int64_t e = 0; e < E; e++) {
+    r->most = max64(r->most, r->off[e + 1]);
+    if (r->off[e + 1]) r->order[r->active++] = e;
+    r->off[e + 1] += r->off[e];
+  }
+  for (int64_t t = 0; t < T; t++) r->per_tok[t + 1] += r->per_tok[t];
+  r->A = r->off[E];
+  r->rows = malloc((size_t)(3 * r->A + 1) * sizeof *r->rows);
+  int64_t *fill = calloc((size_t)T + 1, sizeof *fill);
+  if (!r->rows || !fill) {
+    free(fill);
+    goto oom;
+  }
+  r->slot = r->rows + r->A, r->slot_e = r->slot + r->A;
+  for (int64_t e = 0, a = 0; e < E; e++)
+    for (int64_t t = 0; t < T; t++)
+      if (gd[t * s0 + e * s1] != 0.0f) {
+        const int64_t j = r->per_tok[t] + fill[t]++;
+        r->slot[j] = a, r->slot_e[j] = e, r->rows[a++] = t;
+      }
+  free(fill);
+  for (int64_t i = 1; i < r->active; i++)  // the most rows first: the dynamic schedule then balances the rest
+    for (int64_t j = i; j > 0; j--) {
+      const int64_t a = r->order[j], b = r->order[j - 1];
+      if (r->off[a + 1] - r->off[a] <= r->off[b + 1] - r->off[b]) break;
+      r->order[j] = b, r->order[j - 1] = a;
+    }
+  return TPR_OK;
+oom:
+  routing_free(r);
+  return TPR_FAIL(TPR_ERR_OOM, "%s (cpu): routing lists for %lld tokens", op, (long long)T);
+}
+
+// out (T, H) += the rows of ybuf (A, H) each token's experts gave, times
+// their gates, in ascending expert order: the serial loops' order.
+static void add_rows_by_token(const routing *r, const tpr_tensor *g, const float *ybuf, int64_t T, int64_t H,
+                              bool gated, float *out) {
+  const float *gd = tpr_tensor_data(g);
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float *orow = out + t * H;
+    for (int64_t j = r->per_tok[t]; j < r->per_tok[t + 1]; j++) {
+      const float *y = ybuf + r->slot[j] * H;
+      if (gated) {
+        const float gate = gd[t * g->stride[0] + r->slot_e[j] * g->stride[1]];
+        for (int64_t h = 0; h < H; h++) orow[h] += gate * y[h];
+      } else {
+        for (int64_t h = 0; h < H; h++) orow[h] += y[h];
+      }
+    }
+  }
 }
 
 // moe_experts with the experts spread over the threads: every active expert
-// runs whole on one thread (largest first, taken dynamically), its GEMMs
-// single-threaded, into its own rows of ybuf (A, H), A the nonzero gates.
-// Then each token adds its experts' rows in ascending expert order, as the
-// serial loop does, so out has the same bits for any thread count. Expert
-// rows are still gathered in ascending token order, so each expert's GEMM
-// sees the same rows as in the serial loop. Saves a fork/join per GEMM
-// (decode) and runs the gathers, SwiGLU and the weighted sum on every
-// thread (prefill).
+// runs whole on one thread (the most rows first, taken dynamically), its
+// GEMMs single-threaded (OpenBLAS's OpenMP build runs on the calling thread
+// inside a parallel region), into its own rows of ybuf (A, H), A the
+// nonzero gates. Then each token adds its experts' rows in ascending expert
+// order, as the serial loop does; each expert's GEMM sees the same rows in
+// the same order as there, so out has the serial loop's bits on one thread,
+// for any thread count. Saves a fork/join per GEMM (decode) and runs the
+// gathers, SwiGLU and the weighted sums on every thread (prefill).
 static tpr_status moe_experts_spread(const tpr_cpu_ctx *ctx, const experts *ex, const tpr_tensor *x,
                                      const tpr_tensor *g, float *o) {
-  const int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F = ex->w13->shape[1] / 2;
-  const float *gd = tpr_tensor_data(g);
+  const int64_t T = x->shape[0], H = x->shape[1], F = ex->w13->shape[1] / 2;
   const int nt = ctx->n_threads;
-  // off (E+1): expert e's rows of ybuf start at off[e]; rows (A): their tokens; order (E): experts by size.
-  int64_t *off = calloc((size_t)(2 * E + 1), sizeof *off), *order = off + E + 1;
-  int64_t *per_tok = calloc((size_t)T + 1, sizeof *per_tok);  // assignments per token, then prefix offsets
-  if (!off || !per_tok) {
-    free(off), free(per_tok);
-    return TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): routing lists for %lld tokens", (long long)T);
-  }
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t e = 0; e < E; e++)
-      if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) off[e + 1]++, per_tok[t + 1]++;
-  int64_t most = 0, active = 0;
-  for (int64_t e = 0; e < E; e++) {
-    most = max64(most, off[e + 1]);
-    if (off[e + 1]) order[active++] = e;
-    off[e + 1] += off[e];
-  }
-  for (int64_t t = 0; t < T; t++) per_tok[t + 1] += per_tok[t];
-  const int64_t A = off[E];
-  // rows (A): expert-major token ids. slot, slot_e (A): token-major, the
-  // ybuf row and the expert of each of a token's experts, e ascending.
-  int64_t *rows = malloc((size_t)(3 * A + 1) * sizeof *rows), *slot = rows ? rows + A : NULL;
-  int64_t *slot_e = rows ? slot + A : NULL;
-  float *ybuf = malloc((size_t)(A * H + 1) * sizeof *ybuf);  // (A, H)
-  const size_t per_thread = (size_t)(most * H + most * 2 * F + most * F);  // xe, gu, act
+  routing r;
+  TPR_CHECK(routing_new("moe_experts", g, &r));
+  float *ybuf = malloc((size_t)(r.A * H + 1) * sizeof *ybuf);  // (A, H)
+  const size_t per_thread = (size_t)(r.most * H + r.most * 2 * F + r.most * F);  // xe, gu, act
   float *work = malloc(((size_t)nt * per_thread + 1) * sizeof *work);
-  tpr_status *rcs = calloc((size_t)E + 1, sizeof *rcs);
-  tpr_status rc = TPR_OK;
-  if (!rows || !ybuf || !work || !rcs) {
-    rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): %lld expert rows of %lld", (long long)A, (long long)H);
+  tpr_status *rcs = calloc((size_t)r.active + 1, sizeof *rcs), rc = TPR_OK;
+  if (!ybuf || !work || !rcs) {
+    rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): %lld expert rows of %lld", (long long)r.A, (long long)H);
     goto done;
   }
-  {
-    int64_t *fill = calloc((size_t)T + 1, sizeof *fill);
-    if (!fill) {
-      rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts (cpu): routing lists for %lld tokens", (long long)T);
-      goto done;
-    }
-    for (int64_t e = 0, a = 0; e < E; e++)
-      for (int64_t t = 0; t < T; t++)
-        if (gd[t * g->stride[0] + e * g->stride[1]] != 0.0f) {
-          slot[per_tok[t] + fill[t]] = a, slot_e[per_tok[t] + fill[t]++] = e;
-          rows[a++] = t;
-        }
-    free(fill);
-  }
-  for (int64_t i = 1; i < active; i++)  // largest first: the dynamic schedule then balances the rest
-    for (int64_t j = i; j > 0 && off[order[j] + 1] - off[order[j]] > off[order[j - 1] + 1] - off[order[j - 1]]; j--) {
-      int64_t tmp = order[j];
-      order[j] = order[j - 1], order[j - 1] = tmp;
-    }
   tpr_cpu_ctx one = *ctx;
   one.n_threads = 1;
 #pragma omp parallel num_threads(nt)
   {
     float *mine = work + (size_t)omp_get_thread_num() * per_thread;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < active; i++) {
-      const int64_t e = order[i], n = off[e + 1] - off[e];
-      ffn_scratch s = {.xe = mine, .gu = mine + n * H, .act = mine + n * H + n * 2 * F, .y = ybuf + off[e] * H};
-      for (int64_t r = 0; r < n; r++) load_row(s.xe + r * H, x, rows[off[e] + r]);
-      rcs[e] = expert_ffn(&one, ex, e, n, &s);
+    for (int64_t i = 0; i < r.active; i++) {
+      const int64_t e = r.order[i], n = r.off[e + 1] - r.off[e];
+      ffn_scratch s = {.xe = mine, .gu = mine + n * H, .act = mine + n * H + n * 2 * F, .y = ybuf + r.off[e] * H};
+      for (int64_t k = 0; k < n; k++) load_row(s.xe + k * H, x, r.rows[r.off[e] + k]);
+      rcs[i] = expert_ffn(&one, ex, e, n, &s);
     }
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-      float *orow = o + t * H;
-      for (int64_t j = per_tok[t]; j < per_tok[t + 1]; j++) {
-        const int64_t a = slot[j], e = slot_e[j];
-        const float gate = gd[t * g->stride[0] + e * g->stride[1]], *y = ybuf + a * H;
-        for (int64_t h = 0; h < H; h++) orow[h] += gate * y[h];
-      }
-    }
+    add_rows_by_token(&r, g, ybuf, T, H, true, o);
   }
-  for (int64_t e = 0; e < E && rc == TPR_OK; e++) rc = rcs[e];
+  for (int64_t i = 0; i < r.active && rc == TPR_OK; i++) rc = rcs[i];
 done:
-  free(off), free(per_tok), free(rows), free(ybuf), free(work), free(rcs);
+  routing_free(&r);
+  free(ybuf), free(work), free(rcs);
   return rc;
 }
 
@@ -519,6 +547,55 @@ static tpr_status check_ffn_shapes(const char *op, const tpr_tensor *x, int64_t 
   return TPR_OK;
 }
 
+// moe_experts_bwd with the experts spread over the threads, as
+// moe_experts_spread: each active expert's backward whole on one thread
+// (its own scratch, GEMMs single-threaded), writing its dgates, its dw13 and
+// dw2 slices and its rows' dx into dxbuf (A, H); then each token adds its
+// experts' dx rows in ascending expert order. The serial loop's bits on one
+// thread, for any thread count.
+static tpr_status moe_experts_bwd_spread(const tpr_cpu_ctx *ctx, const tpr_tensor *x, const tpr_tensor *g,
+                                         const tpr_tensor *w13, const tpr_tensor *w2, const tpr_tensor *dy, float *dx,
+                                         float *dg, float *dw13, float *dw2) {
+  const int64_t T = x->shape[0], H = x->shape[1], E = g->shape[1], F2 = w13->shape[1], F = F2 / 2;
+  const int nt = ctx->n_threads;
+  const float *gd = tpr_tensor_data(g);
+  routing r;
+  TPR_CHECK(routing_new("moe_experts_bwd", g, &r));
+  float *dxbuf = malloc((size_t)(r.A * H + 1) * sizeof *dxbuf);  // (A, H)
+  ffn_scratch *scr = calloc((size_t)nt, sizeof *scr);
+  tpr_status *rcs = calloc((size_t)r.active + 1, sizeof *rcs), rc = TPR_OK;
+  if (!dxbuf || !scr || !rcs) rc = TPR_FAIL(TPR_ERR_OOM, "moe_experts_bwd (cpu): %lld expert rows", (long long)r.A);
+  for (int i = 0; i < nt && rc == TPR_OK; i++) rc = scratch_new("moe_experts_bwd", r.most, H, F, true, &scr[i]);
+  if (rc != TPR_OK) goto done;
+  tpr_cpu_ctx one = *ctx;
+  one.n_threads = 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const ffn_scratch *s = &scr[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < r.active; i++) {
+      const int64_t e = r.order[i], a0 = r.off[e], n = r.off[e + 1] - a0;
+      float *gate = s->y, *dgate = s->y + n;  // (n) each: s->y is free in the backward
+      for (int64_t k = 0; k < n; k++) {
+        const int64_t t = r.rows[a0 + k];
+        gate[k] = gd[t * g->stride[0] + e * g->stride[1]];
+        load_row(s->xe + k * H, x, t);
+        load_row(s->dy + k * H, dy, t);
+      }
+      rcs[i] = expert_bwd(&one, w13, w2, e, n, gate, dgate, s, dw13 + e * F2 * H, dw2 + e * H * F);
+      for (int64_t k = 0; k < n; k++) dg[r.rows[a0 + k] * E + e] = dgate[k];
+      memcpy(dxbuf + a0 * H, s->dxe, (size_t)(n * H) * sizeof *dxbuf);
+    }
+    add_rows_by_token(&r, g, dxbuf, T, H, false, dx);
+  }
+  for (int64_t i = 0; i < r.active && rc == TPR_OK; i++) rc = rcs[i];
+done:
+  for (int i = 0; scr && i < nt; i++) free(scr[i].xe);
+  routing_free(&r);
+  free(dxbuf), free(scr), free(rcs);
+  return rc;
+}
+
 // x (T, H), gates (T, E), w13 (E, 2F, H), w2 (E, H, F), dy (T, H); out packed
 // (dx (T*H) | dgates (T*E) | dw13 (E*2F*H) | dw2 (E*H*F)). dgates[t, e] =
 // dy_t . y_e(t) (double accumulation) where the gate is nonzero, else 0;
@@ -536,6 +613,8 @@ TPR_CPU_KERNEL(moe_experts_bwd) {
   memset(dx, 0, (size_t)tpr_tensor_numel(out) * sizeof *dx);
   if (T == 0 || H == 0 || F == 0 || E == 0) return TPR_OK;  // dgates: dot products with zero outputs
   TPR_CHECK(check_blas_range("moe_experts_bwd", T, F2, H, w13, w2));
+  if (((const tpr_cpu_ctx *)ctx)->n_threads > 1 && read_in_place(w13) && read_in_place(w2))
+    return moe_experts_bwd_spread(ctx, x, g, w13, w2, dy, dx, dg, dw13, dw2);
   int64_t *idx = malloc((size_t)T * sizeof *idx);
   ffn_scratch s = {0};
   if (!idx || scratch_new("moe_experts_bwd", T, H, F, true, &s) != TPR_OK) {
