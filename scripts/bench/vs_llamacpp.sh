@@ -4,7 +4,8 @@
 #
 #   scripts/bench/vs_llamacpp.sh [--config configs/minimax_m2_small.json] [--threads 2]
 #       [--repeat 3] [--keep median|best] [--dtype bf16|f32|bf16,f32]
-#       [--rows p64,p512,d1,d8,d4k] [--tpr-args "..."] [--idle-wait 120] [--json]
+#       [--rows p64,p512,d1,d8,d4k] [--tpr-args "..."] [--idle-wait 120] [--retries 2]
+#       [--json]
 #
 # Rows (tok/s; tpr: `tpr bench model --model DIR` with TPR_NUM_THREADS=threads;
 # llama.cpp: llama-bench / llama-batched-bench with -t threads):
@@ -23,8 +24,9 @@
 # or best of the --repeat runs per side. The CPUs may be shared: before each
 # run the script waits up to --idle-wait seconds (default 120; 0: no wait) for
 # them to be at most 10% busy, and meters what other processes used during
-# the run; runs where that passed 10% of the CPUs are marked * and left out of
-# the median/best when quieter runs of the same side exist. --tpr-args "..."
+# the run; a run where that passed 10% of the CPUs is run again (up to
+# --retries times, default 2), marked * in the table and left out of the
+# median/best when quieter runs of the same side exist. --tpr-args "..."
 # is added to every tpr bench model command line. llama.cpp's flash attention
 # (auto), mmap and KV cache type (f16) are its defaults (the report says
 # what auto chose).
@@ -52,6 +54,7 @@ dtypes=bf16
 rows=p64,p512,d1,d8,d4k
 tpr_args=""
 idle_wait=120
+retries=2
 json=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 need_arg() { [ $# -ge 2 ] || { echo "$me: $1 needs a value (--help)" >&2; exit 2; }; }
@@ -65,27 +68,27 @@ while [ $# -gt 0 ]; do
     --rows) need_arg "$@"; rows="$2"; shift 2 ;;
     --tpr-args) need_arg "$@"; tpr_args="$2"; shift 2 ;;
     --idle-wait) need_arg "$@"; idle_wait="$2"; shift 2 ;;
+    --retries) need_arg "$@"; retries="$2"; shift 2 ;;
     --json) json=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "$me: unknown option $1 (--help)" >&2; exit 2 ;;
   esac
 done
-case "$idle_wait" in ''|*[!0-9]*) echo "$me: --idle-wait needs seconds (an integer >= 0), not '$idle_wait'" >&2; exit 2 ;; esac
+for v in idle_wait retries; do
+  case "${!v}" in ''|*[!0-9]*) echo "$me: --${v/_/-} needs an integer >= 0, not '${!v}'" >&2; exit 2 ;; esac
+done
 for v in threads repeat; do
   case "${!v}" in ''|*[!0-9]*) echo "$me: --$v needs a positive integer, not '${!v}'" >&2; exit 2 ;; esac
   [ "${!v}" -ge 1 ] || { echo "$me: --$v needs a positive integer" >&2; exit 2; }
 done
 case "$keep" in median|best) ;; *) echo "$me: --keep is median or best, not '$keep'" >&2; exit 2 ;; esac
+# Comma-separated lists, every item known (an empty item, a trailing comma too, is refused).
+[[ "$dtypes" =~ ^(bf16|f32)(,(bf16|f32))*$ ]] ||
+  { echo "$me: --dtype: bf16, f32 or bf16,f32, not '$dtypes'" >&2; exit 2; }
+[[ "$rows" =~ ^(p64|p512|d1|d8|d4k)(,(p64|p512|d1|d8|d4k))*$ ]] ||
+  { echo "$me: --rows: p64, p512, d1, d8, d4k (comma-separated), not '$rows'" >&2; exit 2; }
 IFS=, read -ra dtype_list <<< "$dtypes"
-[ ${#dtype_list[@]} -ge 1 ] || { echo "$me: --dtype is empty" >&2; exit 2; }
-for d in "${dtype_list[@]}"; do
-  case "$d" in bf16|f32) ;; *) echo "$me: --dtype: bf16, f32 or bf16,f32, not '$d'" >&2; exit 2 ;; esac
-done
 IFS=, read -ra row_list <<< "$rows"
-[ ${#row_list[@]} -ge 1 ] || { echo "$me: --rows is empty" >&2; exit 2; }
-for r in "${row_list[@]}"; do
-  case "$r" in p64|p512|d1|d8|d4k) ;; *) echo "$me: --rows: p64, p512, d1, d8, d4k (comma-separated), not '$r'" >&2; exit 2 ;; esac
-done
 read -ra extra <<< "$tpr_args"
 [ -f "$config" ] || { echo "$me: no config $config" >&2; exit 2; }
 
@@ -185,32 +188,39 @@ export TPR_NUM_THREADS="$threads"
 quiet() { python3 scripts/bench/vs_llamacpp.py wait-idle --max-wait "$idle_wait" --threshold 0.1; }
 metered() { python3 scripts/bench/vs_llamacpp.py run --meter "$work/meter.json" -- "$@"; }
 # $1 dtype, $2 row, $3 rep, then the bench model flags: one tpr run.
-run_tpr() {
+# $1 dtype, $2 row, $3 rep, $4 tpr, llama-bench or llama-batched-bench, then
+# the command: one measurement, run again (up to --retries times) while other
+# processes used more than 10% of the CPUs during it; every attempt is kept.
+measure() {
+  local d=$1 row=$2 rep=$3 tool=$4 attempt busy parse what envp=""
+  shift 4
+  for attempt in $(seq 0 "$retries"); do
+    busy=$(quiet)
+    what="run $rep"
+    [ "$attempt" -gt 0 ] && what+=", retry $attempt"
+    [ "$tool" = tpr ] && envp="TPR_NUM_THREADS=$threads "
+    log "[$d $row, $what] $envp$*"
+    if ! metered "$@" > "$work/run.out" 2> "$work/run.err"; then
+      echo "$me: $tool failed: $*" >&2; tail -20 "$work/run.err" >&2; exit 1
+    fi
+    if [ "$tool" = tpr ]; then parse=(parse-tpr); else parse=(parse-llama --tool "$tool" --log "$work/run.err"); fi
+    python3 scripts/bench/vs_llamacpp.py "${parse[@]}" --dtype "$d" --row "$row" --rep "$rep" \
+      --meter "$work/meter.json" --busy-before "$busy" < "$work/run.out" >> "$results"
+    python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["others_cpu_fraction"] > 0.1)' \
+      "$work/meter.json" && break
+    log "  other processes used more than 10% of the CPUs during that run"
+  done
+}
+run_tpr() {  # $1 dtype, $2 row, $3 rep, then bench model's flags
   local d=$1 row=$2 rep=$3
   shift 3
-  local cmd=("$tpr" bench model --model "$ckpt" --weight-dtype "$d" "$@" ${extra[@]+"${extra[@]}"} --json)
-  local busy
-  busy=$(quiet)
-  log "[$d $row, run $rep] TPR_NUM_THREADS=$threads ${cmd[*]}"
-  if ! metered "${cmd[@]}" > "$work/tpr.out" 2> "$work/tpr.err"; then
-    echo "$me: tpr bench model failed:" >&2; tail -20 "$work/tpr.err" >&2; exit 1
-  fi
-  python3 scripts/bench/vs_llamacpp.py parse-tpr --dtype "$d" --row "$row" --rep "$rep" --meter "$work/meter.json" \
-    --busy-before "$busy" < "$work/tpr.out" >> "$results"
+  measure "$d" "$row" "$rep" tpr "$tpr" bench model --model "$ckpt" --weight-dtype "$d" "$@" \
+    ${extra[@]+"${extra[@]}"} --json
 }
-# $1 dtype, $2 row, $3 rep, $4 llama-bench or llama-batched-bench, then its flags.
-run_llama() {
+run_llama() {  # $1 dtype, $2 row, $3 rep, $4 llama-bench or llama-batched-bench, then its flags
   local d=$1 row=$2 rep=$3 tool=$4
   shift 4
-  local cmd=("$bin/$tool" -m "$work/model-$d.gguf" -t "$threads" "$@")
-  local busy
-  busy=$(quiet)
-  log "[$d $row, run $rep] ${cmd[*]}"
-  if ! metered "${cmd[@]}" > "$work/llama.out" 2> "$work/llama.err"; then
-    echo "$me: $tool failed:" >&2; tail -20 "$work/llama.err" >&2; exit 1
-  fi
-  python3 scripts/bench/vs_llamacpp.py parse-llama --tool "$tool" --dtype "$d" --row "$row" --rep "$rep" \
-    --log "$work/llama.err" --meter "$work/meter.json" --busy-before "$busy" < "$work/llama.out" >> "$results"
+  measure "$d" "$row" "$rep" "$tool" "$bin/$tool" -m "$work/model-$d.gguf" -t "$threads" "$@"
 }
 for rep in $(seq "$repeat"); do
   for d in "${dtype_list[@]}"; do
