@@ -96,6 +96,24 @@ log() { echo "$me: $*" >&2; }
 tpr="${TPR_BIN:-build/bin/tpr}"
 [ -x "$tpr" ] || { echo "$me: no tpr binary at $tpr: build it (cmake --build build --target tpr_cli) or set TPR_BIN" >&2; exit 1; }
 
+# -- The converter's interpreter (checked first: the build below takes
+# minutes): torch, transformers, numpy (the reference venv), plus gguf-py's
+# own dependencies, installed into it when missing.
+py="${TPR_REFERENCE_PYTHON:-scripts/reference/.venv/bin/python}"
+if ! [ -x "$py" ] || ! "$py" -c 'import torch, transformers, numpy' > /dev/null 2>&1; then
+  echo "$me: $py cannot import torch, transformers and numpy (make it with" \
+       "scripts/reference/setup_venv.sh, or set TPR_REFERENCE_PYTHON)" >&2
+  exit 1
+fi
+missing=()
+for m in yaml:pyyaml tqdm:tqdm; do
+  "$py" -c "import ${m%%:*}" > /dev/null 2>&1 || missing+=("${m#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing the GGUF converter's dependencies into $py: ${missing[*]}"
+  "$py" -m pip install -q "${missing[@]}" >&2 || { echo "$me: pip install ${missing[*]} failed (PyPI needed)" >&2; exit 1; }
+fi
+
 # -- llama.cpp, fetched and built once in the cache.
 version=0.3.36
 cache="${TPR_LLAMACPP_CACHE:-$HOME/.cache/tpr-llamacpp}"
@@ -130,23 +148,6 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-batched-bench" ]; then
     tail -20 "$cache/cmake.log" >&2
     exit 1
   fi
-fi
-
-# -- The converter's interpreter: torch, transformers, numpy (the reference
-# venv), plus gguf-py's own dependencies, installed into it when missing.
-py="${TPR_REFERENCE_PYTHON:-scripts/reference/.venv/bin/python}"
-if ! [ -x "$py" ] || ! "$py" -c 'import torch, transformers, numpy' > /dev/null 2>&1; then
-  echo "$me: $py cannot import torch, transformers and numpy (make it with" \
-       "scripts/reference/setup_venv.sh, or set TPR_REFERENCE_PYTHON)" >&2
-  exit 1
-fi
-missing=()
-for m in yaml:pyyaml tqdm:tqdm; do
-  "$py" -c "import ${m%%:*}" > /dev/null 2>&1 || missing+=("${m#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing the GGUF converter's dependencies into $py: ${missing[*]}"
-  "$py" -m pip install -q "${missing[@]}" >&2 || { echo "$me: pip install ${missing[*]} failed (PyPI needed)" >&2; exit 1; }
 fi
 
 # -- The checkpoint, in tpr's and llama.cpp's formats.
