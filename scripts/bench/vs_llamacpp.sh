@@ -134,7 +134,10 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-batched-bench" ]; then
   fi
   if [ ! -f "$llama/CMakeLists.txt" ]; then
     log "unpacking $sdist"
-    mkdir -p "$cache/src" && tar -xzf "$sdist" -C "$cache/src" || { echo "$me: could not unpack $sdist" >&2; exit 1; }
+    if ! { mkdir -p "$cache/src" && tar -xzf "$sdist" -C "$cache/src"; }; then
+      echo "$me: could not unpack $sdist" >&2
+      exit 1
+    fi
   fi
   # CPU only, -march=native (GGML_NATIVE), no network code (curl, OpenSSL),
   # static, only the two benches.
@@ -176,7 +179,8 @@ fa=""
 for d in "${dtype_list[@]}"; do
   "$bin/llama-bench" -m "$work/model-$d.gguf" -t "$threads" -p 8 -n 0 -r 1 --no-warmup -v > /dev/null \
     2> "$work/fa-$d.log" || true
-  fa+="${fa:+, }$d: $(grep -o 'Flash Attention [a-z]*' "$work/fa-$d.log" | tail -1 | sed 's/Flash Attention //')"
+  chose=$(grep -o 'Flash Attention [a-z]*' "$work/fa-$d.log" | tail -1 | sed 's/Flash Attention //' || true)
+  fa+="${fa:+, }$d: ${chose:-unknown}"
 done
 
 # -- The runs. Every result is a line of $results (JSON). Other people's
@@ -248,9 +252,11 @@ for rep in $(seq "$repeat"); do
   done
 done
 
+json_flag=()
+[ "$json" = 1 ] && json_flag=(--json)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|amx_int8)$' | tr '\n' ' ')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_tile|amx_int8)$' | tr '\n' ' ' || true)
 tpr_version=$(git describe --always --dirty 2>/dev/null || echo unknown)
 python3 scripts/bench/vs_llamacpp.py report --results "$results" --keep "$keep" --threads "$threads" \
   --repeat "$repeat" --config "$config" --cpu "$cpu" --flags "$flags" --tpr-version "$tpr_version" \
-  --llamacpp-python "$version" --llamacpp-fa "$fa" --tpr-args "$tpr_args" $([ "$json" = 1 ] && echo --json)
+  --llamacpp-python "$version" --llamacpp-fa "$fa" --tpr-args "$tpr_args" ${json_flag[@]+"${json_flag[@]}"}
