@@ -108,7 +108,7 @@ static tpr_status set_bf16_activations(tpr_session *s, bool on) {
     return TPR_FAIL(TPR_ERR_INVALID_ARG, "bf16 activations apply to bf16 weight matrices; these are held in %s "
                     "(give --weight-dtype bf16, or auto with a bf16 checkpoint)", tpr_dtype_name(s->stats.matrix_dtype));
   TPR_CHECK(tpr_backend_cpu_set_bf16_activations(s->be, on));
-  s->bf16_activations_set = s->stats.bf16_activations = on;
+  s->stats.bf16_activations = on;
   return TPR_OK;
 }
 
@@ -147,7 +147,7 @@ tpr_status tpr_session_open(const tpr_session_opts *o, tpr_comm_t world, tpr_bac
 
 void tpr_session_close(tpr_session *s) {
   if (!s) return;
-  if (s->bf16_activations_set) (void)set_bf16_activations(s, false);  // the backend outlives the session
+  if (s->stats.bf16_activations) (void)set_bf16_activations(s, false);  // the backend outlives the session
   tpr__session_free_programs(s);
   int64_t layers = s->cfg.num_layers;
   for (int64_t i = 0; s->item_tensors && i < s->weights.n; i++) tpr_tensor_free(s->item_tensors[i]);

@@ -34,7 +34,6 @@ typedef struct step_program {
 struct tpr_session {
   tpr_session_opts o;
   tpr_backend *be;
-  bool bf16_activations_set;  // this session turned the backend's bf16 activations on (session.c)
   tpr_comm_t world;
   tpr_model_config cfg;
   tpr_shard_plan plan;

@@ -79,10 +79,7 @@ tpr_status tpr_bf16_gemm(const float *a, int64_t lda, int64_t M, int64_t K, cons
       continue;
     }
 #endif
-    for (int64_t i = 0; i < mb * K; i++) {
-      uint32_t u = (uint32_t)ab[i] << 16;
-      memcpy(&af[i], &u, 4);
-    }
+    for (int64_t i = 0; i < mb * K; i++) af[i] = tpr_bf16_to_f32(ab[i]);
     if (mb == 1) {
       memcpy(af + K, af, (size_t)K * sizeof *af);
       rc = tpr_skinny_gemm(af, K, 2, K, w, N, pair, N, n_threads);

@@ -107,6 +107,12 @@ static tpr_status check_blas_range(const char *op, int64_t rows, int64_t F2, int
   return TPR_OK;
 }
 
+// Whether expert_gemm reads expert matrices of w (E, N, K) in place: row-major.
+static bool read_in_place(const tpr_tensor *w) {
+  const int64_t N = w->shape[1], K = w->shape[2];
+  return (K <= 1 || w->stride[2] == 1) && (N <= 1 || w->stride[1] >= K);
+}
+
 // y (n, N) = x (n, K) @ W_e^T, W_e = expert e's (N, K) matrix of w (E, N, K).
 // A row-major W_e (the engine's stacked experts) is read as it is, in its
 // dtype, by tpr__weight_gemm: the skinny kernel at few rows (decode), sgemm
@@ -119,7 +125,7 @@ static tpr_status expert_gemm(const tpr_cpu_ctx *ctx, const tpr_tensor *w, const
   const int64_t N = w->shape[1], K = w->shape[2], s1 = w->stride[1], s2 = w->stride[2];
   const size_t es = tpr_dtype_size(w->dtype);
   const char *we = (const char *)tpr_tensor_data(w) + (size_t)(e * w->stride[0]) * es;
-  if ((K <= 1 || s2 == 1) && (N <= 1 || s1 >= K)) {
+  if (read_in_place(w)) {
     tpr_weight_view v = tpr__weight_view(we, w->dtype, N > 1 ? s1 : max64(K, 1));
     if (sc) {
       if (sc->shape[2] > 1 && sc->stride[2] != 1)
@@ -208,12 +214,6 @@ static void scatter_expert_rows(const expert_rows *g, int64_t e, const float *ro
   for (int64_t src = 0; src < g->nsrc; src++)
     for (int64_t r = g->start[src * g->Er + e]; r < g->start[src * g->Er + e] + g->cnt[src * g->Er + e]; r++)
       memcpy(out + r * H, rows + (n++) * H, (size_t)H * sizeof *out);
-}
-
-// Whether expert_gemm reads expert matrices of w (E, N, K) in place: row-major.
-static bool read_in_place(const tpr_tensor *w) {
-  const int64_t N = w->shape[1], K = w->shape[2];
-  return (K <= 1 || w->stride[2] == 1) && (N <= 1 || w->stride[1] >= K);
 }
 
 // Dense gates (T, E) as lists, for the kernels that spread experts over
