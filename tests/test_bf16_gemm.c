@@ -66,9 +66,9 @@ static void run_reference(int lv, bool want_dot) {
   tpr_cpu_isa_force((tpr_cpu_isa)lv);
   assert_int_equal(tpr_cpu_has_bf16_dot(), want_dot);
   static const int64_t Ks[] = {1, 31, 33, 129, 300, 1031};
-  // Rows: the streaming forms (one weight row per pass up to 4, two up to 16,
-  // in groups of 8) and the tile above 16, with partial groups and tiles.
-  static const int64_t Ms[] = {1, 2, 4, 5, 7, 9, 13, 16, 17, 64, 65, 131};
+  // Rows: the streaming forms (one weight row per pass up to 4, two up to 12,
+  // in groups of 8) and the tile above 12, with partial groups and tiles.
+  static const int64_t Ms[] = {1, 2, 4, 5, 7, 9, 12, 13, 17, 64, 65, 131};
   double worst = 0, control = INFINITY;
   int cases = 0;
   for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
@@ -132,8 +132,8 @@ static void test_batch_and_thread_invariance(void **state) {
     TT_OK(tpr_bf16_gemm(p.a, p.lda, p.M, p.K, &p.v, p.N, other, p.ldo, 3));
     for (int64_t m = 0; m < p.M; m++) assert_memory_equal(other + m * p.ldo, p.out + m * p.ldo, p.N * sizeof(float));
     // Sub-batch lengths across every switch of the kernel: one or two weight
-    // rows per pass (4 | 5), groups of 8 (8 | 9), streaming or tile (16 | 17).
-    static const int64_t starts[] = {0, 5, 63, 64, 130}, lens[] = {1, 4, 5, 8, 9, 16, 17};
+    // rows per pass (4 | 5), groups of 8 (8 | 9), streaming or tile (12 | 13).
+    static const int64_t starts[] = {0, 5, 63, 64, 130}, lens[] = {1, 4, 5, 8, 9, 12, 13, 17};
     for (size_t s = 0; s < sizeof starts / sizeof starts[0]; s++)
       for (size_t li = 0; li < sizeof lens / sizeof lens[0] && starts[s] + lens[li] <= p.M; li++) {
         int64_t m0 = starts[s], len = lens[li];
