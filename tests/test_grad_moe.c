@@ -58,6 +58,13 @@ static tpr_status run_op(tpr_op_kind op, const tpr_tensor *const *in, int n, con
   tpr_status rc = tpr__op_infer(op, in, n, at, &want);
   if (rc != TPR_OK) return rc;
   *out = tt_new(want.dtype, want.ndim, want.shape);
+  if (want.dtype == TPR_F32) {  // NaN first: the kernel must write every element it returns
+    const int64_t numel = tpr_tensor_numel(*out);
+    float *nan = malloc(sizeof(float) * (size_t)(numel ? numel : 1));
+    for (int64_t i = 0; i < numel; i++) nan[i] = NAN;
+    TT_OK(tpr_tensor_from_host(*out, nan, tpr_tensor_nbytes(*out)));
+    free(nan);
+  }
   rc = tpr_op_run(tt_cpu(), op, in, n, at, *out);
   if (rc != TPR_OK) tpr_tensor_free(*out), *out = NULL;
   return rc;

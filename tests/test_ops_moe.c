@@ -651,7 +651,8 @@ static void test_experts_spread_bf16(void **state) {
 // training path): moe_experts and moe_experts_bwd on backends of 1, 2 and 3
 // threads give the same bits (one thread runs the serial loops), the
 // backward's dgates are 0 exactly where the gates are, and the idle expert's
-// weight gradients are 0.
+// weight gradients are 0 (the output starts as NaN: the kernel writes each
+// slot, the idle expert's too, without clearing the whole output first).
 static void test_experts_spread_f32_bwd(void **state) {
   enum { T = 33, E = 6, H = 24, F = 20, IDLE_E = 2 };
   tpr_backend *be[3] = {NULL};
@@ -662,7 +663,8 @@ static void test_experts_spread_f32_bwd(void **state) {
   tt_fill_normal(W13, E * 2 * F * H, 0.2), tt_fill_normal(W2, E * H * F, 0.2);
   random_gates(G, T, E, 1, 3, IDLE_E);
   const int64_t packed = T * H + T * E + E * 2 * F * H + E * H * F;
-  float *fwd[3], *bwd[3];
+  float *fwd[3], *bwd[3], *poison = malloc(sizeof(float) * packed);
+  for (int64_t i = 0; i < packed; i++) poison[i] = NAN;
   for (int i = 0; i < 3; i++) {
     tpr_tensor *x = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, X);
     tpr_tensor *g = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, E}, G);
@@ -670,7 +672,7 @@ static void test_experts_spread_f32_bwd(void **state) {
     tpr_tensor *w13 = on_backend(be[i], TPR_F32, 3, (const int64_t[]){E, 2 * F, H}, W13);
     tpr_tensor *w2 = on_backend(be[i], TPR_F32, 3, (const int64_t[]){E, H, F}, W2);
     tpr_tensor *o = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, NULL);
-    tpr_tensor *p = on_backend(be[i], TPR_F32, 1, (const int64_t[]){packed}, NULL);
+    tpr_tensor *p = on_backend(be[i], TPR_F32, 1, (const int64_t[]){packed}, poison);  // every slot must be written
     TT_OK(tpr_moe_experts(be[i], x, g, w13, w2, o));
     const tpr_tensor *in[5] = {x, g, w13, w2, dy};
     TT_OK(tpr_op_run(be[i], TPR_OP_MOE_EXPERTS_BWD, in, 5, NULL, p));
@@ -694,7 +696,7 @@ static void test_experts_spread_f32_bwd(void **state) {
   printf("moe_experts and moe_experts_bwd, f32 experts: 1, 2 and 3 threads give the same bits (%d routed pairs)\n",
          nonzero);
   for (int i = 0; i < 3; i++) free(fwd[i]), free(bwd[i]), tpr_backend_free(be[i]);
-  free(X), free(G), free(DY), free(W13), free(W2);
+  free(X), free(G), free(DY), free(W13), free(W2), free(poison);
 }
 
 int main(void) {
