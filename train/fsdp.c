@@ -43,7 +43,8 @@ static tpr_status shard_one(tpr_train_state *t, train_param *p) {
   int64_t from = (int64_t)src * chunk, take = full - from < chunk ? full - from : chunk;
   TPR_CHECK(own_copy(t, p, from, take, chunk));
   p->pub.numel = chunk, p->pub.offset = (int64_t)r * chunk, p->pub.shards = n, p->pub.shard_index = r;
-  if (!(p->pub.grad = calloc((size_t)chunk, sizeof(float)))) return TPR_FAIL(TPR_ERR_OOM, "gradients of %s", p->name);
+  if (!(p->grad_own = p->pub.grad = calloc((size_t)chunk, sizeof(float))))
+    return TPR_FAIL(TPR_ERR_OOM, "gradients of %s", p->name);
   if (t->o.fsdp.param_dtype == TPR_BF16) TPR_CHECK(tpr_tensor_new(t->be, TPR_BF16, 1, &chunk, &p->bound));
   return TPR_OK;
 }

@@ -29,7 +29,7 @@ void tpr_train_state_free(tpr_train_state *t) {
   free(t->pack_host);
   for (int i = 0; i < t->n_params; i++) {
     train_param *p = &t->params[i];
-    free(p->pub.grad);
+    free(p->grad_own);
     free(p->pieces);
     if (p->bound != p->master) tpr_tensor_free(p->bound);
     tpr_tensor_free(p->master);
@@ -52,7 +52,7 @@ static tpr_status add_param(tpr_train_state *t, const char *name, float *data, i
   p->pieces = calloc((size_t)n_pieces, sizeof *p->pieces);
   if (!p->pieces) return TPR_FAIL(TPR_ERR_OOM, "train params");
   // Under FSDP the accumulators are the chunks' (tpr__train_fsdp_shard).
-  if (trained && !t->o.fsdp.on && !(p->pub.grad = calloc((size_t)numel, sizeof(float))))
+  if (trained && !t->o.fsdp.on && !(p->grad_own = p->pub.grad = calloc((size_t)numel, sizeof(float))))
     return TPR_FAIL(TPR_ERR_OOM, "gradients");
   return TPR_OK;
 }

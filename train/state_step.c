@@ -32,6 +32,8 @@ tpr_status tpr_train_update_bias(tpr_train_state *t, double rate) {
 // The first sequence of a step writes the accumulators instead of adding to
 // them, so clearing them is free (no pass over every gradient).
 void tpr_train_zero_grads(tpr_train_state *t) {
+  for (int i = 0; i < t->n_trained; i++) t->params[i].pub.grad = t->params[i].grad_own;
+  t->grads_in_exec = false;
   t->fresh = true;
   tpr_exec_comm_reset(t->exec);
 }
@@ -69,6 +71,35 @@ static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targe
   return TPR_OK;
 }
 
+// The gradients read in place (grads_in_exec) copied into the params' own
+// accumulators: before the program runs again and overwrites them.
+static void grads_to_own(tpr_train_state *t) {
+  if (!t->grads_in_exec) return;
+  for (int i = 0; i < t->n_trained; i++) {
+    tpr_train_param *p = &t->params[i].pub;
+    if (p->grad != t->params[i].grad_own) accumulate(t->params[i].grad_own, p->grad, p->numel, 1.0f, true);
+    p->grad = t->params[i].grad_own;
+  }
+  t->grads_in_exec = false;
+}
+
+// Whether the program's gradient outputs can serve as this step's gradients
+// where they lie: f32, contiguous, one per param at its size, no two
+// overlapping (the steps after the sequence fold, reduce and scale them in
+// place). Not under FSDP, whose chunks are copied out of them.
+static bool grads_readable_in_place(tpr_train_state *t, const tpr_tensor *const *g) {
+  if (t->o.fsdp.on) return false;
+  for (int i = 0; i < t->n_trained; i++)
+    if (g[i]->dtype != TPR_F32 || !tpr_tensor_is_contiguous(g[i]) || tpr_tensor_numel(g[i]) != t->params[i].pub.numel)
+      return false;
+  for (int i = 0; i < t->n_trained; i++)
+    for (int j = i + 1; j < t->n_trained; j++) {
+      const char *a = tpr_tensor_data(g[i]), *b = tpr_tensor_data(g[j]);
+      if (a < b + tpr_tensor_nbytes(g[j]) && b < a + tpr_tensor_nbytes(g[i])) return false;
+    }
+  return true;
+}
+
 // One run of the program on a sequence, its losses read out.
 static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets, float loss_scale,
                                tpr_losses *out) {
@@ -91,6 +122,7 @@ static tpr_status run_sequence(tpr_train_state *t, const int32_t *inputs, const 
 
 tpr_status tpr_train_eval_sequence(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
                                    tpr_losses *out) {
+  grads_to_own(t);
   return run_sequence(t, inputs, targets, 1.0f, out);
 }
 
@@ -99,8 +131,13 @@ tpr_status tpr_train_sequence(tpr_train_state *t, const int32_t *inputs, const i
   return tpr_train_sequence_scaled(t, inputs, targets, 1.0, weight, out);
 }
 
+// The step's first sequence leaves its gradients where the program wrote
+// them (scaled in place by `weight`), and pub.grad points there: copying
+// them out was a pass over every gradient, ~5% of a step at the small
+// config. A second sequence copies them out first and accumulates.
 tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, const int32_t *targets,
                                      double loss_scale, double weight, tpr_losses *out) {
+  grads_to_own(t);
   TPR_CHECK(run_sequence(t, inputs, targets, (float)loss_scale, out));
   int64_t E = t->cfg->num_experts;
   for (int64_t L = 0; L < t->cfg->num_layers; L++) {
@@ -113,14 +150,28 @@ tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, 
     for (int64_t e = 0; e < E; e++) t->load[L * E + e] += c[e];
   }
   float w = (float)weight;
-  for (int i = 0; i < t->n_trained; i++) {
-    tpr_train_param *p = &t->params[i].pub;
+  const tpr_tensor **g = malloc((size_t)(t->n_trained + 1) * sizeof *g);
+  if (!g) return TPR_FAIL(TPR_ERR_OOM, "train: gradient outputs");
+  tpr_status rc = TPR_OK;
+  for (int i = 0; i < t->n_trained && rc == TPR_OK; i++) {
     char name[192];
-    snprintf(name, sizeof name, "%s%s", TPR_TRAIN_GRAD_PREFIX, p->name);
-    const tpr_tensor *g;
-    TPR_CHECK(tpr_exec_output(t->exec, name, &g));
-    accumulate(p->grad, tpr_tensor_data(g), p->numel, w, t->fresh);
+    snprintf(name, sizeof name, "%s%s", TPR_TRAIN_GRAD_PREFIX, t->params[i].pub.name);
+    rc = tpr_exec_output(t->exec, name, &g[i]);
   }
+  const bool in_place = rc == TPR_OK && t->fresh && grads_readable_in_place(t, g);
+  for (int i = 0; i < t->n_trained && rc == TPR_OK; i++) {
+    tpr_train_param *p = &t->params[i].pub;
+    float *d = tpr_tensor_data(g[i]);
+    if (!in_place) {
+      accumulate(p->grad, d, p->numel, w, t->fresh);
+      continue;
+    }
+    if (w != 1.0f) accumulate(d, d, p->numel, w, true);
+    p->grad = d;
+  }
+  free(g);
+  TPR_CHECK(rc);
+  t->grads_in_exec = in_place;
   t->fresh = false;
   return TPR_OK;
 }
