@@ -2,7 +2,8 @@
 # scripts/bench/vs_llamacpp.sh's argument handling, with no network and no
 # llama.cpp: --help exits 0 and names every option the parser takes; a bad
 # option or value exits 2 with a message before anything is fetched or built
-# (TPR_LLAMACPP_CACHE points at a folder that must stay empty).
+# (TPR_LLAMACPP_CACHE points at a folder that must stay empty); and the
+# report's roofline fractions on synthetic runs.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 script="$here/vs_llamacpp.sh"
@@ -56,5 +57,30 @@ rc=$?
   { echo "FAIL: a good command line exited $rc: $err"; fail=1; }
 # Nothing was downloaded or built.
 [ -z "$(ls -A "$cache")" ] || { echo "FAIL: the cache is not empty: $(ls -A "$cache")"; fail=1; }
-[ "$fail" = 0 ] && echo "vs_llamacpp.sh argument handling: ok"
+
+# The report: decode b1 against the run's roofline, tpr's and llama.cpp's,
+# each llama.cpp run against the roofline of the tpr run of its round
+# (rep); medians of 3. llama.cpp's rep 3 has no tpr run: left out.
+results="$cache/results.jsonl"
+cat > "$results" <<'RUNS'
+{"engine": "tpr", "dtype": "bf16", "row": "d1", "rep": 1, "tok_s": 90, "decode_roofline_fraction": 0.9, "decode_roofline_tok_s": 100}
+{"engine": "tpr", "dtype": "bf16", "row": "d1", "rep": 2, "tok_s": 190, "decode_roofline_fraction": 0.95, "decode_roofline_tok_s": 200}
+{"engine": "tpr", "dtype": "bf16", "row": "d1", "rep": 4, "tok_s": 380, "decode_roofline_fraction": 0.95, "decode_roofline_tok_s": 400}
+{"engine": "llama.cpp", "dtype": "bf16", "row": "d1", "rep": 1, "tool": "llama-bench", "tok_s": 80}
+{"engine": "llama.cpp", "dtype": "bf16", "row": "d1", "rep": 2, "tool": "llama-bench", "tok_s": 140}
+{"engine": "llama.cpp", "dtype": "bf16", "row": "d1", "rep": 3, "tool": "llama-bench", "tok_s": 1}
+{"engine": "llama.cpp", "dtype": "bf16", "row": "d1", "rep": 4, "tool": "llama-bench", "tok_s": 300}
+RUNS
+report=$(python3 "$here/vs_llamacpp.py" report --results "$results" --threads 2 --repeat 3 --json) ||
+  { echo "FAIL: report exited $?"; fail=1; }
+python3 - "$report" <<'CHECK' || fail=1
+import json, sys
+row = json.loads(sys.argv[1])["rows"][0]
+want = {"tpr_roofline_fraction": 0.95, "llamacpp_roofline_fraction": 0.75}
+got = {k: row.get(k) for k in want}
+runs = row.get("llamacpp_roofline_fraction_runs")
+if got != want or runs != [0.8, 0.7, 0.75]:
+    sys.exit(f"FAIL: report row {got}, llama.cpp runs {runs}; want {want}, [0.8, 0.7, 0.75]")
+CHECK
+[ "$fail" = 0 ] && echo "vs_llamacpp.sh argument handling and report: ok"
 exit "$fail"

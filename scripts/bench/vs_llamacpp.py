@@ -158,6 +158,13 @@ def report(a):
                 fr = [r["decode_roofline_fraction"] for r in quiet["tpr"]]
                 entry.update(tpr_roofline_fraction=pick(fr), tpr_roofline_fraction_runs=fr,
                              tpr_roofline_tok_s=pick([r["decode_roofline_tok_s"] for r in quiet["tpr"]]))
+                # llama.cpp reads the same bf16 (or f32) weights per token: its
+                # run against the roofline of the tpr run of the same round
+                # (measured a minute apart), so the two fractions compare.
+                roof = {r["rep"]: r["decode_roofline_tok_s"] for r in quiet["tpr"]}
+                lf = [r["tok_s"] / roof[r["rep"]] for r in quiet["llama.cpp"] if r["rep"] in roof]
+                if lf:
+                    entry.update(llamacpp_roofline_fraction=pick(lf), llamacpp_roofline_fraction_runs=lf)
             table.append(entry)
     llama = [r for r in runs if r["engine"] == "llama.cpp"]
     bench = next((r for r in llama if r["tool"] == "llama-bench"), {})
@@ -194,6 +201,9 @@ def report(a):
         if "tpr_roofline_fraction" in e:
             print(f"  {'  tpr decode b1 vs its roofline':<34} {100 * e['tpr_roofline_fraction']:9.1f}%"
                   f" (roofline {e['tpr_roofline_tok_s']:.0f} tok/s from the run's read probe)")
+        if "llamacpp_roofline_fraction" in e:
+            print(f"  {'  llama.cpp decode b1, same roofline':<34} {100 * e['llamacpp_roofline_fraction']:9.1f}%"
+                  f" (against the roofline of the tpr run of the same round)")
 
 
 def main():
