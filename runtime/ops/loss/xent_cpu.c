@@ -8,18 +8,22 @@
 // never hold a target and always get a zero gradient.
 //
 // Numerics: exp and log are evaluated in double and sums accumulate in
-// double in ascending column (or token) order, rounded once to f32, so
-// results are deterministic and independent of how the vocab is sharded up
-// to that final rounding. The (T, Vl) kernels split tokens over threads
-// (cpu_threads.h), each row summed by one thread in that order, so results
-// do not depend on the thread count either.
+// double, rounded once to f32, so results are deterministic and independent
+// of how the vocab is sharded up to that final rounding. A row's exp and
+// its sum run in xent_rows.c (eight lanes, the same bits on every ISA
+// level); the other sums go in ascending column (or token) order. The
+// (T, Vl) kernels split tokens over threads (cpu_threads.h), each row
+// summed by one thread, so results do not depend on the thread count
+// either.
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/ops/cpu_kernels.h"
 #include "runtime/ops/cpu_threads.h"
+#include "xent_rows.h"
 
 #define XENT_IGNORE (-100)
 
@@ -62,6 +66,14 @@ static tpr_status shard_logits_of(const char *op, const tpr_tensor *l, const tpr
 }
 
 static inline float logit(const shard_logits *x, int64_t t, int64_t j) { return x->d[t * x->s0 + j * x->s1]; }
+
+// Row t's real columns contiguous: in place, or copied into buf (nv) when
+// the columns are strided.
+static const float *row_of(const shard_logits *x, int64_t t, float *buf) {
+  if (x->s1 == 1) return x->d + t * x->s0;
+  for (int64_t j = 0; j < x->nv; j++) buf[j] = logit(x, t, j);
+  return buf;
+}
 
 // Targets must be -100 (ignored) or in [0, limit) (limit < 0: no upper
 // bound known to the op); the error names the first bad token position.
@@ -112,13 +124,15 @@ TPR_CPU_KERNEL(xent_sumexp) {
   shard_logits x;
   TPR_CHECK(shard_logits_of("xent_sumexp", in[0], in[2], attrs->i[0], &x));
   float *o = tpr_tensor_data(out);
+  float *bufs = x.s1 == 1 ? NULL : malloc((size_t)(tpr__cpu_nt(ctx, x.T * x.nv) * x.nv + 1) * sizeof *bufs);
+  if (x.s1 != 1 && !bufs) return TPR_FAIL(TPR_ERR_OOM, "xent_sumexp: a row of %lld logits", (long long)x.nv);
   const int nt = tpr__cpu_nt(ctx, x.T * x.nv);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < x.T; t++) {
-    double m = col_at(mx, t), acc = 0;
-    for (int64_t j = 0; j < x.nv; j++) acc += exp((double)logit(&x, t, j) - m);
-    o[t] = (float)acc;
+    float *buf = bufs ? bufs + omp_get_thread_num() * x.nv : NULL;
+    o[t] = (float)tpr_xent_row_sumexp(row_of(&x, t, buf), x.nv, col_at(mx, t));
   }
+  free(bufs);
   return TPR_OK;
 }
 
@@ -132,11 +146,15 @@ TPR_CPU_KERNEL(xent_sumexp_bwd) {
   float *o = tpr_tensor_data(out);
   const int64_t Vl = x.Vl;
   const int nt = tpr__cpu_nt(ctx, x.T * Vl);
+  float *bufs = x.s1 == 1 ? NULL : malloc((size_t)(nt * x.nv + 1) * sizeof *bufs);
+  if (x.s1 != 1 && !bufs) return TPR_FAIL(TPR_ERR_OOM, "xent_sumexp_bwd: a row of %lld logits", (long long)x.nv);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < x.T; t++) {
-    double m = col_at(mx, t), g = col_at(dy, t);
-    for (int64_t j = 0; j < Vl; j++) o[t * Vl + j] = j < x.nv ? (float)(g * exp((double)logit(&x, t, j) - m)) : 0.0f;
+    float *buf = bufs ? bufs + omp_get_thread_num() * x.nv : NULL;
+    tpr_xent_row_grad(row_of(&x, t, buf), x.nv, col_at(mx, t), col_at(dy, t), o + t * Vl);
+    for (int64_t j = x.nv; j < Vl; j++) o[t * Vl + j] = 0.0f;
   }
+  free(bufs);
   return TPR_OK;
 }
 
