@@ -576,23 +576,26 @@ static tpr_tensor *on_backend(tpr_backend *be, tpr_dtype dt, int nd, const int64
 
 static void test_experts_spread_bf16(void **state) {
   enum { E = 7, H = 40, F = 24, IDLE_E = 4 };
-  tpr_backend *be[3] = {NULL};
-  for (int i = 0; i < 3; i++) TT_OK(tpr_backend_cpu_new(&(tpr_cpu_options){.n_threads = i + 1}, &be[i]));
+  // Backends of 1, 2 and 3 threads, then the same with bf16 activations.
+  tpr_backend *be[6] = {NULL};
+  for (int i = 0; i < 6; i++) TT_OK(tpr_backend_cpu_new(&(tpr_cpu_options){.n_threads = i % 3 + 1}, &be[i]));
+  for (int i = 3; i < 6; i++) TT_OK(tpr_backend_cpu_set_bf16_activations(be[i], true));
   uint16_t *W13 = malloc(sizeof(uint16_t) * E * 2 * F * H), *W2 = malloc(sizeof(uint16_t) * E * H * F);
   for (int i = 0; i < E * 2 * F * H; i++) W13[i] = tpr_f32_to_bf16((float)(tt_normal() * 0.2));
   for (int i = 0; i < E * H * F; i++) W2[i] = tpr_f32_to_bf16((float)(tt_normal() * 0.2));
   for (int i = 0; i < 2 * F * H; i++) W13[IDLE_E * 2 * F * H + i] = 0x7fc0;  // NaN
   for (int i = 0; i < H * F; i++) W2[IDLE_E * H * F + i] = 0x7fc0;
-  static const int Ts[] = {1, 2, 5, 40};
-  double worst = 0, control = 0;
+  // From decode (one row an expert) to 120 tokens (about 40 rows an expert).
+  static const int Ts[] = {1, 2, 5, 40, 120};
+  double worst = 0, control = 0, worst16 = 0;
   for (size_t c = 0; c < sizeof Ts / sizeof Ts[0]; c++) {
     const int T = Ts[c];
     float *X = malloc(sizeof(float) * T * H), *G = malloc(sizeof(float) * T * E);
     tt_fill_normal(X, (size_t)(T * H), 1.0);
     random_gates(G, T, E, 1, 3, IDLE_E);
     if (T > 2) memset(G + 1 * E, 0, E * sizeof *G);  // a token routed nowhere
-    float *out[3];
-    for (int i = 0; i < 3; i++) {  // on backends of 1, 2 and 3 threads
+    float *out[6];
+    for (int i = 0; i < 6; i++) {
       tpr_tensor *x = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, H}, X);
       tpr_tensor *g = on_backend(be[i], TPR_F32, 2, (const int64_t[]){T, E}, G);
       tpr_tensor *w13 = on_backend(be[i], TPR_BF16, 3, (const int64_t[]){E, 2 * F, H}, W13);
@@ -602,8 +605,7 @@ static void test_experts_spread_bf16(void **state) {
       out[i] = tt_to_host(o);
       tpr_tensor_free(x), tpr_tensor_free(g), tpr_tensor_free(w13), tpr_tensor_free(w2), tpr_tensor_free(o);
     }
-    assert_memory_equal(out[1], out[0], sizeof(float) * T * H);
-    assert_memory_equal(out[2], out[0], sizeof(float) * T * H);
+    for (int i = 1; i < 6; i++) assert_memory_equal(out[i], out[i < 3 ? 0 : 3], sizeof(float) * T * H);
     // The double reference, and the same with experts 0 and 1's gates swapped.
     double *want = calloc((size_t)(T * H), sizeof *want), *swapped = calloc((size_t)(T * H), sizeof *swapped);
     for (int t = 0; t < T; t++)
@@ -636,15 +638,20 @@ static void test_experts_spread_bf16(void **state) {
     if (T == 40) control = cr;  // every expert but IDLE_E has tokens there
     if (T > 2)
       for (int k = 0; k < H; k++) assert_true(out[0][1 * H + k] == 0.0f);
-    for (int i = 0; i < 3; i++) free(out[i]);
+    float *a16 = out[3];  // bf16 activations: rounded to 8 mantissa bits, close to the exact products
+    double r16 = rel_err(a16, want, (size_t)(T * H));
+    if (r16 > worst16) worst16 = r16;
+    for (int i = 0; i < 6; i++) free(out[i]);
     free(X), free(G), free(want), free(swapped), free(sw);
   }
-  printf("moe_experts, bf16 experts: 1, 2 and 3 threads give the same bits; vs double %.3g (<= 1e-5); 40 tokens with "
-         "experts 0 and 1's gates swapped: %.3g (> 1e-2)\n", worst, control);
+  printf("moe_experts, bf16 experts: 1, 2 and 3 threads give the same bits, with f32 and with bf16 activations; vs "
+         "double %.3g (<= 1e-5), with bf16 activations %.3g (<= 2e-2); 40 tokens with experts 0 and 1's gates "
+         "swapped: %.3g (> 1e-2)\n", worst, worst16, control);
   assert_true(worst <= 1e-5);
+  assert_true(worst16 > 0 && worst16 <= 2e-2);
   assert_true(control > 1e-2);
   free(W13), free(W2);
-  for (int i = 0; i < 3; i++) tpr_backend_free(be[i]);
+  for (int i = 0; i < 6; i++) tpr_backend_free(be[i]);
 }
 
 // The same spread over threads for f32 experts, forward and backward (the
