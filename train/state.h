@@ -49,7 +49,8 @@ enum { TPR_PACK_DEBUG_NO_MASK = 1, TPR_PACK_DEBUG_NO_POSITIONS = 2, TPR_PACK_DEB
 typedef struct tpr_train_param {
   const char *name;  // the program param's name
   float *data;       // (numel) weights, updated in place by the optimizer
-  float *grad;       // (numel) gradient accumulated since the last zero_grads
+  float *grad;       // (numel) gradient accumulated since the last zero_grads; after a step's first sequence
+                     // it may point into the program's outputs, valid until the next sequence or eval run
   int64_t numel;
   bool decay;        // the checkpoint tensor has >= 2 dims (norms get no weight decay)
   bool expert;       // sharded over edp under FSDP (else over dp)
