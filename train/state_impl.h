@@ -17,8 +17,8 @@ typedef struct piece {
 
 typedef struct train_param {
   tpr_train_param pub;
-  float *grad_own;   // the gradient accumulator this param owns; pub.grad points into the program's outputs instead
-                     // while the state's grads_in_exec (state_step.c)
+  float *grad_own;   // the gradient accumulator this param owns; pub.grad points into the program's outputs
+                     // instead after a step's first sequence, until the next run (state_step.c)
   float *full;       // the rank-layout tensor (pub.full_numel) the loader filled; NULL once FSDP freed it
   tpr_tensor *bound;  // what the program binds under FSDP: the f32 chunk (pub.data) or its bf16 copy
   tpr_tensor *master;  // FSDP: the f32 chunk (pub.data lives here); frozen params: their own copy
@@ -54,7 +54,6 @@ struct tpr_train_state {
   int64_t runs;             // sequences run (profiling)
   int64_t *load;            // (layers, E) tokens routed per expert since the last bias update
   bool fresh;               // the accumulators hold nothing yet this step (zero_grads was called)
-  bool grads_in_exec;       // some pub.grad point at the program's outputs: this step's one sequence's gradients
   double heads_sumsq;       // FSDP: this step's folded heads-layout gradients' sum of squares
 };
 

@@ -33,7 +33,6 @@ tpr_status tpr_train_update_bias(tpr_train_state *t, double rate) {
 // them, so clearing them is free (no pass over every gradient).
 void tpr_train_zero_grads(tpr_train_state *t) {
   for (int i = 0; i < t->n_trained; i++) t->params[i].pub.grad = t->params[i].grad_own;
-  t->grads_in_exec = false;
   t->fresh = true;
   tpr_exec_comm_reset(t->exec);
 }
@@ -71,16 +70,16 @@ static tpr_status check_ids(const int32_t *ids, int64_t T, int64_t V, bool targe
   return TPR_OK;
 }
 
-// The gradients read in place (grads_in_exec) copied into the params' own
-// accumulators: before the program runs again and overwrites them.
+// The gradients read in place (a pub.grad pointing into the program's
+// outputs, not at its grad_own) copied into the params' own accumulators:
+// before the program runs again and overwrites them.
 static void grads_to_own(tpr_train_state *t) {
-  if (!t->grads_in_exec) return;
   for (int i = 0; i < t->n_trained; i++) {
     tpr_train_param *p = &t->params[i].pub;
-    if (p->grad != t->params[i].grad_own) accumulate(t->params[i].grad_own, p->grad, p->numel, 1.0f, true);
+    if (p->grad == t->params[i].grad_own) continue;
+    accumulate(t->params[i].grad_own, p->grad, p->numel, 1.0f, true);
     p->grad = t->params[i].grad_own;
   }
-  t->grads_in_exec = false;
 }
 
 // Whether the program's gradient outputs can serve as this step's gradients
@@ -171,7 +170,6 @@ tpr_status tpr_train_sequence_scaled(tpr_train_state *t, const int32_t *inputs, 
   }
   free(g);
   TPR_CHECK(rc);
-  t->grads_in_exec = in_place;
   t->fresh = false;
   return TPR_OK;
 }

@@ -124,9 +124,9 @@ TPR_CPU_KERNEL(xent_sumexp) {
   shard_logits x;
   TPR_CHECK(shard_logits_of("xent_sumexp", in[0], in[2], attrs->i[0], &x));
   float *o = tpr_tensor_data(out);
-  float *bufs = x.s1 == 1 ? NULL : malloc((size_t)(tpr__cpu_nt(ctx, x.T * x.nv) * x.nv + 1) * sizeof *bufs);
-  if (x.s1 != 1 && !bufs) return TPR_FAIL(TPR_ERR_OOM, "xent_sumexp: a row of %lld logits", (long long)x.nv);
   const int nt = tpr__cpu_nt(ctx, x.T * x.nv);
+  float *bufs = x.s1 == 1 ? NULL : malloc((size_t)(nt * x.nv + 1) * sizeof *bufs);
+  if (x.s1 != 1 && !bufs) return TPR_FAIL(TPR_ERR_OOM, "xent_sumexp: a row of %lld logits", (long long)x.nv);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t t = 0; t < x.T; t++) {
     float *buf = bufs ? bufs + omp_get_thread_num() * x.nv : NULL;
